@@ -1,0 +1,3 @@
+module github.com/gpucr/gpucr
+
+go 1.26.8

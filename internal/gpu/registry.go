@@ -1,0 +1,46 @@
+package gpu
+
+import (
+	"sort"
+	"sync"
+)
+
+// Opener opens a backend, or returns why it cannot work on this host (no driver, say).
+type Opener func() (Backend, error)
+
+var (
+	mu      sync.Mutex
+	openers = map[string]Opener{}
+)
+
+// Register makes a backend known; backends call it from init.
+func Register(name string, open Opener) {
+	mu.Lock()
+	defer mu.Unlock()
+	openers[name] = open
+}
+
+// Probe opens every registered backend. It returns those that work here and, for each
+// one that does not, the reason, so callers can say why GPU support is off.
+func Probe() (ready []Backend, unavailable map[string]error) {
+	mu.Lock()
+	names := make([]string, 0, len(openers))
+	for n := range openers {
+		names = append(names, n)
+	}
+	mu.Unlock()
+	sort.Strings(names)
+	unavailable = map[string]error{}
+	for _, n := range names {
+		mu.Lock()
+		open := openers[n]
+		mu.Unlock()
+		b, err := open()
+		if err != nil {
+			unavailable[n] = err
+			continue
+		}
+		ready = append(ready, b)
+	}
+	return ready, unavailable
+}

@@ -1,0 +1,76 @@
+// Package image owns gpucr's on-disk checkpoint image: its versioned manifest, the atomic
+// commit that makes an image appear only when complete, and verification of every file.
+package image
+
+import (
+	"time"
+
+	"github.com/gpucr/gpucr/internal/gpu"
+)
+
+// FormatVersion is the manifest format this build writes; it restores this one and older.
+const FormatVersion = 1
+
+// ManifestName is the manifest's file name inside an image directory.
+const ManifestName = "manifest.json"
+
+// CRIUDir holds CRIU's image files, LogsDir CRIU's logs, inside an image directory.
+const (
+	CRIUDir = "criu"
+	LogsDir = "logs"
+)
+
+// Manifest describes a complete image. Its presence, valid, is what makes a directory an image.
+type Manifest struct {
+	FormatVersion int       `json:"formatVersion"`
+	GpucrVersion  string    `json:"gpucrVersion"`
+	CRIUVersion   string    `json:"criuVersion"`
+	Created       time.Time `json:"created"`
+	Host          HostInfo  `json:"host"`
+	RootPID       int       `json:"rootPid"`
+	Options       Options   `json:"options"`
+	Processes     []Process `json:"processes"`
+	// MemoryBytes is the size of the process memory pages CRIU wrote.
+	MemoryBytes uint64  `json:"memoryBytes"`
+	Phases      []Phase `json:"phases"`
+	// GPUs is per-backend device state; empty for CPU-only process trees.
+	GPUs  []gpu.Snapshot `json:"gpus,omitempty"`
+	Files []File         `json:"files"`
+}
+
+// HostInfo identifies the machine an image was taken on.
+type HostInfo struct {
+	Hostname string `json:"hostname"`
+	Kernel   string `json:"kernel"`
+	Arch     string `json:"arch"`
+}
+
+// Options are the checkpoint options that restore must repeat.
+type Options struct {
+	LeaveRunning   bool `json:"leaveRunning"`
+	ShellJob       bool `json:"shellJob"`
+	TCPEstablished bool `json:"tcpEstablished"`
+	ExtUnixSk      bool `json:"extUnixSk"`
+	FileLocks      bool `json:"fileLocks"`
+}
+
+// Process is one process of the checkpointed tree.
+type Process struct {
+	PID     int    `json:"pid"`
+	PPID    int    `json:"ppid"`
+	Command string `json:"command"`
+	Threads int    `json:"threads"`
+}
+
+// Phase is the wall time of one step of the checkpoint.
+type Phase struct {
+	Name     string        `json:"name"`
+	Duration time.Duration `json:"durationNs"`
+}
+
+// File is one file of the image with its size and checksum.
+type File struct {
+	Path   string `json:"path"` // slash-separated, relative to the image directory
+	Size   int64  `json:"size"`
+	XXH64  string `json:"xxh64"`
+}
