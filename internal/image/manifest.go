@@ -70,7 +70,7 @@ type Phase struct {
 
 // File is one file of the image with its size and checksum.
 type File struct {
-	Path   string `json:"path"` // slash-separated, relative to the image directory
-	Size   int64  `json:"size"`
-	XXH64  string `json:"xxh64"`
+	Path  string `json:"path"` // slash-separated, relative to the image directory
+	Size  int64  `json:"size"`
+	XXH64 string `json:"xxh64"`
 }

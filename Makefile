@@ -1,0 +1,30 @@
+# gpucr: `make demo` and `make test` work on a fresh Debian bookworm machine as root.
+GO      ?= go
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X main.version=$(VERSION)
+
+.PHONY: all deps build test demo bundle clean
+
+all: build
+
+deps:
+	bash scripts/install-deps.sh
+
+build: deps
+	$(GO) build -ldflags "$(LDFLAGS)" -o bin/gpucr ./cmd/gpucr
+	$(GO) build -o bin/counter ./test/workloads/counter
+
+test: build
+	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 20m ./...
+
+demo: build
+	bash scripts/demo.sh
+
+# bundle: everything the GPU machine needs for the device test plan, in bundle/ (git-ignored).
+bundle: build
+	bash scripts/bundle.sh
+
+clean:
+	rm -rf bin bundle

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/gpu"
+)
+
+// checkReport is what `gpucr check` finds; text and JSON are built from it.
+type checkReport struct {
+	Ready bool        `json:"ready"`
+	Root  bool        `json:"root"`
+	CRIU  criuStatus  `json:"criu"`
+	GPUs  []gpuStatus `json:"gpuBackends"`
+	Notes []string    `json:"notes,omitempty"`
+}
+
+type criuStatus struct {
+	OK          bool   `json:"ok"`
+	Path        string `json:"path,omitempty"`
+	Version     string `json:"version,omitempty"`
+	KernelCheck string `json:"kernelCheck,omitempty"`
+	Error       string `json:"error,omitempty"`
+}
+
+type gpuStatus struct {
+	Backend   string       `json:"backend"`
+	Available bool         `json:"available"`
+	Reason    string       `json:"reason,omitempty"`
+	Driver    string       `json:"driverVersion,omitempty"`
+	CUDA      string       `json:"cudaVersion,omitempty"`
+	Devices   []gpu.Device `json:"devices,omitempty"`
+}
+
+func (a *app) checkCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "check",
+		Short: "Say whether this host can checkpoint and restore, and which GPUs it supports",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r := a.check(cmd.Context())
+			if err := a.emit(r, func() { printCheck(a, r) }); err != nil {
+				return err
+			}
+			if !r.Ready {
+				return notReadyError{reason: notReadyReason(r)}
+			}
+			return nil
+		},
+	}
+}
+
+func (a *app) check(ctx context.Context) checkReport {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	r := checkReport{Root: os.Geteuid() == 0}
+	if d, err := criu.Find(a.criuPath); err != nil {
+		r.CRIU.Error = err.Error()
+	} else {
+		r.CRIU.Path, r.CRIU.Version = d.Path, d.VersionString()
+		verdict, err := d.KernelCheck(ctx)
+		r.CRIU.KernelCheck = verdict
+		if err != nil {
+			r.CRIU.Error = err.Error()
+		} else {
+			r.CRIU.OK = true
+		}
+	}
+	ready, unavailable := gpu.Probe()
+	for _, b := range ready {
+		s := gpuStatus{Backend: b.Name(), Available: true}
+		if h, err := b.Host(ctx); err != nil {
+			s.Available, s.Reason = false, err.Error()
+		} else {
+			s.Driver, s.CUDA, s.Devices = h.DriverVersion, h.CUDAVersion, h.Devices
+		}
+		r.GPUs = append(r.GPUs, s)
+	}
+	for name, why := range unavailable {
+		r.GPUs = append(r.GPUs, gpuStatus{Backend: name, Reason: why.Error()})
+	}
+	sort.Slice(r.GPUs, func(i, j int) bool { return r.GPUs[i].Backend < r.GPUs[j].Backend })
+	if !r.Root {
+		r.Notes = append(r.Notes, "run gpucr as root: CRIU needs it")
+	}
+	r.Ready = r.Root && r.CRIU.OK
+	return r
+}
+
+func notReadyReason(r checkReport) string {
+	if !r.CRIU.OK {
+		return r.CRIU.Error
+	}
+	return "not running as root"
+}
+
+func printCheck(a *app, r checkReport) {
+	w := a.stdout
+	mark := map[bool]string{true: "ok", false: "NO"}
+	fmt.Fprintf(w, "%-4s root\n", mark[r.Root])
+	if r.CRIU.OK {
+		fmt.Fprintf(w, "%-4s criu %s at %s (kernel: %s)\n", mark[true], r.CRIU.Version, r.CRIU.Path, r.CRIU.KernelCheck)
+	} else {
+		fmt.Fprintf(w, "%-4s criu: %s\n", mark[false], r.CRIU.Error)
+	}
+	for _, g := range r.GPUs {
+		if !g.Available {
+			fmt.Fprintf(w, "off  gpu %s: %s\n", g.Backend, g.Reason)
+			continue
+		}
+		fmt.Fprintf(w, "ok   gpu %s: driver %s, CUDA %s, %d device(s)\n", g.Backend, g.Driver, g.CUDA, len(g.Devices))
+		for _, d := range g.Devices {
+			fmt.Fprintf(w, "       %d %s %s  cc %s  %s  numa %d\n", d.Index, d.UUID, d.Name, d.ComputeCapability, bytesHuman(d.MemoryTotal), d.NUMANode)
+		}
+	}
+	if r.Ready {
+		fmt.Fprintln(w, "ready: this host can checkpoint and restore processes")
+	} else {
+		fmt.Fprintf(w, "not ready: %s\n", notReadyReason(r))
+	}
+}

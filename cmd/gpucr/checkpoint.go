@@ -1,0 +1,90 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/interrupt"
+)
+
+// criuFlags binds the CRIU options that checkpoint and restore share.
+func criuFlags(cmd *cobra.Command, o *criu.Options) {
+	f := cmd.Flags()
+	f.BoolVarP(&o.ShellJob, "shell-job", "j", false, "the tree is attached to a terminal (a shell job)")
+	f.BoolVar(&o.TCPEstablished, "tcp-established", false, "checkpoint and restore established TCP connections")
+	f.BoolVar(&o.ExtUnixSk, "ext-unix-sk", false, "allow unix sockets connected to processes outside the tree")
+	f.BoolVar(&o.FileLocks, "file-locks", false, "checkpoint and restore file locks")
+}
+
+// checkpointOutput is the summary of a checkpoint, for text and JSON alike.
+type checkpointOutput struct {
+	Dir          string      `json:"dir"`
+	RootPID      int         `json:"rootPid"`
+	Processes    int         `json:"processes"`
+	MemoryBytes  uint64      `json:"memoryBytes"`
+	GPUProcesses int         `json:"gpuProcesses"`
+	GPUBytes     uint64      `json:"gpuMemoryBytes"`
+	LeftRunning  bool        `json:"leftRunning"`
+	Phases       []phaseJSON `json:"phases"`
+	Total        float64     `json:"totalSeconds"`
+}
+
+func (a *app) checkpointCmd() *cobra.Command {
+	var r engine.CheckpointRequest
+	cmd := &cobra.Command{
+		Use:   "checkpoint PID -D DIR",
+		Short: "Checkpoint a running process tree (and its GPU state) to an image directory",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			pid, err := strconv.Atoi(args[0])
+			if err != nil {
+				return usageError{fmt.Errorf("PID %q is not a number", args[0])}
+			}
+			r.PID = pid
+			e, err := a.engine()
+			if err != nil {
+				return classify(err)
+			}
+			ctx, stop := interrupt.Context(cmd.Context())
+			defer stop()
+			start := time.Now()
+			m, err := e.Checkpoint(ctx, r)
+			if err != nil {
+				return classify(err)
+			}
+			out := checkpointOutput{
+				Dir: r.Dir, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
+				LeftRunning: r.LeaveRunning, Phases: phasesJSON(m.Phases), Total: time.Since(start).Seconds(),
+			}
+			for _, s := range m.GPUs {
+				for _, p := range s.Processes {
+					out.GPUProcesses++
+					out.GPUBytes += p.MemoryBytes
+				}
+			}
+			return a.emit(out, func() {
+				fmt.Fprintf(a.stdout, "checkpointed PID %d (%d processes) to %s in %.2fs\n", out.RootPID, out.Processes, out.Dir, out.Total)
+				fmt.Fprintf(a.stdout, "  memory  %s written\n", bytesHuman(out.MemoryBytes))
+				if out.GPUProcesses > 0 {
+					fmt.Fprintf(a.stdout, "  gpu     %d process(es), %s of GPU memory\n", out.GPUProcesses, bytesHuman(out.GPUBytes))
+				}
+				fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(m.Phases))
+				if out.LeftRunning {
+					fmt.Fprintln(a.stdout, "  the process tree was left running")
+				}
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to create (must not exist or be empty)")
+	f.BoolVarP(&r.LeaveRunning, "leave-running", "R", false, "leave the process tree running after the checkpoint")
+	f.DurationVar(&r.LockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
+	criuFlags(cmd, &r.Options)
+	_ = cmd.MarkFlagRequired("images-dir")
+	return cmd
+}

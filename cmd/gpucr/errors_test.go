@@ -1,0 +1,178 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// sharedImage checkpoints one counter for the corruption tests to copy and damage.
+func sharedImage(t *testing.T) (dir string, w *workload) {
+	t.Helper()
+	w = startCounter(t, "-mib", "4")
+	dir = filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	waitGone(t, w.pid)
+	return dir, w
+}
+
+func copyImage(t *testing.T, src string) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "copy")
+	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	return dst
+}
+
+func largestPagesFile(t *testing.T, dir string) string {
+	t.Helper()
+	matches, _ := filepath.Glob(filepath.Join(dir, "criu", "pages-*.img"))
+	best, size := "", int64(-1)
+	for _, m := range matches {
+		if fi, err := os.Stat(m); err == nil && fi.Size() > size {
+			best, size = m, fi.Size()
+		}
+	}
+	if best == "" {
+		t.Fatal("image has no pages file")
+	}
+	return best
+}
+
+func editManifest(t *testing.T, dir string, edit func(map[string]any)) {
+	t.Helper()
+	p := filepath.Join(dir, "manifest.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDamagedImagesAreNeverRestored(t *testing.T) {
+	needCRIU(t)
+	good, w := sharedImage(t)
+	cases := []struct {
+		name   string
+		damage func(t *testing.T, dir string)
+		want   string
+	}{
+		{"truncated pages", func(t *testing.T, dir string) {
+			p := largestPagesFile(t, dir)
+			fi, _ := os.Stat(p)
+			if err := os.Truncate(p, fi.Size()/2); err != nil {
+				t.Fatal(err)
+			}
+		}, "pages-"},
+		{"flipped byte", func(t *testing.T, dir string) {
+			f, err := os.OpenFile(largestPagesFile(t, dir), os.O_RDWR, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			b := make([]byte, 1)
+			f.ReadAt(b, 4096)
+			b[0] ^= 0x40
+			f.WriteAt(b, 4096)
+		}, "checksum"},
+		{"missing file", func(t *testing.T, dir string) {
+			os.Remove(filepath.Join(dir, "criu", "pstree.img"))
+		}, "pstree.img"},
+		{"missing manifest", func(t *testing.T, dir string) {
+			os.Remove(filepath.Join(dir, "manifest.json"))
+		}, "not a gpucr image"},
+		{"newer format", func(t *testing.T, dir string) {
+			editManifest(t, dir, func(m map[string]any) { m["formatVersion"] = 99 })
+		}, "newer"},
+		{"garbled manifest", func(t *testing.T, dir string) {
+			os.WriteFile(filepath.Join(dir, "manifest.json"), []byte("{\"formatVersion\": 1, "), 0o644)
+		}, "manifest.json"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := copyImage(t, good)
+			c.damage(t, dir)
+			for _, verb := range [][]string{{"verify", dir}, {"restore", "-D", dir}} {
+				out, code := gpucr(t, verb...)
+				if code == 0 || !strings.Contains(out, c.want) || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+					t.Errorf("gpucr %s: exit %d, want one line naming %q:\n%s", verb[0], code, c.want, out)
+				}
+			}
+			if alive(w.pid) {
+				t.Fatalf("a damaged image was restored: PID %d runs", w.pid)
+			}
+		})
+	}
+	// The undamaged original still restores: the failures above were the damage's.
+	restore(t, good)
+}
+
+func TestCheckpointRefusesBadRequests(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t)
+	pid := strconv.Itoa(w.pid)
+	notEmpty := t.TempDir()
+	os.WriteFile(filepath.Join(notEmpty, "x"), nil, 0o644)
+	aFile := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(aFile, nil, 0o644)
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"no such pid", []string{"checkpoint", "999999999", "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "no such process"},
+		{"pid 1", []string{"checkpoint", "1", "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "PID 1"},
+		{"own tree", []string{"checkpoint", strconv.Itoa(os.Getpid()), "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "gpucr itself"},
+		{"not a number", []string{"checkpoint", "abc", "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "not a number"},
+		{"dir not empty", []string{"checkpoint", pid, "-D", notEmpty}, exitUsage, "not empty"},
+		{"dir not writable", []string{"checkpoint", pid, "-D", filepath.Join(aFile, "img")}, exitFailed, "not writable"},
+		{"no criu", []string{"checkpoint", pid, "-D", filepath.Join(t.TempDir(), "i"), "--criu", "/nonexistent/criu"}, exitNotReady, "criu not found"},
+		{"restore of nothing", []string{"restore", "-D", t.TempDir()}, exitFailed, "not a gpucr image"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			out, code := gpucr(t, c.args...)
+			if code != c.code || !strings.Contains(out, c.want) || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+				t.Errorf("exit %d, want %d with one line containing %q:\n%s", code, c.code, c.want, out)
+			}
+		})
+	}
+	if !alive(w.pid) {
+		t.Fatal("the workload died from a refused checkpoint")
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(aFile)); len(entries) != 1 {
+		t.Errorf("a refused checkpoint left files: %v", entries)
+	}
+}
+
+func TestNotRootIsRefused(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t)
+	cmd := exec.Command(bin.gpucr, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(os.TempDir(), "gpucr-never"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != exitNotReady || !strings.Contains(string(out), "root") {
+		t.Fatalf("as nobody: %v: %s", err, out)
+	}
+	if !alive(w.pid) {
+		t.Fatal("workload died")
+	}
+}

@@ -1,0 +1,84 @@
+// Command gpucr checkpoints and restores running GPU processes, process trees and
+// containers. This file only wires the CLI; each verb lives in its own file.
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/gpu"
+	_ "github.com/gpucr/gpucr/internal/gpu/nvidia" // registers the NVIDIA backend
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// app holds the global flags and builds what the verbs share.
+type app struct {
+	stdout, stderr io.Writer
+	json           bool
+	criuPath       string
+	verbose        bool
+	log            *slog.Logger
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	a := &app{stdout: stdout, stderr: stderr}
+	root := &cobra.Command{
+		Use:           "gpucr",
+		Short:         "Checkpoint and restore running GPU processes",
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRun: func(*cobra.Command, []string) {
+			level := slog.LevelWarn
+			if a.verbose {
+				level = slog.LevelDebug
+			}
+			a.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+		},
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetArgs(args)
+	pf := root.PersistentFlags()
+	pf.BoolVar(&a.json, "json", false, "print results as JSON")
+	pf.StringVar(&a.criuPath, "criu", "", "path to the criu binary (default: $GPUCR_CRIU, "+criu.DefaultPrefixBinary+", then PATH)")
+	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log each step to stderr")
+	root.AddCommand(a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd())
+
+	if err := root.Execute(); err != nil {
+		fmt.Fprintf(stderr, "gpucr: %s\n", oneLine(err))
+		return exitCode(err)
+	}
+	return 0
+}
+
+// engine finds CRIU and the GPU backends that work on this host.
+func (a *app) engine() (*engine.Engine, error) {
+	d, err := criu.Find(a.criuPath)
+	if err != nil {
+		return nil, err
+	}
+	backends, unavailable := gpu.Probe()
+	for name, why := range unavailable {
+		a.log.Debug("GPU backend off", "backend", name, "reason", why)
+	}
+	return &engine.Engine{CRIU: d, Backends: backends, Version: version, Log: a.log, Report: newProgress(a.stderr)}, nil
+}
+
+// oneLine folds a (possibly joined) error onto one line for the terminal.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+}

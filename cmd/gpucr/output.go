@@ -1,0 +1,108 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/proctree"
+)
+
+// Exit codes: 1 the operation failed; 2 the request was wrong; 3 the host is not ready.
+const (
+	exitFailed   = 1
+	exitUsage    = 2
+	exitNotReady = 3
+)
+
+// usageError marks errors in what the user asked for.
+type usageError struct{ error }
+
+func (u usageError) Unwrap() error { return u.error }
+
+func exitCode(err error) int {
+	var u usageError
+	var nr notReadyError
+	switch {
+	case errors.As(err, &nr):
+		return exitNotReady
+	case errors.As(err, &u):
+		return exitUsage
+	}
+	return exitFailed
+}
+
+// notReadyError is `gpucr check` finding the host not ready; the report was printed.
+type notReadyError struct{ reason string }
+
+func (n notReadyError) Error() string { return n.reason }
+
+// emit prints v as JSON with --json, otherwise runs text.
+func (a *app) emit(v any, text func()) error {
+	if !a.json {
+		text()
+		return nil
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode JSON: %w", err)
+	}
+	_, err = fmt.Fprintf(a.stdout, "%s\n", b)
+	return err
+}
+
+func bytesHuman(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := uint64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func seconds(d time.Duration) string { return fmt.Sprintf("%.2fs", d.Seconds()) }
+
+func phasesLine(ps []image.Phase) string {
+	s := ""
+	for i, p := range ps {
+		if i > 0 {
+			s += "  "
+		}
+		s += p.Name + " " + seconds(p.Duration)
+	}
+	return s
+}
+
+// phaseJSON is a phase with its duration in seconds, for machines.
+type phaseJSON struct {
+	Name    string  `json:"name"`
+	Seconds float64 `json:"seconds"`
+}
+
+func phasesJSON(ps []image.Phase) []phaseJSON {
+	out := make([]phaseJSON, len(ps))
+	for i, p := range ps {
+		out[i] = phaseJSON{p.Name, p.Duration.Seconds()}
+	}
+	return out
+}
+
+// classify gives errors users act on their exit code: a wrong request is a usage error,
+// a host without root or CRIU is not ready.
+func classify(err error) error {
+	switch {
+	case errors.Is(err, engine.ErrNotRoot), errors.Is(err, criu.ErrNotFound), errors.Is(err, criu.ErrTooOld):
+		return notReadyError{reason: err.Error()}
+	case errors.Is(err, engine.ErrBadTarget), errors.Is(err, proctree.ErrNoProcess), errors.Is(err, image.ErrNotEmpty):
+		return usageError{err}
+	}
+	return err
+}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/interrupt"
+)
+
+// restoreOutput is the summary of a restore, for text and JSON alike.
+type restoreOutput struct {
+	Dir     string                       `json:"dir"`
+	RootPID int                          `json:"rootPid"`
+	GPUMap  map[string]map[string]string `json:"gpuMap,omitempty"`
+	Phases  []phaseJSON                  `json:"phases"`
+	Total   float64                      `json:"totalSeconds"`
+}
+
+func (a *app) restoreCmd() *cobra.Command {
+	var r engine.RestoreRequest
+	var skips []string
+	cmd := &cobra.Command{
+		Use:   "restore -D DIR",
+		Short: "Restore a process tree (and its GPU state) from an image directory, detached",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var err error
+			if r.Skips, err = gpu.SkipsFrom(skips, os.Getenv); err != nil {
+				return usageError{err}
+			}
+			e, err := a.engine()
+			if err != nil {
+				return classify(err)
+			}
+			ctx, stop := interrupt.Context(cmd.Context())
+			defer stop()
+			start := time.Now()
+			res, err := e.Restore(ctx, r)
+			if err != nil {
+				return classify(err)
+			}
+			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
+			return a.emit(out, func() {
+				fmt.Fprintf(a.stdout, "restored PID %d from %s in %.2fs\n", out.RootPID, out.Dir, out.Total)
+				for backend, m := range out.GPUMap {
+					olds := make([]string, 0, len(m))
+					for o := range m {
+						olds = append(olds, o)
+					}
+					sort.Strings(olds)
+					for _, o := range olds {
+						fmt.Fprintf(a.stdout, "  %s GPU %s -> %s\n", backend, o, m[o])
+					}
+				}
+				fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(res.Phases))
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to restore from")
+	f.StringVar(&r.GPUMap, "gpu-map", "", `restore onto other GPUs: "0=1,1=0" by index or "GPU-old=GPU-new" by UUID`)
+	f.StringSliceVar(&skips, "skip-check", nil, "switch off a GPU compatibility check by name (repeatable; see gpucr check --help)")
+	criuFlags(cmd, &r.Options)
+	_ = cmd.MarkFlagRequired("images-dir")
+	return cmd
+}

@@ -1,0 +1,90 @@
+// Package criu drives the CRIU binary through go-criu's RPC (criu swrk): it finds a CRIU
+// that is new enough and runs dump and restore with gpucr's options mapped in one place.
+package criu
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	gocriu "github.com/checkpoint-restore/go-criu/v7"
+)
+
+// MinVersion is the oldest CRIU gpucr drives (4.1): older releases fail on current kernels'
+// vDSO layout and lack the features the GPU backends rely on. Encoded as go-criu does.
+const MinVersion = 40100
+
+// DefaultPrefixBinary is where scripts/install-deps.sh installs CRIU when the system's is too old.
+const DefaultPrefixBinary = "/opt/gpucr/criu/sbin/criu"
+
+// ErrNotFound and ErrTooOld say that this host cannot checkpoint until CRIU is installed.
+var (
+	ErrNotFound = errors.New("criu not found")
+	ErrTooOld   = errors.New("criu is too old")
+)
+
+// Notify receives CRIU's notifications during dump and restore; embed NoNotify to
+// implement only the ones needed.
+type (
+	Notify   = gocriu.Notify
+	NoNotify = gocriu.NoNotify
+)
+
+// Driver runs one CRIU binary.
+type Driver struct {
+	Path    string
+	Version int // as go-criu encodes it: major*10000 + minor*100 + sublevel
+}
+
+// Find locates CRIU: the explicit path if given, else $GPUCR_CRIU, else the install
+// script's prefix, else criu on PATH. It fails unless that CRIU is at least MinVersion.
+func Find(explicit string) (*Driver, error) {
+	path, err := locate(explicit)
+	if err != nil {
+		return nil, err
+	}
+	c := gocriu.MakeCriu()
+	c.SetCriuPath(path)
+	v, err := c.GetCriuVersion()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s does not answer as CRIU: %v", ErrNotFound, path, err)
+	}
+	d := &Driver{Path: path, Version: v}
+	if v < MinVersion {
+		return nil, fmt.Errorf("%w: %s is version %s, gpucr needs %s or newer (run scripts/install-deps.sh)",
+			ErrTooOld, path, d.VersionString(), FormatVersion(MinVersion))
+	}
+	return d, nil
+}
+
+func locate(explicit string) (string, error) {
+	candidates := []string{explicit, os.Getenv("GPUCR_CRIU")}
+	for _, c := range candidates {
+		if c == "" {
+			continue
+		}
+		p, err := exec.LookPath(c)
+		if err != nil {
+			return "", fmt.Errorf("%w at %s: %v", ErrNotFound, c, err)
+		}
+		return filepath.Abs(p)
+	}
+	if fi, err := os.Stat(DefaultPrefixBinary); err == nil && !fi.IsDir() {
+		return DefaultPrefixBinary, nil
+	}
+	p, err := exec.LookPath("criu")
+	if err != nil {
+		return "", fmt.Errorf("%w on PATH or at %s (run scripts/install-deps.sh)", ErrNotFound, DefaultPrefixBinary)
+	}
+	return p, nil
+}
+
+// VersionString is the driver's CRIU version as "4.1.1".
+func (d *Driver) VersionString() string { return FormatVersion(d.Version) }
+
+// FormatVersion renders go-criu's version number as "major.minor.sublevel".
+func FormatVersion(v int) string {
+	return fmt.Sprintf("%d.%d.%d", v/10000, v/100%100, v%100)
+}

@@ -1,0 +1,197 @@
+package criu
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	gocriu "github.com/checkpoint-restore/go-criu/v7"
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/internal/interrupt"
+)
+
+// Log file names CRIU writes into the work directory.
+const (
+	DumpLog    = "dump.log"
+	RestoreLog = "restore.log"
+)
+
+// logLevel 2 keeps errors and warnings: enough to explain a failure without slowing a
+// large dump with per-mapping lines.
+const logLevel = 2
+
+// Options are the CRIU behaviours users choose, shared by dump and restore.
+type Options struct {
+	ShellJob       bool // the tree is attached to a terminal
+	TCPEstablished bool // checkpoint established TCP connections
+	ExtUnixSk      bool // allow unix sockets connected outside the tree
+	FileLocks      bool // checkpoint file locks
+}
+
+// DumpRequest says what to dump and where.
+type DumpRequest struct {
+	PID          int
+	ImagesDir    string // CRIU's image files go here
+	WorkDir      string // logs and statistics go here
+	LeaveRunning bool
+	Options
+}
+
+// RestoreRequest says what to restore.
+type RestoreRequest struct {
+	ImagesDir string
+	WorkDir   string
+	Options
+}
+
+// Error is a failed CRIU run, with the error lines of its log.
+type Error struct {
+	Op      string // "dump" or "restore"
+	LogPath string
+	Lines   []string // CRIU's last error lines
+	Err     error
+}
+
+func (e *Error) Error() string {
+	msg := e.Err.Error()
+	if len(e.Lines) > 0 {
+		msg = e.Lines[len(e.Lines)-1]
+	}
+	return fmt.Sprintf("criu %s failed: %s (log: %s)", e.Op, msg, e.LogPath)
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Dump checkpoints the tree rooted at r.PID. CRIU resumes the tree itself when the dump
+// fails, so the workload keeps running; the caller owns everything else.
+func (d *Driver) Dump(ctx context.Context, r DumpRequest, n Notify) error {
+	opts := r.Options.rpc()
+	opts.Pid = proto.Int32(int32(r.PID))
+	opts.LeaveRunning = proto.Bool(r.LeaveRunning)
+	opts.LogFile = proto.String(DumpLog)
+	return d.run(ctx, "dump", r.ImagesDir, r.WorkDir, opts, func(c *gocriu.Criu) error {
+		return c.Dump(opts, n)
+	})
+}
+
+// Restore restores the tree in r.ImagesDir, detached: when CRIU exits the tree is
+// re-parented to the init process (or the caller's subreaper). It returns the root PID.
+func (d *Driver) Restore(ctx context.Context, r RestoreRequest, n Notify) (int, error) {
+	opts := r.Options.rpc()
+	opts.LogFile = proto.String(RestoreLog)
+	w := &pidRecorder{Notify: n}
+	if w.Notify == nil {
+		w.Notify = NoNotify{}
+	}
+	err := d.run(ctx, "restore", r.ImagesDir, r.WorkDir, opts, func(c *gocriu.Criu) error {
+		return c.Restore(opts, w)
+	})
+	if err != nil {
+		return 0, err
+	}
+	if w.pid == 0 {
+		return 0, fmt.Errorf("criu restore reported no root pid")
+	}
+	return w.pid, nil
+}
+
+// pidRecorder learns the restored root PID, which go-criu reports only to the notifier.
+type pidRecorder struct {
+	Notify
+	pid int
+}
+
+func (p *pidRecorder) PostRestore(pid int32) error {
+	p.pid = int(pid)
+	return p.Notify.PostRestore(pid)
+}
+
+func (o Options) rpc() *rpc.CriuOpts {
+	return &rpc.CriuOpts{
+		ShellJob:       proto.Bool(o.ShellJob),
+		TcpEstablished: proto.Bool(o.TCPEstablished),
+		ExtUnixSk:      proto.Bool(o.ExtUnixSk),
+		FileLocks:      proto.Bool(o.FileLocks),
+		LogLevel:       proto.Int32(logLevel),
+	}
+}
+
+// run opens the directories CRIU works in, starts criu swrk shielded from the terminal's
+// Ctrl-C, and calls do. CRIU reads the directories through our descriptors.
+func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *rpc.CriuOpts, do func(*gocriu.Criu) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("criu %s: %w", op, err)
+	}
+	img, err := os.Open(imagesDir)
+	if err != nil {
+		return fmt.Errorf("criu %s: open images dir: %w", op, err)
+	}
+	defer img.Close()
+	work, err := os.Open(workDir)
+	if err != nil {
+		return fmt.Errorf("criu %s: open work dir: %w", op, err)
+	}
+	defer work.Close()
+	opts.ImagesDirFd = proto.Int32(int32(img.Fd()))
+	opts.WorkDirFd = proto.Int32(int32(work.Fd()))
+
+	c := gocriu.MakeCriu()
+	c.SetCriuPath(d.Path)
+	if err := interrupt.StartImmune(c.Prepare); err != nil {
+		return fmt.Errorf("criu %s: start %s: %w", op, d.Path, err)
+	}
+	runErr := do(c)
+	cleanupErr := c.Cleanup()
+	if runErr == nil {
+		runErr = cleanupErr
+	}
+	if runErr != nil {
+		logPath := filepath.Join(workDir, opts.GetLogFile())
+		return &Error{Op: op, LogPath: logPath, Lines: errorLines(logPath), Err: runErr}
+	}
+	return nil
+}
+
+// errorLines returns the last few "Error" lines of a CRIU log, which name the cause.
+func errorLines(path string) []string {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var lines []string
+	s := bufio.NewScanner(f)
+	s.Buffer(make([]byte, 64*1024), 1024*1024)
+	for s.Scan() {
+		if l := s.Text(); strings.Contains(l, "Error") {
+			lines = append(lines, strings.TrimSpace(l))
+		}
+	}
+	if len(lines) > 3 {
+		lines = lines[len(lines)-3:]
+	}
+	return lines
+}
+
+// KernelCheck runs CRIU's own check of the kernel features it needs and returns its verdict.
+func (d *Driver) KernelCheck(ctx context.Context) (string, error) {
+	out, err := exec.CommandContext(ctx, d.Path, "check").CombinedOutput()
+	text := strings.TrimSpace(string(out))
+	if err != nil {
+		return text, fmt.Errorf("criu check: %w: %s", err, lastLine(text))
+	}
+	return lastLine(text), nil
+}
+
+func lastLine(s string) string {
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}

@@ -1,0 +1,223 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/proctree"
+)
+
+// CheckpointRequest is what to checkpoint, where, and how.
+type CheckpointRequest struct {
+	PID          int
+	Dir          string
+	LeaveRunning bool
+	LockTimeout  time.Duration // how long a GPU lock waits for work in flight
+	criu.Options
+}
+
+// Checkpoint writes an image of the tree rooted at r.PID to r.Dir. On any failure the tree
+// keeps running with its GPUs unlocked, and nothing appears at r.Dir.
+func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Manifest, error) {
+	tree, err := e.target(r.PID)
+	if err != nil {
+		return nil, err
+	}
+	stage, err := image.Begin(r.Dir)
+	if err != nil {
+		return nil, err
+	}
+	defer stage.Abort() // a no-op once committed
+
+	t := &timer{r: e.reporter()}
+	gpus, snaps, err := e.findGPUProcs(ctx, proctree.PIDs(tree))
+	if err != nil {
+		return nil, err
+	}
+	m := &image.Manifest{
+		GpucrVersion: e.Version,
+		CRIUVersion:  e.CRIU.VersionString(),
+		Created:      time.Now().UTC(),
+		Host:         hostInfo(),
+		RootPID:      r.PID,
+		Options: image.Options{
+			LeaveRunning: r.LeaveRunning, ShellJob: r.ShellJob, TCPEstablished: r.TCPEstablished,
+			ExtUnixSk: r.ExtUnixSk, FileLocks: r.FileLocks,
+		},
+		GPUs: snaps,
+	}
+	for _, p := range tree {
+		m.Processes = append(m.Processes, image.Process{PID: p.PID, PPID: p.PPID, Command: p.Command, Threads: p.Threads})
+	}
+
+	// From here on the GPUs may be locked: every failure path resumes them.
+	rollback := func(cause error) error {
+		if len(gpus) == 0 {
+			return cause
+		}
+		// The caller's context may be the cancelled one; rollback must still run.
+		if err := gpus.resume(context.WithoutCancel(ctx), nil); err != nil {
+			return fmt.Errorf("%w; rolling back the GPUs also failed, the workload may be stuck: %v", cause, err)
+		}
+		e.log().Info("rolled back: GPU processes resumed", "processes", len(gpus))
+		return cause
+	}
+	if len(gpus) > 0 {
+		if err := t.run(PhaseGPULock, func() error { return gpus.lock(ctx, r.LockTimeout) }); err != nil {
+			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
+		}
+		if err := t.run(PhaseGPUCheckpoint, func() error { return gpus.checkpoint(ctx) }); err != nil {
+			return nil, rollback(fmt.Errorf("checkpoint GPU state: %w", err))
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, rollback(fmt.Errorf("checkpoint interrupted: %w", err))
+	}
+
+	// The image is committed while CRIU still holds the tree frozen (post-dump): if the
+	// commit fails, CRIU resumes the tree instead of killing it, so nothing is lost.
+	commit := &committer{ctx: ctx, stage: stage, manifest: m, timer: t, dumpStart: time.Now()}
+	e.reporter().Start(PhaseCRIUDump)
+	err = e.CRIU.Dump(ctx, criu.DumpRequest{
+		PID: r.PID, ImagesDir: stage.CRIUDir(), WorkDir: stage.LogsDir(),
+		LeaveRunning: r.LeaveRunning, Options: r.Options,
+	}, commit)
+	if err != nil {
+		if !commit.reached {
+			e.reporter().Done(PhaseCRIUDump, time.Since(commit.dumpStart))
+		}
+		if commit.err != nil {
+			err = commit.err
+		} else {
+			err = keepLog(err)
+		}
+		return nil, rollback(err)
+	}
+
+	if r.LeaveRunning && len(gpus) > 0 {
+		if err := t.run(PhaseGPUResume, func() error { return gpus.resume(context.WithoutCancel(ctx), nil) }); err != nil {
+			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", r.Dir, err)
+		}
+	}
+	m.Phases = t.phases
+	return m, nil
+}
+
+// committer commits the staged image from CRIU's post-dump notification.
+type committer struct {
+	criu.NoNotify
+	ctx       context.Context
+	stage     *image.Staging
+	manifest  *image.Manifest
+	timer     *timer
+	dumpStart time.Time
+	reached   bool // CRIU finished writing and called PostDump
+	err       error
+}
+
+func (c *committer) PostDump() error {
+	d := time.Since(c.dumpStart)
+	c.reached = true
+	c.timer.phases = append(c.timer.phases, image.Phase{Name: PhaseCRIUDump, Duration: d})
+	c.timer.r.Done(PhaseCRIUDump, d)
+	if err := c.ctx.Err(); err != nil {
+		c.err = fmt.Errorf("checkpoint interrupted: %w", err)
+		return c.err
+	}
+	pages, err := pagesBytes(c.stage.CRIUDir())
+	if err != nil {
+		c.err = err
+		return err
+	}
+	c.manifest.MemoryBytes = pages
+	// The commit's own time cannot be in the manifest it checksums; the caller's copy has it.
+	c.manifest.Phases = slices.Clone(c.timer.phases)
+	c.err = c.timer.run(PhaseCommit, func() error { return c.stage.Commit(c.manifest) })
+	return c.err
+}
+
+// pagesBytes sums CRIU's page files: the memory the image holds.
+func pagesBytes(dir string) (uint64, error) {
+	matches, err := filepath.Glob(filepath.Join(dir, "pages-*.img"))
+	if err != nil {
+		return 0, err
+	}
+	var total uint64
+	for _, f := range matches {
+		fi, err := os.Stat(f)
+		if err != nil {
+			return 0, fmt.Errorf("size of %s: %w", f, err)
+		}
+		total += uint64(fi.Size())
+	}
+	return total, nil
+}
+
+// keepLog copies a failed dump's CRIU log out of the staging directory, which is about to
+// be removed, so the error can point at it.
+func keepLog(err error) error {
+	var ce *criu.Error
+	if !errors.As(err, &ce) {
+		return err
+	}
+	b, rerr := os.ReadFile(ce.LogPath)
+	if rerr != nil {
+		return err
+	}
+	f, ferr := os.CreateTemp("", "gpucr-dump-*.log")
+	if ferr != nil {
+		return err
+	}
+	defer f.Close()
+	if _, werr := f.Write(b); werr == nil {
+		ce.LogPath = f.Name()
+	}
+	return err
+}
+
+// target checks that pid may be checkpointed and returns its tree.
+func (e *Engine) target(pid int) ([]proctree.Process, error) {
+	if os.Geteuid() != 0 {
+		return nil, ErrNotRoot
+	}
+	switch {
+	case pid <= 0:
+		return nil, fmt.Errorf("%w: %d is not a valid PID", ErrBadTarget, pid)
+	case pid == 1:
+		return nil, fmt.Errorf("%w: PID 1 is the init process", ErrBadTarget)
+	case pid == os.Getpid():
+		return nil, fmt.Errorf("%w: PID %d is gpucr itself", ErrBadTarget, pid)
+	}
+	tree, err := proctree.Tree(pid)
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(proctree.PIDs(tree), os.Getpid()) {
+		return nil, fmt.Errorf("%w: gpucr itself runs inside the tree of PID %d", ErrBadTarget, pid)
+	}
+	return tree, nil
+}
+
+func hostInfo() image.HostInfo {
+	h := image.HostInfo{Arch: runtime.GOARCH}
+	h.Hostname, _ = os.Hostname()
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		h.Kernel = string(trimNL(b))
+	}
+	return h
+}
+
+func trimNL(b []byte) []byte {
+	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r') {
+		b = b[:len(b)-1]
+	}
+	return b
+}

@@ -1,0 +1,85 @@
+// Package engine owns the order of a checkpoint and a restore: GPU lock and checkpoint, CRIU
+// dump, image commit, and the rollback that keeps the workload running when any step fails.
+package engine
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/image"
+)
+
+// Errors users act on; the CLI maps them to messages and exit codes.
+var (
+	ErrNotRoot    = errors.New("gpucr must run as root (CRIU needs it)")
+	ErrBadTarget  = errors.New("refusing to checkpoint this process")
+	ErrPIDInUse   = errors.New("a PID the image needs is in use")
+	ErrNoBackend  = errors.New("no GPU backend for this image")
+	ErrGPURestore = errors.New("GPU restore failed")
+)
+
+// Engine checkpoints and restores process trees with one CRIU and the GPU backends that
+// work on this host.
+type Engine struct {
+	CRIU     *criu.Driver
+	Backends []gpu.Backend
+	Version  string // gpucr's version, recorded in images
+	Log      *slog.Logger
+	Report   Reporter
+}
+
+// Reporter hears about long phases as they start and end, for progress displays.
+type Reporter interface {
+	Start(phase string)
+	Done(phase string, d time.Duration)
+}
+
+// Phase names, as recorded in manifests and printed in summaries.
+const (
+	PhaseGPULock       = "gpu-lock"
+	PhaseGPUCheckpoint = "gpu-checkpoint"
+	PhaseCRIUDump      = "criu-dump"
+	PhaseCommit        = "commit"
+	PhaseGPUResume     = "gpu-resume"
+	PhaseVerify        = "verify"
+	PhaseCRIURestore   = "criu-restore"
+	PhaseGPURestore    = "gpu-restore"
+)
+
+type noReport struct{}
+
+func (noReport) Start(string)               {}
+func (noReport) Done(string, time.Duration) {}
+
+func (e *Engine) reporter() Reporter {
+	if e.Report == nil {
+		return noReport{}
+	}
+	return e.Report
+}
+
+func (e *Engine) log() *slog.Logger {
+	if e.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return e.Log
+}
+
+// timer records phase durations in order.
+type timer struct {
+	r      Reporter
+	phases []image.Phase
+}
+
+func (t *timer) run(name string, f func() error) error {
+	t.r.Start(name)
+	start := time.Now()
+	err := f()
+	d := time.Since(start)
+	t.phases = append(t.phases, image.Phase{Name: name, Duration: d})
+	t.r.Done(name, d)
+	return err
+}

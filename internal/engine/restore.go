@@ -1,0 +1,171 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/proctree"
+)
+
+// RestoreRequest is what to restore and how.
+type RestoreRequest struct {
+	Dir string
+	// GPUMap is the user's --gpu-map ("0=1,1=0" or UUIDs); empty: same GPUs where present.
+	GPUMap string
+	Skips  gpu.Skips
+	criu.Options
+}
+
+// RestoreResult says what came back.
+type RestoreResult struct {
+	RootPID  int                          `json:"rootPid"`
+	Manifest *image.Manifest              `json:"-"`
+	GPUMap   map[string]map[string]string `json:"gpuMap,omitempty"` // backend -> image UUID -> host UUID
+	Phases   []image.Phase                `json:"phases"`
+}
+
+// Restore validates the image and this host before touching anything, then restores the
+// tree and its device state. If device restore fails, the restored tree is killed: nothing
+// is left half-running.
+func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult, error) {
+	if os.Geteuid() != 0 {
+		return nil, ErrNotRoot
+	}
+	t := &timer{r: e.reporter()}
+	var m *image.Manifest
+	err := t.run(PhaseVerify, func() error {
+		var err error
+		m, err = image.Open(r.Dir)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := pidsFree(m); err != nil {
+		return nil, err
+	}
+	gpus, remap, err := e.planGPUs(ctx, m, r)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("restore interrupted: %w", err)
+	}
+
+	work, err := os.MkdirTemp("", "gpucr-restore-*")
+	if err != nil {
+		return nil, fmt.Errorf("create restore work dir: %w", err)
+	}
+	opts := r.Options
+	opts.ShellJob = opts.ShellJob || m.Options.ShellJob
+	opts.TCPEstablished = opts.TCPEstablished || m.Options.TCPEstablished
+	opts.ExtUnixSk = opts.ExtUnixSk || m.Options.ExtUnixSk
+	opts.FileLocks = opts.FileLocks || m.Options.FileLocks
+	var pid int
+	err = t.run(PhaseCRIURestore, func() error {
+		var err error
+		pid, err = e.CRIU.Restore(ctx, criu.RestoreRequest{
+			ImagesDir: imageCRIUDir(r.Dir), WorkDir: work, Options: opts,
+		}, nil)
+		return err
+	})
+	if err != nil {
+		return nil, err // CRIU leaves nothing running when its restore fails; its log stays in work
+	}
+	os.RemoveAll(work)
+
+	if len(gpus) > 0 {
+		// Restore must not be abandoned halfway, even on Ctrl-C: finish, then report.
+		gctx := context.WithoutCancel(ctx)
+		if err := t.run(PhaseGPURestore, func() error { return gpus.resume(gctx, remap) }); err != nil {
+			killTree(m)
+			return nil, fmt.Errorf("%w: %v; the restored processes were killed, the image is unchanged", ErrGPURestore, err)
+		}
+	}
+	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, Phases: t.phases}, nil
+}
+
+// planGPUs finds a backend for each of the image's GPU snapshots, checks that this host's
+// devices can take the state, and decides which host device each image device goes to.
+func (e *Engine) planGPUs(ctx context.Context, m *image.Manifest, r RestoreRequest) (gpuSet, map[string]map[string]string, error) {
+	var set gpuSet
+	remap := map[string]map[string]string{}
+	for _, snap := range m.GPUs {
+		b := e.backend(snap.Backend)
+		if b == nil {
+			return nil, nil, fmt.Errorf("%w: the image holds %s GPU state, and the %s backend is not available on this host (see gpucr check)",
+				ErrNoBackend, snap.Backend, snap.Backend)
+		}
+		host, err := b.Host(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: describe GPUs: %w", b.Name(), err)
+		}
+		explicit, err := gpu.ParseGPUMap(r.GPUMap, snap.Host, host)
+		if err != nil {
+			return nil, nil, err
+		}
+		mapping, err := gpu.PlanMapping(snap, host, explicit, r.Skips)
+		if err != nil {
+			return nil, nil, err
+		}
+		if len(mapping) > 0 {
+			remap[b.Name()] = mapping
+		}
+		for _, p := range snap.Processes {
+			set = append(set, gpuProc{backend: b, Process: p})
+		}
+	}
+	if len(remap) == 0 {
+		remap = nil
+	}
+	return set, remap, nil
+}
+
+func (e *Engine) backend(name string) gpu.Backend {
+	for _, b := range e.Backends {
+		if b.Name() == name {
+			return b
+		}
+	}
+	return nil
+}
+
+// pidsFree fails up front when a PID of the image is taken: CRIU restores the original
+// PIDs, and would otherwise fail halfway.
+func pidsFree(m *image.Manifest) error {
+	for _, p := range m.Processes {
+		if q, err := proctree.Read(p.PID); err == nil {
+			return fmt.Errorf("%w: PID %d (%s in the image) is held by %q; stop it or restore in a fresh PID namespace",
+				ErrPIDInUse, p.PID, p.Command, q.Command)
+		} else if !errors.Is(err, proctree.ErrNoProcess) {
+			return err
+		}
+	}
+	return nil
+}
+
+// killTree kills the restored processes of m, children first, and waits briefly for them.
+func killTree(m *image.Manifest) {
+	for i := len(m.Processes) - 1; i >= 0; i-- {
+		_ = syscall.Kill(m.Processes[i].PID, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, p := range m.Processes {
+		for time.Now().Before(deadline) {
+			if _, err := proctree.Read(p.PID); err != nil {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+func imageCRIUDir(dir string) string { return filepath.Join(dir, image.CRIUDir) }

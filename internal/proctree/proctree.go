@@ -1,0 +1,119 @@
+// Package proctree reads a live process tree from /proc: which processes a checkpoint of
+// a root PID takes, so the engine can find those holding GPU state before CRIU freezes them.
+package proctree
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// ErrNoProcess means the PID does not name a running process.
+var ErrNoProcess = errors.New("no such process")
+
+// Process is one live process.
+type Process struct {
+	PID     int
+	PPID    int
+	Command string
+	Threads int
+}
+
+// Tree returns root and all its descendants, root first, then by PID.
+func Tree(root int) ([]Process, error) {
+	all, err := scan()
+	if err != nil {
+		return nil, err
+	}
+	byPID := map[int]Process{}
+	children := map[int][]int{}
+	for _, p := range all {
+		byPID[p.PID] = p
+		children[p.PPID] = append(children[p.PPID], p.PID)
+	}
+	r, ok := byPID[root]
+	if !ok {
+		return nil, fmt.Errorf("process %d: %w", root, ErrNoProcess)
+	}
+	tree := []Process{r}
+	queue := []int{root}
+	for len(queue) > 0 {
+		kids := children[queue[0]]
+		queue = queue[1:]
+		sort.Ints(kids)
+		for _, k := range kids {
+			tree = append(tree, byPID[k])
+			queue = append(queue, k)
+		}
+	}
+	return tree, nil
+}
+
+// Read returns one process, or ErrNoProcess.
+func Read(pid int) (Process, error) {
+	p, err := read(pid)
+	if errors.Is(err, os.ErrNotExist) {
+		return Process{}, fmt.Errorf("process %d: %w", pid, ErrNoProcess)
+	}
+	return p, err
+}
+
+func scan() ([]Process, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list processes: %w", err)
+	}
+	var out []Process
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		p, err := read(pid)
+		if err != nil {
+			continue // exited while we looked
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// read parses /proc/PID/stat; the command sits in parentheses and may itself hold them.
+func read(pid int) (Process, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return Process{}, err
+	}
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return Process{}, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	fields := strings.Fields(s[end+1:])
+	// After the command: state(0) ppid(1) ... num_threads(17).
+	if len(fields) < 18 {
+		return Process{}, fmt.Errorf("parse /proc/%d/stat: %d fields", pid, len(fields))
+	}
+	ppid, err := strconv.Atoi(fields[1])
+	if err != nil {
+		return Process{}, fmt.Errorf("parse /proc/%d/stat ppid: %w", pid, err)
+	}
+	threads, err := strconv.Atoi(fields[17])
+	if err != nil {
+		return Process{}, fmt.Errorf("parse /proc/%d/stat threads: %w", pid, err)
+	}
+	return Process{PID: pid, PPID: ppid, Command: s[open+1 : end], Threads: threads}, nil
+}
+
+// PIDs lists the PIDs of ps in order.
+func PIDs(ps []Process) []int {
+	out := make([]int, len(ps))
+	for i, p := range ps {
+		out[i] = p.PID
+	}
+	return out
+}

@@ -1,0 +1,57 @@
+package proctree
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+	"time"
+)
+
+func TestTreeFindsChildrenOfARealTree(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "sleep 30 & sleep 30 & wait")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = exec.Command("pkill", "-P", strconv.Itoa(cmd.Process.Pid)).Run()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	var tree []Process
+	for i := 0; i < 100; i++ { // the shell forks its children asynchronously
+		var err error
+		if tree, err = Tree(cmd.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+		if len(tree) == 3 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(tree) != 3 {
+		t.Fatalf("tree of %d has %d processes, want 3: %+v", cmd.Process.Pid, len(tree), tree)
+	}
+	if tree[0].PID != cmd.Process.Pid || tree[0].Command != "sh" {
+		t.Errorf("root = %+v", tree[0])
+	}
+	for _, p := range tree[1:] {
+		if p.PPID != cmd.Process.Pid || p.Command != "sleep" || p.Threads != 1 {
+			t.Errorf("child = %+v", p)
+		}
+	}
+}
+
+func TestMissingProcess(t *testing.T) {
+	if _, err := Tree(1 << 30); !errors.Is(err, ErrNoProcess) {
+		t.Fatalf("Tree(huge pid) = %v, want ErrNoProcess", err)
+	}
+	if _, err := Read(1 << 30); !errors.Is(err, ErrNoProcess) {
+		t.Fatalf("Read(huge pid) = %v, want ErrNoProcess", err)
+	}
+	self, err := Read(os.Getpid())
+	if err != nil || self.Threads < 1 {
+		t.Fatalf("Read(self) = %+v, %v", self, err)
+	}
+}

@@ -1,0 +1,42 @@
+"""GPU test workload: holds GIB GiB of seeded random data on the GPU and re-checks it on demand.
+
+Usage: holder.py GIB DIR [--connect PORT]
+Writes DIR/ready ("pid digest") once the data is on the GPU. Each time DIR/verify appears it
+removes it, recomputes the digest on the GPU, runs a fresh kernel, and writes DIR/resultK:
+"same=True|False device=<uuid> pid=<pid>". With --connect it holds a TCP connection open
+(used to make CRIU refuse the dump without --tcp-established).
+"""
+import os, socket, sys, time
+import torch
+
+gib, d = float(sys.argv[1]), sys.argv[2]
+conn = None
+if "--connect" in sys.argv:
+    conn = socket.create_connection(("127.0.0.1", int(sys.argv[sys.argv.index("--connect") + 1])))
+n = int(gib * (1 << 30) // 8)
+g = torch.Generator(device="cuda"); g.manual_seed(1234)
+x = torch.randint(-2**62, 2**62, (n,), dtype=torch.int64, device="cuda", generator=g)
+
+def digest():
+    s = 0
+    for c in x.split(1 << 26):
+        s ^= int((c * 2654435761).sum().item())
+    return s
+
+def uuid():
+    try:
+        return str(torch.cuda.get_device_properties(0).uuid)
+    except Exception as e:  # older torch
+        return "unknown:" + type(e).__name__
+
+d0 = digest(); torch.cuda.synchronize(); torch.cuda.empty_cache()
+open(f"{d}/ready.tmp", "w").write(f"{os.getpid()} {d0}\n"); os.rename(f"{d}/ready.tmp", f"{d}/ready")
+k = 0
+while True:
+    if os.path.exists(f"{d}/verify"):
+        os.unlink(f"{d}/verify"); k += 1
+        same = digest() == d0
+        y = (x[: 1 << 20] * 3).sum().item()  # a new kernel after restore
+        torch.cuda.synchronize()
+        open(f"{d}/result{k}", "w").write(f"same={same} device={uuid()} pid={os.getpid()} kernel={y != 0}\n")
+    time.sleep(0.05)

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# The GPU test plan, run on the device machine from the bundle directory as root:
+#   bash plan.sh [single|multi]   (single: tests 1-5 on one GPU; multi: test 6 on two GPUs)
+# Prints PASS/FAIL per test and writes JSON outputs to $OUT when set.
+set -uo pipefail
+cd "$(dirname "$0")"
+B=$PWD
+export GPUCR_CRIU=$B/criu/criu
+G="$B/gpucr"
+OUTD=${OUT:-/tmp/gpucr-out}; mkdir -p "$OUTD"
+W=/dev/shm/gpucr-plan; rm -rf "$W"; mkdir -p "$W"
+pass=0; fail=0
+ok()   { echo "PASS $*"; pass=$((pass+1)); }
+bad()  { echo "FAIL $*"; fail=$((fail+1)); }
+wait_file() { for _ in $(seq 1200); do [ -e "$1" ] && return 0; sleep 0.1; done; return 1; }
+gone() { ! [ -e /proc/$1 ] || grep -q ') Z ' /proc/$1/stat; }
+
+# holder GIB TAG: starts a holder, sets HP (pid) and HD (its dir)
+holder() {
+  HD=$W/$2; rm -rf "$HD"; mkdir -p "$HD"
+  setsid python3 "$B/holder.py" "$1" "$HD" "${@:3}" </dev/null >/dev/null 2>"$HD/err" &
+  wait_file "$HD/ready" || { echo "holder $2 did not start: $(cat "$HD/err")"; return 1; }
+  HP=$(cut -d' ' -f1 "$HD/ready")
+}
+# verify_holder PID DIR: asks the holder to recheck its data; prints the result line
+verify_holder() {
+  local k; k=$(ls "$2" | grep -c '^result' || true); k=$((k+1))
+  touch "$2/verify"; wait_file "$2/result$k" && cat "$2/result$k"
+}
+
+echo "== host"; nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.total --format=csv,noheader
+uname -r; "$G" --version; "$G" check; "$G" check --json > "$OUTD/check.json"
+
+if [ "${1:-single}" = single ]; then
+for GIB in 1 16; do
+  echo "== 1. holder ${GIB} GiB: checkpoint, kill, restore"
+  holder "$GIB" h$GIB || { bad "1.$GIB start"; continue; }
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+  "$G" checkpoint "$HP" -D "$W/img$GIB" --json > "$OUTD/ckpt$GIB.json" || { bad "1.$GIB checkpoint"; continue; }
+  cat "$OUTD/ckpt$GIB.json"; sleep 0.5
+  gone "$HP" && echo "original $HP is gone" || bad "1.$GIB original still alive"
+  "$G" inspect "$W/img$GIB" | head -30
+  "$G" restore -D "$W/img$GIB" --json > "$OUTD/rst$GIB.json" || { bad "1.$GIB restore"; continue; }
+  cat "$OUTD/rst$GIB.json"
+  r=$(verify_holder "$HP" "$HD"); echo "$r"
+  case "$r" in *same=True*kernel=True*) ok "1.$GIB data identical after restore";; *) bad "1.$GIB data: $r";; esac
+  kill -9 "$HP"; rm -rf "$W/img$GIB"
+done
+
+echo "== 2. deterministic training: checkpoint at step 10 of 30, restore, losses bit-identical"
+mkdir -p "$W/ref" "$W/tr"
+python3 "$B/train.py" "$W/ref" 30 >/dev/null 2>"$W/ref/err" || bad "2 reference run: $(tail -3 "$W/ref/err")"
+setsid python3 "$B/train.py" "$W/tr" 30 10 </dev/null >/dev/null 2>"$W/tr/err" &
+if wait_file "$W/tr/paused"; then
+  TP=$(cat "$W/tr/paused")
+  "$G" checkpoint "$TP" -D "$W/imgtr" && sleep 0.5 && gone "$TP" && "$G" restore -D "$W/imgtr" && touch "$W/tr/go" &&
+    wait_file "$W/tr/done" && { if cmp "$W/ref/losses" "$W/tr/losses"; then ok "2 losses of steps 11-30 bit-identical"; else bad "2 losses differ"; diff "$W/ref/losses" "$W/tr/losses" | head; fi; } ||
+    bad "2 checkpoint/restore of training"
+else bad "2 training did not reach step 10: $(tail -3 "$W/tr/err")"; fi
+
+echo "== 3. leave-running"
+holder 1 lr || bad "3 start"
+"$G" checkpoint "$HP" -D "$W/imglr" --leave-running && ! gone "$HP" && r=$(verify_holder "$HP" "$HD") &&
+  case "$r" in *same=True*kernel=True*) ok "3 workload runs on correct after --leave-running: $r";; *) bad "3 $r";; esac || bad "3 leave-running"
+kill -9 "$HP"; sleep 0.5
+"$G" restore -D "$W/imglr" >/dev/null && r=$(verify_holder "$HP" "$HD") &&
+  case "$r" in *same=True*) ok "3 leave-running image restores after kill";; *) bad "3 restore $r";; esac || bad "3 restore"
+kill -9 "$HP"
+
+echo "== 4. CRIU fails after the GPU was locked: the workload keeps running"
+python3 -c 'import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("127.0.0.1",47011)); s.listen(); c=s.accept(); time.sleep(600)' &
+LP=$!; sleep 0.5
+holder 1 tcp --connect 47011 || bad "4 start"
+out=$("$G" checkpoint "$HP" -D "$W/imgtcp" 2>&1); rc=$?
+echo "$out"
+[ $rc -ne 0 ] && ! [ -e "$W/imgtcp" ] && ! gone "$HP" && r=$(verify_holder "$HP" "$HD") &&
+  case "$r" in *same=True*kernel=True*) ok "4 refused (rc $rc), no image, workload correct: $r";; *) bad "4 $r";; esac || bad "4 rollback"
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+kill -9 "$HP" "$LP"
+
+echo "== 5. a failing compatibility check is refused, and passes with its skip switch"
+holder 1 cc || bad "5 start"
+"$G" checkpoint "$HP" -D "$W/imgcc" >/dev/null
+python3 - "$W/imgcc/manifest.json" <<'PY'
+import json, sys
+p = sys.argv[1]; m = json.load(open(p))
+for s in m["gpus"]:
+    for d in s["devices"]: d["computeCapability"] = "8.0"
+json.dump(m, open(p, "w"))
+PY
+out=$("$G" restore -D "$W/imgcc" 2>&1); rc=$?; echo "$out"
+[ $rc -ne 0 ] && echo "$out" | grep -q "skip-check compute-capability" && gone "$HP" && ok "5 refused with the check named" || bad "5 not refused"
+NV_COMPUTE_CAP_CHECK=0 "$G" restore -D "$W/imgcc" --json && r=$(verify_holder "$HP" "$HD") &&
+  case "$r" in *same=True*) ok "5 restores with NV_COMPUTE_CAP_CHECK=0: $r";; *) bad "5 $r";; esac || bad "5 skip"
+kill -9 "$HP"
+fi
+
+if [ "${1:-single}" = multi ]; then
+echo "== 6. checkpoint on GPU 0, restore onto GPU 1 with --gpu-map"
+holder 2 mg || bad "6 start"
+nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader
+"$G" checkpoint "$HP" -D "$W/imgmg" >/dev/null || bad "6 checkpoint"
+"$G" restore -D "$W/imgmg" --gpu-map 0=1 || bad "6 restore"
+r=$(verify_holder "$HP" "$HD"); echo "$r"
+on=$(nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader | grep "^$HP," | cut -d, -f2 | tr -d ' ')
+g1=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 1)
+case "$r" in *same=True*kernel=True*) [ "$on" = "$g1" ] && ok "6 data identical, running on GPU 1 ($on)" || bad "6 runs on $on, not $g1";; *) bad "6 $r";; esac
+kill -9 "$HP"
+fi
+echo "== $pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,39 @@
+"""Deterministic GPU training loop: losses must be bit-identical across checkpoint/restore.
+
+Usage: train.py DIR STEPS [PAUSE_AT]
+Writes each step's loss as float.hex() to DIR/losses. With PAUSE_AT it stops after that step,
+writes DIR/paused, and waits for DIR/go before going on: the checkpoint is taken there.
+"""
+import os, sys, time
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+import torch
+
+d, steps = sys.argv[1], int(sys.argv[2])
+pause = int(sys.argv[3]) if len(sys.argv) > 3 else -1
+torch.manual_seed(0); torch.cuda.manual_seed_all(0)
+torch.use_deterministic_algorithms(True)
+torch.backends.cudnn.benchmark = False
+torch.backends.cuda.matmul.allow_tf32 = False
+dev = "cuda"
+model = torch.nn.Sequential(
+    torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 10)
+).to(dev)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+data = torch.randn(4096, 512, device=dev)
+labels = torch.randint(0, 10, (4096,), device=dev)
+with open(f"{d}/losses", "a") as f:
+    pass
+for step in range(1, steps + 1):
+    idx = torch.randint(0, 4096, (256,), device=dev)
+    loss = torch.nn.functional.cross_entropy(model(data[idx]), labels[idx])
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    with open(f"{d}/losses", "a") as f:
+        f.write(f"{step} {loss.item().hex()}\n")
+    if step == pause:
+        torch.cuda.synchronize()
+        open(f"{d}/paused", "w").write(f"{os.getpid()}\n")
+        while not os.path.exists(f"{d}/go"):
+            time.sleep(0.05)
+open(f"{d}/done", "w").write("done\n")

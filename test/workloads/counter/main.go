@@ -1,0 +1,106 @@
+// Command counter is gpucr's CPU test workload: it counts, fills memory with a pattern that
+// it can re-check, and optionally forks a child that it feeds through a pipe, so tests and
+// the demo can see a restored tree carry on from where it was.
+//
+// Every tick it writes its count to DIR/count (and the child to DIR/child); on SIGUSR1 it
+// re-checks its memory and writes "ok N" or "bad N" to DIR/verify. Files are opened and
+// closed each time, so the image holds no open file whose size moves on.
+package main
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+func main() {
+	dir := flag.String("dir", ".", "where to write count, child and verify files")
+	mib := flag.Int("mib", 0, "MiB of memory to fill with a checkable pattern")
+	child := flag.Bool("child", false, "fork a child fed through a pipe")
+	isChild := flag.Bool("as-child", false, "internal: run as the child")
+	tick := flag.Duration("tick", 100*time.Millisecond, "counting interval")
+	flag.Parse()
+	if *isChild {
+		runChild(*dir)
+		return
+	}
+
+	mem := fill(*mib << 20)
+	var pipe *os.File
+	if *child {
+		r, w, err := os.Pipe()
+		must(err)
+		cmd := exec.Command("/proc/self/exe", "-as-child", "-dir", *dir)
+		cmd.Stdin = r
+		must(cmd.Start())
+		r.Close()
+		pipe = w
+	}
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	t := time.NewTicker(*tick)
+	for n := 1; ; n++ {
+		select {
+		case <-usr1:
+			verdict := "ok"
+			if !check(mem) {
+				verdict = "bad"
+			}
+			write(filepath.Join(*dir, "verify"), fmt.Sprintf("%s %d\n", verdict, n))
+		case <-t.C:
+		}
+		write(filepath.Join(*dir, "count"), strconv.Itoa(n)+"\n")
+		if pipe != nil {
+			_, err := fmt.Fprintf(pipe, "%d\n", n)
+			must(err)
+		}
+	}
+}
+
+// runChild writes every number that arrives on stdin to DIR/child.
+func runChild(dir string) {
+	s := bufio.NewScanner(os.Stdin)
+	for s.Scan() {
+		write(filepath.Join(dir, "child"), s.Text()+"\n")
+	}
+}
+
+// pattern is a cheap position-dependent value, so a page moved or zeroed is caught.
+func pattern(i int) byte { return byte(i*131 + i>>9) }
+
+func fill(n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = pattern(i)
+	}
+	return b
+}
+
+func check(b []byte) bool {
+	for i := range b {
+		if b[i] != pattern(i) {
+			return false
+		}
+	}
+	return true
+}
+
+func write(path, s string) {
+	tmp := path + ".tmp"
+	must(os.WriteFile(tmp, []byte(s), 0o644))
+	must(os.Rename(tmp, path))
+}
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "counter:", err)
+		os.Exit(1)
+	}
+}
