@@ -61,7 +61,7 @@ type Error struct {
 func (e *Error) Error() string {
 	msg := e.Err.Error()
 	if len(e.Lines) > 0 {
-		msg = e.Lines[len(e.Lines)-1]
+		msg = e.Lines[0]
 	}
 	return fmt.Sprintf("criu %s failed: %s (log: %s)", e.Op, msg, e.LogPath)
 }
@@ -158,7 +158,8 @@ func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *r
 	return nil
 }
 
-// errorLines returns the last few "Error" lines of a CRIU log, which name the cause.
+// errorLines returns the first few "Error" lines of a CRIU log: the first names the cause,
+// the later ones ("Dumping FAILED") only its consequences.
 func errorLines(path string) []string {
 	f, err := os.Open(path)
 	if err != nil {
@@ -171,10 +172,10 @@ func errorLines(path string) []string {
 	for s.Scan() {
 		if l := s.Text(); strings.Contains(l, "Error") {
 			lines = append(lines, strings.TrimSpace(l))
+			if len(lines) == 3 {
+				break
+			}
 		}
-	}
-	if len(lines) > 3 {
-		lines = lines[len(lines)-3:]
 	}
 	return lines
 }
