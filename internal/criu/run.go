@@ -170,7 +170,8 @@ func errorLines(path string) []string {
 	s := bufio.NewScanner(f)
 	s.Buffer(make([]byte, 64*1024), 1024*1024)
 	for s.Scan() {
-		if l := s.Text(); strings.Contains(l, "Error") {
+		// CRIU logs a failed RLIMIT_NOFILE raise as an error and carries on: not a cause.
+		if l := s.Text(); strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
 			lines = append(lines, strings.TrimSpace(l))
 			if len(lines) == 3 {
 				break

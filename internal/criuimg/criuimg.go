@@ -1,106 +1,163 @@
-// Package criuimg reads what is inside a CRIU image directory (process tree, memory, open
-// files) for `gpucr inspect`. It only reads.
+// Package criuimg reads what is inside a CRIU image directory (process tree,
+// memory, open files) for `gpucr inspect`. It never writes.
+//
+// Images are decoded one file at a time with go-criu's crit.Decode. crit's
+// Explore* helpers are not used: they cache files.img in package globals
+// (so a second directory would be resolved against the first one's files,
+// and concurrent calls race) and ExplorePs panics on an orphaned entry.
 package criuimg
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
-	"strconv"
+	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
+	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"google.golang.org/protobuf/proto"
 )
 
 // Summary is an image's process tree with each process's memory and files.
 type Summary struct {
 	Processes   []Process `json:"processes"`
-	MemoryBytes uint64    `json:"memoryBytes"` // dumped pages
+	MemoryBytes uint64    `json:"memoryBytes"` // bytes of dumped pages (pagemap entries * page size)
 }
 
-// Process is one process of the image, in tree order.
+// Process is one process of the image.
 type Process struct {
 	PID         int        `json:"pid"`
 	PPID        int        `json:"ppid"`
 	Command     string     `json:"command"`
 	Threads     int        `json:"threads"`
-	MemoryBytes uint64     `json:"memoryBytes"`
+	MemoryBytes uint64     `json:"memoryBytes"` // this process's dumped pages
 	Files       []OpenFile `json:"files"`
 }
 
-// OpenFile is one descriptor of a process.
+// OpenFile is one file descriptor of a process.
 type OpenFile struct {
 	FD   int    `json:"fd"`
-	Type string `json:"type"`
-	Path string `json:"path"`
+	Type string `json:"type"` // CRIU's fd type in lower case ("reg", "pipe", "unixsk", ...) or "unknown"
+	Path string `json:"path"` // file name, "pipe:[id]" or "socket:[inode]"; empty where CRIU records none
 }
 
-// Read summarizes the CRIU images in dir.
+// Read summarizes the CRIU images in dir. Processes come in the order of
+// pstree.img: the root first, every parent before its children.
 func Read(dir string) (*Summary, error) {
-	c := crit.New(nil, nil, dir, false, true)
-	root, err := c.ExplorePs()
+	tree, err := decode(dir, "pstree.img", &pstree.PstreeEntry{})
 	if err != nil {
-		return nil, fmt.Errorf("read process tree in %s: %w", dir, err)
-	}
-	files := map[int][]OpenFile{}
-	if fds, err := c.ExploreFds(); err == nil {
-		for _, fd := range fds {
-			for _, f := range fd.Files {
-				n, err := strconv.Atoi(f.Fd)
-				if err != nil {
-					n = -1 // cwd and root are listed by name
-				}
-				files[int(fd.PId)] = append(files[int(fd.PId)], OpenFile{FD: n, Type: f.Type, Path: f.Path})
-			}
-		}
-	}
-	s := &Summary{}
-	var walk func(t *crit.PsTree, ppid int) error
-	walk = func(t *crit.PsTree, ppid int) error {
-		mem, err := pagesBytes(filepath.Join(dir, fmt.Sprintf("pagemap-%d.img", t.PID)))
-		if err != nil {
-			return err
-		}
-		threads := 1
-		if t.Process != nil && len(t.Process.GetThreads()) > 0 {
-			threads = len(t.Process.GetThreads())
-		}
-		s.Processes = append(s.Processes, Process{
-			PID: int(t.PID), PPID: ppid, Command: t.Comm, Threads: threads, MemoryBytes: mem, Files: files[int(t.PID)],
-		})
-		s.MemoryBytes += mem
-		kids := append([]*crit.PsTree(nil), t.Children...)
-		sort.Slice(kids, func(i, j int) bool { return kids[i].PID < kids[j].PID })
-		for _, k := range kids {
-			if err := walk(k, int(t.PID)); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	if err := walk(root, 0); err != nil {
 		return nil, err
+	}
+	if len(tree) == 0 {
+		return nil, errors.New("read pstree.img: no processes")
+	}
+	entries, err := decode(dir, "files.img", &fdinfo.FileEntry{})
+	if err != nil {
+		return nil, err
+	}
+	files := make(map[uint32]*fdinfo.FileEntry, len(entries))
+	for _, f := range entries {
+		files[f.GetId()] = f
+	}
+
+	s := &Summary{Processes: make([]Process, 0, len(tree))}
+	for _, t := range tree {
+		p, err := readProcess(dir, t, files)
+		if err != nil {
+			return nil, err
+		}
+		s.Processes = append(s.Processes, p)
+		s.MemoryBytes += p.MemoryBytes
 	}
 	return s, nil
 }
 
-// pagesBytes sums a pagemap image's entries: the pages CRIU wrote for one process.
-func pagesBytes(path string) (uint64, error) {
-	f, err := os.Open(path)
+// readProcess reads the core, pagemap, ids and fdinfo images of one pstree entry.
+func readProcess(dir string, t *pstree.PstreeEntry, files map[uint32]*fdinfo.FileEntry) (Process, error) {
+	pid := t.GetPid()
+	p := Process{PID: int(pid), PPID: int(t.GetPpid()), Threads: len(t.GetThreads())}
+
+	name := fmt.Sprintf("core-%d.img", pid)
+	core, err := decode(dir, name, &criu_core.CoreEntry{})
 	if err != nil {
-		return 0, fmt.Errorf("read %s: %w", filepath.Base(path), err)
+		return p, err
+	}
+	if len(core) == 0 {
+		return p, fmt.Errorf("read %s: no entries", name)
+	}
+	p.Command = core[0].GetTc().GetComm()
+
+	// crit decodes the pagemap head (pages_id) as *pagemap.PagemapHead, which
+	// decode drops; every remaining entry is a run of dumped pages.
+	pages, err := decode(dir, fmt.Sprintf("pagemap-%d.img", pid), &pagemap.PagemapEntry{})
+	if err != nil {
+		return p, err
+	}
+	for _, pe := range pages {
+		p.MemoryBytes += uint64(pe.GetNrPages()) * uint64(os.Getpagesize())
+	}
+
+	name = fmt.Sprintf("ids-%d.img", pid)
+	ids, err := decode(dir, name, &criu_core.TaskKobjIdsEntry{})
+	if err != nil {
+		return p, err
+	}
+	if len(ids) == 0 {
+		return p, fmt.Errorf("read %s: no entries", name)
+	}
+	fds, err := decode(dir, fmt.Sprintf("fdinfo-%d.img", ids[0].GetFilesId()), &fdinfo.FdinfoEntry{})
+	if err != nil {
+		return p, err
+	}
+	p.Files = make([]OpenFile, 0, len(fds))
+	for _, fd := range fds {
+		p.Files = append(p.Files, openFile(fd, files[fd.GetId()]))
+	}
+	return p, nil
+}
+
+// openFile describes fd; f is its files.img entry, nil if there is none.
+func openFile(fd *fdinfo.FdinfoEntry, f *fdinfo.FileEntry) OpenFile {
+	o := OpenFile{FD: int(fd.GetFd()), Type: "unknown"}
+	if t := fd.GetType(); t != fdinfo.FdTypes_UND {
+		o.Type = strings.ToLower(t.String())
+	}
+	switch {
+	case f.GetReg() != nil:
+		o.Path = f.GetReg().GetName()
+	case f.GetPipe() != nil:
+		o.Path = fmt.Sprintf("pipe:[%d]", f.GetPipe().GetPipeId())
+	case f.GetUsk() != nil && len(f.GetUsk().GetName()) > 0:
+		o.Path = string(f.GetUsk().GetName())
+	case f.GetUsk() != nil:
+		o.Path = fmt.Sprintf("socket:[%d]", f.GetUsk().GetIno())
+	case f.GetIsk() != nil:
+		o.Path = fmt.Sprintf("socket:[%d]", f.GetIsk().GetIno())
+	}
+	return o
+}
+
+// decode returns the entries of image name in dir that are of entry's type;
+// entries of another type (the pagemap head) are left out.
+func decode[M proto.Message](dir, name string, entry M) ([]M, error) {
+	f, err := os.Open(filepath.Join(dir, name))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
 	defer f.Close()
-	img, err := crit.New(f, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
+	img, err := crit.New(f, nil, "", false, true).Decode(entry)
 	if err != nil {
-		return 0, fmt.Errorf("decode %s: %w", filepath.Base(path), err)
+		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	var pages uint64
+	out := make([]M, 0, len(img.Entries))
 	for _, e := range img.Entries {
-		if pe, ok := e.Message.(*pagemap.PagemapEntry); ok {
-			pages += uint64(pe.GetNrPages())
+		if m, ok := e.Message.(M); ok {
+			out = append(out, m)
 		}
 	}
-	return pages * uint64(os.Getpagesize()), nil
+	return out, nil
 }

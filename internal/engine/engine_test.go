@@ -1,0 +1,178 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/gpu"
+)
+
+// fakeGPU stands in for the GPU driver, the one hardware edge these CI tests cannot reach:
+// it claims one PID as a GPU process and follows the driver's state machine. The real
+// driver path is proven on the device (docs/device-runs.md).
+type fakeGPU struct {
+	pid   int
+	mu    sync.Mutex
+	state gpu.State
+	calls []string
+	remap map[string]string
+}
+
+func (f *fakeGPU) record(c string) { f.mu.Lock(); f.calls = append(f.calls, c); f.mu.Unlock() }
+
+func (f *fakeGPU) Name() string { return "fake" }
+func (f *fakeGPU) Host(context.Context) (gpu.Host, error) {
+	return gpu.Host{DriverVersion: "1.0", Devices: []gpu.Device{{UUID: "GPU-a", Name: "fake", ComputeCapability: "9.0", MemoryTotal: 1 << 30}}}, nil
+}
+func (f *fakeGPU) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
+	if slices.Contains(pids, f.pid) {
+		return []gpu.Process{{PID: f.pid, Devices: []string{"GPU-a"}, MemoryBytes: 1 << 20}}, nil
+	}
+	return nil, nil
+}
+func (f *fakeGPU) step(name string, from, to gpu.State) error {
+	f.record(name)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.state != from {
+		return errors.New(name + " from state " + f.state.String())
+	}
+	f.state = to
+	return nil
+}
+func (f *fakeGPU) Lock(_ context.Context, _ int, _ time.Duration) error {
+	return f.step("lock", gpu.StateRunning, gpu.StateLocked)
+}
+func (f *fakeGPU) Checkpoint(context.Context, int) error {
+	return f.step("checkpoint", gpu.StateLocked, gpu.StateCheckpointed)
+}
+func (f *fakeGPU) Restore(_ context.Context, _ int, remap map[string]string) error {
+	f.remap = remap
+	return f.step("restore", gpu.StateCheckpointed, gpu.StateLocked)
+}
+func (f *fakeGPU) Unlock(context.Context, int) error {
+	return f.step("unlock", gpu.StateLocked, gpu.StateRunning)
+}
+func (f *fakeGPU) State(context.Context, int) (gpu.State, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state, nil
+}
+
+func newEngine(t *testing.T, b gpu.Backend) *Engine {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "needs root")
+	}
+	d, err := criu.Find("")
+	if err != nil {
+		skipOrFail(t, err.Error())
+	}
+	return &Engine{CRIU: d, Backends: []gpu.Backend{b}, Version: "test"}
+}
+
+func skipOrFail(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal(why)
+	}
+	t.Skip(why)
+}
+
+// startSleeper starts a detached process; it is what the fake GPU claims.
+func startSleeper(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("sleep", "1000")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
+	time.Sleep(200 * time.Millisecond)
+	return cmd.Process.Pid
+}
+
+func TestFailedDumpRollsBackGPUAndLeavesNothing(t *testing.T) {
+	// A real CRIU failure: the image directory sits on a 64 KiB filesystem (a full disk).
+	fake := &fakeGPU{}
+	e := newEngine(t, fake)
+	fake.pid = startSleeper(t)
+	small := t.TempDir()
+	if err := syscall.Mount("tmpfs", small, "tmpfs", 0, "size=64k"); err != nil {
+		skipOrFail(t, "mount tmpfs: "+err.Error())
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(small, syscall.MNT_DETACH) })
+	dir := filepath.Join(small, "img")
+
+	_, err := e.Checkpoint(context.Background(), CheckpointRequest{PID: fake.pid, Dir: dir, LockTimeout: time.Second})
+	var ce *criu.Error
+	if !errors.As(err, &ce) {
+		t.Fatalf("checkpoint onto a full disk: %v, want a CRIU error", err)
+	}
+	want := []string{"lock", "checkpoint", "restore", "unlock"}
+	if !slices.Equal(fake.calls, want) || fake.state != gpu.StateRunning {
+		t.Errorf("GPU calls %v ending %s, want %v ending running", fake.calls, fake.state, want)
+	}
+	if err := syscall.Kill(fake.pid, 0); err != nil {
+		t.Errorf("workload died: %v", err)
+	}
+	if entries, _ := os.ReadDir(small); len(entries) != 0 {
+		t.Errorf("failed checkpoint left %v", entries)
+	}
+}
+
+func TestInterruptedCheckpointRollsBack(t *testing.T) {
+	fake := &fakeGPU{}
+	e := newEngine(t, fake)
+	fake.pid = startSleeper(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // Ctrl-C arrived while the GPUs were being locked
+	dir := filepath.Join(t.TempDir(), "img")
+	_, err := e.Checkpoint(ctx, CheckpointRequest{PID: fake.pid, Dir: dir, LockTimeout: time.Second})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want cancellation", err)
+	}
+	if fake.state != gpu.StateRunning || syscall.Kill(fake.pid, 0) != nil {
+		t.Errorf("after interrupt: GPU %s, calls %v", fake.state, fake.calls)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("interrupted checkpoint left %s", dir)
+	}
+}
+
+func TestGPUProcessRoundTrip(t *testing.T) {
+	fake := &fakeGPU{}
+	e := newEngine(t, fake)
+	fake.pid = startSleeper(t)
+	dir := filepath.Join(t.TempDir(), "img")
+	m, err := e.Checkpoint(context.Background(), CheckpointRequest{PID: fake.pid, Dir: dir, LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m.GPUs) != 1 || m.GPUs[0].Backend != "fake" || len(m.GPUs[0].Processes) != 1 || fake.state != gpu.StateCheckpointed {
+		t.Fatalf("manifest GPUs %+v, fake state %s", m.GPUs, fake.state)
+	}
+	for deadline := time.Now().Add(5 * time.Second); syscall.Kill(fake.pid, 0) == nil && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond) // CRIU killed it; the cleanup's Wait reaps it
+		var ws syscall.WaitStatus
+		_, _ = syscall.Wait4(fake.pid, &ws, syscall.WNOHANG, nil)
+	}
+	fake.calls = nil
+	res, err := e.Restore(context.Background(), RestoreRequest{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(res.RootPID, syscall.SIGKILL) })
+	if res.RootPID != fake.pid || !slices.Equal(fake.calls, []string{"restore", "unlock"}) || fake.remap != nil {
+		t.Errorf("restore: pid %d (want %d), GPU calls %v, remap %v", res.RootPID, fake.pid, fake.calls, fake.remap)
+	}
+}
