@@ -202,9 +202,9 @@ func (b *Backend) Restore(ctx context.Context, pid int, remap map[string]string)
 	return b.cuda.Restore(pid, pairs)
 }
 
-// Permutation completes moves (old -> new UUID) into a bijection: a host GPU that is the
-// target of a move but not itself moved is sent to a GPU that was vacated, so no two
-// devices land on one. The result lists every pair that is not the identity.
+// Permutation completes moves (old -> new UUID) into a bijection of this host's GPUs: a
+// host GPU that is the target of a move but not itself moved is sent to a host GPU that
+// was vacated, so no two devices land on one. GPUs of another host are never targets.
 func Permutation(moves map[string]string, host []string) map[string]string {
 	out := map[string]string{}
 	targets := map[string]bool{}
@@ -216,7 +216,7 @@ func Permutation(moves map[string]string, host []string) map[string]string {
 	}
 	var vacated []string
 	for o := range out {
-		if !targets[o] {
+		if !targets[o] && slices.Contains(host, o) {
 			vacated = append(vacated, o)
 		}
 	}
