@@ -9,6 +9,7 @@ PREFIX=${GPUCR_CRIU_PREFIX:-/opt/gpucr/criu}
 CRIU_VERSION=4.1.1
 NEXT_RELEASE=${GPUCR_CRIU_SUITE:-trixie}
 WORK=${GPUCR_BUILD_CACHE:-/var/cache/gpucr-build}
+mkdir -p "$WORK"
 
 log() { printf 'install-deps: %s\n' "$*" >&2; }
 die() { printf 'install-deps: error: %s\n' "$*" >&2; exit 1; }
@@ -30,6 +31,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Tests check that gpucr refuses a CRIU older than 4.1 with a real one: bookworm's own
+# criu package, unpacked into the cache, never installed.
+old=$WORK/old-criu
+if [ ! -x "$old/usr/sbin/criu" ]; then
+  mkdir -p "$old"
+  (cd "$old" && apt-get download -qq criu 2>/dev/null && dpkg -x criu_*.deb . && rm -f criu_*.deb) ||
+    log "could not fetch bookworm's criu for the old-CRIU test"
 fi
 
 # version_ok PATH: true when PATH is a criu of at least 4.1.

@@ -162,6 +162,32 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 	}
 }
 
+// oldCRIU is bookworm's criu 3.17, which scripts/install-deps.sh unpacks for this test.
+const oldCRIU = "/var/cache/gpucr-build/old-criu/usr/sbin/criu"
+
+func TestOldCRIUIsRefused(t *testing.T) {
+	needCRIU(t)
+	if _, err := os.Stat(oldCRIU); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI needs %s (make deps): %v", oldCRIU, err)
+		}
+		t.Skip(err)
+	}
+	w := startCounter(t)
+	for _, args := range [][]string{
+		{"checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "i"), "--criu", oldCRIU},
+		{"check", "--criu", oldCRIU},
+	} {
+		out, code := gpucr(t, args...)
+		if code != exitNotReady || !strings.Contains(out, "version 3.17") || !strings.Contains(out, "needs 4.1.0 or newer") {
+			t.Errorf("gpucr %s with criu 3.17: exit %d:\n%s", args[0], code, out)
+		}
+	}
+	if !alive(w.pid) {
+		t.Fatal("workload died")
+	}
+}
+
 func TestNotRootIsRefused(t *testing.T) {
 	needCRIU(t)
 	w := startCounter(t)

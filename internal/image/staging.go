@@ -1,0 +1,214 @@
+package image
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+)
+
+// Errors Begin and Commit refuse an image directory for.
+var (
+	// ErrNotEmpty means the image directory already holds something: gpucr never overwrites.
+	ErrNotEmpty = errors.New("image directory is not empty")
+	// ErrParentMissing means the image directory's parent does not exist; gpucr does not
+	// create it, so a mistyped path fails instead of scattering directories.
+	ErrParentMissing = errors.New("image directory's parent does not exist")
+)
+
+// partialMark is in the name of every staging directory, which Load refuses by name: a
+// crash between writing the manifest and the rename leaves one that has a manifest.
+const partialMark = ".partial-"
+
+// Staging is an image being written. It lives in a hidden directory beside its final
+// place, on the same filesystem, and becomes the image only by Commit's rename, so a
+// crash at any point leaves no image at the final path.
+type Staging struct {
+	dir, final string
+	committed  bool
+}
+
+// Begin checks that final can receive an image and creates its staging directory. The
+// staging directory is created here, not at Commit, so that an unwritable place fails
+// before the process tree is frozen.
+func Begin(final string) (*Staging, error) {
+	final = filepath.Clean(final)
+	parent, base := filepath.Dir(final), filepath.Base(final)
+	switch fi, err := os.Stat(parent); {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, sentinelf(ErrParentMissing, "parent directory %s of image directory %s does not exist", parent, final)
+	case err != nil:
+		return nil, fmt.Errorf("image directory %s: %w", final, err)
+	case !fi.IsDir():
+		return nil, fmt.Errorf("image directory %s: parent %s is not a directory", final, parent)
+	}
+	if err := checkFinal(final); err != nil {
+		return nil, err
+	}
+	// 0700: the image holds the process's memory, secrets included.
+	dir, err := os.MkdirTemp(parent, "."+base+partialMark+"*")
+	if err != nil {
+		return nil, fmt.Errorf("image directory %s is not writable: %w", final, err)
+	}
+	for _, sub := range []string{CRIUDir, LogsDir} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
+			os.RemoveAll(dir)
+			return nil, fmt.Errorf("create %s in %s: %w", sub, dir, err)
+		}
+	}
+	return &Staging{dir: dir, final: final}, nil
+}
+
+// checkFinal accepts a final path that is absent or an empty directory.
+func checkFinal(final string) error {
+	fi, err := os.Stat(final)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("image directory %s: %w", final, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("image directory %s exists and is not a directory", final)
+	}
+	f, err := os.Open(final)
+	if err != nil {
+		return fmt.Errorf("image directory %s: %w", final, err)
+	}
+	defer f.Close()
+	// One name is enough to know; a huge directory is not listed.
+	if _, err := f.Readdirnames(1); err == nil {
+		return sentinelf(ErrNotEmpty, "image directory %s is not empty", final)
+	} else if err != io.EOF {
+		return fmt.Errorf("read image directory %s: %w", final, err)
+	}
+	return nil
+}
+
+// Dir is the staging directory.
+func (s *Staging) Dir() string { return s.dir }
+
+// CRIUDir is where CRIU writes its image files.
+func (s *Staging) CRIUDir() string { return filepath.Join(s.dir, CRIUDir) }
+
+// LogsDir is where CRIU writes its logs, kept with the image for diagnosis.
+func (s *Staging) LogsDir() string { return filepath.Join(s.dir, LogsDir) }
+
+// Commit checksums every staged file into m, writes the manifest, makes everything durable
+// and renames the staging directory into place: the rename is the commit point, so the
+// image appears whole or not at all.
+func (s *Staging) Commit(m *Manifest) error {
+	paths, dirs, err := stagedTree(s.dir)
+	if err != nil {
+		return err
+	}
+	files, err := sumFiles(s.dir, paths, true)
+	if err != nil {
+		return err
+	}
+	m.FormatVersion = FormatVersion
+	m.Files = files
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode manifest: %w", err)
+	}
+	if err := writeSynced(filepath.Join(s.dir, ManifestName), append(b, '\n')); err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		if err := syncDir(d); err != nil {
+			return err
+		}
+	}
+	// rename(2) itself, not os.Rename: it atomically replaces an empty directory at final
+	// and fails on a non-empty one, with no window in which final is missing or overwritten.
+	if err := syscall.Rename(s.dir, s.final); err != nil {
+		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+			return sentinelf(ErrNotEmpty, "image directory %s is not empty", s.final)
+		}
+		return fmt.Errorf("commit image to %s: rename %s: %w", s.final, s.dir, err)
+	}
+	s.committed = true
+	if err := syncDir(filepath.Dir(s.final)); err != nil {
+		return fmt.Errorf("image %s committed but not durable: %w", s.final, err)
+	}
+	return nil
+}
+
+// Abort removes the staging directory. It is safe to defer: it does nothing after Commit
+// and again after itself.
+func (s *Staging) Abort() error {
+	if s.committed {
+		return nil
+	}
+	if err := os.RemoveAll(s.dir); err != nil {
+		return fmt.Errorf("remove partial image %s: %w", s.dir, err)
+	}
+	return nil
+}
+
+// stagedTree lists the regular files under dir as sorted slash paths, the manifest excluded,
+// and every directory, dir included. Anything else is refused: restore could not trust it.
+func stagedTree(dir string) (files, dirs []string, err error) {
+	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			dirs = append(dirs, p)
+		case !d.Type().IsRegular():
+			return fmt.Errorf("%s is not a regular file", filepath.ToSlash(rel))
+		case rel != ManifestName:
+			files = append(files, filepath.ToSlash(rel))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("list image files in %s: %w", dir, err)
+	}
+	slices.Sort(files)
+	return files, dirs, nil
+}
+
+func writeSynced(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("sync %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// syncDir makes dir's entries durable. Filesystems that cannot fsync a directory (EINVAL)
+// are accepted: there is nothing more to do on them.
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}

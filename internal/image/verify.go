@@ -1,0 +1,160 @@
+package image
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+)
+
+// Errors a restore refuses an image for.
+var (
+	ErrNoManifest  = errors.New("not a gpucr image")
+	ErrNewerFormat = errors.New("image format is newer than this gpucr")
+	ErrCorrupt     = errors.New("image is corrupted")
+)
+
+// CorruptError names the file of an image that is wrong and how, so that a user knows
+// which file to look at; errors.Is matches it to ErrCorrupt.
+type CorruptError struct {
+	Path, Reason string
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("image file %s: %s", e.Path, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrCorrupt) true for every CorruptError.
+func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
+
+// sentinelError is a sentence for users that errors.Is still matches to a sentinel,
+// without the sentence having to repeat the sentinel's own text.
+type sentinelError struct {
+	msg      string
+	sentinel error
+}
+
+func (e *sentinelError) Error() string { return e.msg }
+func (e *sentinelError) Unwrap() error { return e.sentinel }
+
+func sentinelf(sentinel error, format string, args ...any) error {
+	return &sentinelError{msg: fmt.Sprintf(format, args...), sentinel: sentinel}
+}
+
+// Load reads and checks an image's manifest, not its files.
+func Load(dir string) (*Manifest, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("resolve %s: %w", dir, err)
+	}
+	if base := filepath.Base(abs); strings.HasPrefix(base, ".") && strings.Contains(base, partialMark) {
+		return nil, sentinelf(ErrNoManifest, "%s is not a gpucr image: it is an unfinished checkpoint's staging directory", dir)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		return nil, sentinelf(ErrNoManifest, "%s is not a gpucr image: no %s", dir, ManifestName)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read manifest of %s: %w", dir, err)
+	}
+	// The version is read alone first: a newer format may not decode as this one.
+	var head struct {
+		FormatVersion int `json:"formatVersion"`
+	}
+	if err := json.Unmarshal(b, &head); err != nil {
+		return nil, &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
+	}
+	if head.FormatVersion > FormatVersion {
+		return nil, sentinelf(ErrNewerFormat, "image format %d is newer than this gpucr supports (%d); upgrade gpucr",
+			head.FormatVersion, FormatVersion)
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
+	}
+	if reason := m.problem(); reason != "" {
+		return nil, &CorruptError{ManifestName, reason}
+	}
+	return &m, nil
+}
+
+// problem says what makes m unusable, or "" if nothing does. File paths must be clean and
+// inside the image: Verify and restore open them relative to the image directory.
+func (m *Manifest) problem() string {
+	switch {
+	case m.FormatVersion < 1:
+		return "no format version"
+	case m.RootPID <= 0:
+		return "no root PID"
+	case len(m.Files) == 0:
+		return "no files listed"
+	}
+	seen := make(map[string]bool, len(m.Files))
+	for _, f := range m.Files {
+		switch {
+		case !filepath.IsLocal(f.Path) || path.Clean(f.Path) != f.Path || f.Path == ".":
+			return fmt.Sprintf("file path %q is not inside the image", f.Path)
+		case f.Size < 0 || !isXXH64(f.XXH64):
+			return fmt.Sprintf("file %s has an invalid size or checksum", f.Path)
+		case seen[f.Path]:
+			return fmt.Sprintf("file %s is listed twice", f.Path)
+		}
+		seen[f.Path] = true
+	}
+	return ""
+}
+
+func isXXH64(s string) bool {
+	return len(s) == 16 && strings.Trim(s, "0123456789abcdef") == ""
+}
+
+// Verify checks every file of m in dir and returns a *CorruptError for the first wrong one
+// in path order. Sizes are checked first, so a truncated image fails without being read;
+// then checksums, in parallel.
+func Verify(dir string, m *Manifest) error {
+	files := slices.Clone(m.Files)
+	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
+	paths := make([]string, len(files))
+	for i, f := range files {
+		paths[i] = f.Path
+		fi, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(f.Path)))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return &CorruptError{f.Path, "missing"}
+		case err != nil:
+			return fmt.Errorf("verify %s in %s: %w", f.Path, dir, err)
+		case !fi.Mode().IsRegular():
+			return &CorruptError{f.Path, "not a regular file"}
+		case fi.Size() != f.Size:
+			return &CorruptError{f.Path, fmt.Sprintf("size %d, want %d (truncated or changed)", fi.Size(), f.Size)}
+		}
+	}
+	got, err := sumFiles(dir, paths, false)
+	if err != nil {
+		return fmt.Errorf("verify %s: %w", dir, err)
+	}
+	for i, f := range files {
+		if got[i].XXH64 != f.XXH64 {
+			return &CorruptError{f.Path, fmt.Sprintf("checksum mismatch (want %s, got %s)", f.XXH64, got[i].XXH64)}
+		}
+	}
+	return nil
+}
+
+// Open loads an image and verifies all its files: what restore accepts.
+func Open(dir string) (*Manifest, error) {
+	m, err := Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := Verify(dir, m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
