@@ -1,0 +1,441 @@
+package image
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// stagedFiles is what the tests put in an image: nested, empty and multi-buffer files.
+var stagedFiles = map[string]string{
+	"criu/pages-1.img":    strings.Repeat("page", 3<<20), // 12 MiB: several hash buffers
+	"criu/pagemap-1.img":  "pagemap",
+	"criu/inventory.img":  "inventory",
+	"criu/sub/nested.img": "nested",
+	"logs/dump.log":       "log line\n",
+	"criu/empty.img":      "",
+}
+
+func writeStaged(t *testing.T, s *Staging, files map[string]string) {
+	t.Helper()
+	for p, content := range files {
+		full := filepath.Join(s.Dir(), filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(full), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func testManifest() *Manifest {
+	return &Manifest{
+		GpucrVersion: "test",
+		CRIUVersion:  "4.0",
+		Created:      time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC),
+		Host:         HostInfo{Hostname: "h", Kernel: "6.8", Arch: "amd64"},
+		RootPID:      42,
+		Processes:    []Process{{PID: 42, PPID: 1, Command: "python", Threads: 3}},
+		MemoryBytes:  123,
+		Phases:       []Phase{{Name: "dump", Duration: time.Second}},
+	}
+}
+
+// commitImage commits stagedFiles into parent/img and returns the image directory.
+func commitImage(t *testing.T) string {
+	t.Helper()
+	final := filepath.Join(t.TempDir(), "img")
+	s, err := Begin(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeStaged(t, s, stagedFiles)
+	if err := s.Commit(testManifest()); err != nil {
+		t.Fatal(err)
+	}
+	return final
+}
+
+// entries lists the names in dir.
+func entries(t *testing.T, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range es {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+func TestCommitThenOpen(t *testing.T) {
+	final := filepath.Join(t.TempDir(), "img")
+	s, err := Begin(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(final); !os.IsNotExist(err) {
+		t.Fatalf("final exists before Commit: %v", err)
+	}
+	for _, d := range []string{s.CRIUDir(), s.LogsDir()} {
+		if fi, err := os.Stat(d); err != nil || !fi.IsDir() {
+			t.Fatalf("staging subdirectory %s: %v", d, err)
+		}
+	}
+	writeStaged(t, s, stagedFiles)
+	m := testManifest()
+	if err := s.Commit(m); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(t, filepath.Dir(final)); !reflect.DeepEqual(got, []string{"img"}) {
+		t.Fatalf("parent holds %v after Commit, want only img", got)
+	}
+	if err := s.Abort(); err != nil {
+		t.Fatalf("Abort after Commit: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(final, ManifestName)); err != nil {
+		t.Fatalf("Abort after Commit touched the image: %v", err)
+	}
+
+	if m.FormatVersion != FormatVersion {
+		t.Errorf("FormatVersion = %d, want %d", m.FormatVersion, FormatVersion)
+	}
+	if len(m.Files) != len(stagedFiles) {
+		t.Fatalf("manifest lists %d files, want %d: %v", len(m.Files), len(stagedFiles), m.Files)
+	}
+	for i, f := range m.Files {
+		if i > 0 && m.Files[i-1].Path >= f.Path {
+			t.Errorf("files not sorted: %s before %s", m.Files[i-1].Path, f.Path)
+		}
+		content, ok := stagedFiles[f.Path]
+		if !ok {
+			t.Errorf("unexpected file %s", f.Path)
+			continue
+		}
+		want := fmt.Sprintf("%016x", xxhash.Sum64String(content))
+		if f.Size != int64(len(content)) || f.XXH64 != want {
+			t.Errorf("%s: size %d xxh64 %s, want %d %s", f.Path, f.Size, f.XXH64, len(content), want)
+		}
+	}
+
+	got, err := Open(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, m) {
+		t.Errorf("manifest does not round-trip:\n got %+v\nwant %+v", got, m)
+	}
+}
+
+func TestCommitIntoEmptyDir(t *testing.T) {
+	final := filepath.Join(t.TempDir(), "img")
+	if err := os.Mkdir(final, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Begin(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeStaged(t, s, stagedFiles)
+	if err := s.Commit(testManifest()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(final); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(t, filepath.Dir(final)); !reflect.DeepEqual(got, []string{"img"}) {
+		t.Fatalf("parent holds %v after Commit, want only img", got)
+	}
+}
+
+// A directory filled between Begin and Commit is not overwritten.
+func TestCommitRefusesDirFilledMeanwhile(t *testing.T) {
+	final := filepath.Join(t.TempDir(), "img")
+	s, err := Begin(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeStaged(t, s, stagedFiles)
+	if err := os.MkdirAll(filepath.Join(final, "theirs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Commit(testManifest())
+	if !errors.Is(err, ErrNotEmpty) {
+		t.Fatalf("Commit = %v, want ErrNotEmpty", err)
+	}
+	if got := entries(t, final); !reflect.DeepEqual(got, []string{"theirs"}) {
+		t.Fatalf("final holds %v, want its own content untouched", got)
+	}
+	if err := s.Abort(); err != nil {
+		t.Fatal(err)
+	}
+	if got := entries(t, filepath.Dir(final)); !reflect.DeepEqual(got, []string{"img"}) {
+		t.Fatalf("parent holds %v after Abort", got)
+	}
+}
+
+func TestCommitRefusesSymlink(t *testing.T) {
+	final := filepath.Join(t.TempDir(), "img")
+	s, err := Begin(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Abort()
+	writeStaged(t, s, stagedFiles)
+	if err := os.Symlink("/etc/passwd", filepath.Join(s.CRIUDir(), "link.img")); err != nil {
+		t.Fatal(err)
+	}
+	err = s.Commit(testManifest())
+	if err == nil || !strings.Contains(err.Error(), "criu/link.img is not a regular file") {
+		t.Fatalf("Commit = %v, want an error naming criu/link.img", err)
+	}
+	if _, err := os.Stat(final); !os.IsNotExist(err) {
+		t.Fatalf("a failed Commit created %s: %v", final, err)
+	}
+}
+
+func TestAbort(t *testing.T) {
+	parent := t.TempDir()
+	s, err := Begin(filepath.Join(parent, "img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeStaged(t, s, stagedFiles)
+	for i := range 2 {
+		if err := s.Abort(); err != nil {
+			t.Fatalf("Abort #%d: %v", i+1, err)
+		}
+	}
+	if got := entries(t, parent); len(got) != 0 {
+		t.Fatalf("parent holds %v after Abort, want nothing", got)
+	}
+}
+
+func TestBeginRejects(t *testing.T) {
+	tmp := t.TempDir()
+	nonEmpty := filepath.Join(tmp, "full")
+	file := filepath.Join(tmp, "file")
+	if err := os.MkdirAll(filepath.Join(nonEmpty, "x"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, final string
+		sentinel    error
+		msg         string
+	}{
+		{"non-empty dir", nonEmpty, ErrNotEmpty, "image directory " + nonEmpty + " is not empty"},
+		{"final is a file", file, nil, "is not a directory"},
+		{"parent missing", filepath.Join(tmp, "no", "img"), ErrParentMissing, filepath.Join(tmp, "no") + " of image directory"},
+		{"parent is a file", filepath.Join(file, "img"), nil, "parent " + file + " is not a directory"},
+		{"parent not writable", "/proc/gpucr-test", nil, "image directory /proc/gpucr-test is not writable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := Begin(tt.final)
+			if err == nil {
+				s.Abort()
+				t.Fatal("Begin succeeded")
+			}
+			if tt.sentinel != nil && !errors.Is(err, tt.sentinel) {
+				t.Errorf("error %v is not %v", err, tt.sentinel)
+			}
+			if !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("error %q does not contain %q", err, tt.msg)
+			}
+		})
+	}
+	if got := entries(t, tmp); !reflect.DeepEqual(got, []string{"file", "full"}) {
+		t.Fatalf("failed Begins left %v", got)
+	}
+}
+
+func TestVerifyDetectsDamage(t *testing.T) {
+	const victim = "criu/pages-1.img"
+	tests := []struct {
+		name   string
+		damage func(path string) error
+		reason string
+	}{
+		{"truncated", func(p string) error { return os.Truncate(p, 100) }, "size 100, want"},
+		{"flipped byte", func(p string) error {
+			f, err := os.OpenFile(p, os.O_RDWR, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			b := make([]byte, 1)
+			const at = 7 << 20 // past the first hash buffer
+			if _, err := f.ReadAt(b, at); err != nil {
+				return err
+			}
+			b[0] ^= 0x01
+			_, err = f.WriteAt(b, at)
+			return err
+		}, "checksum mismatch (want "},
+		{"missing", os.Remove, "missing"},
+		{"replaced by a symlink", func(p string) error {
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			return os.Symlink("/etc/passwd", p)
+		}, "not a regular file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := commitImage(t)
+			if err := tt.damage(filepath.Join(dir, filepath.FromSlash(victim))); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Open(dir)
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Open = %v, want ErrCorrupt", err)
+			}
+			var ce *CorruptError
+			if !errors.As(err, &ce) || ce.Path != victim {
+				t.Fatalf("Open = %v, want a CorruptError for %s", err, victim)
+			}
+			if msg := err.Error(); !strings.HasPrefix(msg, "image file "+victim+": ") || !strings.Contains(msg, tt.reason) {
+				t.Errorf("message %q does not name %s and %q", msg, victim, tt.reason)
+			}
+		})
+	}
+}
+
+// Verify reports the first damaged file in path order, however the manifest is ordered.
+func TestVerifyReportsFirstInPathOrder(t *testing.T) {
+	dir := commitImage(t)
+	m, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"logs/dump.log", "criu/pagemap-1.img"} {
+		if err := os.WriteFile(filepath.Join(dir, p), []byte(strings.Repeat("X", len(stagedFiles[p]))), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, j := 0, len(m.Files)-1; i < j; i, j = i+1, j-1 {
+		m.Files[i], m.Files[j] = m.Files[j], m.Files[i]
+	}
+	var ce *CorruptError
+	if err := Verify(dir, m); !errors.As(err, &ce) || ce.Path != "criu/pagemap-1.img" {
+		t.Fatalf("Verify = %v, want criu/pagemap-1.img", err)
+	}
+}
+
+func TestLoadRejects(t *testing.T) {
+	tests := []struct {
+		name     string
+		edit     func(m map[string]any) // nil: manifest removed
+		raw      string                 // replaces the manifest when set
+		sentinel error
+		msg      string
+	}{
+		{name: "missing manifest", sentinel: ErrNoManifest, msg: "is not a gpucr image: no manifest.json"},
+		{name: "invalid JSON", raw: "{not json", sentinel: ErrCorrupt, msg: "image file manifest.json: invalid JSON"},
+		{name: "newer format", edit: func(m map[string]any) { m["formatVersion"] = FormatVersion + 1; m["files"] = "changed shape" },
+			sentinel: ErrNewerFormat, msg: fmt.Sprintf("image format %d is newer than this gpucr supports (%d); upgrade gpucr", FormatVersion+1, FormatVersion)},
+		{name: "no format version", edit: func(m map[string]any) { delete(m, "formatVersion") },
+			sentinel: ErrCorrupt, msg: "image file manifest.json: no format version"},
+		{name: "no files", edit: func(m map[string]any) { m["files"] = []any{} },
+			sentinel: ErrCorrupt, msg: "image file manifest.json: no files listed"},
+		{name: "path escapes", edit: func(m map[string]any) { setPath(m, "criu/../../outside") },
+			sentinel: ErrCorrupt, msg: `image file manifest.json: file path "criu/../../outside" is not inside the image`},
+		{name: "absolute path", edit: func(m map[string]any) { setPath(m, "/etc/passwd") },
+			sentinel: ErrCorrupt, msg: `file path "/etc/passwd" is not inside the image`},
+		{name: "unclean path", edit: func(m map[string]any) { setPath(m, "criu/./pages-1.img") },
+			sentinel: ErrCorrupt, msg: `file path "criu/./pages-1.img" is not inside the image`},
+		{name: "bad checksum field", edit: func(m map[string]any) { m["files"].([]any)[0].(map[string]any)["xxh64"] = "zz" },
+			sentinel: ErrCorrupt, msg: "has an invalid size or checksum"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := commitImage(t)
+			mpath := filepath.Join(dir, ManifestName)
+			switch {
+			case tt.raw != "":
+				if err := os.WriteFile(mpath, []byte(tt.raw), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			case tt.edit != nil:
+				editManifest(t, mpath, tt.edit)
+			default:
+				if err := os.Remove(mpath); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_, err := Open(dir)
+			if !errors.Is(err, tt.sentinel) {
+				t.Fatalf("Open = %v, want %v", err, tt.sentinel)
+			}
+			if !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("message %q does not contain %q", err, tt.msg)
+			}
+		})
+	}
+}
+
+// A crash after the manifest is written but before the rename leaves a staging directory
+// with a manifest; it must never be taken for an image.
+func TestLoadRefusesStagingDir(t *testing.T) {
+	final := filepath.Join(t.TempDir(), "img")
+	s, err := Begin(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Abort()
+	if base := filepath.Base(s.Dir()); !strings.HasPrefix(base, ".img.partial-") {
+		t.Fatalf("staging directory %s is not hidden beside img", s.Dir())
+	}
+	writeStaged(t, s, stagedFiles)
+	b, err := json.Marshal(&Manifest{FormatVersion: FormatVersion, RootPID: 1,
+		Files: []File{{Path: "logs/dump.log", Size: 9, XXH64: fmt.Sprintf("%016x", xxhash.Sum64String("log line\n"))}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s.Dir(), ManifestName), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(s.Dir()); !errors.Is(err, ErrNoManifest) {
+		t.Fatalf("Open(staging) = %v, want ErrNoManifest", err)
+	}
+	if _, err := os.Stat(final); !os.IsNotExist(err) {
+		t.Fatalf("%s exists before Commit: %v", final, err)
+	}
+}
+
+func setPath(m map[string]any, p string) {
+	m["files"].([]any)[0].(map[string]any)["path"] = p
+}
+
+func editManifest(t *testing.T, path string, edit func(map[string]any)) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
