@@ -20,7 +20,7 @@ command -v apt-get >/dev/null || die "apt-get not found: this script supports De
 BUILD_DEPS=(build-essential pkg-config git ca-certificates xz-utils
   libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler python3-protobuf
   libnl-3-dev libnet1-dev libcap-dev libbsd-dev libgnutls28-dev libnftables-dev libaio-dev
-  uuid-dev libdrm-dev iproute2 busybox-static)
+  uuid-dev libdrm-dev iproute2 busybox-static patch)
 
 missing=()
 for p in "${BUILD_DEPS[@]}"; do
@@ -54,7 +54,10 @@ if command -v criu >/dev/null && version_ok "$(command -v criu)"; then
   log "system criu is new enough: $(command -v criu)"
   exit 0
 fi
-if [ -x "$PREFIX/sbin/criu" ] && version_ok "$PREFIX/sbin/criu"; then
+# gpucr's own fixes to CRIU (scripts/criu-patches); a change to them rebuilds CRIU.
+patches=$(cd "$(dirname "$0")" && pwd)/criu-patches
+stamp=$(cat "$patches"/*.patch | sha256sum | cut -c1-16)
+if [ -x "$PREFIX/sbin/criu" ] && version_ok "$PREFIX/sbin/criu" && [ "$(cat "$PREFIX/PATCHES" 2>/dev/null)" = "$stamp" ]; then
   log "criu $CRIU_VERSION already built: $PREFIX/sbin/criu"
   exit 0
 fi
@@ -92,12 +95,17 @@ if [ ! -s "$tarball" ]; then
 fi
 
 srcdir=$WORK/criu-$CRIU_VERSION
-if [ ! -x "$srcdir/criu/criu" ]; then
+if [ ! -x "$srcdir/criu/criu" ] || [ "$(cat "$srcdir/.gpucr-patches" 2>/dev/null)" != "$stamp" ]; then
   rm -rf "$srcdir"; mkdir -p "$srcdir"
   tar -xf "$tarball" -C "$srcdir" --strip-components=1
+  for p in "$patches"/*.patch; do
+    patch -d "$srcdir" -p1 --quiet < "$p" || die "patch $(basename "$p") does not apply"
+  done
+  echo "$stamp" > "$srcdir/.gpucr-patches"
   log "building criu $CRIU_VERSION (about half a minute on 2 cores)"
   make -C "$srcdir" -j"$(nproc)" criu >"$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log" >&2; die "criu build failed; full log: $WORK/build.log"; }
 fi
 install -D -m 0755 "$srcdir/criu/criu" "$PREFIX/sbin/criu"
+echo "$stamp" > "$PREFIX/PATCHES"
 version_ok "$PREFIX/sbin/criu" || die "built criu does not report version >= 4.1"
 log "installed $PREFIX/sbin/criu"

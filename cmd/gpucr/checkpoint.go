@@ -19,6 +19,7 @@ func criuFlags(cmd *cobra.Command, o *criu.Options) {
 	f.BoolVar(&o.TCPEstablished, "tcp-established", false, "checkpoint and restore established TCP connections")
 	f.BoolVar(&o.ExtUnixSk, "ext-unix-sk", false, "allow unix sockets connected to processes outside the tree")
 	f.BoolVar(&o.FileLocks, "file-locks", false, "checkpoint and restore file locks")
+	f.StringVar(&o.NetworkLock, "network-lock", "", `how CRIU blocks TCP traffic while frozen: iptables (default), nftables, or skip when all peers are in the tree`)
 }
 
 // checkpointOutput is the summary of a checkpoint, for text and JSON alike.
@@ -46,6 +47,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 				return usageError{fmt.Errorf("PID %q is not a number", args[0])}
 			}
 			r.PID = pid
+			if err := criu.ValidateNetworkLock(r.NetworkLock); err != nil {
+				return usageError{err}
+			}
 			e, err := a.engine()
 			if err != nil {
 				return classify(err)

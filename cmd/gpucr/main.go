@@ -56,9 +56,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pf.BoolVar(&a.json, "json", false, "print results as JSON")
 	pf.StringVar(&a.criuPath, "criu", "", "path to the criu binary (default: $GPUCR_CRIU, "+criu.DefaultPrefixBinary+", then PATH)")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log each step to stderr")
-	root.AddCommand(a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd())
+	root.AddCommand(a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd())
 
 	if err := root.Execute(); err != nil {
+		if code, ok := jobExitCode(err); ok {
+			return code
+		}
 		fmt.Fprintf(stderr, "gpucr: %s\n", oneLine(err))
 		return exitCode(err)
 	}

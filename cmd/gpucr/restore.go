@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/interrupt"
@@ -32,6 +33,9 @@ func (a *app) restoreCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if r.Skips, err = gpu.SkipsFrom(skips, os.Getenv); err != nil {
+				return usageError{err}
+			}
+			if err := criu.ValidateNetworkLock(r.NetworkLock); err != nil {
 				return usageError{err}
 			}
 			e, err := a.engine()

@@ -3,9 +3,11 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -106,4 +108,64 @@ func TestLeaveRunningThenRestoreAfterKill(t *testing.T) {
 	if v := w.verify(t, pid); v != "ok" {
 		t.Fatalf("memory after restore: %s", v)
 	}
+}
+
+func TestRunLaunchesACheckpointableJob(t *testing.T) {
+	needCRIU(t)
+	w := &workload{dir: t.TempDir()}
+	w.cmd = exec.Command(bin.gpucr, "run", "--nproc-per-node", "2", "--", bin.counter, "-dir", w.dir, "-tick", "20ms")
+	w.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := w.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	w.pid = w.cmd.Process.Pid
+	go w.cmd.Wait() //nolint:errcheck // reaps the launcher when CRIU kills it
+	t.Cleanup(func() { killAndReap(w.pid) })
+	w.waitFile(t, "count.0", 3)
+	w.waitFile(t, "count.1", 3)
+
+	var tree inspectOutput
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	waitGone(t, w.pid)
+	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", dir)), &tree); err != nil {
+		t.Fatal(err)
+	}
+	if len(tree.CRIU.Processes) != 3 {
+		t.Fatalf("image holds %d processes, want the launcher and 2 ranks", len(tree.CRIU.Processes))
+	}
+	for _, p := range tree.CRIU.Processes[1:] {
+		env, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.PID), "environ"))
+		if len(env) != 0 {
+			t.Errorf("rank %d still runs after the checkpoint", p.PID)
+		}
+	}
+	c0, c1 := w.read(t, "count.0"), w.read(t, "count.1")
+	restore(t, dir)
+	w.waitFile(t, "count.0", c0+5)
+	w.waitFile(t, "count.1", c1+5)
+	for _, p := range tree.CRIU.Processes[1:] {
+		env, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.PID), "environ"))
+		if err != nil || !strings.Contains(string(env), "NCCL_P2P_DISABLE=1\x00") || !strings.Contains(string(env), "RANK=") {
+			t.Errorf("restored rank %d environment lacks the launcher's settings: %v", p.PID, err)
+		}
+	}
+}
+
+func TestEstablishedTCPConnectionSurvives(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-tcp")
+	w.waitCount(t, 3)
+	dir := filepath.Join(t.TempDir(), "img")
+	if out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "refused")); code == 0 || !strings.Contains(out, "tcp-established") {
+		t.Fatalf("checkpoint of a TCP connection without --tcp-established: exit %d: %s", code, out)
+	}
+	if !alive(w.pid) {
+		t.Fatal("the refused checkpoint killed the workload")
+	}
+	mustGpucr(t, "checkpoint", "--tcp-established", strconv.Itoa(w.pid), "-D", dir)
+	waitGone(t, w.pid)
+	at := w.read(t, "count")
+	restore(t, dir) // the restore repeats --tcp-established from the image
+	w.waitCount(t, at+10) // each count went through the restored connection
 }

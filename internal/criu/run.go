@@ -26,12 +26,35 @@ const (
 // large dump with per-mapping lines.
 const logLevel = 2
 
+// ghostLimit is the largest deleted-but-open file CRIU copies into the image (its default
+// is 1 MiB): NCCL keeps tens of MiB in unlinked /dev/shm files that a job cannot restore without.
+const ghostLimit = 1 << 30
+
 // Options are the CRIU behaviours users choose, shared by dump and restore.
 type Options struct {
 	ShellJob       bool // the tree is attached to a terminal
 	TCPEstablished bool // checkpoint established TCP connections
 	ExtUnixSk      bool // allow unix sockets connected outside the tree
 	FileLocks      bool // checkpoint file locks
+	// NetworkLock is how CRIU keeps TCP peers quiet while the tree is frozen: "nftables"
+	// (gpucr's default: through libnftables, no binary needed), "iptables" (CRIU's own
+	// default, needs iptables-restore), or "skip" when every peer is inside the tree.
+	NetworkLock string
+}
+
+// ValidateNetworkLock checks a --network-lock value.
+func ValidateNetworkLock(m string) error {
+	if _, ok := networkLocks[m]; !ok {
+		return fmt.Errorf("unknown network lock %q (want nftables, iptables or skip)", m)
+	}
+	return nil
+}
+
+var networkLocks = map[string]rpc.CriuNetworkLockMethod{
+	"":         rpc.CriuNetworkLockMethod_NFTABLES,
+	"iptables": rpc.CriuNetworkLockMethod_IPTABLES,
+	"nftables": rpc.CriuNetworkLockMethod_NFTABLES,
+	"skip":     rpc.CriuNetworkLockMethod_SKIP,
 }
 
 // DumpRequest says what to dump and where.
@@ -119,6 +142,8 @@ func (o Options) rpc() *rpc.CriuOpts {
 		ExtUnixSk:      proto.Bool(o.ExtUnixSk),
 		FileLocks:      proto.Bool(o.FileLocks),
 		LogLevel:       proto.Int32(logLevel),
+		NetworkLock:    networkLocks[o.NetworkLock].Enum(),
+		GhostLimit:     proto.Uint32(ghostLimit),
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/safety"
 )
 
 // CheckpointRequest is what to checkpoint, where, and how.
@@ -42,6 +43,9 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	if err != nil {
 		return nil, err
 	}
+	if err := safety.Check(tree, gpus.pids()); err != nil {
+		return nil, err // before anything is locked: the workload is untouched
+	}
 	m := &image.Manifest{
 		GpucrVersion: e.Version,
 		CRIUVersion:  e.CRIU.VersionString(),
@@ -50,7 +54,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		RootPID:      r.PID,
 		Options: image.Options{
 			LeaveRunning: r.LeaveRunning, ShellJob: r.ShellJob, TCPEstablished: r.TCPEstablished,
-			ExtUnixSk: r.ExtUnixSk, FileLocks: r.FileLocks,
+			ExtUnixSk: r.ExtUnixSk, FileLocks: r.FileLocks, NetworkLock: r.NetworkLock,
 		},
 		GPUs: snaps,
 	}

@@ -46,6 +46,14 @@ func (e *Engine) findGPUProcs(ctx context.Context, pids []int) (gpuSet, []gpu.Sn
 	return set, snaps, nil
 }
 
+func (s gpuSet) pids() []int {
+	out := make([]int, len(s))
+	for i, p := range s {
+		out[i] = p.PID
+	}
+	return out
+}
+
 // each runs f on every process at once and joins the errors.
 func (s gpuSet) each(f func(gpuProc) error) error {
 	errs := make([]error, len(s))

@@ -69,6 +69,9 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	opts.TCPEstablished = opts.TCPEstablished || m.Options.TCPEstablished
 	opts.ExtUnixSk = opts.ExtUnixSk || m.Options.ExtUnixSk
 	opts.FileLocks = opts.FileLocks || m.Options.FileLocks
+	if opts.NetworkLock == "" {
+		opts.NetworkLock = m.Options.NetworkLock // unlock the way the dump locked
+	}
 	var pid int
 	err = t.run(PhaseCRIURestore, func() error {
 		var err error

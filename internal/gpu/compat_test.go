@@ -2,97 +2,126 @@ package gpu
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
 )
 
-func h100(i int, uuid string, numa int) Device {
-	return Device{Index: i, UUID: uuid, Name: "NVIDIA H100 80GB HBM3", ComputeCapability: "9.0",
+func h100(index int, uuid string, numa int) Device {
+	return Device{Index: index, UUID: uuid, Name: "NVIDIA H100 80GB HBM3", ComputeCapability: "9.0",
 		MemoryTotal: 80 << 30, MemoryUsed: 17 << 30, L2CacheBytes: 50 << 20, NUMANode: numa}
 }
 
-func snapshot(devs ...Device) Snapshot {
-	s := Snapshot{Host: Host{DriverVersion: "580.159.04", Devices: devs}}
-	for _, d := range devs {
-		s.Processes = append(s.Processes, Process{PID: 100 + d.Index, Devices: []string{d.UUID}})
+// image describes a checkpoint of devs where one process used the devices named in used.
+func image(used []string, devs ...Device) Snapshot {
+	return Snapshot{
+		Host:      Host{Backend: "nvidia", DriverVersion: "580.159.04", Devices: devs},
+		Processes: []Process{{PID: 100, Devices: used}},
 	}
-	return s
 }
 
-func TestChecksRefuseAndSkip(t *testing.T) {
-	img := snapshot(h100(0, "GPU-a", 0))
+func host(devs ...Device) Host {
+	return Host{Backend: "nvidia", DriverVersion: "580.159.04", Devices: devs}
+}
+
+func noEnv(string) string { return "" }
+
+func TestChecksList(t *testing.T) {
+	want := map[string]string{
+		"driver-version": "NV_DRIVER_VER_CHECK", "compute-capability": "NV_COMPUTE_CAP_CHECK",
+		"memory": "NV_MEMORY_CHECK", "model": "NV_MODEL_CHECK", "l2-cache": "NV_L2_CHECK", "numa": "NV_NUMA_CHECK",
+	}
+	got := map[string]string{}
+	for _, c := range Checks() {
+		if c.Doc == "" {
+			t.Errorf("check %s has no Doc", c.Name)
+		}
+		got[c.Name] = c.Env
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("Checks() = %v, want %v", got, want)
+	}
+}
+
+// TestEachCheckFailsAndSkips makes each check fail on its own, then switches it off by
+// flag and by environment variable.
+func TestEachCheckFailsAndSkips(t *testing.T) {
+	a, b := h100(0, "GPU-a", 0), h100(1, "GPU-b", 0)
 	cases := []struct {
 		check, env string
-		host       func(*Host)
-		want       string
+		image      Snapshot
+		host       func(h *Host)
+		want       string // the whole message, or a part of it
 	}{
-		{"driver-version", "NV_DRIVER_VER_CHECK", func(h *Host) { h.DriverVersion = "535.104.05" }, "driver version"},
-		{"compute-capability", "NV_COMPUTE_CAP_CHECK", func(h *Host) { h.Devices[0].ComputeCapability = "8.0" }, "image 9.0, host 8.0"},
-		{"memory", "NV_MEMORY_CHECK", func(h *Host) { h.Devices[0].MemoryTotal = 16 << 30 }, "memory"},
-		{"model", "NV_MODEL_CHECK", func(h *Host) { h.Devices[0].Name = "NVIDIA H200" }, "model"},
-		{"l2-cache", "NV_L2_CHECK", func(h *Host) { h.Devices[0].L2CacheBytes = 60 << 20 }, "L2 cache"},
+		{"driver-version", "NV_DRIVER_VER_CHECK", image([]string{"GPU-a"}, a),
+			func(h *Host) { h.DriverVersion = "535.104.05" },
+			"GPU driver: version older than the image's: image 580.159.04, host 535.104.05 (skip with --skip-check driver-version or NV_DRIVER_VER_CHECK=0)"},
+		{"compute-capability", "NV_COMPUTE_CAP_CHECK", image([]string{"GPU-a"}, a),
+			func(h *Host) { h.Devices[0].ComputeCapability = "8.0" },
+			"GPU 0 (GPU-a): compute capability differs: image 9.0, host 8.0 (skip with --skip-check compute-capability or NV_COMPUTE_CAP_CHECK=0)"},
+		{"memory", "NV_MEMORY_CHECK", image([]string{"GPU-a"}, a),
+			func(h *Host) { h.Devices[0].MemoryTotal = 16 << 30 },
+			"GPU 0 (GPU-a): not enough memory: image 17.0 GiB in use, host 16.0 GiB in all (skip with --skip-check memory or NV_MEMORY_CHECK=0)"},
+		{"model", "NV_MODEL_CHECK", image([]string{"GPU-a"}, a),
+			func(h *Host) { h.Devices[0].Name = "NVIDIA H100 PCIe" },
+			"GPU 0 (GPU-a): model differs: image NVIDIA H100 80GB HBM3, host NVIDIA H100 PCIe (skip with --skip-check model or NV_MODEL_CHECK=0)"},
+		{"l2-cache", "NV_L2_CHECK", image([]string{"GPU-a"}, a),
+			func(h *Host) { h.Devices[0].L2CacheBytes = 60 << 20 },
+			"GPU 0 (GPU-a): L2 cache size differs: image 50 MiB, host 60 MiB (skip with --skip-check l2-cache or NV_L2_CHECK=0)"},
+		{"numa", "NV_NUMA_CHECK", image([]string{"GPU-a", "GPU-b"}, a, b),
+			func(h *Host) { h.Devices[1].NUMANode = 1 },
+			"image GPUs 0 and 1 on host GPUs 0 and 1: NUMA grouping differs: image both on node 0, host on nodes 0 and 1 (skip with --skip-check numa or NV_NUMA_CHECK=0)"},
 	}
 	for _, c := range cases {
 		t.Run(c.check, func(t *testing.T) {
-			host := Host{DriverVersion: "580.159.04", Devices: []Device{h100(0, "GPU-a", 0)}}
-			c.host(&host)
-			_, err := PlanMapping(img, host, nil, Skips{})
+			h := host(a, b)
+			c.host(&h)
+			_, err := PlanMapping(c.image, h, nil, Skips{})
 			var ie *IncompatibleError
-			if !errors.As(err, &ie) || !errors.Is(err, ErrIncompatible) || ie.Check != c.check ||
-				!strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "--skip-check "+c.check) ||
-				!strings.Contains(err.Error(), c.env+"=0") {
-				t.Fatalf("err = %v, want %s failing with %q and both switches", err, c.check, c.want)
+			if !errors.As(err, &ie) || !errors.Is(err, ErrIncompatible) {
+				t.Fatalf("err = %v, want an *IncompatibleError matching ErrIncompatible", err)
 			}
-			byFlag, err := SkipsFrom([]string{c.check}, func(string) string { return "" })
+			if ie.Check != c.check || ie.Env != c.env || err.Error() != c.want {
+				t.Fatalf("err = %q (check %s, env %s)\nwant %q", err, ie.Check, ie.Env, c.want)
+			}
+			byFlag, err := SkipsFrom([]string{c.check}, noEnv)
 			if err != nil {
 				t.Fatal(err)
 			}
-			byEnv, _ := SkipsFrom(nil, func(k string) string { return map[string]string{c.env: "0"}[k] })
-			for _, s := range []Skips{byFlag, byEnv} {
-				if _, err := PlanMapping(img, host, nil, s); err != nil {
-					t.Errorf("with %v skipped: %v", s, err)
+			byEnv, err := SkipsFrom(nil, func(k string) string { return map[string]string{c.env: "0"}[k] })
+			if err != nil {
+				t.Fatal(err)
+			}
+			for how, s := range map[string]Skips{"flag": byFlag, "env": byEnv} {
+				if got, err := PlanMapping(c.image, h, nil, s); err != nil || got != nil {
+					t.Errorf("skipped by %s: got %v, %v; want no move, no error", how, got, err)
 				}
 			}
 		})
 	}
 }
 
-func TestSkipsFromRejectsUnknownNames(t *testing.T) {
-	if _, err := SkipsFrom([]string{"colour"}, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "compute-capability") {
-		t.Fatalf("err = %v, want the list of known checks", err)
-	}
-}
-
-func TestPlanMapping(t *testing.T) {
-	a, b, c := h100(0, "GPU-a", 0), h100(1, "GPU-b", 0), h100(2, "GPU-c", 1)
-	host := func(ds ...Device) Host { return Host{DriverVersion: "580.159.04", Devices: ds} }
+func TestSkipsFrom(t *testing.T) {
 	cases := []struct {
 		name    string
-		img     Snapshot
-		host    Host
-		gpuMap  string
-		want    map[string]string
+		flags   []string
+		env     map[string]string
+		want    Skips
 		wantErr string
 	}{
-		{"same GPUs stay", snapshot(a, b), host(a, b), "", nil, ""},
-		{"swap by index", snapshot(a, b), host(a, b), "0=1,1=0", map[string]string{"GPU-a": "GPU-b", "GPU-b": "GPU-a"}, ""},
-		{"move by UUID", snapshot(a), host(a, b), "GPU-a=GPU-b", map[string]string{"GPU-a": "GPU-b"}, ""},
-		{"original absent picks a free compatible GPU", snapshot(a), host(h100(0, "GPU-x", 0), h100(1, "GPU-y", 0)), "", map[string]string{"GPU-a": "GPU-x"}, ""},
-		{"absent GPU avoids GPUs kept by others", snapshot(a, b), host(h100(0, "GPU-b", 0), h100(1, "GPU-y", 0)), "", map[string]string{"GPU-a": "GPU-y"}, ""},
-		{"no compatible GPU", snapshot(a), host(Device{Index: 0, UUID: "GPU-z", Name: "other", ComputeCapability: "8.0", MemoryTotal: 80 << 30}), "", nil, "compute capability"},
-		{"numa grouping kept", snapshot(a, b), host(a, b, c), "1=2", nil, "NUMA"},
-		{"unknown index", snapshot(a), host(a), "0=7", nil, "no GPU"},
-		{"two onto one", snapshot(a, b), host(a, b), "0=1,1=1", nil, "both on host GPU"},
-		{"bad syntax", snapshot(a), host(a), "0:1", nil, "OLD=NEW"},
+		{"nothing skipped", nil, nil, Skips{}, ""},
+		{"by flag", []string{"numa", "model"}, nil, Skips{"numa": true, "model": true}, ""},
+		{"by env", nil, map[string]string{"NV_L2_CHECK": "0", "NV_MEMORY_CHECK": "0"}, Skips{"l2-cache": true, "memory": true}, ""},
+		{"env other than 0 keeps the check", nil, map[string]string{"NV_L2_CHECK": "1", "NV_MODEL_CHECK": ""}, Skips{}, ""},
+		{"flag and env", []string{"driver-version"}, map[string]string{"NV_COMPUTE_CAP_CHECK": "0"}, Skips{"driver-version": true, "compute-capability": true}, ""},
+		{"unknown name", []string{"colour"}, nil, nil,
+			`unknown check "colour" for --skip-check; the checks are driver-version, compute-capability, memory, model, l2-cache, numa`},
+		{"env name is not a check name", []string{"NV_L2_CHECK"}, nil, nil, "unknown check"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			explicit, err := ParseGPUMap(c.gpuMap, c.img.Host, c.host)
-			var got map[string]string
-			if err == nil {
-				got, err = PlanMapping(c.img, c.host, explicit, Skips{})
-			}
+			got, err := SkipsFrom(c.flags, func(k string) string { return c.env[k] })
 			if c.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
 					t.Fatalf("err = %v, want %q", err, c.wantErr)
@@ -100,19 +129,198 @@ func TestPlanMapping(t *testing.T) {
 				return
 			}
 			if err != nil || !maps.Equal(got, c.want) {
-				t.Fatalf("got %v, %v; want %v", got, err, c.want)
+				t.Fatalf("SkipsFrom = %v, %v; want %v", got, err, c.want)
 			}
 		})
 	}
 }
 
+func TestParseGPUMap(t *testing.T) {
+	img := host(h100(0, "GPU-a", 0), h100(1, "GPU-b", 0))
+	here := host(h100(0, "GPU-x", 0), h100(1, "GPU-y", 0), h100(2, "GPU-a", 0))
+	cases := []struct {
+		spec    string
+		want    map[string]string
+		wantErr string
+	}{
+		{"", nil, ""},
+		{"  ", nil, ""},
+		{"0=1,1=0", map[string]string{"GPU-a": "GPU-y", "GPU-b": "GPU-x"}, ""},
+		{"0=2", map[string]string{"GPU-a": "GPU-a"}, ""},
+		{"GPU-a=GPU-y", map[string]string{"GPU-a": "GPU-y"}, ""},
+		{"1=GPU-a, GPU-a = 0", map[string]string{"GPU-b": "GPU-a", "GPU-a": "GPU-x"}, ""},
+		{"2=0", nil, `the image has no GPU "2"`},
+		{"0=3", nil, `this host has no GPU "3"`},
+		{"GPU-x=0", nil, `the image has no GPU "GPU-x"`},
+		{"0=GPU-b", nil, `this host has no GPU "GPU-b"`},
+		{"0=1,1=1", nil, "puts image GPUs 0 and 1 both on host GPU 1 (GPU-y)"},
+		{"0=1,GPU-a=2", nil, "maps image GPU 0 (GPU-a) twice"},
+		{"0:1", nil, `--gpu-map "0:1": want OLD=NEW pairs`},
+		{"0=1,", nil, "want OLD=NEW pairs"},
+	}
+	for _, c := range cases {
+		t.Run(c.spec, func(t *testing.T) {
+			got, err := ParseGPUMap(c.spec, img, here)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("err = %v, want %q", err, c.wantErr)
+				}
+				return
+			}
+			if err != nil || !maps.Equal(got, c.want) || (c.want == nil) != (got == nil) {
+				t.Fatalf("ParseGPUMap(%q) = %v, %v; want %v", c.spec, got, err, c.want)
+			}
+		})
+	}
+}
+
+func TestPlanMapping(t *testing.T) {
+	a, b := h100(0, "GPU-a", 0), h100(1, "GPU-b", 0)
+	x, y, z := h100(0, "GPU-x", 0), h100(1, "GPU-y", 0), h100(2, "GPU-z", 1)
+	ampere := Device{Index: 0, UUID: "GPU-old", Name: "NVIDIA A100-SXM4-80GB", ComputeCapability: "8.0",
+		MemoryTotal: 80 << 30, L2CacheBytes: 40 << 20, NUMANode: 0}
+	at := func(d Device, index, numa int) Device { d.Index, d.NUMANode = index, numa; return d }
+	cases := []struct {
+		name      string
+		image     Snapshot
+		host      Host
+		gpuMap    string
+		skip      []string
+		want      map[string]string
+		wantErr   string
+		wantCheck string // the IncompatibleError's check, when one is expected
+	}{
+		{name: "same GPUs stay", image: image([]string{"GPU-a", "GPU-b"}, a, b), host: host(a, b)},
+		{name: "unused GPUs stay too", image: image([]string{"GPU-b"}, a, b), host: host(a, b, x)},
+		{name: "swap by index", image: image([]string{"GPU-a", "GPU-b"}, a, b), host: host(a, b), gpuMap: "0=1,1=0",
+			want: map[string]string{"GPU-a": "GPU-b", "GPU-b": "GPU-a"}},
+		{name: "moved onto an unused GPU, which takes the freed one", image: image([]string{"GPU-a"}, a, b), host: host(a, b),
+			gpuMap: "GPU-a=GPU-b", want: map[string]string{"GPU-a": "GPU-b", "GPU-b": "GPU-a"}},
+		{name: "moved onto a used GPU, whose state moves to the freed one", image: image([]string{"GPU-a", "GPU-b"}, a, b), host: host(a, b),
+			gpuMap: "0=1", want: map[string]string{"GPU-a": "GPU-b", "GPU-b": "GPU-a"}},
+		{name: "original absent: lowest free index", image: image([]string{"GPU-a"}, a), host: host(x, y),
+			want: map[string]string{"GPU-a": "GPU-x"}},
+		{name: "original absent: first compatible", image: image([]string{"GPU-a"}, a), host: host(ampere, y),
+			want: map[string]string{"GPU-a": "GPU-y"}},
+		{name: "original absent: GPUs kept by others are not free", image: image([]string{"GPU-a", "GPU-b"}, a, b), host: host(at(b, 0, 0), at(y, 1, 0)),
+			want: map[string]string{"GPU-a": "GPU-y"}},
+		{name: "unused image GPUs take the remaining host GPUs", image: image([]string{"GPU-b"}, a, b), host: host(x, y, z),
+			want: map[string]string{"GPU-b": "GPU-x", "GPU-a": "GPU-y"}},
+		{name: "unused image GPUs beyond the host's are left out", image: image([]string{"GPU-a"}, a, b), host: host(x),
+			want: map[string]string{"GPU-a": "GPU-x"}},
+		{name: "unknown L2 size is not compared", image: image([]string{"GPU-a"}, a),
+			host: host(func() Device { d := a; d.L2CacheBytes = 0; return d }())},
+		{name: "NUMA: absent GPUs that shared a node get a shared node", image: image([]string{"GPU-a", "GPU-b"}, a, b),
+			host: host(at(x, 0, 0), at(y, 1, 1), at(z, 2, 1)), want: map[string]string{"GPU-a": "GPU-y", "GPU-b": "GPU-z"}},
+		{name: "NUMA: absent GPUs on distinct nodes stay distinct", image: image([]string{"GPU-a", "GPU-b"}, a, at(b, 1, 1)),
+			host: host(at(x, 0, 0), at(y, 1, 0), at(z, 2, 1)), want: map[string]string{"GPU-a": "GPU-x", "GPU-b": "GPU-z"}},
+		{name: "NUMA: unknown nodes are not compared", image: image([]string{"GPU-a", "GPU-b"}, at(a, 0, -1), at(b, 1, -1)),
+			host: host(at(x, 0, 0), at(y, 1, 1)), want: map[string]string{"GPU-a": "GPU-x", "GPU-b": "GPU-y"}},
+		{name: "NUMA: grouping cannot be kept", image: image([]string{"GPU-a", "GPU-b"}, a, b), host: host(at(x, 0, 0), at(y, 1, 1)),
+			wantErr: "cannot keep their NUMA grouping here: image GPUs 0 and 1 on host GPUs 0 and 1: NUMA grouping differs", wantCheck: "numa"},
+		{name: "NUMA: skipped", image: image([]string{"GPU-a", "GPU-b"}, a, b), host: host(at(x, 0, 0), at(y, 1, 1)), skip: []string{"numa"},
+			want: map[string]string{"GPU-a": "GPU-x", "GPU-b": "GPU-y"}},
+		{name: "NUMA: explicit map checked", image: image([]string{"GPU-a", "GPU-b"}, a, b), host: host(a, b, z), gpuMap: "1=2",
+			wantErr: "NUMA grouping differs", wantCheck: "numa"},
+		{name: "no compatible GPU", image: image([]string{"GPU-a"}, a), host: host(ampere),
+			wantErr:   "image GPU 0 (GPU-a) is not on this host, and no free GPU here can take it; first refusal: image GPU 0 (GPU-a) on host GPU 0 (GPU-old): compute capability differs: image 9.0, host 8.0",
+			wantCheck: "compute-capability"},
+		{name: "no compatible GPU, but the check is skipped", image: image([]string{"GPU-a"}, a), host: host(ampere),
+			skip: []string{"compute-capability", "model", "l2-cache"}, want: map[string]string{"GPU-a": "GPU-old"}},
+		{name: "no free GPU", image: image([]string{"GPU-a", "GPU-b"}, a, b), host: host(at(b, 0, 0)),
+			wantErr: "incompatible GPU: this host lacks image GPU 0 (GPU-a) and has too few free GPUs that pass the checks"},
+		{name: "explicit map onto an incompatible GPU", image: image([]string{"GPU-a"}, a), host: host(a, at(ampere, 1, 0)), gpuMap: "0=1",
+			wantErr: "image GPU 0 (GPU-a) on host GPU 1 (GPU-old): compute capability differs", wantCheck: "compute-capability"},
+		{name: "explicit map of an unused GPU is not checked", image: image([]string{"GPU-a"}, a, b), host: host(a, at(ampere, 1, 0)), gpuMap: "1=1",
+			want: map[string]string{"GPU-b": "GPU-old"}},
+		{name: "host driver newer", image: image([]string{"GPU-a"}, a), host: func() Host { h := host(a); h.DriverVersion = "590.1"; return h }()},
+		{name: "host driver older", image: image([]string{"GPU-a"}, a), host: func() Host { h := host(a); h.DriverVersion = "580.65.06"; return h }(),
+			wantErr: "image 580.159.04, host 580.65.06", wantCheck: "driver-version"},
+		{name: "process on a GPU the image does not describe", image: image([]string{"GPU-q"}, a), host: host(a),
+			wantErr: "image process 100 used GPU GPU-q, which the image does not describe"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			explicit, err := ParseGPUMap(c.gpuMap, c.image.Host, c.host)
+			if err != nil {
+				t.Fatal(err)
+			}
+			skips, err := SkipsFrom(c.skip, noEnv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := PlanMapping(c.image, c.host, explicit, skips)
+			if c.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+					t.Fatalf("err = %v\nwant %q", err, c.wantErr)
+				}
+				var ie *IncompatibleError
+				if c.wantCheck != "" && (!errors.As(err, &ie) || ie.Check != c.wantCheck) {
+					t.Fatalf("err = %v, want an *IncompatibleError of check %s", err, c.wantCheck)
+				}
+				if c.wantCheck != "" && !errors.Is(err, ErrIncompatible) {
+					t.Fatalf("err = %v does not match ErrIncompatible", err)
+				}
+				return
+			}
+			if err != nil || !maps.Equal(got, c.want) || (c.want == nil) != (got == nil) {
+				t.Fatalf("PlanMapping = %v, %v; want %v", got, err, c.want)
+			}
+		})
+	}
+}
+
+func TestPlanMappingExplicitMustNameKnownGPUs(t *testing.T) {
+	a := h100(0, "GPU-a", 0)
+	for explicit, want := range map[string]string{
+		"GPU-q=GPU-a": "GPU map moves GPU GPU-q, which the image does not have",
+		"GPU-a=GPU-q": "GPU map sends image GPU 0 (GPU-a) to GPU-q, which this host does not have",
+	} {
+		old, dst, _ := strings.Cut(explicit, "=")
+		if _, err := PlanMapping(image([]string{"GPU-a"}, a), host(a), map[string]string{old: dst}, nil); err == nil || err.Error() != want {
+			t.Errorf("PlanMapping with %s: %v, want %q", explicit, err, want)
+		}
+	}
+}
+
+// TestPlanMappingSearchStaysSmall gives the search a NUMA grouping it cannot keep on 16
+// GPUs, where trying every assignment would never end.
+func TestPlanMappingSearchStaysSmall(t *testing.T) {
+	var img, here []Device
+	var used []string
+	for i := range 16 {
+		img = append(img, h100(i, fmt.Sprintf("GPU-img%d", i), 0))
+		used = append(used, img[i].UUID)
+		here = append(here, h100(i, fmt.Sprintf("GPU-host%d", i), i/8))
+	}
+	_, err := PlanMapping(image(used, img...), host(here...), nil, nil)
+	if !errors.Is(err, ErrIncompatible) || !strings.Contains(err.Error(), "NUMA grouping differs") {
+		t.Fatalf("err = %v, want a NUMA incompatibility", err)
+	}
+	got, err := PlanMapping(image(used, img...), host(here...), nil, Skips{"numa": true})
+	if err != nil || len(got) != 16 {
+		t.Fatalf("with numa skipped: %v, %v; want all 16 moved", got, err)
+	}
+}
+
 func TestCompareVersions(t *testing.T) {
-	for _, c := range []struct {
+	cases := []struct {
 		a, b string
 		want int
-	}{{"580.159.04", "580.159.04", 0}, {"535.104.05", "580.159.04", -1}, {"580.65", "580.159.04", -1}, {"590.1", "580.159.04", 1}} {
-		if got := CompareVersions(c.a, c.b); got != c.want {
-			t.Errorf("CompareVersions(%s, %s) = %d, want %d", c.a, c.b, got, c.want)
+	}{
+		{"580.159.04", "580.159.04", 0},
+		{"535.104.05", "580.159.04", -1},
+		{"580.159.04", "535.104.05", 1},
+		{"580.65.06", "580.159.04", -1},
+		{"580.159.4", "580.159.04", 0},
+		{"580.159", "580.159.04", -1},
+		{"590", "580.159.04", 1},
+		{"", "580.159.04", -1},
+		{"", "", 0},
+	}
+	for _, c := range cases {
+		if got := compareVersions(c.a, c.b); got != c.want {
+			t.Errorf("compareVersions(%q, %q) = %d, want %d", c.a, c.b, got, c.want)
 		}
 	}
 }

@@ -47,11 +47,12 @@ type HostInfo struct {
 
 // Options are the checkpoint options that restore must repeat.
 type Options struct {
-	LeaveRunning   bool `json:"leaveRunning"`
-	ShellJob       bool `json:"shellJob"`
-	TCPEstablished bool `json:"tcpEstablished"`
-	ExtUnixSk      bool `json:"extUnixSk"`
-	FileLocks      bool `json:"fileLocks"`
+	LeaveRunning   bool   `json:"leaveRunning"`
+	ShellJob       bool   `json:"shellJob"`
+	TCPEstablished bool   `json:"tcpEstablished"`
+	ExtUnixSk      bool   `json:"extUnixSk"`
+	FileLocks      bool   `json:"fileLocks"`
+	NetworkLock    string `json:"networkLock,omitempty"`
 }
 
 // Process is one process of the checkpointed tree.

@@ -4,9 +4,13 @@ package nvidia
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,24 +25,65 @@ import (
 
 func init() { gpu.Register("nvidia", Open) }
 
-// Backend is the NVIDIA implementation of gpu.Backend.
-type Backend struct {
-	cuda *cuda.Driver
-	l2   map[string]uint64 // by UUID, read once: it needs a CUDA context in gpucr itself
-	once sync.Once
+// driver is what the backend needs of libcuda: *cuda.Driver, or a fake in tests.
+type driver interface {
+	Init() error
+	L2CacheSizes() (map[string]uint64, error)
+	State(pid int) (int, error)
+	Lock(pid int, timeout time.Duration) error
+	Checkpoint(pid int) error
+	Restore(pid int, pairs []cuda.GPUPair) error
+	Unlock(pid int) error
 }
 
-// Open loads NVML and libcuda, or says why NVIDIA GPU support is off on this host.
+// Backend is the NVIDIA implementation of gpu.Backend.
+type Backend struct {
+	nvml nvml.Interface
+	cuda driver
+	proc string // procfs mount, where device files held by processes show
+	sys  string // sysfs mount, where PCI devices' NUMA nodes show
+
+	l2Once sync.Once
+	l2     map[string]uint64 // by UUID; read once, since it initializes CUDA in gpucr
+}
+
+// Open loads NVML and libcuda, or says in one line why NVIDIA GPU support is off here.
 func Open() (gpu.Backend, error) {
-	if r := nvml.Init(); r != nvml.SUCCESS {
-		return nil, fmt.Errorf("NVIDIA driver not found (NVML: %s); NVIDIA GPU support is off", nvml.ErrorString(r))
+	lib := nvml.New()
+	if r := lib.Init(); r != nvml.SUCCESS {
+		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", initError(r))
 	}
 	d, err := cuda.Open("")
 	if err != nil {
-		nvml.Shutdown()
-		return nil, fmt.Errorf("%v; NVIDIA GPU support is off", err)
+		_ = lib.Shutdown() // NVML is of no use without libcuda; its own error adds nothing
+		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", err)
 	}
-	return &Backend{cuda: d}, nil
+	return newBackend(lib, d), nil
+}
+
+func newBackend(lib nvml.Interface, d driver) *Backend {
+	return &Backend{nvml: lib, cuda: d, proc: "/proc", sys: "/sys"}
+}
+
+// initError words NVML's refusal to start so a user can tell a host without a driver from
+// a broken or inaccessible one.
+func initError(r nvml.Return) error {
+	switch r {
+	case nvml.ERROR_LIBRARY_NOT_FOUND:
+		return errors.New("NVIDIA driver not found (libnvidia-ml.so.1 not loadable)")
+	case nvml.ERROR_DRIVER_NOT_LOADED:
+		return fmt.Errorf("NVIDIA kernel driver not loaded (NVML: %w)", r)
+	case nvml.ERROR_NO_PERMISSION:
+		return fmt.Errorf("no permission to use the NVIDIA driver (NVML: %w)", r)
+	case nvml.ERROR_LIB_RM_VERSION_MISMATCH:
+		return fmt.Errorf("NVIDIA driver libraries and kernel module differ in version; reload the module or reboot (NVML: %w)", r)
+	}
+	return fmt.Errorf("NVML init: %w", r)
+}
+
+// nvmlError wraps a failed NVML call with what was asked.
+func nvmlError(what string, r nvml.Return) error {
+	return fmt.Errorf("NVML %s: %w", what, r)
 }
 
 // Name implements gpu.Backend.
@@ -48,21 +93,22 @@ func (b *Backend) Name() string { return "nvidia" }
 func (b *Backend) Host(context.Context) (gpu.Host, error) {
 	h := gpu.Host{Backend: b.Name()}
 	var r nvml.Return
-	if h.DriverVersion, r = nvml.SystemGetDriverVersion(); r != nvml.SUCCESS {
-		return h, nvmlErr("driver version", r)
+	if h.DriverVersion, r = b.nvml.SystemGetDriverVersion(); r != nvml.SUCCESS {
+		return gpu.Host{}, nvmlError("driver version", r)
 	}
-	if v, r := nvml.SystemGetCudaDriverVersion(); r == nvml.SUCCESS {
-		h.CUDAVersion = fmt.Sprintf("%d.%d", v/1000, v%1000/10)
-	}
-	n, r := nvml.DeviceGetCount()
+	v, r := b.nvml.SystemGetCudaDriverVersion()
 	if r != nvml.SUCCESS {
-		return h, nvmlErr("device count", r)
+		return gpu.Host{}, nvmlError("CUDA driver version", r)
 	}
-	b.once.Do(func() { b.l2, _ = b.cuda.L2CacheSizes() })
-	for i := 0; i < n; i++ {
+	h.CUDAVersion = fmt.Sprintf("%d.%d", v/1000, v%1000/10)
+	n, r := b.nvml.DeviceGetCount()
+	if r != nvml.SUCCESS {
+		return gpu.Host{}, nvmlError("device count", r)
+	}
+	for i := range n {
 		d, err := b.device(i)
 		if err != nil {
-			return h, err
+			return gpu.Host{}, err
 		}
 		h.Devices = append(h.Devices, d)
 	}
@@ -70,100 +116,197 @@ func (b *Backend) Host(context.Context) (gpu.Host, error) {
 }
 
 func (b *Backend) device(i int) (gpu.Device, error) {
-	dev, r := nvml.DeviceGetHandleByIndex(i)
+	what := func(s string) string { return fmt.Sprintf("GPU %d %s", i, s) }
+	dev, r := b.nvml.DeviceGetHandleByIndex(i)
 	if r != nvml.SUCCESS {
-		return gpu.Device{}, nvmlErr(fmt.Sprintf("GPU %d", i), r)
+		return gpu.Device{}, nvmlError(what("handle"), r)
 	}
-	d := gpu.Device{Index: i, NUMANode: -1, MIGMode: "unsupported", ECCMode: "unsupported"}
+	d := gpu.Device{Index: i}
 	if d.UUID, r = dev.GetUUID(); r != nvml.SUCCESS {
-		return d, nvmlErr(fmt.Sprintf("GPU %d UUID", i), r)
+		return gpu.Device{}, nvmlError(what("UUID"), r)
 	}
 	if d.Name, r = dev.GetName(); r != nvml.SUCCESS {
-		return d, nvmlErr(fmt.Sprintf("GPU %d name", i), r)
+		return gpu.Device{}, nvmlError(what("name"), r)
 	}
 	major, minor, r := dev.GetCudaComputeCapability()
 	if r != nvml.SUCCESS {
-		return d, nvmlErr(fmt.Sprintf("GPU %d compute capability", i), r)
+		return gpu.Device{}, nvmlError(what("compute capability"), r)
 	}
 	d.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
 	mem, r := dev.GetMemoryInfo()
 	if r != nvml.SUCCESS {
-		return d, nvmlErr(fmt.Sprintf("GPU %d memory", i), r)
+		return gpu.Device{}, nvmlError(what("memory"), r)
 	}
 	d.MemoryTotal, d.MemoryUsed = mem.Total, mem.Used
-	if pci, r := dev.GetPciInfo(); r == nvml.SUCCESS {
-		d.PCIBusID = cString(pci.BusId[:])
-		d.NUMANode = numaNode(d.PCIBusID)
+	pci, r := dev.GetPciInfo()
+	if r != nvml.SUCCESS {
+		return gpu.Device{}, nvmlError(what("PCI info"), r)
 	}
-	if cur, _, r := dev.GetMigMode(); r == nvml.SUCCESS {
-		d.MIGMode = map[bool]string{true: "enabled", false: "disabled"}[cur == nvml.DEVICE_MIG_ENABLE]
+	d.PCIBusID = cString(pci.BusId[:])
+	d.NUMANode = readNUMANode(filepath.Join(b.sys, "bus/pci/devices", sysfsPCIAddress(d.PCIBusID), "numa_node"))
+	mig, _, r := dev.GetMigMode()
+	if d.MIGMode, r = mode(r, mig == nvml.DEVICE_MIG_ENABLE); r != nvml.SUCCESS {
+		return gpu.Device{}, nvmlError(what("MIG mode"), r)
 	}
-	if cur, _, r := dev.GetEccMode(); r == nvml.SUCCESS {
-		d.ECCMode = map[bool]string{true: "enabled", false: "disabled"}[cur == nvml.FEATURE_ENABLED]
+	ecc, _, r := dev.GetEccMode()
+	if d.ECCMode, r = mode(r, ecc == nvml.FEATURE_ENABLED); r != nvml.SUCCESS {
+		return gpu.Device{}, nvmlError(what("ECC mode"), r)
 	}
-	d.L2CacheBytes = b.l2[d.UUID]
+	d.L2CacheBytes = b.l2Sizes()[d.UUID]
 	return d, nil
 }
 
-// Processes implements gpu.Backend: a process holds NVIDIA state if NVML lists it as a
-// compute process or it has a GPU device file open (a CUDA context always does).
-func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
-	usage := map[int]*gpu.Process{}
-	n, r := nvml.DeviceGetCount()
-	if r != nvml.SUCCESS {
-		return nil, nvmlErr("device count", r)
+// mode words a feature's current mode, treating NVML's "not supported" as an answer.
+func mode(r nvml.Return, enabled bool) (string, nvml.Return) {
+	switch {
+	case r == nvml.ERROR_NOT_SUPPORTED:
+		return "unsupported", nvml.SUCCESS
+	case r != nvml.SUCCESS:
+		return "", r
+	case enabled:
+		return "enabled", r
 	}
-	for i := 0; i < n; i++ {
-		dev, r := nvml.DeviceGetHandleByIndex(i)
+	return "disabled", r
+}
+
+// l2Sizes reads the L2 cache sizes once through CUDA, as NVML does not report them. If
+// CUDA cannot say, they stay 0 ("unknown"), which the compatibility checks allow.
+func (b *Backend) l2Sizes() map[string]uint64 {
+	b.l2Once.Do(func() {
+		if sizes, err := b.cuda.L2CacheSizes(); err == nil {
+			b.l2 = sizes
+		}
+	})
+	return b.l2
+}
+
+// cString reads NVML's NUL-terminated char array.
+func cString(b []int8) string {
+	s := make([]byte, 0, len(b))
+	for _, c := range b {
+		if c == 0 {
+			break
+		}
+		s = append(s, byte(c))
+	}
+	return string(s)
+}
+
+// sysfsPCIAddress turns NVML's "00000000:1A:00.0" into sysfs's "0000:1a:00.0": lower
+// case, with the domain at its usual four digits rather than NVML's eight.
+func sysfsPCIAddress(busID string) string {
+	domain, rest, ok := strings.Cut(strings.ToLower(busID), ":")
+	if !ok {
+		return strings.ToLower(busID)
+	}
+	domain = strings.TrimLeft(domain, "0")
+	if len(domain) < 4 {
+		domain = strings.Repeat("0", 4-len(domain)) + domain
+	}
+	return domain + ":" + rest
+}
+
+// readNUMANode reads a sysfs numa_node file; -1, the kernel's own "no node", when unknown.
+func readNUMANode(path string) int {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return -1
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+// Processes implements gpu.Backend. A process holds NVIDIA state if NVML lists it as a
+// compute process or it has a GPU device file open, which a CUDA context always does
+// (NVML cannot see every process, e.g. across some PID namespaces).
+func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
+	wanted := map[int]bool{}
+	for _, pid := range pids {
+		wanted[pid] = true
+	}
+	found := map[int]*gpu.Process{}
+	n, r := b.nvml.DeviceGetCount()
+	if r != nvml.SUCCESS {
+		return nil, nvmlError("device count", r)
+	}
+	for i := range n {
+		dev, r := b.nvml.DeviceGetHandleByIndex(i)
 		if r != nvml.SUCCESS {
-			return nil, nvmlErr(fmt.Sprintf("GPU %d", i), r)
+			return nil, nvmlError(fmt.Sprintf("GPU %d handle", i), r)
 		}
 		uuid, r := dev.GetUUID()
 		if r != nvml.SUCCESS {
-			return nil, nvmlErr(fmt.Sprintf("GPU %d UUID", i), r)
+			return nil, nvmlError(fmt.Sprintf("GPU %d UUID", i), r)
 		}
 		procs, r := dev.GetComputeRunningProcesses()
 		if r != nvml.SUCCESS {
-			return nil, nvmlErr(fmt.Sprintf("GPU %d processes", i), r)
+			return nil, nvmlError(fmt.Sprintf("GPU %d compute processes", i), r)
 		}
 		for _, p := range procs {
-			u := usage[int(p.Pid)]
-			if u == nil {
-				u = &gpu.Process{PID: int(p.Pid)}
-				usage[int(p.Pid)] = u
+			pid := int(p.Pid)
+			if !wanted[pid] {
+				continue
 			}
-			u.Devices = append(u.Devices, uuid)
-			u.MemoryBytes += p.UsedGpuMemory
+			gp := found[pid]
+			if gp == nil {
+				gp = &gpu.Process{PID: pid}
+				found[pid] = gp
+			}
+			if !slices.Contains(gp.Devices, uuid) {
+				gp.Devices = append(gp.Devices, uuid)
+			}
+			if p.UsedGpuMemory != ^uint64(0) { // NVML_VALUE_NOT_AVAILABLE, e.g. without permission
+				gp.MemoryBytes += p.UsedGpuMemory
+			}
 		}
 	}
 	var out []gpu.Process
 	for _, pid := range pids {
-		if u, ok := usage[pid]; ok {
-			out = append(out, *u)
-		} else if opensGPU(pid) {
+		if gp := found[pid]; gp != nil {
+			out = append(out, *gp)
+			delete(found, pid) // a pid listed twice is reported once
+			continue
+		}
+		holds, err := holdsDeviceFiles(b.proc, pid)
+		if err != nil {
+			return nil, err
+		}
+		if holds {
 			out = append(out, gpu.Process{PID: pid})
 		}
 	}
 	return out, nil
 }
 
-// opensGPU reports whether pid has an NVIDIA device file open.
-func opensGPU(pid int) bool {
-	dir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
+// deviceFile matches the NVIDIA device files a CUDA context holds open: the control
+// device and the per-GPU ones (not nvidia-uvm, nvidia-modeset or nvidia-caps).
+var deviceFile = regexp.MustCompile(`^/dev/nvidia([0-9]+|ctl)$`)
+
+// holdsDeviceFiles reports whether pid has an NVIDIA device file open. A process that is
+// gone holds nothing; one whose fds cannot be read is an error, since guessing "no" would
+// send device state to CRIU, which cannot dump it.
+func holdsDeviceFiles(proc string, pid int) (bool, error) {
+	dir := filepath.Join(proc, strconv.Itoa(pid), "fd")
 	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
 	if err != nil {
-		return false
+		return false, fmt.Errorf("look for NVIDIA device files held by pid %d: %w", pid, err)
 	}
 	for _, e := range entries {
-		t, err := os.Readlink(filepath.Join(dir, e.Name()))
-		if err == nil && strings.HasPrefix(t, "/dev/nvidia") && t != "/dev/nvidia-uvm-tools" {
-			return true
+		target, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err == nil && deviceFile.MatchString(target) {
+			return true, nil
 		}
 	}
-	return false
+	return false, nil
 }
 
-// Lock implements gpu.Backend.
+// Lock implements gpu.Backend. A timeout of zero or less waits without limit.
 func (b *Backend) Lock(_ context.Context, pid int, timeout time.Duration) error {
 	return b.cuda.Lock(pid, timeout)
 }
@@ -174,66 +317,98 @@ func (b *Backend) Checkpoint(_ context.Context, pid int) error { return b.cuda.C
 // Unlock implements gpu.Backend.
 func (b *Backend) Unlock(_ context.Context, pid int) error { return b.cuda.Unlock(pid) }
 
-// Restore implements gpu.Backend. The driver takes the remapping as a permutation of this
-// host's GPUs, so the moves are completed into one before they are passed on.
-func (b *Backend) Restore(ctx context.Context, pid int, remap map[string]string) error {
+// Restore implements gpu.Backend. The driver takes a remapping only as a permutation of
+// the GPUs, so the moves are completed into one first.
+func (b *Backend) Restore(_ context.Context, pid int, remap map[string]string) error {
 	var pairs []cuda.GPUPair
 	if len(remap) > 0 {
-		host, err := b.Host(ctx)
+		uuids, err := b.uuids()
 		if err != nil {
 			return err
 		}
-		var uuids []string
-		for _, d := range host.Devices {
-			uuids = append(uuids, d.UUID)
+		perm, err := permutation(remap, uuids)
+		if err != nil {
+			return fmt.Errorf("GPU remap: %w", err)
 		}
-		for old, new := range Permutation(remap, uuids) {
-			o, err := cuda.ParseUUID(old)
+		for _, p := range perm {
+			old, err := cuda.ParseUUID(p[0])
 			if err != nil {
-				return err
+				return fmt.Errorf("GPU remap: %w", err)
 			}
-			n, err := cuda.ParseUUID(new)
+			dst, err := cuda.ParseUUID(p[1])
 			if err != nil {
-				return err
+				return fmt.Errorf("GPU remap: %w", err)
 			}
-			pairs = append(pairs, cuda.GPUPair{Old: o, New: n})
+			pairs = append(pairs, cuda.GPUPair{Old: old, New: dst})
 		}
 	}
-	return b.cuda.Restore(pid, pairs)
+	// Without persistence mode the driver restores only for a process that has CUDA
+	// initialized, and gpucr is that process; with it, cuInit's failure does not matter.
+	initErr := b.cuda.Init()
+	if err := b.cuda.Restore(pid, pairs); err != nil {
+		if initErr != nil {
+			return fmt.Errorf("%w (and cuInit in gpucr failed: %v)", err, initErr)
+		}
+		return err
+	}
+	return nil
 }
 
-// Permutation completes moves (old -> new UUID) into a bijection of this host's GPUs: a
-// host GPU that is the target of a move but not itself moved is sent to a host GPU that
-// was vacated, so no two devices land on one. GPUs of another host are never targets.
-func Permutation(moves map[string]string, host []string) map[string]string {
-	out := map[string]string{}
-	targets := map[string]bool{}
-	for o, n := range moves {
-		if o != n {
-			out[o] = n
-			targets[n] = true
+// uuids lists this host's GPU UUIDs in index order.
+func (b *Backend) uuids() ([]string, error) {
+	n, r := b.nvml.DeviceGetCount()
+	if r != nvml.SUCCESS {
+		return nil, nvmlError("device count", r)
+	}
+	uuids := make([]string, n)
+	for i := range n {
+		dev, r := b.nvml.DeviceGetHandleByIndex(i)
+		if r != nvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("GPU %d handle", i), r)
+		}
+		if uuids[i], r = dev.GetUUID(); r != nvml.SUCCESS {
+			return nil, nvmlError(fmt.Sprintf("GPU %d UUID", i), r)
 		}
 	}
-	var vacated []string
-	for o := range out {
-		if !targets[o] && slices.Contains(host, o) {
-			vacated = append(vacated, o)
+	return uuids, nil
+}
+
+// permutation turns moves (checkpointed GPU UUID -> host GPU UUID) into the driver's GPU
+// pairs, sorted by old UUID. The driver wants every checkpointed GPU listed and no two on
+// one GPU, so each host GPU not moved gets a pair too: itself if no GPU moves onto it,
+// else a host GPU left free, in host order. A host GPU gets none only when moves from
+// GPUs of another host have taken every free one; those GPUs were not checkpointed here.
+func permutation(moves map[string]string, host []string) ([][2]string, error) {
+	to := map[string]string{}
+	taken := map[string]string{} // host GPU -> the GPU moving onto it
+	for _, old := range slices.Sorted(maps.Keys(moves)) {
+		dst := moves[old]
+		if !slices.Contains(host, dst) {
+			return nil, fmt.Errorf("GPU %s is not on this host", dst)
+		}
+		if prev, dup := taken[dst]; dup {
+			return nil, fmt.Errorf("GPUs %s and %s both go to %s", prev, old, dst)
+		}
+		to[old], taken[dst] = dst, old
+	}
+	for _, h := range host {
+		_, moved := to[h]
+		if _, busy := taken[h]; !moved && !busy {
+			to[h], taken[h] = h, h
 		}
 	}
-	slices.Sort(vacated)
-	var displaced []string
-	for n := range targets {
-		if _, moved := out[n]; !moved && slices.Contains(host, n) {
-			displaced = append(displaced, n)
+	free := slices.DeleteFunc(slices.Clone(host), func(h string) bool { _, busy := taken[h]; return busy })
+	for _, h := range host {
+		if _, moved := to[h]; moved || len(free) == 0 {
+			continue
 		}
+		to[h], free = free[0], free[1:]
 	}
-	slices.Sort(displaced)
-	for i, d := range displaced {
-		if i < len(vacated) {
-			out[d] = vacated[i]
-		}
+	pairs := make([][2]string, 0, len(to))
+	for _, old := range slices.Sorted(maps.Keys(to)) {
+		pairs = append(pairs, [2]string{old, to[old]})
 	}
-	return out
+	return pairs, nil
 }
 
 // State implements gpu.Backend.
@@ -249,38 +424,8 @@ func (b *Backend) State(_ context.Context, pid int) (gpu.State, error) {
 		return gpu.StateLocked, nil
 	case cuda.StateCheckpointed:
 		return gpu.StateCheckpointed, nil
+	case cuda.StateFailed:
+		return gpu.StateFailed, nil
 	}
-	return gpu.StateFailed, nil
-}
-
-func nvmlErr(what string, r nvml.Return) error {
-	return fmt.Errorf("NVML %s: %s", what, nvml.ErrorString(r))
-}
-
-func cString(b []int8) string {
-	out := make([]byte, 0, len(b))
-	for _, c := range b {
-		if c == 0 {
-			break
-		}
-		out = append(out, byte(c))
-	}
-	return string(out)
-}
-
-// numaNode reads the NUMA node of a PCI device from sysfs; -1 when the kernel does not say.
-func numaNode(busID string) int {
-	id := strings.ToLower(busID)
-	if len(id) > 12 { // NVML pads the domain to 8 digits; sysfs uses 4
-		id = id[len(id)-12:]
-	}
-	b, err := os.ReadFile(filepath.Join("/sys/bus/pci/devices", id, "numa_node"))
-	if err != nil {
-		return -1
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		return -1
-	}
-	return n
+	return gpu.StateFailed, fmt.Errorf("the CUDA driver reports pid %d in unknown checkpoint state %d", pid, st)
 }

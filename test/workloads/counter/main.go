@@ -3,7 +3,8 @@
 // the demo can see a restored tree carry on from where it was.
 //
 // Every tick it writes its count to DIR/count (and the child to DIR/child); on SIGUSR1 it
-// re-checks its memory and writes "ok N" or "bad N" to DIR/verify. Files are opened and
+// re-checks its memory and writes "ok N" or "bad N" to DIR/verify. Started as a rank (RANK
+// set, as by gpucr run) it writes DIR/count.RANK instead. Files are opened and
 // closed each time, so the image holds no open file whose size moves on.
 package main
 
@@ -11,6 +12,7 @@ import (
 	"bufio"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -26,6 +28,7 @@ func main() {
 	child := flag.Bool("child", false, "fork a child fed through a pipe")
 	isChild := flag.Bool("as-child", false, "internal: run as the child")
 	tick := flag.Duration("tick", 100*time.Millisecond, "counting interval")
+	tcp := flag.Bool("tcp", false, "send each count through a loopback TCP connection to itself")
 	flag.Parse()
 	if *isChild {
 		runChild(*dir)
@@ -43,6 +46,10 @@ func main() {
 		r.Close()
 		pipe = w
 	}
+	var conn *tcpLoop
+	if *tcp {
+		conn = newTCPLoop()
+	}
 	usr1 := make(chan os.Signal, 1)
 	signal.Notify(usr1, syscall.SIGUSR1)
 	t := time.NewTicker(*tick)
@@ -56,12 +63,50 @@ func main() {
 			write(filepath.Join(*dir, "verify"), fmt.Sprintf("%s %d\n", verdict, n))
 		case <-t.C:
 		}
-		write(filepath.Join(*dir, "count"), strconv.Itoa(n)+"\n")
+		write(filepath.Join(*dir, countFile()), strconv.Itoa(n)+"\n")
+		if conn != nil {
+			conn.roundTrip(n)
+		}
 		if pipe != nil {
 			_, err := fmt.Fprintf(pipe, "%d\n", n)
 			must(err)
 		}
 	}
+}
+
+// tcpLoop is an established loopback TCP connection with both ends in this process.
+type tcpLoop struct {
+	client, server net.Conn
+	r              *bufio.Reader
+}
+
+func newTCPLoop() *tcpLoop {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(err)
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	must(err)
+	s, err := l.Accept()
+	must(err)
+	return &tcpLoop{client: c, server: s, r: bufio.NewReader(s)}
+}
+
+// roundTrip sends n through the connection and checks it arrives.
+func (t *tcpLoop) roundTrip(n int) {
+	_, err := fmt.Fprintf(t.client, "%d\n", n)
+	must(err)
+	line, err := t.r.ReadString('\n')
+	must(err)
+	if line != fmt.Sprintf("%d\n", n) {
+		must(fmt.Errorf("tcp: sent %d, got %q", n, line))
+	}
+}
+
+func countFile() string {
+	if r := os.Getenv("RANK"); r != "" {
+		return "count." + r
+	}
+	return "count"
 }
 
 // runChild writes every number that arrives on stdin to DIR/child.

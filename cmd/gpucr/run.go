@@ -1,0 +1,53 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpucr/gpucr/internal/launch"
+)
+
+// exitError carries a launched job's exit code out through cobra.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("the job exited with code %d", e.code) }
+
+func (a *app) runCmd() *cobra.Command {
+	var nproc int
+	cmd := &cobra.Command{
+		Use:   "run [--nproc-per-node N] -- CMD [ARG...]",
+		Short: "Start a (multi-process) GPU job so that it can be checkpointed",
+		Long: `Starts CMD as N ranks with the env:// variables torch.distributed reads (RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT), in place of torchrun, whose agent uses io_uring that
+CRIU cannot checkpoint. Every rank runs with ` + strings.Join(launch.CheckpointableEnv(), " ") + `:
+NCCL moves data between ranks over sockets, because the CUDA driver cannot restore GPU or
+pinned memory shared between processes. Collectives between GPUs of one host are then
+slower than over NVLink; single-GPU work is unaffected.
+Checkpoint the whole job by the PID of gpucr run, with --tcp-established.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			code, err := launch.Run(cmd.Context(), launch.Job{NProc: nproc, Command: args, Stdout: a.stdout, Stderr: a.stderr})
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				return exitError{code}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&nproc, "nproc-per-node", 1, "how many ranks to start")
+	return cmd
+}
+
+// jobExitCode returns a launched job's own exit code, if err carries one.
+func jobExitCode(err error) (int, bool) {
+	var e exitError
+	if errors.As(err, &e) {
+		return e.code, true
+	}
+	return 0, false
+}
