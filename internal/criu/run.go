@@ -22,9 +22,9 @@ const (
 	RestoreLog = "restore.log"
 )
 
-// logLevel 2 keeps errors and warnings: enough to explain a failure without slowing a
-// large dump with per-mapping lines.
-const logLevel = 2
+// DefaultLogLevel keeps errors and warnings: enough to explain a failure without slowing
+// a large dump with per-mapping lines. Level 4 logs everything, for debugging.
+const DefaultLogLevel = 2
 
 // ghostLimit is the largest deleted-but-open file CRIU copies into the image (its default
 // is 1 MiB): NCCL keeps tens of MiB in unlinked /dev/shm files that a job cannot restore without.
@@ -40,6 +40,7 @@ type Options struct {
 	// (gpucr's default: through libnftables, no binary needed), "iptables" (CRIU's own
 	// default, needs iptables-restore), or "skip" when every peer is inside the tree.
 	NetworkLock string
+	LogLevel    int // CRIU's log verbosity, 1-4; 0 means DefaultLogLevel
 }
 
 // ValidateNetworkLock checks a --network-lock value.
@@ -136,12 +137,15 @@ func (p *pidRecorder) PostRestore(pid int32) error {
 }
 
 func (o Options) rpc() *rpc.CriuOpts {
+	if o.LogLevel == 0 {
+		o.LogLevel = DefaultLogLevel
+	}
 	return &rpc.CriuOpts{
 		ShellJob:       proto.Bool(o.ShellJob),
 		TcpEstablished: proto.Bool(o.TCPEstablished),
 		ExtUnixSk:      proto.Bool(o.ExtUnixSk),
 		FileLocks:      proto.Bool(o.FileLocks),
-		LogLevel:       proto.Int32(logLevel),
+		LogLevel:       proto.Int32(int32(o.LogLevel)),
 		NetworkLock:    networkLocks[o.NetworkLock].Enum(),
 		GhostLimit:     proto.Uint32(ghostLimit),
 	}

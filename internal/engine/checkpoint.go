@@ -106,6 +106,13 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		return nil, rollback(err)
 	}
 
+	if !r.LeaveRunning {
+		// CRIU has killed the tree; return only once its PIDs and sockets are free, so that
+		// a restore right after this one does not find them taken.
+		if left := waitExited(proctree.PIDs(tree), exitWait); len(left) > 0 {
+			e.log().Warn("checkpointed processes are still exiting", "pids", left)
+		}
+	}
 	if r.LeaveRunning && len(gpus) > 0 {
 		if err := t.run(PhaseGPUResume, func() error { return gpus.resume(context.WithoutCancel(ctx), nil) }); err != nil {
 			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", r.Dir, err)
@@ -185,6 +192,27 @@ func keepLog(err error) error {
 		ce.LogPath = f.Name()
 	}
 	return err
+}
+
+// exitWait bounds how long a checkpoint waits for the killed tree to be gone.
+const exitWait = 30 * time.Second
+
+// waitExited waits until each of pids is gone or a zombie (whose memory and sockets are
+// freed) and returns those still running at the deadline.
+func waitExited(pids []int, limit time.Duration) []int {
+	deadline := time.Now().Add(limit)
+	for {
+		var left []int
+		for _, p := range pids {
+			if q, err := proctree.Read(p); err == nil && !q.Zombie {
+				left = append(left, p)
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // target checks that pid may be checkpointed and returns its tree.

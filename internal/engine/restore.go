@@ -146,8 +146,12 @@ func (e *Engine) backend(name string) gpu.Backend {
 func pidsFree(m *image.Manifest) error {
 	for _, p := range m.Processes {
 		if q, err := proctree.Read(p.PID); err == nil {
-			return fmt.Errorf("%w: PID %d (%s in the image) is held by %q; stop it or restore in a fresh PID namespace",
-				ErrPIDInUse, p.PID, p.Command, q.Command)
+			held := fmt.Sprintf("%q", q.Command)
+			if q.Zombie {
+				held = fmt.Sprintf("an exited %q that its parent %d has not reaped", q.Command, q.PPID)
+			}
+			return fmt.Errorf("%w: PID %d (%s in the image) is held by %s; stop it or restore in a fresh PID namespace",
+				ErrPIDInUse, p.PID, p.Command, held)
 		} else if !errors.Is(err, proctree.ErrNoProcess) {
 			return err
 		}

@@ -152,8 +152,10 @@ func (s *Staging) Abort() error {
 	return nil
 }
 
-// stagedTree lists the regular files under dir as sorted slash paths, the manifest excluded,
-// and every directory, dir included. Anything else is refused: restore could not trust it.
+// stagedTree lists the regular files under dir as sorted slash paths, the manifest and the
+// logs excluded, and every directory, dir included. Anything else is refused: restore could
+// not trust it. Logs are not checksummed: CRIU goes on writing them after the commit, and
+// restore does not read them.
 func stagedTree(dir string) (files, dirs []string, err error) {
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -168,7 +170,7 @@ func stagedTree(dir string) (files, dirs []string, err error) {
 			dirs = append(dirs, p)
 		case !d.Type().IsRegular():
 			return fmt.Errorf("%s is not a regular file", filepath.ToSlash(rel))
-		case rel != ManifestName:
+		case rel != ManifestName && filepath.Dir(rel) != LogsDir:
 			files = append(files, filepath.ToSlash(rel))
 		}
 		return nil

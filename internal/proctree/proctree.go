@@ -21,6 +21,7 @@ type Process struct {
 	PPID    int
 	Command string
 	Threads int
+	Zombie  bool // exited, its resources freed, waiting for its parent to reap it
 }
 
 // Tree returns root and all its descendants, root first, then by PID.
@@ -106,7 +107,7 @@ func read(pid int) (Process, error) {
 	if err != nil {
 		return Process{}, fmt.Errorf("parse /proc/%d/stat threads: %w", pid, err)
 	}
-	return Process{PID: pid, PPID: ppid, Command: s[open+1 : end], Threads: threads}, nil
+	return Process{PID: pid, PPID: ppid, Command: s[open+1 : end], Threads: threads, Zombie: fields[0] == "Z"}, nil
 }
 
 // PIDs lists the PIDs of ps in order.

@@ -41,14 +41,17 @@ for mode in same swapped; do
   wait_all "$D/paused" || { bad "$mode: ranks did not reach step 10"; tail "$D/err"; continue; }
   nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader
   lock=""
-  if ! "$G" checkpoint "$GP" -D "$W/img-$mode" --tcp-established; then
+  if ! "$G" checkpoint "$GP" -D "$W/img-$mode" --tcp-established --criu-log-level 4; then
     echo "retrying with --network-lock skip (every TCP peer is inside the job)"; lock="--network-lock skip"
     "$G" checkpoint "$GP" -D "$W/img-$mode" --tcp-established $lock || { bad "$mode checkpoint"; kill -9 $(pgrep -P "$GP") "$GP"; continue; }
   fi
   "$G" inspect "$W/img-$mode" | tail -12
   sleep 0.5; gone "$GP" || bad "$mode: launcher still alive"
+  # NCCL's listening ports still have TIME_WAIT connections from its bootstrap, made without
+  # SO_REUSEADDR: on the same host a restore can bind them only after TCP's 60 s TIME_WAIT.
+  sleep 65
   map=""; [ $mode = swapped ] && map="--gpu-map 0=1,1=0"
-  "$G" restore -D "$W/img-$mode" $map || { bad "$mode restore"; continue; }
+  "$G" restore -D "$W/img-$mode" $map --criu-log-level 4 || { bad "$mode restore"; gzip -c /tmp/gpucr-restore-*/restore.log > "$OUT/restore-$mode.log.gz"; gzip -c "$W/img-$mode/logs/dump.log" > "$OUT/dump-$mode.log.gz"; continue; }
   nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader
   touch "$D/go"
   if wait_all "$D/done"; then
