@@ -131,6 +131,11 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 	os.WriteFile(filepath.Join(notEmpty, "x"), nil, 0o644)
 	aFile := filepath.Join(t.TempDir(), "file")
 	os.WriteFile(aFile, nil, 0o644)
+	readOnly := t.TempDir()
+	if err := syscall.Mount("tmpfs", readOnly, "tmpfs", syscall.MS_RDONLY, "size=1m"); err != nil {
+		t.Fatalf("mount a read-only tmpfs: %v", err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(readOnly, syscall.MNT_DETACH) })
 	cases := []struct {
 		name string
 		args []string
@@ -142,7 +147,8 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 		{"own tree", []string{"checkpoint", strconv.Itoa(os.Getpid()), "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "gpucr itself"},
 		{"not a number", []string{"checkpoint", "abc", "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "not a number"},
 		{"dir not empty", []string{"checkpoint", pid, "-D", notEmpty}, exitUsage, "not empty"},
-		{"dir not writable", []string{"checkpoint", pid, "-D", filepath.Join(aFile, "img")}, exitFailed, "not writable"},
+		{"dir not writable", []string{"checkpoint", pid, "-D", filepath.Join(readOnly, "img")}, exitFailed, "not writable"},
+		{"parent is a file", []string{"checkpoint", pid, "-D", filepath.Join(aFile, "img")}, exitFailed, "not a directory"},
 		{"no criu", []string{"checkpoint", pid, "-D", filepath.Join(t.TempDir(), "i"), "--criu", "/nonexistent/criu"}, exitNotReady, "criu not found"},
 		{"restore of nothing", []string{"restore", "-D", t.TempDir()}, exitFailed, "not a gpucr image"},
 	}
