@@ -14,6 +14,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/hosttune"
 	_ "github.com/gpucr/gpucr/internal/gpu/nvidia" // registers the NVIDIA backend
 )
 
@@ -26,6 +27,7 @@ type app struct {
 	json           bool
 	criuPath       string
 	verbose        bool
+	noTHP          bool
 	log            *slog.Logger
 }
 
@@ -56,6 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pf.BoolVar(&a.json, "json", false, "print results as JSON")
 	pf.StringVar(&a.criuPath, "criu", "", "path to the criu binary (default: $GPUCR_CRIU, "+criu.DefaultPrefixBinary+", then PATH)")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log each step to stderr")
+	pf.BoolVar(&a.noTHP, "no-thp", false, "do not switch transparent huge pages to always while GPU memory is staged (it is put back afterwards)")
 	root.AddCommand(a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd())
 
 	if err := root.Execute(); err != nil {
@@ -78,7 +81,11 @@ func (a *app) engine() (*engine.Engine, error) {
 	for name, why := range unavailable {
 		a.log.Debug("GPU backend off", "backend", name, "reason", why)
 	}
-	return &engine.Engine{CRIU: d, Backends: backends, Version: version, Log: a.log, Report: newProgress(a.stderr)}, nil
+	e := &engine.Engine{CRIU: d, Backends: backends, Version: version, Log: a.log, Report: newProgress(a.stderr)}
+	if !a.noTHP {
+		e.THPSwitch = hosttune.THPPath
+	}
+	return e, nil
 }
 
 // oneLine folds a (possibly joined) error onto one line for the terminal.

@@ -75,6 +75,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		return cause
 	}
 	if len(gpus) > 0 {
+		defer e.tuneHost()()
 		if err := t.run(PhaseGPULock, func() error { return gpus.lock(ctx, r.LockTimeout) }); err != nil {
 			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/hosttune"
 	"github.com/gpucr/gpucr/internal/image"
 )
 
@@ -29,6 +30,9 @@ type Engine struct {
 	Version  string // gpucr's version, recorded in images
 	Log      *slog.Logger
 	Report   Reporter
+	// THPSwitch is the transparent huge page switch to hold at "always" while GPU state
+	// moves through host memory, and put back after; empty leaves the host alone.
+	THPSwitch string
 }
 
 // Reporter hears about long phases as they start and end, for progress displays.
@@ -59,6 +63,24 @@ func (e *Engine) reporter() Reporter {
 		return noReport{}
 	}
 	return e.Report
+}
+
+// tuneHost sets THP for a GPU operation and returns what puts it back. Failing to set it
+// only costs speed, so it is logged, not returned.
+func (e *Engine) tuneHost() func() {
+	if e.THPSwitch == "" {
+		return func() {}
+	}
+	restore, err := hosttune.THPAlways(e.THPSwitch)
+	if err != nil {
+		e.log().Warn("transparent huge pages left as they are", "err", err)
+		return func() {}
+	}
+	return func() {
+		if err := restore(); err != nil {
+			e.log().Error("could not put transparent huge pages back", "err", err)
+		}
+	}
 }
 
 func (e *Engine) log() *slog.Logger {

@@ -21,6 +21,8 @@ import (
 // driver path is proven on the device (docs/device-runs.md).
 type fakeGPU struct {
 	pid   int
+	thp   string // the THP switch file, read at lock time
+	thpAt string // what it said then
 	mu    sync.Mutex
 	state gpu.State
 	calls []string
@@ -50,6 +52,10 @@ func (f *fakeGPU) step(name string, from, to gpu.State) error {
 	return nil
 }
 func (f *fakeGPU) Lock(_ context.Context, _ int, _ time.Duration) error {
+	if f.thp != "" {
+		b, _ := os.ReadFile(f.thp)
+		f.thpAt = string(b)
+	}
 	return f.step("lock", gpu.StateRunning, gpu.StateLocked)
 }
 func (f *fakeGPU) Checkpoint(context.Context, int) error {
@@ -112,6 +118,11 @@ func TestFailedDumpRollsBackGPUAndLeavesNothing(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(small, syscall.MNT_DETACH) })
 	dir := filepath.Join(small, "img")
+	fake.thp = filepath.Join(t.TempDir(), "thp")
+	if err := os.WriteFile(fake.thp, []byte("always [madvise] never\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.THPSwitch = fake.thp
 
 	_, err := e.Checkpoint(context.Background(), CheckpointRequest{PID: fake.pid, Dir: dir, LockTimeout: time.Second})
 	var ce *criu.Error
@@ -127,6 +138,9 @@ func TestFailedDumpRollsBackGPUAndLeavesNothing(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(small); len(entries) != 0 {
 		t.Errorf("failed checkpoint left %v", entries)
+	}
+	if b, _ := os.ReadFile(fake.thp); fake.thpAt != "always" || string(b) != "madvise" {
+		t.Errorf("THP was %q while locked and %q after the failure, want always then madvise", fake.thpAt, b)
 	}
 }
 

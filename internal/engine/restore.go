@@ -60,6 +60,9 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		return nil, fmt.Errorf("restore interrupted: %w", err)
 	}
 
+	if len(gpus) > 0 {
+		defer e.tuneHost()() // CRIU refills the staged GPU memory, then the driver copies it back
+	}
 	work, err := os.MkdirTemp("", "gpucr-restore-*")
 	if err != nil {
 		return nil, fmt.Errorf("create restore work dir: %w", err)
