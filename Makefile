@@ -15,6 +15,7 @@ deps:
 build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/gpucr ./cmd/gpucr
 	$(GO) build -o bin/counter ./test/workloads/counter
+	$(GO) build -o bin/gpucr-bench ./cmd/gpucr-bench
 
 test: build
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 out=bundle
 rm -rf "$out"; mkdir -p "$out/criu/lib"
 criu=${GPUCR_CRIU:-/opt/gpucr/criu/sbin/criu}
-cp bin/gpucr bin/counter "$out/"
+cp bin/gpucr bin/counter bin/gpucr-bench "$out/"
 cp "$criu" "$out/criu/criu.bin"
 ldd "$criu" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libdl|libpthread|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" "$out/criu/lib/"; done

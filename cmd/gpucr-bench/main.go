@@ -1,0 +1,75 @@
+// Command gpucr-bench measures gpucr against what users do without it (the CUDA driver's
+// checkpoint API, then plain criu dump; criu restore, then the driver's restore), on the same
+// workloads in one run, alternating the two, and checks the workload's data after every
+// restore: a fast wrong run fails the benchmark. It runs on the GPU machine, as root.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+func main() {
+	var cfg config
+	sizes := flag.String("sizes", "1,4,16", "GiB held on the GPU by the holder workload, comma-separated")
+	flag.IntVar(&cfg.reps, "reps", 3, "repetitions of each workload and method")
+	flag.StringVar(&cfg.gpucr, "gpucr", "./gpucr", "gpucr binary")
+	flag.StringVar(&cfg.criu, "criu", "./criu/criu", "criu binary for the baseline")
+	flag.StringVar(&cfg.scripts, "scripts", ".", "directory of holder.py and model.py")
+	flag.StringVar(&cfg.imageDir, "images", "/dev/shm/gpucr-bench", "where images are written")
+	flag.BoolVar(&cfg.model, "model", true, "also run the transformer model workload")
+	out := flag.String("out", "bench/results", "directory for results.json, results.md and chart.png")
+	flag.Parse()
+	for _, s := range strings.Split(*sizes, ",") {
+		gib, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil {
+			log.Fatalf("bad size %q", s)
+		}
+		cfg.workloads = append(cfg.workloads, holderWorkload(gib))
+	}
+	if cfg.model {
+		cfg.workloads = append(cfg.workloads, modelWorkload())
+	}
+	// Restored workloads are re-parented to the nearest subreaper: make that us, to reap them.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		log.Fatal(err)
+	}
+	runs, err := run(cfg)
+	if werr := write(*out, runs); werr != nil {
+		log.Fatal(werr)
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// write saves the raw runs and the summaries built from them.
+func write(dir string, runs []Run) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(struct {
+		Runs    []Run     `json:"runs"`
+		Summary []Summary `json:"summary"`
+	}{runs, summarize(runs)}, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), b, 0o644); err != nil {
+		return err
+	}
+	md := markdown(summarize(runs))
+	fmt.Print(md)
+	if err := os.WriteFile(filepath.Join(dir, "results.md"), []byte(md), 0o644); err != nil {
+		return err
+	}
+	return chart(filepath.Join(dir, "chart.png"), summarize(runs))
+}

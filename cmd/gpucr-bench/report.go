@@ -1,0 +1,172 @@
+package main
+
+import (
+	"fmt"
+	"image"
+	"image/color"
+	"image/draw"
+	"image/png"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+
+	"golang.org/x/image/font"
+	"golang.org/x/image/font/basicfont"
+	"golang.org/x/image/math/fixed"
+)
+
+// Summary is the median of one workload's runs by both methods, and their ratio.
+type Summary struct {
+	Workload        string             `json:"workload"`
+	Runs            int                `json:"runsPerMethod"`
+	GPUBytes        int64              `json:"gpuBytes"`
+	BaselineCkpt    float64            `json:"baselineCheckpointSeconds"`
+	GpucrCkpt       float64            `json:"gpucrCheckpointSeconds"`
+	BaselineRestore float64            `json:"baselineRestoreSeconds"`
+	GpucrRestore    float64            `json:"gpucrRestoreSeconds"`
+	CkptRatio       float64            `json:"checkpointRatio"` // gpucr / baseline
+	RestoreRatio    float64            `json:"restoreRatio"`
+	BaselinePhases  map[string]float64 `json:"baselinePhases"`
+	GpucrPhases     map[string]float64 `json:"gpucrPhases"`
+	ImageBytes      int64              `json:"gpucrImageBytes"`
+	AllRunsVerified bool               `json:"allRunsVerified"`
+}
+
+func summarize(runs []Run) []Summary {
+	var order []string
+	by := map[string][]Run{}
+	for _, r := range runs {
+		if _, ok := by[r.Workload]; !ok {
+			order = append(order, r.Workload)
+		}
+		by[r.Workload] = append(by[r.Workload], r)
+	}
+	var out []Summary
+	for _, w := range order {
+		s := Summary{Workload: w, AllRunsVerified: true}
+		pick := func(method string, f func(Run) float64) float64 {
+			var xs []float64
+			for _, r := range by[w] {
+				if r.Method == method {
+					xs = append(xs, f(r))
+				}
+			}
+			return median(xs)
+		}
+		phases := func(method string) map[string]float64 {
+			names := map[string]bool{}
+			for _, r := range by[w] {
+				if r.Method == method {
+					for n := range r.Phases {
+						names[n] = true
+					}
+				}
+			}
+			m := map[string]float64{}
+			for n := range names {
+				m[n] = pick(method, func(r Run) float64 { return r.Phases[n] })
+			}
+			return m
+		}
+		for _, r := range by[w] {
+			s.AllRunsVerified = s.AllRunsVerified && r.Verified
+			if r.Method == "gpucr" {
+				s.Runs++
+				s.ImageBytes = r.ImageBytes
+			}
+			s.GPUBytes = max(s.GPUBytes, r.GPUBytes)
+		}
+		s.BaselineCkpt = pick("baseline", func(r Run) float64 { return r.Checkpoint })
+		s.GpucrCkpt = pick("gpucr", func(r Run) float64 { return r.Checkpoint })
+		s.BaselineRestore = pick("baseline", func(r Run) float64 { return r.Restore })
+		s.GpucrRestore = pick("gpucr", func(r Run) float64 { return r.Restore })
+		s.CkptRatio = ratio(s.GpucrCkpt, s.BaselineCkpt)
+		s.RestoreRatio = ratio(s.GpucrRestore, s.BaselineRestore)
+		s.BaselinePhases, s.GpucrPhases = phases("baseline"), phases("gpucr")
+		out = append(out, s)
+	}
+	return out
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	xs = slices.Clone(xs)
+	sort.Float64s(xs)
+	if len(xs)%2 == 1 {
+		return xs[len(xs)/2]
+	}
+	return (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+func markdown(ss []Summary) string {
+	var b strings.Builder
+	b.WriteString("| workload | GPU memory | runs | checkpoint baseline | checkpoint gpucr | ratio | restore baseline | restore gpucr | ratio | verified |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, s := range ss {
+		fmt.Fprintf(&b, "| %s | %.1f GiB | %d | %.2f s | %.2f s | %.2f | %.2f s | %.2f s | %.2f | %v |\n", s.Workload,
+			float64(s.GPUBytes)/(1<<30), s.Runs, s.BaselineCkpt, s.GpucrCkpt, s.CkptRatio, s.BaselineRestore, s.GpucrRestore, s.RestoreRatio, s.AllRunsVerified)
+	}
+	b.WriteString("\nMedian phase times (s):\n\n")
+	for _, s := range ss {
+		fmt.Fprintf(&b, "- %s: baseline %s; gpucr %s\n", s.Workload, phaseList(s.BaselinePhases), phaseList(s.GpucrPhases))
+	}
+	return b.String()
+}
+
+func phaseList(m map[string]float64) string {
+	names := make([]string, 0, len(m))
+	for n := range m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s %.2f", n, m[n])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// chart draws, per workload, four bars: checkpoint and restore, baseline and gpucr.
+func chart(path string, ss []Summary) error {
+	const barW, gap, groupGap, plotH, top, left = 18, 4, 40, 300, 30, 50
+	width := left + len(ss)*(4*(barW+gap)+groupGap) + 20
+	img := image.NewRGBA(image.Rect(0, 0, max(width, 420), top+plotH+70))
+	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
+	maxV := 1.0
+	for _, s := range ss {
+		maxV = max(maxV, s.BaselineCkpt, s.GpucrCkpt, s.BaselineRestore, s.GpucrRestore)
+	}
+	colors := []color.RGBA{{150, 150, 150, 255}, {30, 110, 200, 255}, {200, 200, 200, 255}, {100, 170, 240, 255}}
+	label(img, left, 18, fmt.Sprintf("seconds (max %.1f): ckpt baseline, ckpt gpucr, restore baseline, restore gpucr", maxV))
+	for i, s := range ss {
+		x := left + i*(4*(barW+gap)+groupGap)
+		for j, v := range []float64{s.BaselineCkpt, s.GpucrCkpt, s.BaselineRestore, s.GpucrRestore} {
+			h := int(v / maxV * plotH)
+			r := image.Rect(x+j*(barW+gap), top+plotH-h, x+j*(barW+gap)+barW, top+plotH)
+			draw.Draw(img, r, &image.Uniform{colors[j]}, image.Point{}, draw.Src)
+		}
+		label(img, x, top+plotH+16, s.Workload)
+		label(img, x, top+plotH+32, fmt.Sprintf("x%.2f / x%.2f", s.CkptRatio, s.RestoreRatio))
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return png.Encode(f, img)
+}
+
+func label(img draw.Image, x, y int, s string) {
+	d := &font.Drawer{Dst: img, Src: image.Black, Face: basicfont.Face7x13, Dot: fixed.P(x, y)}
+	d.DrawString(s)
+}

@@ -1,0 +1,44 @@
+package main
+
+import (
+	"image/png"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSummaryTakesMediansAndRatios(t *testing.T) {
+	var runs []Run
+	for i, v := range []float64{10, 30, 20} {
+		runs = append(runs,
+			Run{Workload: "w", Method: "baseline", Rep: i + 1, Checkpoint: v, Restore: v / 2, Verified: true, Phases: map[string]float64{"criu-dump": v}},
+			Run{Workload: "w", Method: "gpucr", Rep: i + 1, Checkpoint: v / 4, Restore: v / 5, Verified: true, ImageBytes: 7})
+	}
+	runs[5].Verified = false
+	ss := summarize(runs)
+	if len(ss) != 1 {
+		t.Fatalf("summaries = %d", len(ss))
+	}
+	s := ss[0]
+	if s.BaselineCkpt != 20 || s.GpucrCkpt != 5 || math.Abs(s.CkptRatio-0.25) > 1e-9 || math.Abs(s.RestoreRatio-0.4) > 1e-9 {
+		t.Errorf("summary = %+v", s)
+	}
+	if s.AllRunsVerified || s.Runs != 3 || s.BaselinePhases["criu-dump"] != 20 {
+		t.Errorf("summary = %+v", s)
+	}
+	md := markdown(ss)
+	if !strings.Contains(md, "| w |") || !strings.Contains(md, "0.25") {
+		t.Errorf("markdown:\n%s", md)
+	}
+	p := filepath.Join(t.TempDir(), "chart.png")
+	if err := chart(p, ss); err != nil {
+		t.Fatal(err)
+	}
+	f, _ := os.Open(p)
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Fatalf("chart is not a PNG: %v", err)
+	}
+}

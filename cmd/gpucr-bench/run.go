@@ -1,0 +1,293 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/cuda"
+)
+
+type config struct {
+	reps      int
+	gpucr     string
+	criu      string
+	scripts   string
+	imageDir  string
+	model     bool
+	workloads []workload
+}
+
+// workload is a GPU process to checkpoint, started by a script that follows one protocol:
+// DIR/ready holds "pid digest" once it is loaded; touching DIR/verify makes it recheck its
+// state and write DIR/resultK with "same=True" when nothing changed.
+type workload struct {
+	Name string
+	args []string // script and arguments; DIR is appended
+}
+
+func holderWorkload(gib float64) workload {
+	return workload{Name: fmt.Sprintf("holder-%gGiB", gib), args: []string{"holder.py", strconv.FormatFloat(gib, 'f', -1, 64)}}
+}
+
+func modelWorkload() workload {
+	return workload{Name: "llama-shaped-2.6B-bf16-generate", args: []string{"model.py"}}
+}
+
+// Run is one checkpoint and restore of one workload by one method.
+type Run struct {
+	Workload   string             `json:"workload"`
+	Method     string             `json:"method"` // "baseline" or "gpucr"
+	Rep        int                `json:"rep"`
+	Checkpoint float64            `json:"checkpointSeconds"`
+	Restore    float64            `json:"restoreSeconds"`
+	Phases     map[string]float64 `json:"phases"`
+	ImageBytes int64              `json:"imageBytes"`
+	GPUBytes   int64              `json:"gpuBytes"`
+	Verified   bool               `json:"verified"`
+}
+
+// run alternates the methods, swapping which goes first each repetition, so that neither
+// always meets a warmer page cache or GPU.
+func run(cfg config) ([]Run, error) {
+	drv, err := cuda.Open("")
+	if err != nil {
+		return nil, err
+	}
+	var runs []Run
+	for _, w := range cfg.workloads {
+		for rep := 1; rep <= cfg.reps; rep++ {
+			methods := []string{"baseline", "gpucr"}
+			if rep%2 == 0 {
+				methods[0], methods[1] = methods[1], methods[0]
+			}
+			for _, m := range methods {
+				r, err := once(cfg, drv, w, m, rep)
+				runs = append(runs, r)
+				if err != nil {
+					return runs, fmt.Errorf("%s %s rep %d: %w", w.Name, m, rep, err)
+				}
+				log.Printf("%s %-8s rep %d: checkpoint %.2fs restore %.2fs image %.1f GiB verified=%v",
+					w.Name, m, rep, r.Checkpoint, r.Restore, float64(r.ImageBytes)/(1<<30), r.Verified)
+			}
+		}
+	}
+	return runs, nil
+}
+
+func once(cfg config, drv *cuda.Driver, w workload, method string, rep int) (Run, error) {
+	r := Run{Workload: w.Name, Method: method, Rep: rep, Phases: map[string]float64{}}
+	p, err := start(cfg, w)
+	if err != nil {
+		return r, err
+	}
+	defer p.kill()
+	r.GPUBytes = gpuBytes(p.pid)
+	img := filepath.Join(cfg.imageDir, "img")
+	if err := os.RemoveAll(cfg.imageDir); err != nil {
+		return r, err
+	}
+	if err := os.MkdirAll(cfg.imageDir, 0o755); err != nil {
+		return r, err
+	}
+	defer os.RemoveAll(cfg.imageDir)
+
+	if method == "baseline" {
+		err = baseline(cfg, drv, p.pid, img, &r)
+	} else {
+		err = viaGpucr(cfg, p.pid, img, &r)
+	}
+	if err != nil {
+		return r, err
+	}
+	if r.Verified, err = p.verify(); err != nil {
+		return r, err
+	}
+	if !r.Verified {
+		return r, errors.New("the restored workload's data differs")
+	}
+	return r, nil
+}
+
+// baseline is the sequence the issue describes: driver lock + checkpoint, criu dump;
+// criu restore, driver restore + unlock.
+func baseline(cfg config, drv *cuda.Driver, pid int, img string, r *Run) error {
+	if err := os.MkdirAll(img, 0o755); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := drv.Lock(pid, 10*time.Second); err != nil {
+		return err
+	}
+	if err := drv.Checkpoint(pid); err != nil {
+		return err
+	}
+	r.Phases["driver-checkpoint"] = time.Since(t0).Seconds()
+	t1 := time.Now()
+	if out, err := exec.Command(cfg.criu, "dump", "-t", strconv.Itoa(pid), "-D", img, "-v1", "-o", "dump.log").CombinedOutput(); err != nil {
+		return fmt.Errorf("criu dump: %v: %s", err, out)
+	}
+	r.Phases["criu-dump"] = time.Since(t1).Seconds()
+	r.Checkpoint = time.Since(t0).Seconds()
+	r.ImageBytes = dirBytes(img)
+	waitGone(pid)
+
+	t2 := time.Now()
+	if out, err := exec.Command(cfg.criu, "restore", "-D", img, "-d", "-v1", "-o", "restore.log").CombinedOutput(); err != nil {
+		return fmt.Errorf("criu restore: %v: %s", err, out)
+	}
+	r.Phases["criu-restore"] = time.Since(t2).Seconds()
+	t3 := time.Now()
+	if err := drv.Restore(pid, nil); err != nil {
+		return err
+	}
+	if err := drv.Unlock(pid); err != nil {
+		return err
+	}
+	r.Phases["driver-restore"] = time.Since(t3).Seconds()
+	r.Restore = time.Since(t2).Seconds()
+	return nil
+}
+
+func viaGpucr(cfg config, pid int, img string, r *Run) error {
+	var ck, rs struct {
+		Phases []struct {
+			Name    string  `json:"name"`
+			Seconds float64 `json:"seconds"`
+		} `json:"phases"`
+	}
+	t0 := time.Now()
+	if err := runJSON(&ck, cfg.gpucr, "checkpoint", strconv.Itoa(pid), "-D", img, "--json"); err != nil {
+		return err
+	}
+	r.Checkpoint = time.Since(t0).Seconds()
+	r.ImageBytes = dirBytes(img)
+	t1 := time.Now()
+	if err := runJSON(&rs, cfg.gpucr, "restore", "-D", img, "--json"); err != nil {
+		return err
+	}
+	r.Restore = time.Since(t1).Seconds()
+	for _, p := range append(ck.Phases, rs.Phases...) {
+		r.Phases[p.Name] = p.Seconds
+	}
+	return nil
+}
+
+func runJSON(v any, name string, args ...string) error {
+	cmd := exec.Command(name, args...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("%s %s: %v: %s", name, args[0], err, stderr.String())
+	}
+	return json.Unmarshal(out, v)
+}
+
+// proc is a started workload.
+type proc struct {
+	pid int
+	dir string
+	cmd *exec.Cmd
+}
+
+func start(cfg config, w workload) (*proc, error) {
+	dir, err := os.MkdirTemp("", "gpucr-bench-wl-")
+	if err != nil {
+		return nil, err
+	}
+	args := append(append([]string{filepath.Join(cfg.scripts, w.args[0])}, w.args[1:]...), dir)
+	cmd := exec.Command("python3", args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if cmd.Stderr, err = os.Create(filepath.Join(dir, "stderr")); err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go cmd.Wait() //nolint:errcheck // reaps the original when it is checkpointed away
+	p := &proc{pid: cmd.Process.Pid, dir: dir, cmd: cmd}
+	if err := waitFile(filepath.Join(dir, "ready"), 5*time.Minute); err != nil {
+		b, _ := os.ReadFile(filepath.Join(dir, "stderr"))
+		p.kill()
+		return nil, fmt.Errorf("%s did not start: %v: %s", w.Name, err, b)
+	}
+	return p, nil
+}
+
+func (p *proc) verify() (bool, error) {
+	res := filepath.Join(p.dir, "result1")
+	if err := os.WriteFile(filepath.Join(p.dir, "verify"), nil, 0o644); err != nil {
+		return false, err
+	}
+	if err := waitFile(res, 5*time.Minute); err != nil {
+		return false, fmt.Errorf("no verdict from the restored workload: %w", err)
+	}
+	b, err := os.ReadFile(res)
+	return strings.Contains(string(b), "same=True"), err
+}
+
+func (p *proc) kill() {
+	_ = syscall.Kill(p.pid, syscall.SIGKILL)
+	waitGone(p.pid)
+	os.RemoveAll(p.dir)
+}
+
+func waitFile(path string, limit time.Duration) error {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("%s did not appear within %s", path, limit)
+}
+
+// waitGone reaps what it can and waits until pid no longer runs.
+func waitGone(pid int) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for {
+			if p, _ := syscall.Wait4(-1, nil, syscall.WNOHANG, nil); p <= 0 {
+				break
+			}
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil || strings.Contains(string(b), ") Z ") {
+			return
+		}
+	}
+}
+
+func dirBytes(dir string) int64 {
+	var n int64
+	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error { //nolint:errcheck // a size estimate
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+// gpuBytes is the GPU memory pid uses, as nvidia-smi reports it (0 if unknown).
+func gpuBytes(pid int) int64 {
+	out, err := exec.Command("nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits").Output()
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Split(line, ",")
+		if len(f) == 2 && strings.TrimSpace(f[0]) == strconv.Itoa(pid) {
+			mib, _ := strconv.ParseInt(strings.TrimSpace(f[1]), 10, 64)
+			return mib << 20
+		}
+	}
+	return 0
+}
