@@ -165,13 +165,13 @@ func viaGpucr(cfg config, pid int, img string, r *Run) error {
 		} `json:"phases"`
 	}
 	t0 := time.Now()
-	if err := runJSON(&ck, cfg.gpucr, "checkpoint", strconv.Itoa(pid), "-D", img, "--json"); err != nil {
+	if err := runJSON(&ck, cfg.gpucr, "checkpoint", strconv.Itoa(pid), "-D", img, "--json", "--criu", cfg.criu); err != nil {
 		return err
 	}
 	r.Checkpoint = time.Since(t0).Seconds()
 	r.ImageBytes = dirBytes(img)
 	t1 := time.Now()
-	if err := runJSON(&rs, cfg.gpucr, "restore", "-D", img, "--json"); err != nil {
+	if err := runJSON(&rs, cfg.gpucr, "restore", "-D", img, "--json", "--criu", cfg.criu); err != nil {
 		return err
 	}
 	r.Restore = time.Since(t1).Seconds()

@@ -14,8 +14,8 @@ import (
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
-	"github.com/gpucr/gpucr/internal/hosttune"
 	_ "github.com/gpucr/gpucr/internal/gpu/nvidia" // registers the NVIDIA backend
+	"github.com/gpucr/gpucr/internal/hosttune"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

@@ -166,6 +166,6 @@ func TestEstablishedTCPConnectionSurvives(t *testing.T) {
 	mustGpucr(t, "checkpoint", "--tcp-established", strconv.Itoa(w.pid), "-D", dir)
 	waitGone(t, w.pid)
 	at := w.read(t, "count")
-	restore(t, dir) // the restore repeats --tcp-established from the image
+	restore(t, dir)       // the restore repeats --tcp-established from the image
 	w.waitCount(t, at+10) // each count went through the restored connection
 }

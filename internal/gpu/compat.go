@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 )
@@ -316,7 +315,7 @@ func newPlanner(image Snapshot, host Host, explicit map[string]string, skips Ski
 
 func byIndex(ds []Device) []Device {
 	ds = slices.Clone(ds)
-	sort.SliceStable(ds, func(i, j int) bool { return ds[i].Index < ds[j].Index })
+	slices.SortStableFunc(ds, func(a, b Device) int { return a.Index - b.Index })
 	return ds
 }
 
@@ -416,7 +415,7 @@ func (p *planner) search(i int) bool {
 	d := p.missing[i]
 	tried := map[string]bool{}
 	for _, h := range p.host {
-		twin := fmt.Sprint(h.Name, h.ComputeCapability, h.MemoryTotal, h.L2CacheBytes, h.NUMANode)
+		twin := fmt.Sprintf("%q %q %d %d %d", h.Name, h.ComputeCapability, h.MemoryTotal, h.L2CacheBytes, h.NUMANode)
 		if p.taken[h.UUID] || tried[twin] || deviceChecks(d, h, p.skips) != nil || p.numaConflicts(d, h) {
 			continue
 		}

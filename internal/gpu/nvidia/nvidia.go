@@ -342,8 +342,8 @@ func (b *Backend) Restore(_ context.Context, pid int, remap map[string]string) e
 			pairs = append(pairs, cuda.GPUPair{Old: old, New: dst})
 		}
 	}
-	// Without persistence mode the driver restores only for a process that has CUDA
-	// initialized, and gpucr is that process; with it, cuInit's failure does not matter.
+	// The driver restores only with persistence mode on or CUDA initialized in the calling
+	// process, so gpucr initializes it; under persistence mode a failure here is harmless.
 	initErr := b.cuda.Init()
 	if err := b.cuda.Restore(pid, pairs); err != nil {
 		if initErr != nil {
@@ -374,10 +374,11 @@ func (b *Backend) uuids() ([]string, error) {
 }
 
 // permutation turns moves (checkpointed GPU UUID -> host GPU UUID) into the driver's GPU
-// pairs, sorted by old UUID. The driver wants every checkpointed GPU listed and no two on
-// one GPU, so each host GPU not moved gets a pair too: itself if no GPU moves onto it,
-// else a host GPU left free, in host order. A host GPU gets none only when moves from
-// GPUs of another host have taken every free one; those GPUs were not checkpointed here.
+// pairs, sorted by old UUID. Driver 580 refuses pairs that leave out a GPU of the host
+// (CUDA_ERROR_INVALID_VALUE, even for a process that saw only one GPU) or put two on one,
+// so each host GPU not moved gets a pair too: itself if no GPU moves onto it, else a host
+// GPU left free, in host order. A host GPU gets none only when moves from GPUs of another
+// host have taken every free one; those GPUs were not checkpointed here.
 func permutation(moves map[string]string, host []string) ([][2]string, error) {
 	to := map[string]string{}
 	taken := map[string]string{} // host GPU -> the GPU moving onto it

@@ -1,0 +1,183 @@
+// A stand-in for libcuda, so internal/cuda's tests run on hosts without a GPU: it keeps
+// each pid's checkpoint state in a table and enforces the driver's transitions.
+// Every call that changes state appends a line to $FAKECUDA_LOG, so tests see what the
+// driver was given. Built by the tests with: cc -shared -fPIC [-DOMIT_CHECKPOINT_API]
+// [-DOMIT_CORE_API] fakecuda.c -o libfakecuda.so
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef int CUprocessState;
+typedef struct { unsigned int timeoutMs; unsigned int reserved0; unsigned long long reserved1[7]; } CUcheckpointLockArgs;
+typedef struct { unsigned long long reserved[8]; } CUcheckpointCheckpointArgs;
+typedef struct { char bytes[16]; } CUuuid;
+typedef struct { CUuuid oldUuid; CUuuid newUuid; } CUcheckpointGpuPair;
+typedef struct { CUcheckpointGpuPair *gpuPairs; unsigned int gpuPairsCount; char reserved[44]; unsigned long long reserved1; } CUcheckpointRestoreArgs;
+typedef struct { unsigned long long reserved[8]; } CUcheckpointUnlockArgs;
+
+enum { RUNNING, LOCKED, CHECKPOINTED, FAILED };
+enum {
+	SUCCESS = 0,
+	INVALID_VALUE = 1,
+	NOT_INITIALIZED = 3,
+	INVALID_DEVICE = 101,
+	ILLEGAL_STATE = 401,
+	TIMEOUT = 909,
+};
+
+// TIMEOUT_PID is a process whose lock never gets its work drained in time.
+#define TIMEOUT_PID 999999
+#define DEVICES 2
+
+static struct { int pid, state; } procs[64];
+static int nprocs, initialized;
+
+static void record(const char *fmt, ...) {
+	const char *path = getenv("FAKECUDA_LOG");
+	if (!path) return;
+	FILE *f = fopen(path, "a");
+	if (!f) return;
+	va_list ap;
+	va_start(ap, fmt);
+	vfprintf(f, fmt, ap);
+	va_end(ap);
+	fclose(f);
+}
+
+static int zero(const void *p, size_t n) {
+	const unsigned char *b = p;
+	for (size_t i = 0; i < n; i++)
+		if (b[i]) return 0;
+	return 1;
+}
+
+// state finds pid's state, adding it as running on first sight; NULL for a bad pid.
+static int *state(int pid) {
+	if (pid <= 0) return NULL;
+	for (int i = 0; i < nprocs; i++)
+		if (procs[i].pid == pid) return &procs[i].state;
+	if (nprocs == (int)(sizeof procs / sizeof procs[0])) return NULL;
+	procs[nprocs].pid = pid;
+	procs[nprocs].state = RUNNING;
+	return &procs[nprocs++].state;
+}
+
+// move takes pid from state `from` to state `to`, as every checkpoint call does.
+static CUresult move(int pid, int from, int to) {
+	int *st = state(pid);
+	if (!st) return INVALID_VALUE;
+	if (*st != from) return ILLEGAL_STATE;
+	*st = to;
+	return SUCCESS;
+}
+
+static const struct { CUresult code; const char *name, *text; } errors[] = {
+	{SUCCESS, "CUDA_SUCCESS", "no error"},
+	{INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+	{NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+	{INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+	{ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+	{TIMEOUT, "CUDA_ERROR_TIMEOUT", "the operation timed out"},
+};
+
+static CUresult lookup(CUresult code, const char **out, int text) {
+	*out = NULL;
+	for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+		if (errors[i].code == code) {
+			*out = text ? errors[i].text : errors[i].name;
+			return SUCCESS;
+		}
+	return INVALID_VALUE;
+}
+
+CUresult cuGetErrorName(CUresult code, const char **name) { return lookup(code, name, 0); }
+CUresult cuGetErrorString(CUresult code, const char **text) { return lookup(code, text, 1); }
+
+#ifndef OMIT_CORE_API
+CUresult cuDriverGetVersion(int *v) {
+	if (!v) return INVALID_VALUE;
+	*v = 13000;
+	return SUCCESS;
+}
+#endif
+
+CUresult cuInit(unsigned int flags) {
+	if (flags) return INVALID_VALUE;
+	initialized = 1;
+	return SUCCESS;
+}
+
+CUresult cuDeviceGetCount(int *n) {
+	if (!initialized) return NOT_INITIALIZED;
+	*n = DEVICES;
+	return SUCCESS;
+}
+
+CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+	if (!initialized) return NOT_INITIALIZED;
+	if (ordinal < 0 || ordinal >= DEVICES) return INVALID_DEVICE;
+	*d = ordinal;
+	return SUCCESS;
+}
+
+// Device d's UUID is the bytes 16d, 16d+1, ... 16d+15.
+CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) {
+	if (d < 0 || d >= DEVICES) return INVALID_DEVICE;
+	for (int i = 0; i < 16; i++) u->bytes[i] = (char)(16 * d + i);
+	return SUCCESS;
+}
+
+// Device d has an L2 cache of 50 MiB minus d MiB.
+CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+	if (d < 0 || d >= DEVICES) return INVALID_DEVICE;
+	if (attr != 38) return INVALID_VALUE;
+	*v = (50 - d) << 20;
+	return SUCCESS;
+}
+
+#ifndef OMIT_CHECKPOINT_API
+CUresult cuCheckpointProcessGetState(int pid, CUprocessState *st) {
+	int *s = state(pid);
+	if (!s || !st) return INVALID_VALUE;
+	*st = *s;
+	return SUCCESS;
+}
+
+CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *a) {
+	if (a && (a->reserved0 || !zero(a->reserved1, sizeof a->reserved1))) return INVALID_VALUE;
+	record("lock %d timeout=%u\n", pid, a ? a->timeoutMs : 0);
+	int *s = state(pid);
+	if (s && *s == RUNNING && pid == TIMEOUT_PID) return TIMEOUT;
+	return move(pid, RUNNING, LOCKED);
+}
+
+CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *a) {
+	if (a && !zero(a, sizeof *a)) return INVALID_VALUE;
+	record("checkpoint %d\n", pid);
+	return move(pid, LOCKED, CHECKPOINTED);
+}
+
+CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *a) {
+	if (a && (!zero(a->reserved, sizeof a->reserved) || a->reserved1)) return INVALID_VALUE;
+	if (a && a->gpuPairsCount && !a->gpuPairs) return INVALID_VALUE;
+	unsigned int n = a ? a->gpuPairsCount : 0;
+	record("restore %d pairs=%u", pid, n);
+	for (unsigned int i = 0; i < n; i++) {
+		record(" ");
+		for (int j = 0; j < 16; j++) record("%02x", (unsigned char)a->gpuPairs[i].oldUuid.bytes[j]);
+		record(">");
+		for (int j = 0; j < 16; j++) record("%02x", (unsigned char)a->gpuPairs[i].newUuid.bytes[j]);
+	}
+	record("\n");
+	return move(pid, CHECKPOINTED, LOCKED);
+}
+
+CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *a) {
+	if (a && !zero(a, sizeof *a)) return INVALID_VALUE;
+	record("unlock %d\n", pid);
+	return move(pid, LOCKED, RUNNING);
+}
+#endif
