@@ -57,7 +57,8 @@ fi
 # gpucr's own fixes to CRIU (scripts/criu-patches); a change to them rebuilds CRIU.
 patches=$(cd "$(dirname "$0")" && pwd)/criu-patches
 stamp=$(cat "$patches"/*.patch | sha256sum | cut -c1-16)
-if [ -x "$PREFIX/sbin/criu" ] && version_ok "$PREFIX/sbin/criu" && [ "$(cat "$PREFIX/PATCHES" 2>/dev/null)" = "$stamp" ]; then
+if [ -x "$PREFIX/sbin/criu" ] && version_ok "$PREFIX/sbin/criu" && [ -f "$PREFIX/lib/amdgpu/amdgpu_plugin.so" ] &&
+  [ "$(cat "$PREFIX/PATCHES" 2>/dev/null)" = "$stamp" ]; then
   log "criu $CRIU_VERSION already built: $PREFIX/sbin/criu"
   exit 0
 fi
@@ -95,7 +96,8 @@ if [ ! -s "$tarball" ]; then
 fi
 
 srcdir=$WORK/criu-$CRIU_VERSION
-if [ ! -x "$srcdir/criu/criu" ] || [ "$(cat "$srcdir/.gpucr-patches" 2>/dev/null)" != "$stamp" ]; then
+if [ ! -x "$srcdir/criu/criu" ] || [ ! -f "$srcdir/plugins/amdgpu/amdgpu_plugin.so" ] ||
+  [ "$(cat "$srcdir/.gpucr-patches" 2>/dev/null)" != "$stamp" ]; then
   rm -rf "$srcdir"; mkdir -p "$srcdir"
   tar -xf "$tarball" -C "$srcdir" --strip-components=1
   for p in "$patches"/*.patch; do
@@ -103,9 +105,12 @@ if [ ! -x "$srcdir/criu/criu" ] || [ "$(cat "$srcdir/.gpucr-patches" 2>/dev/null
   done
   echo "$stamp" > "$srcdir/.gpucr-patches"
   log "building criu $CRIU_VERSION (about half a minute on 2 cores)"
-  make -C "$srcdir" -j"$(nproc)" criu >"$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log" >&2; die "criu build failed; full log: $WORK/build.log"; }
+  make -C "$srcdir" -j"$(nproc)" criu amdgpu_plugin >"$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log" >&2; die "criu build failed; full log: $WORK/build.log"; }
 fi
 install -D -m 0755 "$srcdir/criu/criu" "$PREFIX/sbin/criu"
+# The amdgpu plugin stays out of CRIU's default plugin directory: gpucr points CRIU at it
+# (CRIU_LIBS_DIR) only for processes and images with AMD GPU state.
+install -D -m 0644 "$srcdir/plugins/amdgpu/amdgpu_plugin.so" "$PREFIX/lib/amdgpu/amdgpu_plugin.so"
 echo "$stamp" > "$PREFIX/PATCHES"
 version_ok "$PREFIX/sbin/criu" || die "built criu does not report version >= 4.1"
 log "installed $PREFIX/sbin/criu"

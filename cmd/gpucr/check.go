@@ -8,6 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/amd/kfd"
+	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
 )
@@ -18,6 +20,7 @@ type checkReport struct {
 	Root  bool        `json:"root"`
 	CRIU  criuStatus  `json:"criu"`
 	GPUs  []gpuStatus `json:"gpuBackends"`
+	AMD   amdStatus   `json:"amd"`
 	Notes []string    `json:"notes,omitempty"`
 }
 
@@ -27,6 +30,37 @@ type criuStatus struct {
 	Version     string `json:"version,omitempty"`
 	KernelCheck string `json:"kernelCheck,omitempty"`
 	Error       string `json:"error,omitempty"`
+}
+
+// amdStatus is AMD readiness: KFD present, CRIU's amdgpu plugin found.
+type amdStatus struct {
+	Available bool   `json:"available"`
+	Reason    string `json:"reason,omitempty"`
+	GPUs      int    `json:"gpus"`
+	Plugin    string `json:"pluginDir,omitempty"`
+	Note      string `json:"note"`
+}
+
+// amdUntested is said wherever AMD support shows: it is built and tested on fixtures only.
+const amdUntested = "gpucr's AMD support has not been run on AMD hardware"
+
+func checkAMD(criuPath string) amdStatus {
+	s := amdStatus{Note: amdUntested}
+	if criuPath != "" {
+		s.Plugin = plugin.Find(criuPath)
+	}
+	nodes, err := kfd.Read(kfd.DefaultRoot)
+	switch {
+	case err != nil:
+		s.Reason = "no AMD KFD driver (" + kfd.DefaultRoot + " unreadable); AMD GPU support is off"
+	case len(kfd.GPUs(nodes)) == 0:
+		s.Reason = "KFD lists no GPUs; AMD GPU support is off"
+	case s.Plugin == "":
+		s.Reason = plugin.ErrMissing.Error()
+	default:
+		s.Available, s.GPUs = true, len(kfd.GPUs(nodes))
+	}
+	return s
 }
 
 type gpuStatus struct {
@@ -87,6 +121,7 @@ func (a *app) check(ctx context.Context) checkReport {
 		r.GPUs = append(r.GPUs, gpuStatus{Backend: name, Reason: why.Error()})
 	}
 	sort.Slice(r.GPUs, func(i, j int) bool { return r.GPUs[i].Backend < r.GPUs[j].Backend })
+	r.AMD = checkAMD(r.CRIU.Path)
 	if !r.Root {
 		r.Notes = append(r.Notes, "run gpucr as root: CRIU needs it")
 	}
@@ -119,6 +154,11 @@ func printCheck(a *app, r checkReport) {
 		for _, d := range g.Devices {
 			fmt.Fprintf(w, "       %d %s %s  cc %s  %s  numa %d\n", d.Index, d.UUID, d.Name, d.ComputeCapability, bytesHuman(d.MemoryTotal), d.NUMANode)
 		}
+	}
+	if r.AMD.Available {
+		fmt.Fprintf(w, "ok   gpu amd: %d GPU(s), CRIU amdgpu plugin in %s (%s)\n", r.AMD.GPUs, r.AMD.Plugin, r.AMD.Note)
+	} else {
+		fmt.Fprintf(w, "off  gpu amd: %s (%s)\n", r.AMD.Reason, r.AMD.Note)
 	}
 	if r.Ready {
 		fmt.Fprintln(w, "ready: this host can checkpoint and restore processes")

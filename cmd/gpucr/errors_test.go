@@ -151,6 +151,7 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 		{"parent is a file", []string{"checkpoint", pid, "-D", filepath.Join(aFile, "img")}, exitFailed, "not a directory"},
 		{"no criu", []string{"checkpoint", pid, "-D", filepath.Join(t.TempDir(), "i"), "--criu", "/nonexistent/criu"}, exitNotReady, "criu not found"},
 		{"restore of nothing", []string{"restore", "-D", t.TempDir()}, exitFailed, "not a gpucr image"},
+		{"unknown check", []string{"restore", "-D", t.TempDir(), "--skip-check", "colour"}, exitUsage, "unknown check"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

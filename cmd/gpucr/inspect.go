@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/amd/amdimg"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 )
@@ -16,6 +17,7 @@ type inspectOutput struct {
 	Dir      string           `json:"dir"`
 	Manifest *image.Manifest  `json:"manifest"`
 	CRIU     *criuimg.Summary `json:"criu"`
+	AMD      *amdimg.Summary  `json:"amd,omitempty"`
 }
 
 func (a *app) inspectCmd() *cobra.Command {
@@ -34,6 +36,11 @@ func (a *app) inspectCmd() *cobra.Command {
 				return err
 			}
 			out := inspectOutput{Dir: args[0], Manifest: m, CRIU: sum}
+			if amd, err := amdimg.Summarize(imageCRIUDir(args[0])); err != nil {
+				return err
+			} else if len(amd.Processes) > 0 {
+				out.AMD = amd
+			}
 			return a.emit(out, func() { printInspect(a.stdout, out, files) })
 		},
 	}
@@ -42,6 +49,20 @@ func (a *app) inspectCmd() *cobra.Command {
 }
 
 func imageCRIUDir(dir string) string { return strings.TrimRight(dir, "/") + "/" + image.CRIUDir }
+
+func printAMD(w io.Writer, s *amdimg.Summary) {
+	fmt.Fprintf(w, "amd gpus  (%s)\n", amdUntested)
+	for _, p := range s.Processes {
+		fmt.Fprintf(w, "  pid %d (%s): GPUs", p.PID, p.File)
+		for _, g := range p.GPUs {
+			fmt.Fprintf(w, " %d", g.GPUID)
+		}
+		fmt.Fprintln(w)
+		for _, b := range p.Buffers {
+			fmt.Fprintf(w, "    gpu %d %-10s %d x %s = %s\n", b.GPUID, b.Domain, b.Count, bytesHuman(b.Size), bytesHuman(b.Bytes))
+		}
+	}
+}
 
 func printInspect(w io.Writer, o inspectOutput, files bool) {
 	m := o.Manifest
@@ -62,6 +83,9 @@ func printInspect(w io.Writer, o inspectOutput, files bool) {
 				fmt.Fprintf(w, "  %s    fd %d %s %s\n", strings.Repeat("  ", depth[p.PID]-1), f.FD, f.Type, f.Path)
 			}
 		}
+	}
+	if o.AMD != nil {
+		printAMD(w, o.AMD)
 	}
 	for _, s := range m.GPUs {
 		fmt.Fprintf(w, "gpus      %s driver %s, CUDA %s\n", s.Backend, s.DriverVersion, s.CUDAVersion)

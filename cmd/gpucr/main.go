@@ -11,6 +11,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/amd"
+	"github.com/gpucr/gpucr/internal/amd/kfd"
+	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -73,6 +76,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // engine finds CRIU and the GPU backends that work on this host.
 func (a *app) engine() (*engine.Engine, error) {
+	// CRIU's amdgpu plugin reads KFD_MAX_BUFFER_SIZE itself; a typo there is better caught here.
+	if v := os.Getenv("KFD_MAX_BUFFER_SIZE"); v != "" {
+		if _, err := amd.ParseBufferSize(v); err != nil {
+			return nil, usageError{err}
+		}
+	}
 	d, err := criu.Find(a.criuPath)
 	if err != nil {
 		return nil, err
@@ -81,7 +90,8 @@ func (a *app) engine() (*engine.Engine, error) {
 	for name, why := range unavailable {
 		a.log.Debug("GPU backend off", "backend", name, "reason", why)
 	}
-	e := &engine.Engine{CRIU: d, Backends: backends, Version: version, Log: a.log, Report: newProgress(a.stderr)}
+	e := &engine.Engine{CRIU: d, Backends: backends, Version: version, Log: a.log, Report: newProgress(a.stderr),
+		AMDPluginDir: plugin.Find(d.Path), KFDTopology: kfd.DefaultRoot}
 	if !a.noTHP {
 		e.THPSwitch = hosttune.THPPath
 	}

@@ -3,11 +3,14 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -19,6 +22,7 @@ type restoreOutput struct {
 	Dir     string                       `json:"dir"`
 	RootPID int                          `json:"rootPid"`
 	GPUMap  map[string]map[string]string `json:"gpuMap,omitempty"`
+	AMDMap  map[string]map[uint32]uint32 `json:"amdGpuMap,omitempty"`
 	Phases  []phaseJSON                  `json:"phases"`
 	Total   float64                      `json:"totalSeconds"`
 }
@@ -32,7 +36,7 @@ func (a *app) restoreCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if r.Skips, err = gpu.SkipsFrom(skips, os.Getenv); err != nil {
+			if r.Skips, r.AMDSkips, err = splitSkips(skips); err != nil {
 				return usageError{err}
 			}
 			if err := criu.ValidateNetworkLock(r.NetworkLock); err != nil {
@@ -49,7 +53,7 @@ func (a *app) restoreCmd() *cobra.Command {
 			if err != nil {
 				return classify(err)
 			}
-			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
+			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
 			return a.emit(out, func() {
 				fmt.Fprintf(a.stdout, "restored PID %d from %s in %.2fs\n", out.RootPID, out.Dir, out.Total)
 				for backend, m := range out.GPUMap {
@@ -62,6 +66,11 @@ func (a *app) restoreCmd() *cobra.Command {
 						fmt.Fprintf(a.stdout, "  %s GPU %s -> %s\n", backend, o, m[o])
 					}
 				}
+				for img, m := range out.AMDMap {
+					for o, n := range m {
+						fmt.Fprintf(a.stdout, "  amd GPU %d -> %d (%s)\n", o, n, img)
+					}
+				}
 				fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(res.Phases))
 			})
 		},
@@ -69,8 +78,49 @@ func (a *app) restoreCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to restore from")
 	f.StringVar(&r.GPUMap, "gpu-map", "", `restore onto other GPUs: "0=1,1=0" by index or "GPU-old=GPU-new" by UUID`)
-	f.StringSliceVar(&skips, "skip-check", nil, "switch off a GPU compatibility check by name (repeatable; see gpucr check --help)")
+	f.StringSliceVar(&skips, "skip-check", nil, "switch off a GPU compatibility check by name (repeatable): "+strings.Join(checkNames(), ", "))
 	criuFlags(cmd, &r.Options)
 	_ = cmd.MarkFlagRequired("images-dir")
 	return cmd
+}
+
+// splitSkips sends each --skip-check name to the vendors that have such a check, together
+// with what the checks' environment variables switch off.
+func splitSkips(names []string) (gpu.Skips, amd.Skips, error) {
+	var nv, am []string
+	for _, n := range names {
+		known := false
+		for _, c := range gpu.Checks() {
+			if c.Name == n {
+				nv, known = append(nv, n), true
+			}
+		}
+		for _, c := range amd.Checks() {
+			if c.Name == n {
+				am, known = append(am, n), true
+			}
+		}
+		if !known {
+			return nil, nil, fmt.Errorf("unknown check %q for --skip-check (known: %s)", n, strings.Join(checkNames(), ", "))
+		}
+	}
+	nvSkips, err := gpu.SkipsFrom(nv, os.Getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	amdSkips, err := amd.SkipsFrom(am, os.Getenv)
+	return nvSkips, amdSkips, err
+}
+
+func checkNames() []string {
+	var out []string
+	for _, c := range gpu.Checks() {
+		out = append(out, c.Name)
+	}
+	for _, c := range amd.Checks() {
+		if !slices.Contains(out, c.Name) {
+			out = append(out, c.Name)
+		}
+	}
+	return out
 }

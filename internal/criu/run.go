@@ -41,6 +41,19 @@ type Options struct {
 	// default, needs iptables-restore), or "skip" when every peer is inside the tree.
 	NetworkLock string
 	LogLevel    int // CRIU's log verbosity, 1-4; 0 means DefaultLogLevel
+	// PluginDir, when set, is the directory CRIU loads plugins from (CRIU_LIBS_DIR).
+	PluginDir string
+	// Env holds settings for CRIU's plugins, such as KFD_FW_VER_CHECK=0.
+	Env []string
+}
+
+// childEnv is what CRIU's process gets on top of gpucr's environment.
+func (o Options) childEnv() []string {
+	env := append([]string(nil), o.Env...)
+	if o.PluginDir != "" {
+		env = append(env, "CRIU_LIBS_DIR="+o.PluginDir)
+	}
+	return env
 }
 
 // ValidateNetworkLock checks a --network-lock value.
@@ -99,7 +112,7 @@ func (d *Driver) Dump(ctx context.Context, r DumpRequest, n Notify) error {
 	opts.Pid = proto.Int32(int32(r.PID))
 	opts.LeaveRunning = proto.Bool(r.LeaveRunning)
 	opts.LogFile = proto.String(DumpLog)
-	return d.run(ctx, "dump", r.ImagesDir, r.WorkDir, opts, func(c *gocriu.Criu) error {
+	return d.run(ctx, "dump", r.ImagesDir, r.WorkDir, opts, r.childEnv(), func(c *gocriu.Criu) error {
 		return c.Dump(opts, n)
 	})
 }
@@ -113,7 +126,7 @@ func (d *Driver) Restore(ctx context.Context, r RestoreRequest, n Notify) (int, 
 	if w.Notify == nil {
 		w.Notify = NoNotify{}
 	}
-	err := d.run(ctx, "restore", r.ImagesDir, r.WorkDir, opts, func(c *gocriu.Criu) error {
+	err := d.run(ctx, "restore", r.ImagesDir, r.WorkDir, opts, r.childEnv(), func(c *gocriu.Criu) error {
 		return c.Restore(opts, w)
 	})
 	if err != nil {
@@ -151,9 +164,10 @@ func (o Options) rpc() *rpc.CriuOpts {
 	}
 }
 
-// run opens the directories CRIU works in, starts criu swrk shielded from the terminal's
-// Ctrl-C, and calls do. CRIU reads the directories through our descriptors.
-func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *rpc.CriuOpts, do func(*gocriu.Criu) error) error {
+// run opens the directories CRIU works in, starts criu swrk with env added to its
+// environment and shielded from the terminal's Ctrl-C, and calls do. CRIU reads the
+// directories through our descriptors.
+func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *rpc.CriuOpts, env []string, do func(*gocriu.Criu) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("criu %s: %w", op, err)
 	}
@@ -172,7 +186,7 @@ func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *r
 
 	c := gocriu.MakeCriu()
 	c.SetCriuPath(d.Path)
-	if err := interrupt.StartImmune(c.Prepare); err != nil {
+	if err := interrupt.StartImmune(withEnv(env, c.Prepare)); err != nil {
 		return fmt.Errorf("criu %s: start %s: %w", op, d.Path, err)
 	}
 	runErr := do(c)
@@ -185,6 +199,35 @@ func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *r
 		return &Error{Op: op, LogPath: logPath, Lines: errorLines(logPath), Err: runErr}
 	}
 	return nil
+}
+
+// withEnv wraps start so that the child it forks sees env: go-criu starts CRIU with
+// gpucr's own environment and offers no other way in. Callers hold interrupt's lock, so
+// no other CRIU start sees the change.
+func withEnv(env []string, start func() error) func() error {
+	return func() error {
+		type saved struct {
+			key, val string
+			had      bool
+		}
+		var undo []saved
+		for _, kv := range env {
+			k, v, _ := strings.Cut(kv, "=")
+			old, had := os.LookupEnv(k)
+			undo = append(undo, saved{k, old, had})
+			os.Setenv(k, v)
+		}
+		defer func() {
+			for _, u := range undo {
+				if u.had {
+					os.Setenv(u.key, u.val)
+				} else {
+					os.Unsetenv(u.key)
+				}
+			}
+		}()
+		return start()
+	}
 }
 
 // errorLines returns the first few "Error" lines of a CRIU log: the first names the cause,

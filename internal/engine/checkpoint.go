@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -45,6 +46,12 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	}
 	if err := safety.Check(tree, gpus.pids()); err != nil {
 		return nil, err // before anything is locked: the workload is untouched
+	}
+	if pid := plugin.UsesKFD(proctree.PIDs(tree)); pid != 0 {
+		if e.AMDPluginDir == "" {
+			return nil, fmt.Errorf("process %d uses an AMD GPU (/dev/kfd): %w", pid, plugin.ErrMissing)
+		}
+		r.PluginDir = e.AMDPluginDir // CRIU's plugin saves the /dev/kfd state within the dump
 	}
 	m := &image.Manifest{
 		GpucrVersion: e.Version,

@@ -33,6 +33,10 @@ type Engine struct {
 	// THPSwitch is the transparent huge page switch to hold at "always" while GPU state
 	// moves through host memory, and put back after; empty leaves the host alone.
 	THPSwitch string
+	// AMDPluginDir holds CRIU's amdgpu plugin ("" when it is not installed); KFDTopology is
+	// where this host's KFD topology is read (kfd.DefaultRoot outside tests).
+	AMDPluginDir string
+	KFDTopology  string
 }
 
 // Reporter hears about long phases as they start and end, for progress displays.

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/amd"
+	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
@@ -21,6 +23,8 @@ type RestoreRequest struct {
 	// GPUMap is the user's --gpu-map ("0=1,1=0" or UUIDs); empty: same GPUs where present.
 	GPUMap string
 	Skips  gpu.Skips
+	// AMDSkips switches off checks of AMD GPUs, like the KFD_*_CHECK variables.
+	AMDSkips amd.Skips
 	criu.Options
 }
 
@@ -29,7 +33,9 @@ type RestoreResult struct {
 	RootPID  int                          `json:"rootPid"`
 	Manifest *image.Manifest              `json:"-"`
 	GPUMap   map[string]map[string]string `json:"gpuMap,omitempty"` // backend -> image UUID -> host UUID
-	Phases   []image.Phase                `json:"phases"`
+	// AMDMap is, per amdgpu-kfd image, where each image gpu_id goes on this host.
+	AMDMap map[string]map[uint32]uint32 `json:"amdGpuMap,omitempty"`
+	Phases []image.Phase                `json:"phases"`
 }
 
 // Restore validates the image and this host before touching anything, then restores the
@@ -53,6 +59,10 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		return nil, err
 	}
 	gpus, remap, err := e.planGPUs(ctx, m, r)
+	if err != nil {
+		return nil, err
+	}
+	amdMap, err := e.planAMD(&r)
 	if err != nil {
 		return nil, err
 	}
@@ -96,7 +106,26 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 			return nil, fmt.Errorf("%w: %v; the restored processes were killed, the image is unchanged", ErrGPURestore, err)
 		}
 	}
-	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, Phases: t.phases}, nil
+	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.phases}, nil
+}
+
+// planAMD checks, for an image with AMD GPU state, that this host's GPUs can take it and
+// that CRIU's amdgpu plugin is there to restore it, and passes the plugin its switches.
+func (e *Engine) planAMD(r *RestoreRequest) (map[string]map[uint32]uint32, error) {
+	imgs, err := plugin.KFDImages(imageCRIUDir(r.Dir))
+	if err != nil || len(imgs) == 0 {
+		return nil, err
+	}
+	if e.AMDPluginDir == "" {
+		return nil, fmt.Errorf("the image holds AMD GPU state: %w", plugin.ErrMissing)
+	}
+	m, err := plugin.CheckRestore(imageCRIUDir(r.Dir), e.KFDTopology, r.AMDSkips)
+	if err != nil {
+		return nil, err
+	}
+	r.PluginDir = e.AMDPluginDir
+	r.Env = append(r.Env, plugin.Env(r.AMDSkips)...)
+	return m, nil
 }
 
 // planGPUs finds a backend for each of the image's GPU snapshots, checks that this host's

@@ -20,6 +20,7 @@ def generate():
     with torch.no_grad():
         return model.generate(prompt, max_new_tokens=32, do_sample=False, pad_token_id=0).tolist()
 
+generate()  # the first call picks kernels and warms caches; later calls agree with each other
 want = generate(); torch.cuda.synchronize()
 params = sum(p.numel() for p in model.parameters())
 open(f"{d}/ready.tmp", "w").write(f"{os.getpid()} {params}\n"); os.rename(f"{d}/ready.tmp", f"{d}/ready")

@@ -1,0 +1,70 @@
+package criu
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func driver(t *testing.T) *Driver {
+	t.Helper()
+	d, err := Find("")
+	if err == nil && os.Geteuid() == 0 {
+		return d
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI needs root and CRIU: %v", err)
+	}
+	t.Skip("needs root and CRIU")
+	return nil
+}
+
+// The plugin directory and plugin settings reach CRIU's process, and only it.
+func TestDumpPassesPluginDirAndEnv(t *testing.T) {
+	d := driver(t)
+	pluginDir := filepath.Join(filepath.Dir(filepath.Dir(d.Path)), "lib", "amdgpu")
+	if _, err := os.Stat(filepath.Join(pluginDir, "amdgpu_plugin.so")); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	cmd := exec.Command("sleep", "100")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	dir := t.TempDir()
+	err := d.Dump(context.Background(), DumpRequest{
+		PID: cmd.Process.Pid, ImagesDir: dir, WorkDir: dir, LeaveRunning: true,
+		Options: Options{LogLevel: 4, PluginDir: pluginDir, Env: []string{"KFD_MAX_BUFFER_SIZE=2G"}},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, _ := os.ReadFile(filepath.Join(dir, DumpLog))
+	for _, want := range []string{"amdgpu_plugin: initialized", "KFD_MAX_BUFFER_SIZE:0x80000000"} {
+		if !strings.Contains(string(log), want) {
+			t.Errorf("dump log lacks %q", want)
+		}
+	}
+	if os.Getenv("CRIU_LIBS_DIR") != "" || os.Getenv("KFD_MAX_BUFFER_SIZE") != "" {
+		t.Error("the plugin settings leaked into gpucr's own environment")
+	}
+}
+
+func TestValidateNetworkLock(t *testing.T) {
+	for _, m := range []string{"", "nftables", "iptables", "skip"} {
+		if err := ValidateNetworkLock(m); err != nil {
+			t.Errorf("%q: %v", m, err)
+		}
+	}
+	if err := ValidateNetworkLock("ufw"); err == nil {
+		t.Error("ufw accepted")
+	}
+}
