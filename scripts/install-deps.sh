@@ -91,7 +91,7 @@ if [ ! -s "$tarball" ]; then
   src_uri=$(echo "$line" | awk '{print $1}' | tr -d "'")
   sum=$(echo "$line" | awk '{print $4}')
   log "downloading the criu $CRIU_VERSION source (hash checked)"
-  /usr/lib/apt/apt-helper download-file "$src_uri" "$tarball.part" "$sum" >/dev/null
+  /usr/lib/apt/apt-helper -o APT::Sandbox::User=root download-file "$src_uri" "$tarball.part" "$sum" >/dev/null
   mv "$tarball.part" "$tarball"
 fi
 
