@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -188,5 +189,16 @@ func TestGPUProcessRoundTrip(t *testing.T) {
 	t.Cleanup(func() { _ = syscall.Kill(res.RootPID, syscall.SIGKILL) })
 	if res.RootPID != fake.pid || !slices.Equal(fake.calls, []string{"restore", "unlock"}) || fake.remap != nil {
 		t.Errorf("restore: pid %d (want %d), GPU calls %v, remap %v", res.RootPID, fake.pid, fake.calls, fake.remap)
+	}
+}
+
+func TestRestoreFailureExplainsTimeWait(t *testing.T) {
+	busy := &criu.Error{Op: "restore", Lines: []string{"Error (criu/sk-inet.c:1049): inet: Can't bind inet socket (id 177): Address already in use"}, Err: errors.New("failed")}
+	if err := explainRestoreFailure(busy); !errors.As(err, new(*criu.Error)) || !strings.Contains(err.Error(), "TIME_WAIT") {
+		t.Errorf("explained: %v", err)
+	}
+	other := &criu.Error{Op: "restore", Lines: []string{"Error: something else"}, Err: errors.New("failed")}
+	if err := explainRestoreFailure(other); err != error(other) {
+		t.Errorf("other failures must pass unchanged: %v", err)
 	}
 }

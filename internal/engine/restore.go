@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -94,7 +95,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		return err
 	})
 	if err != nil {
-		return nil, err // CRIU leaves nothing running when its restore fails; its log stays in work
+		return nil, explainRestoreFailure(err) // CRIU leaves nothing running; its log stays in work
 	}
 	os.RemoveAll(work)
 
@@ -107,6 +108,16 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		}
 	}
 	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.phases}, nil
+}
+
+// explainRestoreFailure adds what to do to CRIU failures users meet on the same host.
+func explainRestoreFailure(err error) error {
+	var ce *criu.Error
+	if errors.As(err, &ce) && len(ce.Lines) > 0 && strings.Contains(ce.Lines[0], "Address already in use") {
+		return fmt.Errorf("%w; a TCP port of the image is taken: if the original process just exited, "+
+			"its connections stay in TIME_WAIT for up to 60 s, retry then", err)
+	}
+	return err
 }
 
 // planAMD checks, for an image with AMD GPU state, that this host's GPUs can take it and
