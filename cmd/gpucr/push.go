@@ -1,0 +1,133 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/store"
+	"github.com/gpucr/gpucr/internal/store/chunked"
+)
+
+// transferOutput is what push and pull report.
+type transferOutput struct {
+	Image string `json:"image"` // the local image directory
+	URL   string `json:"url"`   // the checkpoint in the store
+	Files int    `json:"files"`
+	Bytes int64  `json:"bytes"`
+	// ZeroBytes were in zero chunks, which are recorded, not stored.
+	ZeroBytes int64 `json:"zeroBytes"`
+	// Chunks transferred (uploaded or downloaded), with their raw and compressed sizes.
+	Chunks           int   `json:"chunks"`
+	TransferredBytes int64 `json:"transferredBytes"`
+	WireBytes        int64 `json:"wireBytes"`
+	// PresentChunks were already in the store (push only): not uploaded again.
+	PresentChunks int     `json:"presentChunks"`
+	PresentBytes  int64   `json:"presentBytes"`
+	Seconds       float64 `json:"seconds"`
+}
+
+func newTransferOutput(dir, url string, s *chunked.Stats, d time.Duration) transferOutput {
+	return transferOutput{Image: dir, URL: url, Files: s.Files, Bytes: s.Bytes, ZeroBytes: s.ZeroBytes,
+		Chunks: s.Transferred, TransferredBytes: s.TransferredBytes, WireBytes: s.WireBytes,
+		PresentChunks: s.Present, PresentBytes: s.PresentBytes, Seconds: d.Seconds()}
+}
+
+func (a *app) pushCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "push DIR s3://BUCKET/PREFIX|PATH",
+		Short: "Store a verified image in object storage or a local store, deduplicated and compressed",
+		Long: "push verifies the image in DIR and stores it at s3://BUCKET/PREFIX (endpoint from GPUCR_S3_ENDPOINT\n" +
+			"or AWS_ENDPOINT_URL, credentials from the AWS environment or ~/.aws) or at a local PATH. Chunks go to\n" +
+			"a chunks/ directory beside PREFIX, shared with the checkpoints there: only new chunks are uploaded.\n" +
+			"The checkpoint exists once its manifest object is written, last; an interrupted push can simply be rerun.",
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stop := interrupt.Context(cmd.Context())
+			defer stop()
+			st, prefix, err := store.Open(ctx, args[1])
+			if err != nil {
+				return classifyStore(err)
+			}
+			bar := newBarProgress(a.stderr, "push")
+			start := time.Now()
+			_, stats, err := chunked.Push(ctx, st, prefix, args[0], chunked.Options{Progress: bar.update})
+			bar.finish()
+			if err != nil {
+				return classifyStore(err)
+			}
+			out := newTransferOutput(args[0], st.URL(prefix), stats, time.Since(start))
+			return a.emit(out, func() {
+				fmt.Fprintf(a.stdout, "pushed %s to %s: %d files, %s\n", out.Image, out.URL, out.Files, bytesHuman(uint64(out.Bytes)))
+				fmt.Fprintf(a.stdout, "  uploaded %d chunks, %s as %s; %d chunks (%s) already stored; %s of zeros not stored; %s\n",
+					out.Chunks, bytesHuman(uint64(out.TransferredBytes)), bytesHuman(uint64(out.WireBytes)),
+					out.PresentChunks, bytesHuman(uint64(out.PresentBytes)), bytesHuman(uint64(out.ZeroBytes)), seconds(time.Since(start)))
+			})
+		},
+	}
+}
+
+// classifyStore gives store errors users act on their exit code: a location gpucr cannot
+// use, a checkpoint that is already there and a destination that is not empty are wrong
+// requests.
+func classifyStore(err error) error {
+	switch {
+	case errors.Is(err, store.ErrBadLocation), errors.Is(err, chunked.ErrExists), errors.Is(err, chunked.ErrNotEmpty):
+		return usageError{err}
+	}
+	return classify(err)
+}
+
+// barProgress shows bytes done out of the total on a terminal, at most ten times a second;
+// elsewhere it is silent so that logs and pipes get only results.
+type barProgress struct {
+	w     io.Writer
+	verb  string
+	mu    sync.Mutex
+	last  time.Time
+	shown bool
+}
+
+func newBarProgress(w io.Writer, verb string) *barProgress {
+	f, ok := w.(*os.File)
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return &barProgress{}
+	}
+	return &barProgress{w: w, verb: verb}
+}
+
+func (b *barProgress) update(done, total int64) {
+	if b.w == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if now := time.Now(); now.Sub(b.last) >= 100*time.Millisecond || done == total {
+		b.last = now
+		pct := 100.0
+		if total > 0 {
+			pct = 100 * float64(done) / float64(total)
+		}
+		fmt.Fprintf(b.w, "\r\033[K  %s %s / %s (%.0f%%)", b.verb, bytesHuman(uint64(done)), bytesHuman(uint64(total)), pct)
+		b.shown = true
+	}
+}
+
+// finish clears the progress line.
+func (b *barProgress) finish() {
+	if b.w == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.shown {
+		fmt.Fprint(b.w, "\r\033[K")
+	}
+}

@@ -1,0 +1,206 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/store/storetest"
+)
+
+// gpucrEnv runs the binary with extra environment and returns its stdout, stderr and exit code.
+func gpucrEnv(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(bin.gpucr, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return stdout.String(), stderr.String(), ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatalf("run gpucr: %v", err)
+	}
+	return stdout.String(), stderr.String(), 0
+}
+
+func mustGpucrEnv(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	out, errOut, code := gpucrEnv(t, env, args...)
+	if code != 0 {
+		t.Fatalf("gpucr %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
+// sameFiles fails unless got holds exactly want's files with the same bytes.
+func sameFiles(t *testing.T, want, got string) {
+	t.Helper()
+	var wantN, gotN int
+	filepath.WalkDir(want, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		wantN++
+		rel, _ := filepath.Rel(want, p)
+		a, _ := os.ReadFile(p)
+		b, err := os.ReadFile(filepath.Join(got, rel))
+		if err != nil || !bytes.Equal(a, b) {
+			t.Errorf("%s differs after push and pull (%v)", rel, err)
+		}
+		return nil
+	})
+	filepath.WalkDir(got, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			gotN++
+		}
+		return err
+	})
+	if wantN != gotN || wantN == 0 {
+		t.Errorf("pulled %d files, want %d", gotN, wantN)
+	}
+}
+
+// Two real checkpoints of the counter with 64 MiB of memory go to MinIO; the second
+// uploads almost nothing; the pulled image is byte-identical to CRIU's files and restores.
+func TestPushPullRealCheckpoints(t *testing.T) {
+	needCRIU(t)
+	srv := storetest.Start(t)
+	env := srv.Env()
+	base := "s3://" + srv.Bucket(t) + "/counter"
+	w := startCounter(t, "-mib", "64")
+	w.waitCount(t, 5)
+	dirs := []string{filepath.Join(t.TempDir(), "img1"), filepath.Join(t.TempDir(), "img2")}
+	for i, dir := range dirs {
+		mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", dir)
+		if i == 0 {
+			w.waitCount(t, w.read(t, "count")+20)
+		}
+	}
+	at := w.read(t, "count")
+
+	var pushes [2]transferOutput
+	for i, dir := range dirs {
+		out := mustGpucrEnv(t, env, "push", "--json", dir, base+"/ckpt-"+strconv.Itoa(i+1))
+		if err := json.Unmarshal([]byte(out), &pushes[i]); err != nil {
+			t.Fatalf("push output: %v\n%s", err, out)
+		}
+	}
+	first, second := pushes[0], pushes[1]
+	// Dedup is the share of the image's non-zero bytes a push did not upload: chunks already
+	// stored, or repeated within the image. The first push shows the second part alone.
+	dedup := func(p transferOutput) float64 { return 1 - float64(p.TransferredBytes)/float64(p.Bytes-p.ZeroBytes) }
+	for i, p := range pushes {
+		t.Logf("measured: push %d: image %d bytes (%d in zero chunks), uploaded %d chunks, %d bytes as %d (zstd %.1fx), %d chunks already stored, %.2f%% of non-zero bytes not uploaded, %.2fs",
+			i+1, p.Bytes, p.ZeroBytes, p.Chunks, p.TransferredBytes, p.WireBytes, float64(p.TransferredBytes)/float64(max(p.WireBytes, 1)),
+			p.PresentChunks, 100*dedup(p), p.Seconds)
+	}
+	if second.TransferredBytes*2 > first.TransferredBytes || dedup(second) < 0.9 {
+		t.Errorf("second checkpoint uploaded %d bytes, first %d", second.TransferredBytes, first.TransferredBytes)
+	}
+
+	var ls []lsEntry
+	if err := json.Unmarshal([]byte(mustGpucrEnv(t, env, "ls", "--json", base)), &ls); err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != 2 || ls[1].URL != base+"/ckpt-2" || ls[1].RootPID != w.pid || ls[1].Processes != 1 ||
+		ls[1].MemoryBytes < 64<<20 || ls[1].Host == "" || ls[1].StoredBytes == 0 {
+		t.Fatalf("ls = %+v", ls)
+	}
+	if out := mustGpucrEnv(t, env, "ls", base); !strings.Contains(out, base+"/ckpt-1") || !strings.Contains(out, "CREATED") {
+		t.Errorf("ls text:\n%s", out)
+	}
+
+	pulled := filepath.Join(t.TempDir(), "pulled")
+	mustGpucrEnv(t, env, "pull", base+"/ckpt-2", pulled)
+	sameFiles(t, dirs[1], pulled)
+
+	// A local store works the same way.
+	local := filepath.Join(t.TempDir(), "store", "ckpt-1")
+	mustGpucr(t, "push", dirs[0], local)
+	if _, err := os.Stat(filepath.Join(filepath.Dir(local), "chunks")); err != nil {
+		t.Errorf("local store has no chunks directory: %v", err)
+	}
+	localPulled := filepath.Join(t.TempDir(), "local-pulled")
+	mustGpucr(t, "pull", local, localPulled)
+	sameFiles(t, dirs[0], localPulled)
+
+	// The pulled image restores: the counter goes on from the second checkpoint.
+	killAndReap(w.pid)
+	waitGone(t, w.pid)
+	os.Remove(filepath.Join(w.dir, "count"))
+	pid := restore(t, pulled)
+	if c := w.waitCount(t, 1); c > at+50 {
+		t.Errorf("restored counter started at %d, checkpoint was at about %d", c, at)
+	}
+	if v := w.verify(t, pid); v != "ok" {
+		t.Fatalf("memory after restore from the pulled image: %s", v)
+	}
+}
+
+// storeImage is a small real image for tests of the CLI's errors.
+func storeImage(t *testing.T) string {
+	t.Helper()
+	w := startCounter(t)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", dir)
+	return dir
+}
+
+// Errors reach the user as one line, fast, with an exit code that says whose fault it is,
+// and never with a secret in them.
+func TestStoreErrors(t *testing.T) {
+	needCRIU(t)
+	srv := storetest.Start(t)
+	bucket := srv.Bucket(t)
+	img := storeImage(t)
+	url := "s3://" + bucket + "/x"
+	mustGpucrEnv(t, srv.Env(), "push", img, url)
+
+	wrong := append(srv.Env(), "AWS_SECRET_ACCESS_KEY=not-the-secret")
+	closed := append(srv.Env(), "GPUCR_S3_ENDPOINT=http://"+storetest.FreeAddr(t))
+	tests := []struct {
+		name string
+		env  []string
+		args []string
+		code int
+		want string
+	}{
+		{"wrong credentials", wrong, []string{"ls", url}, 1, "refused our credentials (SignatureDoesNotMatch)"},
+		{"unreachable endpoint", closed, []string{"push", img, url + "2"}, 1, "cannot reach http://127.0.0.1:"},
+		{"missing bucket", srv.Env(), []string{"pull", "s3://no-such-bucket/x", filepath.Join(t.TempDir(), "d")}, 1, "bucket does not exist"},
+		{"no checkpoint", srv.Env(), []string{"pull", url + "-missing", filepath.Join(t.TempDir(), "d")}, 1, "no complete checkpoint"},
+		{"push over a checkpoint", srv.Env(), []string{"push", img, url}, 2, "a checkpoint already exists"},
+		{"pull into a full directory", srv.Env(), []string{"pull", url, img}, 2, "destination is not empty"},
+		{"other scheme", nil, []string{"ls", "gs://bucket"}, 2, "only s3:// URLs and local paths"},
+		{"bad endpoint", []string{"GPUCR_S3_ENDPOINT=localhost:9000"}, []string{"ls", url}, 1, "must be an http:// or https:// URL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			out, errOut, code := gpucrEnv(t, tt.env, tt.args...)
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("took %v to fail", took)
+			}
+			if code != tt.code || !strings.HasPrefix(errOut, "gpucr: ") || !strings.Contains(errOut, tt.want) ||
+				strings.Count(errOut, "\n") != 1 || out != "" {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d and one line with %q", code, out, errOut, tt.code, tt.want)
+			}
+			for _, secret := range []string{storetest.SecretKey, "not-the-secret"} {
+				if strings.Contains(errOut, secret) {
+					t.Errorf("the error shows a secret: %s", errOut)
+				}
+			}
+		})
+	}
+}

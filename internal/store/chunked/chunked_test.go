@@ -1,0 +1,449 @@
+package chunked_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/store"
+	"github.com/gpucr/gpucr/internal/store/chunked"
+	"github.com/gpucr/gpucr/internal/store/storetest"
+)
+
+const mib = 1 << 20
+
+// random returns n reproducible pseudo-random bytes: incompressible, like most of a
+// process's memory.
+func random(seed uint64, n int) []byte {
+	r := rand.New(rand.NewPCG(seed, seed))
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
+
+// testImage commits an image whose page file has, in 4 MiB chunks: random data, two zero
+// chunks, a repeat of the first chunk, text, and a short tail. variant changes one chunk.
+func testImage(t *testing.T, variant uint64) string {
+	t.Helper()
+	first := random(1, 4*mib)
+	pages := bytes.Join([][]byte{first, make([]byte, 8*mib), first, random(2+variant, 4*mib),
+		bytes.Repeat([]byte("compressible page text "), 4*mib/23+1)[:4*mib], random(3, 1234)}, nil)
+	dir := filepath.Join(t.TempDir(), "img")
+	s, err := image.Begin(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{
+		"criu/pages-1.img":   pages,
+		"criu/pagemap-1.img": []byte("pagemap"),
+		"criu/empty.img":     nil,
+		"logs/dump.log":      []byte("dump log\n"),
+	}
+	for p, b := range files {
+		if err := os.WriteFile(filepath.Join(s.Dir(), p), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42, MemoryBytes: uint64(len(pages)),
+		Host: image.HostInfo{Hostname: "h"}, Processes: []image.Process{{PID: 42, PPID: 1, Command: "counter", Threads: 1}}}
+	if err := s.Commit(m); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// sameTree fails unless every file under want is under got with the same bytes and got
+// has nothing more.
+func sameTree(t *testing.T, want, got string) {
+	t.Helper()
+	seen := 0
+	err := filepath.WalkDir(want, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(want, p)
+		a, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		b, err := os.ReadFile(filepath.Join(got, rel))
+		if err != nil {
+			t.Errorf("%s: %v", rel, err)
+			return nil
+		}
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s differs after the round trip (%d bytes, want %d)", rel, len(b), len(a))
+		}
+		seen++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	filepath.WalkDir(got, func(_ string, d fs.DirEntry, _ error) error {
+		if !d.IsDir() {
+			n++
+		}
+		return nil
+	})
+	if n != seen {
+		t.Errorf("pulled %d files, want %d", n, seen)
+	}
+}
+
+// stores are the backends every test runs on.
+func stores(t *testing.T) map[string]func(t *testing.T) store.Store {
+	var srv *storetest.Server
+	return map[string]func(t *testing.T) store.Store{
+		"dir": func(t *testing.T) store.Store { return store.NewDir(t.TempDir()) },
+		"s3": func(t *testing.T) store.Store {
+			if srv == nil {
+				srv = storetest.Start(t)
+			}
+			return srv.Store(t)
+		},
+	}
+}
+
+func TestRoundTrip(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := open(t)
+			src := testImage(t, 0)
+			var last atomic.Int64
+			m, stats, err := chunked.Push(ctx, st, "jobs/ckpt-1", src, chunked.Options{Progress: func(done, total int64) { last.Store(done) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// pages: 7 chunks, 2 zero, one repeat; plus 4 small files (empty.img has none).
+			if stats.ZeroBytes != 8*mib || stats.Chunks != 8 || stats.Transferred != 7 || stats.Files != 5 {
+				t.Errorf("push stats = %+v", stats)
+			}
+			if last.Load() != stats.Bytes {
+				t.Errorf("progress ended at %d of %d", last.Load(), stats.Bytes)
+			}
+			if stats.WireBytes >= stats.TransferredBytes {
+				t.Errorf("nothing compressed: %d bytes for %d", stats.WireBytes, stats.TransferredBytes)
+			}
+			if m.Image.RootPID != 42 || m.StoredBytes() != stats.WireBytes {
+				t.Errorf("manifest: root %d stored %d", m.Image.RootPID, m.StoredBytes())
+			}
+
+			dst := filepath.Join(t.TempDir(), "pulled")
+			im, pstats, err := chunked.Pull(ctx, st, "jobs/ckpt-1", dst, chunked.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if im.RootPID != 42 || pstats.ZeroBytes != 8*mib || pstats.Bytes != stats.Bytes {
+				t.Errorf("pull: root %d stats %+v", im.RootPID, pstats)
+			}
+			sameTree(t, src, dst)
+			if entries, _ := os.ReadDir(filepath.Dir(dst)); len(entries) != 1 {
+				t.Errorf("pull left %d entries beside the image", len(entries))
+			}
+
+			// Pulling into an empty directory works; into a full one is refused up front.
+			empty := filepath.Join(t.TempDir(), "empty")
+			os.Mkdir(empty, 0o755)
+			if _, _, err := chunked.Pull(ctx, st, "jobs/ckpt-1", empty, chunked.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := chunked.Pull(ctx, st, "jobs/ckpt-1", dst, chunked.Options{}); !errors.Is(err, chunked.ErrNotEmpty) {
+				t.Errorf("pull over an image = %v, want ErrNotEmpty", err)
+			}
+			if _, _, err := chunked.Push(ctx, st, "jobs/ckpt-1", src, chunked.Options{}); !errors.Is(err, chunked.ErrExists) {
+				t.Errorf("second push to one prefix = %v, want ErrExists", err)
+			}
+		})
+	}
+}
+
+// A second checkpoint beside the first uploads only what changed.
+func TestSecondCheckpointDedups(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := open(t)
+			if _, _, err := chunked.Push(ctx, st, "job/1", testImage(t, 0), chunked.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			second := testImage(t, 1)
+			_, stats, err := chunked.Push(ctx, st, "job/2", second, chunked.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The changed chunk and manifest.json (its checksums changed) are new.
+			if stats.Transferred != 2 || stats.Present != 5 {
+				t.Errorf("second push: %+v", stats)
+			}
+			dst := filepath.Join(t.TempDir(), "img")
+			if _, _, err := chunked.Pull(ctx, st, "job/2", dst, chunked.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			sameTree(t, second, dst)
+		})
+	}
+}
+
+// An interrupted push leaves nothing that lists or pulls, and a retry finishes it,
+// skipping the chunks already uploaded.
+func TestInterruptedPush(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := open(t)
+			src := testImage(t, 0)
+			broken := &cutStore{Store: st, after: 3}
+			if _, _, err := chunked.Push(ctx, broken, "job/ckpt", src, chunked.Options{Workers: 1}); err == nil ||
+				!strings.Contains(err.Error(), "connection cut") {
+				t.Fatalf("push through a cut store = %v", err)
+			}
+			assertAbsent(t, st, "job", "job/ckpt")
+
+			// Cancelled part-way (Ctrl-C): the same.
+			cctx, cancel := context.WithCancel(ctx)
+			cancelling := &cutStore{Store: st, after: 1, cancel: cancel}
+			if _, _, err := chunked.Push(cctx, cancelling, "job/ckpt", src, chunked.Options{}); !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled push = %v", err)
+			}
+			assertAbsent(t, st, "job", "job/ckpt")
+
+			_, stats, err := chunked.Push(ctx, st, "job/ckpt", src, chunked.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stats.Present < 3 || stats.Present+stats.Transferred != 7 {
+				t.Errorf("retry did not reuse the uploaded chunks: %+v", stats)
+			}
+			dst := filepath.Join(t.TempDir(), "img")
+			if _, _, err := chunked.Pull(ctx, st, "job/ckpt", dst, chunked.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			sameTree(t, src, dst)
+		})
+	}
+}
+
+// cutStore lets `after` Puts through and fails the rest, as a dropped connection does;
+// with cancel set it cancels the push instead.
+type cutStore struct {
+	store.Store
+	after  int64
+	puts   atomic.Int64
+	cancel context.CancelFunc
+}
+
+func (c *cutStore) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	if c.puts.Add(1) > c.after {
+		if c.cancel != nil {
+			c.cancel()
+			return ctx.Err()
+		}
+		return errors.New("connection cut")
+	}
+	return c.Store.Put(ctx, key, r, size)
+}
+
+// assertAbsent checks that no checkpoint is at prefix by every way of looking.
+func assertAbsent(t *testing.T, st store.Store, dir, prefix string) {
+	t.Helper()
+	ctx := context.Background()
+	if ls, err := chunked.List(ctx, st, dir); err != nil || len(ls) != 0 {
+		t.Errorf("List(%s) = %+v, %v after a failed push", dir, ls, err)
+	}
+	if _, err := chunked.Load(ctx, st, prefix); !errors.Is(err, chunked.ErrNoCheckpoint) {
+		t.Errorf("Load = %v, want ErrNoCheckpoint", err)
+	}
+	dst := filepath.Join(t.TempDir(), "img")
+	if _, _, err := chunked.Pull(ctx, st, prefix, dst, chunked.Options{}); !errors.Is(err, chunked.ErrNoCheckpoint) {
+		t.Errorf("Pull = %v, want ErrNoCheckpoint", err)
+	}
+	if _, err := os.Stat(dst); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused pull created %s", dst)
+	}
+}
+
+// A damaged or missing chunk fails the pull, naming the chunk and its file, and leaves
+// nothing at the destination.
+func TestPullDetectsBadChunks(t *testing.T) {
+	enc, _ := zstd.NewWriter(nil)
+	tests := []struct {
+		name   string
+		damage func(ctx context.Context, st store.Store, key string) error
+		reason string
+	}{
+		{"missing", func(ctx context.Context, st store.Store, key string) error { return st.Delete(ctx, key) }, "missing"},
+		{"other content", func(ctx context.Context, st store.Store, key string) error {
+			b := enc.EncodeAll(random(99, 4*mib), nil)
+			return st.Put(ctx, key, bytes.NewReader(b), int64(len(b)))
+		}, "corrupted: sha256 mismatch"},
+		{"garbage", func(ctx context.Context, st store.Store, key string) error {
+			return st.Put(ctx, key, strings.NewReader("not zstd at all"), 15)
+		}, "corrupted: "},
+		{"truncated", func(ctx context.Context, st store.Store, key string) error {
+			b := enc.EncodeAll(random(2, 4*mib), nil)[:1000]
+			return st.Put(ctx, key, bytes.NewReader(b), int64(len(b)))
+		}, "corrupted: "},
+	}
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := open(t)
+			m, _, err := chunked.Push(ctx, st, "ckpt", testImage(t, 0), chunked.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var victim chunked.Chunk
+			for _, f := range m.Files {
+				if f.Path == "criu/pages-1.img" {
+					victim = f.Chunks[4] // at 16 MiB
+				}
+			}
+			key := chunked.ChunkKey("ckpt", victim.SHA256)
+			good, err := st.Get(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var saved bytes.Buffer
+			saved.ReadFrom(good)
+			good.Close()
+			for _, tt := range tests {
+				t.Run(tt.name, func(t *testing.T) {
+					if err := tt.damage(ctx, st, key); err != nil {
+						t.Fatal(err)
+					}
+					defer st.Put(ctx, key, bytes.NewReader(saved.Bytes()), int64(saved.Len()))
+					parent := t.TempDir()
+					_, _, err := chunked.Pull(ctx, st, "ckpt", filepath.Join(parent, "img"), chunked.Options{})
+					var ce *chunked.ChunkError
+					if !errors.As(err, &ce) || !errors.Is(err, chunked.ErrBadChunk) {
+						t.Fatalf("Pull = %v, want a ChunkError", err)
+					}
+					want := "chunk " + st.URL(key) + " (criu/pages-1.img at offset 16777216): " + tt.reason
+					if !strings.HasPrefix(err.Error(), want) {
+						t.Errorf("error %q\ndoes not start %q", err, want)
+					}
+					if entries, _ := os.ReadDir(parent); len(entries) != 0 {
+						t.Errorf("a failed pull left %d entries", len(entries))
+					}
+				})
+			}
+		})
+	}
+}
+
+func TestPushRefusesDamagedImage(t *testing.T) {
+	src := testImage(t, 0)
+	if err := os.WriteFile(filepath.Join(src, "criu/pagemap-1.img"), []byte("PAGEMAP"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := store.NewDir(t.TempDir())
+	_, _, err := chunked.Push(context.Background(), st, "x", src, chunked.Options{})
+	if !errors.Is(err, image.ErrCorrupt) || !strings.Contains(err.Error(), "criu/pagemap-1.img") {
+		t.Fatalf("Push = %v, want the damaged file named", err)
+	}
+	if entries, _ := st.List(context.Background(), ""); len(entries) != 0 {
+		t.Errorf("a refused push stored %+v", entries)
+	}
+}
+
+func TestList(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	src := testImage(t, 0)
+	for _, p := range []string{"runs/a", "runs/b"} {
+		if _, _, err := chunked.Push(ctx, st, p, src, chunked.Options{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Not checkpoints: a prefix with only data, and a damaged manifest, which is shown.
+	st.Put(ctx, "runs/other/file", strings.NewReader("x"), 1)
+	st.Put(ctx, "runs/broken/"+chunked.ManifestObject, strings.NewReader("{"), 1)
+
+	ls, err := chunked.List(ctx, st, "runs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != 3 || ls[0].Prefix != "runs/a" || ls[1].Prefix != "runs/b" || ls[2].Prefix != "runs/broken" ||
+		ls[0].Manifest == nil || ls[2].Manifest != nil || !strings.Contains(ls[2].Problem, "invalid checkpoint manifest") {
+		t.Fatalf("List = %+v", ls)
+	}
+	if ls, err := chunked.List(ctx, st, "runs/a"); err != nil || len(ls) != 1 || ls[0].Manifest.Image.RootPID != 42 {
+		t.Errorf("List of a checkpoint itself = %+v, %v", ls, err)
+	}
+	if ls, err := chunked.List(ctx, st, ""); err != nil || len(ls) != 0 {
+		t.Errorf("List of the top = %+v, %v", ls, err)
+	}
+	if _, _, err := chunked.Push(ctx, st, "runs/chunks", src, chunked.Options{}); err == nil {
+		t.Error("a checkpoint named chunks was accepted")
+	}
+}
+
+// Manifest objects are checked before anything is written: a hostile one cannot make a
+// pull write outside its directory.
+func TestLoadRejects(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	m, _, err := chunked.Push(ctx, st, "good", testImage(t, 0), chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		edit func(m *chunked.Manifest)
+		want string
+	}{
+		{"escaping path", func(m *chunked.Manifest) { m.Files[0].Path = "../../etc/cron.d/x" }, "is not inside the image"},
+		{"absolute path", func(m *chunked.Manifest) { m.Files[0].Path = "/etc/passwd" }, "is not inside the image"},
+		{"sizes disagree", func(m *chunked.Manifest) { m.Files[0].Size++ }, "chunks add up to"},
+		{"bad hash", func(m *chunked.Manifest) {
+			for i := range m.Files {
+				for j := range m.Files[i].Chunks {
+					m.Files[i].Chunks[j].SHA256 = "xyz"
+					m.Files[i].Chunks[j].Zero = false
+				}
+			}
+		}, "invalid chunk"},
+		{"no image manifest", func(m *chunked.Manifest) {
+			m.Files = slices.DeleteFunc(m.Files, func(f chunked.File) bool { return f.Path == image.ManifestName })
+		}, "no manifest.json"},
+		{"newer format", func(m *chunked.Manifest) { m.Format = chunked.FormatVersion + 1 }, "upgrade gpucr"},
+		{"compression", func(m *chunked.Manifest) { m.Compression = "lz4" }, `unknown compression "lz4"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var c chunked.Manifest
+			b, _ := json.Marshal(m)
+			json.Unmarshal(b, &c)
+			tt.edit(&c)
+			b, _ = json.Marshal(&c)
+			st.Put(ctx, chunked.ManifestKey("bad"), bytes.NewReader(b), int64(len(b)))
+			dst := filepath.Join(t.TempDir(), "img")
+			_, _, err := chunked.Pull(ctx, st, "bad", dst, chunked.Options{})
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Pull = %v, want %q", err, tt.want)
+			}
+			if _, err := os.Stat(dst); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a refused pull created %s", dst)
+			}
+		})
+	}
+}

@@ -1,0 +1,178 @@
+// Package chunked stores gpucr images in a store.Store as content-addressed, compressed
+// chunks plus one manifest object per checkpoint.
+//
+// Layout, for a checkpoint at key PREFIX (e.g. jobs/train/ckpt-3):
+//
+//	PREFIX/gpucr-checkpoint.json    the object manifest: gpucr's image manifest and, per file, its chunks
+//	dir(PREFIX)/chunks/<sha256>     one zstd frame per distinct non-zero chunk, keyed by the sha256 of its content
+//
+// Checkpoints that sit side by side share their chunks/ directory, so a second checkpoint
+// of the same workload uploads only the chunks that changed. The manifest object is
+// written last, and only it makes a checkpoint exist: an interrupted push leaves at most
+// unreferenced chunks, never something that lists as complete or that pull accepts.
+package chunked
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path"
+	"path/filepath"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/image"
+)
+
+// ChunkSize is the largest chunk. CRIU's pages-*.img files are cut where their pages'
+// virtual addresses cross a ChunkSize boundary (see pageCuts); other files every ChunkSize
+// bytes, so files smaller than this are one chunk.
+const ChunkSize = 4 << 20
+
+// FormatVersion is the object manifest format this build writes and reads.
+const FormatVersion = 1
+
+// ManifestObject is the manifest object's name under a checkpoint's prefix.
+const ManifestObject = "gpucr-checkpoint.json"
+
+// ChunksDir is the name of the directory, beside checkpoints, that holds their chunks.
+const ChunksDir = "chunks"
+
+// compression names the one codec this format uses.
+const compression = "zstd"
+
+// Errors callers act on.
+var (
+	// ErrNoCheckpoint means no complete checkpoint is at a prefix: nothing was pushed there,
+	// or a push was interrupted before its manifest object was written.
+	ErrNoCheckpoint = errors.New("no complete checkpoint")
+	// ErrExists means a push found a checkpoint at its prefix already; pushes never replace one.
+	ErrExists = errors.New("a checkpoint already exists")
+	// ErrBadManifest means a manifest object cannot be used.
+	ErrBadManifest = errors.New("invalid checkpoint manifest")
+	// ErrNewerFormat means a manifest object was written by a newer gpucr.
+	ErrNewerFormat = errors.New("checkpoint format is newer than this gpucr")
+	// ErrBadChunk is what every ChunkError matches.
+	ErrBadChunk = errors.New("bad chunk")
+)
+
+// Manifest is the object manifest of one checkpoint.
+type Manifest struct {
+	Format      int       `json:"format"`
+	ChunkSize   int64     `json:"chunkSize"`
+	Compression string    `json:"compression"`
+	Pushed      time.Time `json:"pushed"`
+	// Image is the image's own manifest, decoded so that listing needs no other object;
+	// manifest.json itself is among Files and comes back byte-identical.
+	Image image.Manifest `json:"image"`
+	Files []File         `json:"files"`
+}
+
+// File is one file of the image and the chunks that make it up, in order.
+type File struct {
+	Path   string  `json:"path"` // slash-separated, relative to the image directory
+	Size   int64   `json:"size"`
+	Chunks []Chunk `json:"chunks"`
+}
+
+// Chunk is one piece of a file. A zero chunk is all zero bytes: it is recorded, not stored.
+type Chunk struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256,omitempty"`
+	// Stored is the compressed size of the chunk's object.
+	Stored int64 `json:"stored,omitempty"`
+	Zero   bool  `json:"zero,omitempty"`
+}
+
+// StoredBytes is the compressed size of the distinct chunks the checkpoint references.
+func (m *Manifest) StoredBytes() int64 {
+	seen := map[string]bool{}
+	var n int64
+	for _, f := range m.Files {
+		for _, c := range f.Chunks {
+			if !c.Zero && !seen[c.SHA256] {
+				seen[c.SHA256] = true
+				n += c.Stored
+			}
+		}
+	}
+	return n
+}
+
+// ManifestKey is the key of the manifest object of the checkpoint at prefix.
+func ManifestKey(prefix string) string { return prefix + "/" + ManifestObject }
+
+// ChunkKey is the key of the chunk with the given sha256 for the checkpoint at prefix.
+func ChunkKey(prefix, sum string) string {
+	dir := path.Dir(prefix)
+	if dir == "." {
+		return ChunksDir + "/" + sum
+	}
+	return dir + "/" + ChunksDir + "/" + sum
+}
+
+// checkPrefix refuses prefixes a checkpoint cannot live at.
+func checkPrefix(prefix string) error {
+	switch {
+	case prefix == "":
+		return errors.New("a checkpoint needs a name: give s3://BUCKET/NAME or a path, not a bucket or /")
+	case path.Base(prefix) == ChunksDir:
+		return fmt.Errorf("a checkpoint cannot be named %q: that name holds the chunks of its siblings", ChunksDir)
+	}
+	return nil
+}
+
+// problem says what makes a manifest unusable, or "" if nothing does. A pull writes the
+// files it names, so their paths must stay inside the image directory, and the chunks
+// must add up to each file.
+func (m *Manifest) problem() string {
+	switch {
+	case m.Compression != compression:
+		return fmt.Sprintf("unknown compression %q", m.Compression)
+	case len(m.Files) == 0:
+		return "no files listed"
+	}
+	seen := map[string]bool{}
+	for _, f := range m.Files {
+		if !filepath.IsLocal(f.Path) || path.Clean(f.Path) != f.Path {
+			return fmt.Sprintf("file path %q is not inside the image", f.Path)
+		}
+		if seen[f.Path] {
+			return fmt.Sprintf("file %s is listed twice", f.Path)
+		}
+		seen[f.Path] = true
+		var total int64
+		for _, c := range f.Chunks {
+			if c.Size <= 0 || c.Size > ChunkSize || (!c.Zero && !isSHA256(c.SHA256)) {
+				return fmt.Sprintf("file %s has an invalid chunk", f.Path)
+			}
+			total += c.Size
+		}
+		if total != f.Size {
+			return fmt.Sprintf("file %s: chunks add up to %d bytes, want %d", f.Path, total, f.Size)
+		}
+	}
+	if !seen[image.ManifestName] {
+		return "no " + image.ManifestName + " among the files"
+	}
+	return ""
+}
+
+func isSHA256(s string) bool {
+	b, err := hex.DecodeString(s)
+	return err == nil && len(b) == 32 && hex.EncodeToString(b) == s
+}
+
+// ChunkError names a chunk that a pull could not use and the file it belongs to.
+type ChunkError struct {
+	URL    string // the chunk object
+	File   string
+	Offset int64
+	Reason string
+}
+
+func (e *ChunkError) Error() string {
+	return fmt.Sprintf("chunk %s (%s at offset %d): %s", e.URL, e.File, e.Offset, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrBadChunk) true for every ChunkError.
+func (e *ChunkError) Is(target error) bool { return target == ErrBadChunk }

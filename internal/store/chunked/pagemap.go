@@ -1,0 +1,96 @@
+package chunked
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+
+	"github.com/gpucr/gpucr/internal/image"
+)
+
+// pageSize is the unit of CRIU's page files; gpucr checkpoints x86-64 and arm64 with 4 KiB pages.
+const pageSize = 4096
+
+// pePresent is CRIU's PE_PRESENT pagemap flag: the run's pages are in the pages file.
+const pePresent = 1 << 2
+
+// pageCuts returns, for each pages-<id>.img of a CRIU image, where its chunks end. CRIU
+// writes the pages of a process back to back in address order, so a page's offset in the
+// file moves whenever any run of pages before it grows or shrinks, as a heap does between
+// two checkpoints; chunks cut at fixed file offsets would then all differ. Cutting instead
+// where the pages' virtual address crosses a ChunkSize boundary makes a chunk the pages of
+// one aligned window of address space, which is the same bytes in the next checkpoint
+// when that memory did not change. Files whose pagemap cannot be read, or does not account
+// for the file's size exactly, are left out and get fixed-size chunks.
+func pageCuts(dir string, files []File) map[string][]int64 {
+	sizes := map[string]int64{}
+	for _, f := range files {
+		sizes[f.Path] = f.Size
+	}
+	maps, _ := filepath.Glob(filepath.Join(dir, image.CRIUDir, "pagemap-*.img"))
+	cuts := map[string][]int64{}
+	for _, m := range maps {
+		id, ends, err := readPagemap(m)
+		if err != nil {
+			continue
+		}
+		name := fmt.Sprintf("%s/pages-%d.img", image.CRIUDir, id)
+		if size, ok := sizes[name]; ok && (len(ends) == 0 && size == 0 || len(ends) > 0 && ends[len(ends)-1] == size) {
+			cuts[name] = ends
+		}
+	}
+	return cuts
+}
+
+// readPagemap returns the pages id of a pagemap image and the file offsets at which the
+// chunks of its pages file end.
+func readPagemap(path string) (uint32, []int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer f.Close()
+	img, err := crit.New(f, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
+	if err != nil {
+		return 0, nil, err
+	}
+	var (
+		id     uint32
+		headed bool
+		ends   []int64
+		off    int64
+		window = int64(-1)
+	)
+	for _, e := range img.Entries {
+		switch m := e.Message.(type) {
+		case *pagemap.PagemapHead:
+			id, headed = m.GetPagesId(), true
+		case *pagemap.PagemapEntry:
+			present := !m.GetInParent()
+			if m.Flags != nil {
+				present = m.GetFlags()&pePresent != 0
+			}
+			if !present {
+				continue
+			}
+			for p := range int64(m.GetNrPages()) {
+				w := (int64(m.GetVaddr()) + p*pageSize) / ChunkSize
+				if w != window && off > 0 {
+					ends = append(ends, off)
+				}
+				window = w
+				off += pageSize
+			}
+		}
+	}
+	if !headed {
+		return 0, nil, fmt.Errorf("%s: no pagemap head", path)
+	}
+	if off > 0 {
+		ends = append(ends, off)
+	}
+	return id, ends, nil
+}

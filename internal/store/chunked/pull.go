@@ -1,0 +1,282 @@
+package chunked
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/store"
+)
+
+// maxStored bounds how much of a chunk object is read: zstd never grows data by more than
+// a few bytes per block, so anything this large is not a chunk this format wrote.
+const maxStored = ChunkSize + ChunkSize/8
+
+// ErrNotEmpty means a pull's destination already holds something: pulls never overwrite.
+var ErrNotEmpty = errors.New("destination is not empty")
+
+// Pull fetches the checkpoint at prefix into dir, which must be absent or empty. Every
+// chunk's sha256 is checked as it arrives and a bad or missing one is named; zero chunks
+// are left as holes. The image is assembled in a hidden directory beside dir, verified with
+// image.Open, and only then renamed to dir, so a failed pull leaves nothing at dir.
+func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*image.Manifest, *Stats, error) {
+	m, err := Load(ctx, st, prefix)
+	if err != nil {
+		return nil, nil, err
+	}
+	dir = filepath.Clean(dir)
+	if err := checkDest(dir); err != nil {
+		return nil, nil, err
+	}
+	// The image is built one level down in a ".NAME.partial-*" directory: image.Load refuses
+	// that name, yet the image inside it can be opened and verified before the rename.
+	staging, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".partial-*")
+	if err != nil {
+		return nil, nil, fmt.Errorf("pull into %s: %w", dir, err)
+	}
+	defer os.RemoveAll(staging)
+	img := filepath.Join(staging, "img")
+
+	p := &puller{st: st, prefix: prefix, m: m, o: o, stats: Stats{Files: len(m.Files)}}
+	defer p.close()
+	if err := p.create(img); err != nil {
+		return nil, nil, err
+	}
+	if err := p.run(ctx); err != nil {
+		return nil, nil, err
+	}
+	if err := p.sync(img); err != nil {
+		return nil, nil, err
+	}
+	im, err := image.Open(img)
+	if err != nil {
+		return nil, nil, fmt.Errorf("pulled image failed verification: %w", err)
+	}
+	// rename(2) replaces an empty directory and fails on a non-empty one, atomically.
+	if err := syscall.Rename(img, dir); err != nil {
+		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+			return nil, nil, fmt.Errorf("%s: %w", dir, ErrNotEmpty)
+		}
+		return nil, nil, fmt.Errorf("pull into %s: rename: %w", dir, err)
+	}
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		return nil, nil, fmt.Errorf("image %s pulled but not durable: %w", dir, err)
+	}
+	return im, &p.stats, nil
+}
+
+// checkDest accepts a destination that is absent or an empty directory, in an existing
+// parent, before anything is downloaded.
+func checkDest(dir string) error {
+	if fi, err := os.Stat(filepath.Dir(dir)); err != nil || !fi.IsDir() {
+		return fmt.Errorf("parent directory of %s does not exist or is not a directory", dir)
+	}
+	entries, err := os.ReadDir(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("pull into %s: %w", dir, err)
+	case len(entries) > 0:
+		return fmt.Errorf("%s: %w", dir, ErrNotEmpty)
+	}
+	return nil
+}
+
+// puller is one pull in progress.
+type puller struct {
+	st     store.Store
+	prefix string
+	m      *Manifest
+	o      Options
+	dec    *zstd.Decoder
+	files  []*os.File
+	places map[string][]place // by chunk sha256
+	total  int64
+
+	mu    sync.Mutex
+	stats Stats
+	done  int64
+}
+
+// create makes every file at its final size: what the chunks do not write reads as zeros.
+func (p *puller) create(img string) error {
+	for _, f := range p.m.Files {
+		path := filepath.Join(img, filepath.FromSlash(f.Path))
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return fmt.Errorf("pull: %w", err)
+		}
+		// 0600: the image holds the process's memory, secrets included.
+		out, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("pull: %w", err)
+		}
+		p.files = append(p.files, out)
+		if err := out.Truncate(f.Size); err != nil {
+			return fmt.Errorf("pull: %w", err)
+		}
+		p.total += f.Size
+	}
+	p.stats.Bytes = p.total
+	return nil
+}
+
+func (p *puller) close() {
+	for _, f := range p.files {
+		f.Close()
+	}
+	if p.dec != nil {
+		p.dec.Close()
+	}
+}
+
+func (p *puller) run(ctx context.Context) error {
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(p.o.workers()), zstd.WithDecoderMaxMemory(2*ChunkSize))
+	if err != nil {
+		return fmt.Errorf("zstd: %w", err)
+	}
+	p.dec = dec
+	// A chunk repeated within the image is fetched once and written to each of its places.
+	var jobs []job
+	p.places = map[string][]place{}
+	for i, f := range p.m.Files {
+		var off int64
+		for j, c := range f.Chunks {
+			switch {
+			case c.Zero:
+				p.stats.ZeroBytes += c.Size
+				p.progress(c.Size)
+			case p.places[c.SHA256] == nil:
+				jobs = append(jobs, job{i, j, off, c.Size})
+				fallthrough
+			default:
+				p.places[c.SHA256] = append(p.places[c.SHA256], place{i, off})
+			}
+			off += c.Size
+		}
+	}
+	return runJobs(ctx, jobs, p.o.workers(), p.chunk)
+}
+
+// place is where in the image a chunk goes: a file index and an offset.
+type place struct {
+	file int
+	off  int64
+}
+
+// chunk fetches one chunk, checks it and writes it in place.
+func (p *puller) chunk(ctx context.Context, j job, buf *buffers) error {
+	f, c := p.m.Files[j.file], p.m.Files[j.file].Chunks[j.index]
+	key := ChunkKey(p.prefix, c.SHA256)
+	bad := func(reason string) error {
+		return &ChunkError{URL: p.st.URL(key), File: f.Path, Offset: j.off, Reason: reason}
+	}
+	r, err := p.st.Get(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return bad("missing")
+	}
+	if err != nil {
+		return fmt.Errorf("fetch %s at %d: %w", f.Path, j.off, err)
+	}
+	buf.comp, err = readAll(r, buf.comp[:0])
+	r.Close()
+	if err != nil {
+		return fmt.Errorf("fetch %s at %d: %w", f.Path, j.off, err)
+	}
+	if len(buf.comp) > maxStored {
+		return bad(fmt.Sprintf("corrupted: object larger than %d bytes", maxStored))
+	}
+	data, err := p.dec.DecodeAll(buf.comp, buf.raw[:0])
+	if err != nil {
+		return bad("corrupted: " + err.Error())
+	}
+	buf.raw = data[:0]
+	if int64(len(data)) != c.Size {
+		return bad(fmt.Sprintf("corrupted: %d bytes, want %d", len(data), c.Size))
+	}
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != c.SHA256 {
+		return bad("corrupted: sha256 mismatch")
+	}
+	places := p.places[c.SHA256]
+	for _, pl := range places {
+		if _, err := p.files[pl.file].WriteAt(data, pl.off); err != nil {
+			return fmt.Errorf("write %s at %d: %w", p.m.Files[pl.file].Path, pl.off, err)
+		}
+	}
+	p.mu.Lock()
+	p.stats.Chunks += len(places)
+	p.stats.Transferred++
+	p.stats.TransferredBytes += c.Size
+	p.stats.WireBytes += int64(len(buf.comp))
+	p.mu.Unlock()
+	p.progress(c.Size * int64(len(places)))
+	return nil
+}
+
+// readAll reads r into b, reading at most maxStored+1 bytes.
+func readAll(r io.Reader, b []byte) ([]byte, error) {
+	lr := io.LimitReader(r, maxStored+1)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := lr.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+}
+
+// sync makes every file and directory of the pulled image durable before it is renamed.
+func (p *puller) sync(img string) error {
+	for i, f := range p.files {
+		if err := f.Sync(); err != nil {
+			return fmt.Errorf("sync %s: %w", p.m.Files[i].Path, err)
+		}
+	}
+	return filepath.WalkDir(img, func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		return syncDir(path)
+	})
+}
+
+func (p *puller) progress(n int64) {
+	if p.o.Progress == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done += n
+	p.o.Progress(p.done, p.total)
+}
+
+// syncDir makes dir's entries durable; filesystems that cannot fsync a directory
+// (EINVAL) have nothing more to do.
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}

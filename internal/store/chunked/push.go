@@ -1,0 +1,326 @@
+package chunked
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/store"
+)
+
+// Options tune a push or pull.
+type Options struct {
+	// Progress, when set, hears how many of the image's bytes are done out of the total.
+	// Calls are serialized.
+	Progress func(done, total int64)
+	// Workers is how many chunks are in flight at once; 0 means workers().
+	Workers int
+}
+
+// Stats count what a push or pull moved.
+type Stats struct {
+	Files int
+	Bytes int64 // bytes of the image
+	// ZeroBytes are in zero chunks: recorded, neither stored nor transferred.
+	ZeroBytes int64
+	// Chunks counts the non-zero chunks. Of the distinct ones (a chunk repeated within the
+	// image counts once), Transferred were uploaded (push) or downloaded (pull), Present
+	// were already in the store (push).
+	Chunks, Transferred, Present int
+	// TransferredBytes is the uncompressed size of the transferred chunks, WireBytes what
+	// they took compressed, PresentBytes the uncompressed size of those already present.
+	TransferredBytes, WireBytes, PresentBytes int64
+}
+
+// workers is the default concurrency: every core compresses or decompresses, and at least
+// four requests are in flight so that a store's latency is overlapped.
+func workers() int { return max(4, runtime.GOMAXPROCS(0)) }
+
+func (o Options) workers() int {
+	if o.Workers > 0 {
+		return o.Workers
+	}
+	return workers()
+}
+
+// zeroChunk is compared against to find chunks that are all zero.
+var zeroChunk = make([]byte, ChunkSize)
+
+// Push verifies the image in dir and stores it at prefix in st: each file is read in
+// ChunkSize pieces, zero pieces are recorded, the others are hashed, skipped if the store
+// has them and otherwise compressed and uploaded, all in parallel; the manifest object is
+// created last. Nothing is copied locally: memory holds at most two chunk buffers per
+// worker. On error nothing lists as a checkpoint at prefix, and pushing again reuses the
+// chunks already uploaded.
+func Push(ctx context.Context, st store.Store, prefix, dir string, o Options) (*Manifest, *Stats, error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, nil, err
+	}
+	if err := absent(ctx, st, prefix); err != nil {
+		return nil, nil, err
+	}
+	im, err := image.Open(dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("push %s: %w", dir, err)
+	}
+	paths, err := pushPaths(dir, im)
+	if err != nil {
+		return nil, nil, err
+	}
+	p, err := newPusher(st, prefix, dir, paths, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer p.close()
+	if err := p.run(ctx); err != nil {
+		return nil, nil, err
+	}
+
+	m := &Manifest{Format: FormatVersion, ChunkSize: ChunkSize, Compression: compression,
+		Pushed: time.Now().UTC(), Image: *im, Files: p.files}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode manifest: %w", err)
+	}
+	// Create, not Put: of two pushes racing to one prefix, one wins and the other fails.
+	if err := st.Create(ctx, ManifestKey(prefix), bytes.NewReader(b), int64(len(b))); err != nil {
+		if errors.Is(err, store.ErrExists) {
+			return nil, nil, fmt.Errorf("%s: %w", st.URL(prefix), ErrExists)
+		}
+		return nil, nil, fmt.Errorf("write manifest: %w", err)
+	}
+	return m, &p.stats, nil
+}
+
+// absent checks that no checkpoint is at prefix yet, so that a push fails before it reads
+// the image rather than after it uploaded it.
+func absent(ctx context.Context, st store.Store, prefix string) error {
+	_, err := st.Stat(ctx, ManifestKey(prefix))
+	switch {
+	case err == nil:
+		return fmt.Errorf("%s: %w", st.URL(prefix), ErrExists)
+	case errors.Is(err, store.ErrNotFound):
+		return nil
+	}
+	return err
+}
+
+// pushPaths lists what a push stores: the manifest, every file it lists and CRIU's logs,
+// which are not checksummed by the image but are what one reads when a restore fails.
+func pushPaths(dir string, m *image.Manifest) ([]string, error) {
+	paths := []string{image.ManifestName}
+	for _, f := range m.Files {
+		paths = append(paths, f.Path)
+	}
+	logs, err := os.ReadDir(filepath.Join(dir, image.LogsDir))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("list logs of %s: %w", dir, err)
+	}
+	for _, e := range logs {
+		if e.Type().IsRegular() {
+			paths = append(paths, image.LogsDir+"/"+e.Name())
+		}
+	}
+	slices.Sort(paths)
+	return slices.Compact(paths), nil
+}
+
+// pusher is one push in progress.
+type pusher struct {
+	st     store.Store
+	prefix string
+	o      Options
+	enc    *zstd.Encoder
+	paths  []string
+	opened []*os.File
+	files  []File
+	ends   [][]int64 // where each file's chunks end
+	total  int64
+
+	mu    sync.Mutex
+	stats Stats
+	done  int64
+	// seen holds the chunks this push has met, by key, so that a chunk that repeats
+	// within the image is looked up and uploaded once.
+	seen map[string]*seenChunk
+}
+
+// job is one chunk to read: file index, chunk index, offset and length.
+type job struct {
+	file, index int
+	off, size   int64
+}
+
+func newPusher(st store.Store, prefix, dir string, paths []string, o Options) (*pusher, error) {
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(o.workers()), zstd.WithEncoderLevel(zstd.SpeedDefault))
+	if err != nil {
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	p := &pusher{st: st, prefix: prefix, o: o, enc: enc, paths: paths, seen: map[string]*seenChunk{}}
+	for _, rel := range paths {
+		f, err := os.Open(filepath.Join(dir, filepath.FromSlash(rel)))
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("push %s: %w", dir, err)
+		}
+		p.opened = append(p.opened, f)
+		fi, err := f.Stat()
+		if err != nil {
+			p.close()
+			return nil, fmt.Errorf("push %s: %w", dir, err)
+		}
+		p.files = append(p.files, File{Path: rel, Size: fi.Size()})
+		p.total += fi.Size()
+	}
+	cuts := pageCuts(dir, p.files)
+	for i, f := range p.files {
+		ends, ok := cuts[f.Path]
+		if !ok {
+			ends = fixedCuts(f.Size)
+		}
+		p.ends = append(p.ends, ends)
+		p.files[i].Chunks = make([]Chunk, len(ends))
+	}
+	p.stats.Files, p.stats.Bytes = len(paths), p.total
+	return p, nil
+}
+
+// fixedCuts ends chunks every ChunkSize bytes, and at the end of the file.
+func fixedCuts(size int64) []int64 {
+	var ends []int64
+	for off := int64(ChunkSize); off < size; off += ChunkSize {
+		ends = append(ends, off)
+	}
+	if size > 0 {
+		ends = append(ends, size)
+	}
+	return ends
+}
+
+func (p *pusher) close() {
+	for _, f := range p.opened {
+		f.Close()
+	}
+	p.enc.Close()
+}
+
+func (p *pusher) jobs() []job {
+	var js []job
+	for i, ends := range p.ends {
+		var off int64
+		for j, end := range ends {
+			js = append(js, job{i, j, off, end - off})
+			off = end
+		}
+	}
+	return js
+}
+
+func (p *pusher) run(ctx context.Context) error {
+	return runJobs(ctx, p.jobs(), p.o.workers(), func(ctx context.Context, j job, buf *buffers) error {
+		c, err := p.chunk(ctx, j, buf)
+		if err != nil {
+			return err
+		}
+		p.files[j.file].Chunks[j.index] = c
+		p.progress(j.size)
+		return nil
+	})
+}
+
+// chunk reads, and unless it is zero or known, compresses and uploads one chunk.
+func (p *pusher) chunk(ctx context.Context, j job, buf *buffers) (Chunk, error) {
+	data := buf.raw[:j.size]
+	// A full read returns no error, io.EOF included: any error means the file changed.
+	if _, err := p.opened[j.file].ReadAt(data, j.off); err != nil {
+		return Chunk{}, fmt.Errorf("read %s at %d: %w", p.paths[j.file], j.off, err)
+	}
+	if bytes.Equal(data, zeroChunk[:j.size]) {
+		p.count(func(s *Stats) { s.ZeroBytes += j.size })
+		return Chunk{Size: j.size, Zero: true}, nil
+	}
+	sum := sha256.Sum256(data)
+	c := Chunk{Size: j.size, SHA256: hex.EncodeToString(sum[:])}
+	key := ChunkKey(p.prefix, c.SHA256)
+
+	stored, err := p.store(ctx, j, key, data, buf)
+	if err != nil {
+		return Chunk{}, err
+	}
+	p.count(func(s *Stats) { s.Chunks++ })
+	c.Stored = stored
+	return c, nil
+}
+
+// store makes sure the chunk at key is in the store and returns its stored size. The
+// first worker to meet a chunk looks it up and uploads it if needed; one that meets the
+// same chunk meanwhile (a repeat within the image) waits for that and reuses its result.
+func (p *pusher) store(ctx context.Context, j job, key string, data []byte, buf *buffers) (int64, error) {
+	p.mu.Lock()
+	e, found := p.seen[key]
+	if !found {
+		e = &seenChunk{done: make(chan struct{})}
+		p.seen[key] = e
+	}
+	p.mu.Unlock()
+	if found {
+		select {
+		case <-e.done:
+			return e.stored, e.err
+		case <-ctx.Done():
+			return 0, context.Cause(ctx)
+		}
+	}
+	defer close(e.done)
+	e.stored, e.err = p.st.Stat(ctx, key)
+	switch {
+	case e.err == nil:
+		p.count(func(s *Stats) { s.Present++; s.PresentBytes += j.size })
+	case errors.Is(e.err, store.ErrNotFound):
+		buf.comp = p.enc.EncodeAll(data, buf.comp[:0])
+		e.stored, e.err = int64(len(buf.comp)), p.st.Put(ctx, key, bytes.NewReader(buf.comp), int64(len(buf.comp)))
+		if e.err != nil {
+			e.err = fmt.Errorf("upload %s at %d: %w", p.paths[j.file], j.off, e.err)
+		} else {
+			p.count(func(s *Stats) { s.Transferred++; s.TransferredBytes += j.size; s.WireBytes += e.stored })
+		}
+	}
+	return e.stored, e.err
+}
+
+// seenChunk is a chunk this push has met: done closes when stored or err is known.
+type seenChunk struct {
+	done   chan struct{}
+	stored int64
+	err    error
+}
+
+func (p *pusher) count(f func(*Stats)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	f(&p.stats)
+}
+
+func (p *pusher) progress(n int64) {
+	if p.o.Progress == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.done += n
+	p.o.Progress(p.done, p.total)
+}

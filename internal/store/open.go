@@ -1,0 +1,42 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+)
+
+// ErrBadLocation marks a location string gpucr cannot use; the CLI reports it as a usage error.
+var ErrBadLocation = errors.New("invalid store location")
+
+// Open resolves a location to a store and the key it names in that store. A location is
+// s3://BUCKET[/KEY] or a local path. A local path is opened in a Dir rooted at "/", so that
+// keys are absolute paths without their leading slash and sibling directories (where the
+// chunks of a checkpoint go) are reachable from any location.
+func Open(ctx context.Context, location string) (Store, string, error) {
+	if rest, ok := strings.CutPrefix(location, "s3://"); ok {
+		bucket, key, _ := strings.Cut(rest, "/")
+		key = strings.Trim(key, "/")
+		if bucket == "" || (key != "" && checkKey(key) != nil) {
+			return nil, "", fmt.Errorf("%w %q: want s3://BUCKET/PREFIX with a clean PREFIX", ErrBadLocation, location)
+		}
+		s, err := NewS3(ctx, bucket, S3ConfigFromEnv())
+		if err != nil {
+			return nil, "", err
+		}
+		return s, key, nil
+	}
+	if scheme, _, ok := strings.Cut(location, "://"); ok && !strings.Contains(scheme, "/") {
+		return nil, "", fmt.Errorf("%w %q: only s3:// URLs and local paths are supported", ErrBadLocation, location)
+	}
+	if location == "" {
+		return nil, "", fmt.Errorf("%w: empty location", ErrBadLocation)
+	}
+	abs, err := filepath.Abs(location)
+	if err != nil {
+		return nil, "", fmt.Errorf("resolve %s: %w", location, err)
+	}
+	return NewDir("/"), strings.TrimPrefix(filepath.ToSlash(abs), "/"), nil
+}

@@ -1,0 +1,242 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/minio/minio-go/v7"
+	"github.com/minio/minio-go/v7/pkg/credentials"
+)
+
+// S3Config says where an S3-compatible service is and who we are there. It never holds
+// credentials in the clear: Creds resolves them when a request is signed.
+type S3Config struct {
+	// Endpoint is the service's http:// or https:// URL; empty means AWS S3.
+	Endpoint string
+	// Region is the bucket's region; empty lets the client ask the service.
+	Region string
+	Creds  *credentials.Credentials
+	// Anonymous records that no credential source was configured, so that a refusal can
+	// say so instead of only "access denied".
+	Anonymous bool
+}
+
+// Timeouts of the S3 client. They are short on purpose: an endpoint that does not answer
+// a connection in seconds is down or wrong, and a user should hear so at once rather than
+// after minutes of retries. Transfers themselves are not limited.
+const (
+	dialTimeout   = 5 * time.Second
+	headerTimeout = 60 * time.Second
+	checkTimeout  = 15 * time.Second
+	// maxRetries counts attempts: a request is tried 3 times with sub-second backoff.
+	maxRetries = 3
+)
+
+// S3ConfigFromEnv reads the endpoint from GPUCR_S3_ENDPOINT or AWS_ENDPOINT_URL, the region
+// from AWS_REGION or AWS_DEFAULT_REGION, and takes credentials from the standard AWS
+// sources in their usual order: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
+// AWS_SESSION_TOKEN, then the shared credentials file (AWS_SHARED_CREDENTIALS_FILE or
+// ~/.aws/credentials) for AWS_PROFILE. The instance metadata service is not asked: off EC2
+// it costs a timeout on every run.
+func S3ConfigFromEnv() S3Config {
+	endpoint := os.Getenv("GPUCR_S3_ENDPOINT")
+	if endpoint == "" {
+		endpoint = os.Getenv("AWS_ENDPOINT_URL")
+	}
+	region := os.Getenv("AWS_REGION")
+	if region == "" {
+		region = os.Getenv("AWS_DEFAULT_REGION")
+	}
+	creds := credentials.NewChainCredentials([]credentials.Provider{&credentials.EnvAWS{}, &credentials.FileAWSCredentials{}})
+	v, err := creds.Get()
+	anonymous := err != nil || v.SignerType.IsAnonymous()
+	return S3Config{Endpoint: endpoint, Region: region, Creds: creds, Anonymous: anonymous}
+}
+
+// S3 is a store in one bucket of an S3-compatible service; keys are object names.
+type S3 struct {
+	client    *minio.Client
+	bucket    string
+	endpoint  string
+	anonymous bool
+}
+
+// NewS3 connects to bucket and checks, within seconds, that the endpoint answers, that it
+// takes our credentials and that the bucket exists, so that a push or pull fails before it
+// has read anything.
+func NewS3(ctx context.Context, bucket string, cfg S3Config) (*S3, error) {
+	host, secure, err := parseEndpoint(cfg.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	tr := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:   dialTimeout,
+		ResponseHeaderTimeout: headerTimeout,
+		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConnsPerHost:   32,
+		ForceAttemptHTTP2:     true,
+	}
+	client, err := minio.New(host, &minio.Options{
+		Creds:        cfg.Creds,
+		Secure:       secure,
+		Region:       cfg.Region,
+		Transport:    tr,
+		BucketLookup: minio.BucketLookupAuto,
+		MaxRetries:   maxRetries,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("s3://%s: %w", bucket, err)
+	}
+	s := &S3{client: client, bucket: bucket, endpoint: client.EndpointURL().String(), anonymous: cfg.Anonymous}
+	cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	ok, err := client.BucketExists(cctx, bucket)
+	if err != nil {
+		return nil, s.wrap("open", "", err)
+	}
+	if !ok {
+		return nil, fmt.Errorf("s3://%s: bucket does not exist at %s", bucket, s.endpoint)
+	}
+	return s, nil
+}
+
+// parseEndpoint turns an endpoint URL into minio-go's host and TLS switch.
+func parseEndpoint(endpoint string) (host string, secure bool, err error) {
+	if endpoint == "" {
+		return "s3.amazonaws.com", true, nil
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return "", false, fmt.Errorf("S3 endpoint %q must be an http:// or https:// URL of a host (GPUCR_S3_ENDPOINT or AWS_ENDPOINT_URL)", endpoint)
+	}
+	return u.Host, u.Scheme == "https", nil
+}
+
+func (s *S3) URL(key string) string { return "s3://" + s.bucket + "/" + key }
+
+func (s *S3) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+	return s.put(ctx, key, r, size, minio.PutObjectOptions{})
+}
+
+// Create asks the service to refuse an existing key (If-None-Match: *), which AWS S3 and
+// MinIO honour; a service that ignores it replaces the object as Put does.
+func (s *S3) Create(ctx context.Context, key string, r io.Reader, size int64) error {
+	opts := minio.PutObjectOptions{}
+	opts.SetMatchETagExcept("*")
+	return s.put(ctx, key, r, size, opts)
+}
+
+func (s *S3) put(ctx context.Context, key string, r io.Reader, size int64, opts minio.PutObjectOptions) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	opts.ContentType = "application/octet-stream"
+	if _, err := s.client.PutObject(ctx, s.bucket, key, r, size, opts); err != nil {
+		return s.wrap("write", key, err)
+	}
+	return nil
+}
+
+func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	obj, err := s.client.GetObject(ctx, s.bucket, key, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, s.wrap("read", key, err)
+	}
+	// The request is made lazily; Stat makes it now so that a missing key is reported here.
+	if _, err := obj.Stat(); err != nil {
+		obj.Close()
+		return nil, s.wrap("read", key, err)
+	}
+	return obj, nil
+}
+
+func (s *S3) Stat(ctx context.Context, key string) (int64, error) {
+	if err := checkKey(key); err != nil {
+		return 0, err
+	}
+	info, err := s.client.StatObject(ctx, s.bucket, key, minio.StatObjectOptions{})
+	if err != nil {
+		return 0, s.wrap("stat", key, err)
+	}
+	return info.Size, nil
+}
+
+func (s *S3) List(ctx context.Context, dir string) ([]Entry, error) {
+	if err := checkDir(dir); err != nil {
+		return nil, err
+	}
+	prefix := ""
+	if dir != "" {
+		prefix = dir + "/"
+	}
+	var out []Entry
+	for obj := range s.client.ListObjects(ctx, s.bucket, minio.ListObjectsOptions{Prefix: prefix}) {
+		if obj.Err != nil {
+			return nil, s.wrap("list", dir, obj.Err)
+		}
+		if strings.HasSuffix(obj.Key, "/") {
+			out = append(out, Entry{Key: strings.TrimSuffix(obj.Key, "/"), Dir: true})
+		} else {
+			out = append(out, Entry{Key: obj.Key, Size: obj.Size})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+func (s *S3) Delete(ctx context.Context, key string) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if err := s.client.RemoveObject(ctx, s.bucket, key, minio.RemoveObjectOptions{}); err != nil {
+		return s.wrap("delete", key, err)
+	}
+	return nil
+}
+
+// wrap turns a client error into one line that says what failed and what to look at,
+// with ErrNotFound and ErrExists for callers. Credentials are never part of it.
+func (s *S3) wrap(op, key string, err error) error {
+	what := "s3://" + s.bucket
+	if key != "" {
+		what = s.URL(key)
+	}
+	var resp minio.ErrorResponse
+	if errors.As(err, &resp) {
+		switch resp.Code {
+		case minio.NoSuchKey:
+			return fmt.Errorf("%s: %w", what, ErrNotFound)
+		case "PreconditionFailed":
+			return fmt.Errorf("%s: %w", what, ErrExists)
+		case minio.NoSuchBucket:
+			return fmt.Errorf("%s: bucket does not exist at %s", what, s.endpoint)
+		case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "InvalidClientTokenId":
+			hint := "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials"
+			if s.anonymous {
+				hint = "no credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
+			}
+			return fmt.Errorf("%s: %s refused our credentials (%s): %s", what, s.endpoint, resp.Code, hint)
+		}
+		return fmt.Errorf("%s %s: %s: %s", op, what, resp.Code, resp.Message)
+	}
+	var netErr net.Error
+	var opErr *net.OpError
+	if errors.As(err, &opErr) || (errors.As(err, &netErr) && netErr.Timeout()) {
+		return fmt.Errorf("%s %s: cannot reach %s: %w", op, what, s.endpoint, err)
+	}
+	return fmt.Errorf("%s %s: %w", op, what, err)
+}

@@ -1,0 +1,70 @@
+// Package store keeps objects by key in a local directory or in S3-compatible object
+// storage, behind one small interface, so that images can travel between machines without
+// the code that chunks them knowing where they go.
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+)
+
+// Errors callers act on; every backend returns them wrapped with the key.
+var (
+	ErrNotFound = errors.New("object not found")
+	// ErrExists is Create finding the key taken: a concurrent writer got there first.
+	ErrExists = errors.New("object already exists")
+)
+
+// Store holds objects by key. Keys are slash-separated paths without a leading slash; a
+// key's last element is its name and what comes before is its "directory", as in S3.
+// Every write is atomic: an object is absent or whole, never partial, which is what lets a
+// checkpoint be complete exactly when its manifest object exists.
+type Store interface {
+	// Put stores size bytes read from r at key, replacing any object there.
+	Put(ctx context.Context, key string, r io.Reader, size int64) error
+	// Create is Put that fails with ErrExists instead of replacing an object.
+	Create(ctx context.Context, key string, r io.Reader, size int64) error
+	// Get streams the object at key; ErrNotFound if there is none.
+	Get(ctx context.Context, key string) (io.ReadCloser, error)
+	// Stat returns the size of the object at key; ErrNotFound if there is none.
+	Stat(ctx context.Context, key string) (int64, error)
+	// List returns what is directly under the directory dir ("" for the top), sorted by key.
+	List(ctx context.Context, dir string) ([]Entry, error)
+	// Delete removes the object at key; a missing object is not an error.
+	Delete(ctx context.Context, key string) error
+	// URL names key for messages, e.g. s3://bucket/key or /srv/images/key.
+	URL(key string) string
+}
+
+// Entry is one name directly under a listed directory: an object, or a directory (Dir)
+// holding more.
+type Entry struct {
+	Key  string // full key; a directory's has no trailing slash
+	Dir  bool
+	Size int64
+}
+
+// Name is the entry's last key element.
+func (e Entry) Name() string { return path.Base(e.Key) }
+
+// checkKey refuses keys that would escape a directory store or that S3 would store under
+// a different name than the one asked for.
+func checkKey(key string) error {
+	if key == "" || strings.HasPrefix(key, "/") || path.Clean(key) != key || key == "." || key == ".." ||
+		strings.HasPrefix(key, "../") {
+		return fmt.Errorf("invalid object key %q", key)
+	}
+	return nil
+}
+
+// checkDir is checkKey for List's directory, which may be the top ("").
+func checkDir(dir string) error {
+	if dir == "" {
+		return nil
+	}
+	return checkKey(dir)
+}

@@ -1,0 +1,208 @@
+package store_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/gpucr/gpucr/internal/store"
+	"github.com/gpucr/gpucr/internal/store/storetest"
+)
+
+// testStore runs the same contract against every backend.
+func testStore(t *testing.T, st store.Store) {
+	ctx := context.Background()
+	put := func(key, content string) {
+		t.Helper()
+		if err := st.Put(ctx, key, strings.NewReader(content), int64(len(content))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	get := func(key string) string {
+		t.Helper()
+		r, err := st.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		b, err := io.ReadAll(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	put("a/b/one", "first")
+	put("a/b/one", "replaced")
+	put("a/b/c/two", "2")
+	put("a/top", "")
+	if got := get("a/b/one"); got != "replaced" {
+		t.Errorf("Get = %q after a replacing Put", got)
+	}
+	if n, err := st.Stat(ctx, "a/b/c/two"); err != nil || n != 1 {
+		t.Errorf("Stat = %d, %v", n, err)
+	}
+	for _, key := range []string{"a/missing", "a/b", "nothing/here"} {
+		if _, err := st.Get(ctx, key); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("Get(%s) = %v, want ErrNotFound", key, err)
+		}
+		if _, err := st.Stat(ctx, key); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("Stat(%s) = %v, want ErrNotFound", key, err)
+		}
+	}
+
+	got, err := st.List(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.Entry{{Key: "a/b", Dir: true}, {Key: "a/top"}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("List(a) = %+v, want %+v", got, want)
+	}
+	if got, err := st.List(ctx, "a/b"); err != nil || len(got) != 2 || got[0] != (store.Entry{Key: "a/b/c", Dir: true}) ||
+		got[1] != (store.Entry{Key: "a/b/one", Size: 8}) {
+		t.Errorf("List(a/b) = %+v, %v", got, err)
+	}
+	if got, err := st.List(ctx, "empty"); err != nil || len(got) != 0 {
+		t.Errorf("List(empty) = %+v, %v", got, err)
+	}
+
+	err = st.Create(ctx, "a/top", strings.NewReader("x"), 1)
+	if !errors.Is(err, store.ErrExists) {
+		t.Errorf("Create over an object = %v, want ErrExists", err)
+	}
+	if got := get("a/top"); got != "" {
+		t.Errorf("a refused Create changed the object to %q", got)
+	}
+	if err := st.Create(ctx, "a/new", strings.NewReader("new"), 3); err != nil {
+		t.Fatal(err)
+	}
+	if got := get("a/new"); got != "new" {
+		t.Errorf("Get after Create = %q", got)
+	}
+
+	// A reader that fails part-way leaves no object: writes are atomic.
+	failing := io.MultiReader(strings.NewReader("partial"), errReader{})
+	if err := st.Put(ctx, "a/failed", failing, 100); err == nil {
+		t.Error("Put from a failing reader succeeded")
+	}
+	if _, err := st.Stat(ctx, "a/failed"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("a failed Put left an object: %v", err)
+	}
+
+	for _, key := range []string{"a/b/one", "a/b/one", "never/was"} {
+		if err := st.Delete(ctx, key); err != nil {
+			t.Errorf("Delete(%s) = %v", key, err)
+		}
+	}
+	if _, err := st.Stat(ctx, "a/b/one"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Stat after Delete = %v", err)
+	}
+	for _, key := range []string{"", "/abs", "a/../b", "../up", "a//b", "a/"} {
+		if err := st.Put(ctx, key, bytes.NewReader(nil), 0); err == nil {
+			t.Errorf("Put(%q) accepted an invalid key", key)
+		}
+	}
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errors.New("disk on fire") }
+
+func TestDir(t *testing.T) {
+	root := t.TempDir()
+	testStore(t, store.NewDir(root))
+	// Nothing of the failed write is left behind, not even hidden.
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if strings.Contains(d.Name(), ".tmp-") {
+			t.Errorf("temporary file left: %s", p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestS3(t *testing.T) {
+	srv := storetest.Start(t)
+	testStore(t, srv.Store(t))
+}
+
+// Wrong credentials, a missing bucket and an unreachable endpoint fail at once, in one
+// line that says which, and never show a secret.
+func TestS3Refusals(t *testing.T) {
+	srv := storetest.Start(t)
+	bucket := srv.Bucket(t)
+	closed := "http://" + storetest.FreeAddr(t)
+	tests := []struct {
+		name, bucket string
+		cfg          store.S3Config
+		want         string
+	}{
+		{"wrong secret", bucket, store.S3Config{Endpoint: srv.Endpoint, Creds: credentials.NewStaticV4(storetest.AccessKey, "wrong-secret-value", "")},
+			"refused our credentials (SignatureDoesNotMatch)"},
+		{"unknown key", bucket, store.S3Config{Endpoint: srv.Endpoint, Creds: credentials.NewStaticV4("nobody", "wrong-secret-value", "")},
+			"refused our credentials (InvalidAccessKeyId)"},
+		{"no credentials", bucket, store.S3Config{Endpoint: srv.Endpoint, Creds: credentials.New(&credentials.Static{}), Anonymous: true},
+			"no credentials found"},
+		{"missing bucket", "no-such-bucket", srv.Config(), "s3://no-such-bucket: bucket does not exist at " + srv.Endpoint},
+		{"unreachable", bucket, store.S3Config{Endpoint: closed, Creds: srv.Config().Creds}, "cannot reach " + closed},
+		{"bad endpoint", bucket, store.S3Config{Endpoint: "ftp://x"}, "must be an http:// or https:// URL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			_, err := store.NewS3(context.Background(), tt.bucket, tt.cfg)
+			if took := time.Since(start); took > 5*time.Second {
+				t.Errorf("took %v to fail", took)
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("NewS3 = %v, want %q", err, tt.want)
+			}
+			if msg := err.Error(); strings.Contains(msg, "\n") || strings.Contains(msg, "wrong-secret-value") || strings.Contains(msg, storetest.SecretKey) {
+				t.Errorf("message is not one clean line: %q", msg)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+func TestOpen(t *testing.T) {
+	ctx := context.Background()
+	st, key, err := store.Open(ctx, "rel/../img")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd, _ := os.Getwd()
+	if want := strings.TrimPrefix(filepath.Join(wd, "img"), "/"); key != want || st.URL(key) != "/"+want {
+		t.Errorf("Open(local) = %q %q, want %q", key, st.URL(key), want)
+	}
+	for _, loc := range []string{"", "gs://bucket/x", "s3://", "s3:///x", "s3://b/a/../../x"} {
+		if _, _, err := store.Open(ctx, loc); !errors.Is(err, store.ErrBadLocation) {
+			t.Errorf("Open(%q) = %v, want ErrBadLocation", loc, err)
+		}
+	}
+
+	srv := storetest.Start(t)
+	bucket := srv.Bucket(t)
+	for _, kv := range srv.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	st, key, err = store.Open(ctx, "s3://"+bucket+"/jobs/ckpt/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "jobs/ckpt" || st.URL(key) != "s3://"+bucket+"/jobs/ckpt" {
+		t.Errorf("Open(s3) = %q %q", key, st.URL(key))
+	}
+}
