@@ -7,8 +7,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
 )
 
@@ -26,6 +28,7 @@ func criuFlags(cmd *cobra.Command, o *criu.Options) {
 // checkpointOutput is the summary of a checkpoint, for text and JSON alike.
 type checkpointOutput struct {
 	Dir          string      `json:"dir"`
+	Container    string      `json:"container,omitempty"`
 	RootPID      int         `json:"rootPid"`
 	Processes    int         `json:"processes"`
 	MemoryBytes  uint64      `json:"memoryBytes"`
@@ -38,11 +41,24 @@ type checkpointOutput struct {
 
 func (a *app) checkpointCmd() *cobra.Command {
 	var r engine.CheckpointRequest
+	var ctr string
+	var rf runcFlags
 	cmd := &cobra.Command{
-		Use:   "checkpoint PID -D DIR",
-		Short: "Checkpoint a running process tree (and its GPU state) to an image directory",
-		Args:  cobra.ExactArgs(1),
+		Use:   "checkpoint {PID | --container ID} -D DIR",
+		Short: "Checkpoint a running process tree or runc container (and its GPU state) to an image directory",
+		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if ctr != "" {
+				if len(args) > 0 {
+					return usageError{fmt.Errorf("give either a PID or --container ID, not both")}
+				}
+				return a.checkpointContainer(cmd, rf, container.CheckpointRequest{
+					ID: ctr, Dir: r.Dir, LeaveRunning: r.LeaveRunning, LockTimeout: r.LockTimeout,
+				}, r.Options)
+			}
+			if len(args) == 0 {
+				return usageError{fmt.Errorf("give the PID of the tree to checkpoint, or --container ID")}
+			}
 			pid, err := strconv.Atoi(args[0])
 			if err != nil {
 				return usageError{fmt.Errorf("PID %q is not a number", args[0])}
@@ -72,24 +88,35 @@ func (a *app) checkpointCmd() *cobra.Command {
 					out.GPUBytes += p.MemoryBytes
 				}
 			}
-			return a.emit(out, func() {
-				fmt.Fprintf(a.stdout, "checkpointed PID %d (%d processes) to %s in %.2fs\n", out.RootPID, out.Processes, out.Dir, out.Total)
-				fmt.Fprintf(a.stdout, "  memory  %s written\n", bytesHuman(out.MemoryBytes))
-				if out.GPUProcesses > 0 {
-					fmt.Fprintf(a.stdout, "  gpu     %d process(es), %s of GPU memory\n", out.GPUProcesses, bytesHuman(out.GPUBytes))
-				}
-				fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(m.Phases))
-				if out.LeftRunning {
-					fmt.Fprintln(a.stdout, "  the process tree was left running")
-				}
-			})
+			return a.emit(out, func() { printCheckpoint(a, out, m.Phases) })
 		},
 	}
 	f := cmd.Flags()
 	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to create (must not exist or be empty)")
 	f.BoolVarP(&r.LeaveRunning, "leave-running", "R", false, "leave the process tree running after the checkpoint")
 	f.DurationVar(&r.LockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
+	f.StringVar(&ctr, "container", "", "checkpoint the runc container with this ID instead of a PID's tree")
+	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
 	_ = cmd.MarkFlagRequired("images-dir")
 	return cmd
+}
+
+func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
+	if out.Container != "" {
+		fmt.Fprintf(a.stdout, "checkpointed container %s (%d processes) to %s in %.2fs\n", out.Container, out.Processes, out.Dir, out.Total)
+	} else {
+		fmt.Fprintf(a.stdout, "checkpointed PID %d (%d processes) to %s in %.2fs\n", out.RootPID, out.Processes, out.Dir, out.Total)
+	}
+	fmt.Fprintf(a.stdout, "  memory  %s written\n", bytesHuman(out.MemoryBytes))
+	if out.GPUProcesses > 0 {
+		fmt.Fprintf(a.stdout, "  gpu     %d process(es), %s of GPU memory\n", out.GPUProcesses, bytesHuman(out.GPUBytes))
+	}
+	fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(phases))
+	switch {
+	case out.LeftRunning && out.Container != "":
+		fmt.Fprintln(a.stdout, "  the container was left running")
+	case out.LeftRunning:
+		fmt.Fprintln(a.stdout, "  the process tree was left running")
+	}
 }

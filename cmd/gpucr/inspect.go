@@ -1,42 +1,52 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/amd/amdimg"
+	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
 )
 
-// inspectOutput is what an image holds: gpucr's manifest and what CRIU's files say.
+// inspectOutput is what an image holds: gpucr's manifest and what CRIU's files say. A
+// runc checkpoint directory has no manifest: runc's descriptors and, when the runc
+// integration took it, the action script's GPU record stand in.
 type inspectOutput struct {
-	Dir      string           `json:"dir"`
-	Manifest *image.Manifest  `json:"manifest"`
-	CRIU     *criuimg.Summary `json:"criu"`
-	AMD      *amdimg.Summary  `json:"amd,omitempty"`
+	Dir         string            `json:"dir"`
+	Manifest    *image.Manifest   `json:"manifest,omitempty"`
+	Container   *container.Info   `json:"container,omitempty"`
+	Descriptors []string          `json:"runcDescriptors,omitempty"`
+	GPURecord   *container.Record `json:"gpuRecord,omitempty"`
+	CRIU        *criuimg.Summary  `json:"criu"`
+	AMD         *amdimg.Summary   `json:"amd,omitempty"`
 }
 
 func (a *app) inspectCmd() *cobra.Command {
 	var files bool
 	cmd := &cobra.Command{
 		Use:   "inspect DIR",
-		Short: "Show what an image holds: processes, memory, open files, GPUs, versions",
+		Short: "Show what an image (or a runc checkpoint directory) holds: processes, memory, open files, GPUs, versions",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
-			m, err := image.Load(args[0])
+			out, criuDir, err := loadInspect(args[0])
 			if err != nil {
 				return err
 			}
-			sum, err := criuimg.Read(imageCRIUDir(args[0]))
-			if err != nil {
+			if out.CRIU, err = criuimg.Read(criuDir); err != nil {
 				return err
 			}
-			out := inspectOutput{Dir: args[0], Manifest: m, CRIU: sum}
-			if amd, err := amdimg.Summarize(imageCRIUDir(args[0])); err != nil {
+			if amd, err := amdimg.Summarize(criuDir); err != nil {
 				return err
 			} else if len(amd.Processes) > 0 {
 				out.AMD = amd
@@ -49,6 +59,33 @@ func (a *app) inspectCmd() *cobra.Command {
 }
 
 func imageCRIUDir(dir string) string { return strings.TrimRight(dir, "/") + "/" + image.CRIUDir }
+
+// loadInspect reads dir's manifest and container description, or, for a runc checkpoint
+// directory (CRIU's files, no manifest), runc's descriptors and the GPU record; it returns
+// where CRIU's files are.
+func loadInspect(dir string) (inspectOutput, string, error) {
+	out := inspectOutput{Dir: dir}
+	m, err := image.Load(dir)
+	if err == nil {
+		out.Manifest = m
+		if out.Container, err = container.ReadInfo(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return out, "", err
+		}
+		return out, imageCRIUDir(dir), nil
+	}
+	if _, serr := os.Stat(filepath.Join(dir, "pstree.img")); !errors.Is(err, image.ErrNoManifest) || serr != nil {
+		return out, "", err
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "descriptors.json")); err == nil {
+		if err := json.Unmarshal(b, &out.Descriptors); err != nil {
+			return out, "", fmt.Errorf("read %s: %w", filepath.Join(dir, "descriptors.json"), err)
+		}
+	}
+	if out.GPURecord, err = container.ReadRecord(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return out, "", err
+	}
+	return out, dir, nil
+}
 
 func printAMD(w io.Writer, s *amdimg.Summary) {
 	fmt.Fprintf(w, "amd gpus  (%s)\n", amdUntested)
@@ -66,12 +103,29 @@ func printAMD(w io.Writer, s *amdimg.Summary) {
 
 func printInspect(w io.Writer, o inspectOutput, files bool) {
 	m := o.Manifest
-	fmt.Fprintf(w, "image     %s (format %d)\n", o.Dir, m.FormatVersion)
-	fmt.Fprintf(w, "created   %s on %s (kernel %s, %s)\n", m.Created.Local().Format("2006-01-02 15:04:05 MST"), m.Host.Hostname, m.Host.Kernel, m.Host.Arch)
-	fmt.Fprintf(w, "versions  gpucr %s, criu %s\n", m.GpucrVersion, m.CRIUVersion)
-	fmt.Fprintf(w, "memory    %s in %d files\n", bytesHuman(o.CRIU.MemoryBytes), len(m.Files))
-	if len(m.Phases) > 0 {
-		fmt.Fprintf(w, "phases    %s\n", phasesLine(m.Phases))
+	var gpus []gpu.Snapshot
+	if m != nil {
+		fmt.Fprintf(w, "image     %s (format %d)\n", o.Dir, m.FormatVersion)
+		fmt.Fprintf(w, "created   %s on %s (kernel %s, %s)\n", m.Created.Local().Format("2006-01-02 15:04:05 MST"), m.Host.Hostname, m.Host.Kernel, m.Host.Arch)
+		fmt.Fprintf(w, "versions  gpucr %s, criu %s\n", m.GpucrVersion, m.CRIUVersion)
+		if o.Container != nil {
+			fmt.Fprintf(w, "container %s (bundle %s)\n", o.Container.ID, o.Container.Bundle)
+		}
+		fmt.Fprintf(w, "memory    %s in %d files\n", bytesHuman(o.CRIU.MemoryBytes), len(m.Files))
+		if len(m.Phases) > 0 {
+			fmt.Fprintf(w, "phases    %s\n", phasesLine(m.Phases))
+		}
+		gpus = m.GPUs
+	} else {
+		fmt.Fprintf(w, "image     %s (runc/CRIU checkpoint: no gpucr manifest, files not checksummed)\n", o.Dir)
+		if len(o.Descriptors) > 0 {
+			fmt.Fprintf(w, "stdio     %s\n", strings.Join(o.Descriptors, "  "))
+		}
+		if o.GPURecord != nil {
+			fmt.Fprintf(w, "versions  gpucr %s (runc integration)\n", o.GPURecord.GpucrVersion)
+			gpus = o.GPURecord.GPUs
+		}
+		fmt.Fprintf(w, "memory    %s\n", bytesHuman(o.CRIU.MemoryBytes))
 	}
 	fmt.Fprintln(w, "processes")
 	depth := map[int]int{}
@@ -87,7 +141,7 @@ func printInspect(w io.Writer, o inspectOutput, files bool) {
 	if o.AMD != nil {
 		printAMD(w, o.AMD)
 	}
-	for _, s := range m.GPUs {
+	for _, s := range gpus {
 		fmt.Fprintf(w, "gpus      %s driver %s, CUDA %s\n", s.Backend, s.DriverVersion, s.CUDAVersion)
 		for _, d := range s.Devices {
 			fmt.Fprintf(w, "  %d %s %s  cc %s  %s total, %s used  pci %s  numa %d\n", d.Index, d.UUID, d.Name, d.ComputeCapability,

@@ -62,7 +62,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pf.StringVar(&a.criuPath, "criu", "", "path to the criu binary (default: $GPUCR_CRIU, "+criu.DefaultPrefixBinary+", then PATH)")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log each step to stderr")
 	pf.BoolVar(&a.noTHP, "no-thp", false, "do not switch transparent huge pages to always while GPU memory is staged (it is put back afterwards)")
-	root.AddCommand(a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd())
+	root.AddCommand(a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd(),
+		a.criuActionCmd(), a.installRuncCmd(), a.pushCmd(), a.pullCmd(), a.lsCmd())
 
 	if err := root.Execute(); err != nil {
 		if code, ok := jobExitCode(err); ok {

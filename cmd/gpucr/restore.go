@@ -11,33 +11,46 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/amd"
+	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
 )
 
 // restoreOutput is the summary of a restore, for text and JSON alike.
 type restoreOutput struct {
-	Dir     string                       `json:"dir"`
-	RootPID int                          `json:"rootPid"`
-	GPUMap  map[string]map[string]string `json:"gpuMap,omitempty"`
-	AMDMap  map[string]map[uint32]uint32 `json:"amdGpuMap,omitempty"`
-	Phases  []phaseJSON                  `json:"phases"`
-	Total   float64                      `json:"totalSeconds"`
+	Dir       string                       `json:"dir"`
+	Container string                       `json:"container,omitempty"`
+	RootPID   int                          `json:"rootPid"`
+	GPUMap    map[string]map[string]string `json:"gpuMap,omitempty"`
+	AMDMap    map[string]map[uint32]uint32 `json:"amdGpuMap,omitempty"`
+	Phases    []phaseJSON                  `json:"phases"`
+	Total     float64                      `json:"totalSeconds"`
 }
 
 func (a *app) restoreCmd() *cobra.Command {
 	var r engine.RestoreRequest
 	var skips []string
+	var ctr, newID, bundle string
+	var rf runcFlags
 	cmd := &cobra.Command{
-		Use:   "restore -D DIR",
-		Short: "Restore a process tree (and its GPU state) from an image directory, detached",
+		Use:   "restore [--container ID] -D DIR",
+		Short: "Restore a process tree or runc container (and its GPU state) from an image directory, detached",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
 			if r.Skips, r.AMDSkips, err = splitSkips(skips); err != nil {
 				return usageError{err}
+			}
+			if ctr != "" {
+				return a.restoreContainer(cmd.Context(), cmd, rf, ctr, container.RestoreRequest{
+					Dir: r.Dir, ID: newID, Bundle: bundle, GPUMap: r.GPUMap, Skips: r.Skips,
+				}, r.Options)
+			}
+			if newID != "" || bundle != "" {
+				return usageError{fmt.Errorf("--new-id and --bundle need --container")}
 			}
 			if err := criu.ValidateNetworkLock(r.NetworkLock); err != nil {
 				return usageError{err}
@@ -54,34 +67,44 @@ func (a *app) restoreCmd() *cobra.Command {
 				return classify(err)
 			}
 			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
-			return a.emit(out, func() {
-				fmt.Fprintf(a.stdout, "restored PID %d from %s in %.2fs\n", out.RootPID, out.Dir, out.Total)
-				for backend, m := range out.GPUMap {
-					olds := make([]string, 0, len(m))
-					for o := range m {
-						olds = append(olds, o)
-					}
-					sort.Strings(olds)
-					for _, o := range olds {
-						fmt.Fprintf(a.stdout, "  %s GPU %s -> %s\n", backend, o, m[o])
-					}
-				}
-				for img, m := range out.AMDMap {
-					for o, n := range m {
-						fmt.Fprintf(a.stdout, "  amd GPU %d -> %d (%s)\n", o, n, img)
-					}
-				}
-				fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(res.Phases))
-			})
+			return a.emit(out, func() { printRestore(a, out, res.Phases) })
 		},
 	}
 	f := cmd.Flags()
 	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to restore from")
 	f.StringVar(&r.GPUMap, "gpu-map", "", `restore onto other GPUs: "0=1,1=0" by index or "GPU-old=GPU-new" by UUID`)
 	f.StringSliceVar(&skips, "skip-check", nil, "switch off a GPU compatibility check by name (repeatable): "+strings.Join(checkNames(), ", "))
+	f.StringVar(&ctr, "container", "", "restore the runc container the image holds, checkpointed with this ID")
+	f.StringVar(&newID, "new-id", "", "with --container: restore the container under this ID instead")
+	f.StringVar(&bundle, "bundle", "", "with --container: the OCI bundle to restore with (default: the one it was checkpointed from)")
+	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
 	_ = cmd.MarkFlagRequired("images-dir")
 	return cmd
+}
+
+func printRestore(a *app, out restoreOutput, phases []image.Phase) {
+	if out.Container != "" {
+		fmt.Fprintf(a.stdout, "restored container %s (init PID %d) from %s in %.2fs\n", out.Container, out.RootPID, out.Dir, out.Total)
+	} else {
+		fmt.Fprintf(a.stdout, "restored PID %d from %s in %.2fs\n", out.RootPID, out.Dir, out.Total)
+	}
+	for backend, m := range out.GPUMap {
+		olds := make([]string, 0, len(m))
+		for o := range m {
+			olds = append(olds, o)
+		}
+		sort.Strings(olds)
+		for _, o := range olds {
+			fmt.Fprintf(a.stdout, "  %s GPU %s -> %s\n", backend, o, m[o])
+		}
+	}
+	for img, m := range out.AMDMap {
+		for o, n := range m {
+			fmt.Fprintf(a.stdout, "  amd GPU %d -> %d (%s)\n", o, n, img)
+		}
+	}
+	fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(phases))
 }
 
 // splitSkips sends each --skip-check name to the vendors that have such a check, together

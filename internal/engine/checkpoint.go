@@ -40,11 +40,11 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	defer stage.Abort() // a no-op once committed
 
 	t := &timer{r: e.reporter()}
-	gpus, snaps, err := e.findGPUProcs(ctx, proctree.PIDs(tree))
+	gpus, snaps, err := FindGPUProcs(ctx, e.Backends, proctree.PIDs(tree))
 	if err != nil {
 		return nil, err
 	}
-	if err := safety.Check(tree, gpus.pids()); err != nil {
+	if err := safety.Check(tree, gpus.PIDs()); err != nil {
 		return nil, err // before anything is locked: the workload is untouched
 	}
 	if pid := plugin.UsesKFD(proctree.PIDs(tree)); pid != 0 {
@@ -57,7 +57,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		GpucrVersion: e.Version,
 		CRIUVersion:  e.CRIU.VersionString(),
 		Created:      time.Now().UTC(),
-		Host:         hostInfo(),
+		Host:         HostInfo(),
 		RootPID:      r.PID,
 		Options: image.Options{
 			LeaveRunning: r.LeaveRunning, ShellJob: r.ShellJob, TCPEstablished: r.TCPEstablished,
@@ -75,7 +75,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 			return cause
 		}
 		// The caller's context may be the cancelled one; rollback must still run.
-		if err := gpus.resume(context.WithoutCancel(ctx), nil); err != nil {
+		if err := gpus.Resume(context.WithoutCancel(ctx), nil); err != nil {
 			return fmt.Errorf("%w; rolling back the GPUs also failed, the workload may be stuck: %v", cause, err)
 		}
 		e.log().Info("rolled back: GPU processes resumed", "processes", len(gpus))
@@ -83,10 +83,10 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	}
 	if len(gpus) > 0 {
 		defer e.tuneHost()()
-		if err := t.run(PhaseGPULock, func() error { return gpus.lock(ctx, r.LockTimeout) }); err != nil {
+		if err := t.run(PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
 			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
 		}
-		if err := t.run(PhaseGPUCheckpoint, func() error { return gpus.checkpoint(ctx) }); err != nil {
+		if err := t.run(PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {
 			return nil, rollback(fmt.Errorf("checkpoint GPU state: %w", err))
 		}
 	}
@@ -122,7 +122,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		}
 	}
 	if r.LeaveRunning && len(gpus) > 0 {
-		if err := t.run(PhaseGPUResume, func() error { return gpus.resume(context.WithoutCancel(ctx), nil) }); err != nil {
+		if err := t.run(PhaseGPUResume, func() error { return gpus.Resume(context.WithoutCancel(ctx), nil) }); err != nil {
 			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", r.Dir, err)
 		}
 	}
@@ -151,7 +151,7 @@ func (c *committer) PostDump() error {
 		c.err = fmt.Errorf("checkpoint interrupted: %w", err)
 		return c.err
 	}
-	pages, err := pagesBytes(c.stage.CRIUDir())
+	pages, err := PagesBytes(c.stage.CRIUDir())
 	if err != nil {
 		c.err = err
 		return err
@@ -163,8 +163,8 @@ func (c *committer) PostDump() error {
 	return c.err
 }
 
-// pagesBytes sums CRIU's page files: the memory the image holds.
-func pagesBytes(dir string) (uint64, error) {
+// PagesBytes sums CRIU's page files: the memory the image holds.
+func PagesBytes(dir string) (uint64, error) {
 	matches, err := filepath.Glob(filepath.Join(dir, "pages-*.img"))
 	if err != nil {
 		return 0, err
@@ -246,7 +246,8 @@ func (e *Engine) target(pid int) ([]proctree.Process, error) {
 	return tree, nil
 }
 
-func hostInfo() image.HostInfo {
+// HostInfo identifies this machine for a manifest.
+func HostInfo() image.HostInfo {
 	h := image.HostInfo{Arch: runtime.GOARCH}
 	h.Hostname, _ = os.Hostname()
 	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {

@@ -59,7 +59,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if err := pidsFree(m); err != nil {
 		return nil, err
 	}
-	gpus, remap, err := e.planGPUs(ctx, m, r)
+	gpus, remap, err := PlanGPUs(ctx, e.Backends, m.GPUs, r.GPUMap, r.Skips)
 	if err != nil {
 		return nil, err
 	}
@@ -102,7 +102,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if len(gpus) > 0 {
 		// Restore must not be abandoned halfway, even on Ctrl-C: finish, then report.
 		gctx := context.WithoutCancel(ctx)
-		if err := t.run(PhaseGPURestore, func() error { return gpus.resume(gctx, remap) }); err != nil {
+		if err := t.run(PhaseGPURestore, func() error { return gpus.Resume(gctx, remap) }); err != nil {
 			killTree(m)
 			return nil, fmt.Errorf("%w: %v; the restored processes were killed, the image is unchanged", ErrGPURestore, err)
 		}
@@ -139,13 +139,14 @@ func (e *Engine) planAMD(r *RestoreRequest) (map[string]map[uint32]uint32, error
 	return m, nil
 }
 
-// planGPUs finds a backend for each of the image's GPU snapshots, checks that this host's
-// devices can take the state, and decides which host device each image device goes to.
-func (e *Engine) planGPUs(ctx context.Context, m *image.Manifest, r RestoreRequest) (gpuSet, map[string]map[string]string, error) {
-	var set gpuSet
+// PlanGPUs finds among backends one for each of an image's GPU snapshots, checks that this
+// host's devices can take the state, and decides which host device each image device goes
+// to; gpuMap is the user's --gpu-map. The set holds the image's PIDs.
+func PlanGPUs(ctx context.Context, backends []gpu.Backend, snaps []gpu.Snapshot, gpuMap string, skips gpu.Skips) (GPUSet, map[string]map[string]string, error) {
+	var set GPUSet
 	remap := map[string]map[string]string{}
-	for _, snap := range m.GPUs {
-		b := e.backend(snap.Backend)
+	for _, snap := range snaps {
+		b := backendNamed(backends, snap.Backend)
 		if b == nil {
 			return nil, nil, fmt.Errorf("%w: the image holds %s GPU state, and the %s backend is not available on this host (see gpucr check)",
 				ErrNoBackend, snap.Backend, snap.Backend)
@@ -154,11 +155,11 @@ func (e *Engine) planGPUs(ctx context.Context, m *image.Manifest, r RestoreReque
 		if err != nil {
 			return nil, nil, fmt.Errorf("%s: describe GPUs: %w", b.Name(), err)
 		}
-		explicit, err := gpu.ParseGPUMap(r.GPUMap, snap.Host, host)
+		explicit, err := gpu.ParseGPUMap(gpuMap, snap.Host, host)
 		if err != nil {
 			return nil, nil, err
 		}
-		mapping, err := gpu.PlanMapping(snap, host, explicit, r.Skips)
+		mapping, err := gpu.PlanMapping(snap, host, explicit, skips)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -166,7 +167,7 @@ func (e *Engine) planGPUs(ctx context.Context, m *image.Manifest, r RestoreReque
 			remap[b.Name()] = mapping
 		}
 		for _, p := range snap.Processes {
-			set = append(set, gpuProc{backend: b, Process: p})
+			set = append(set, GPUProc{Backend: b, Process: p})
 		}
 	}
 	if len(remap) == 0 {
@@ -175,8 +176,8 @@ func (e *Engine) planGPUs(ctx context.Context, m *image.Manifest, r RestoreReque
 	return set, remap, nil
 }
 
-func (e *Engine) backend(name string) gpu.Backend {
-	for _, b := range e.Backends {
+func backendNamed(backends []gpu.Backend, name string) gpu.Backend {
+	for _, b := range backends {
 		if b.Name() == name {
 			return b
 		}

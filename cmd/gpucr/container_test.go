@@ -1,0 +1,270 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/criu"
+)
+
+// These tests checkpoint and restore real runc containers with real CRIU: through gpucr,
+// and through plain runc with the runc integration installed. They need root, runc,
+// busybox and CRIU; under CI=true a missing prerequisite fails them.
+
+// needRunc returns runc and the CRIU gpucr uses, skipping (or under CI failing) without them.
+func needRunc(t *testing.T) (runc, criuPath string) {
+	t.Helper()
+	needCRIU(t)
+	why := ""
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		why = "no runc (run scripts/install-deps.sh)"
+	} else if _, err := os.Stat("/bin/busybox"); err != nil {
+		why = "no /bin/busybox for the container's rootfs (busybox-static)"
+	}
+	d, err := criu.Find("")
+	if err != nil {
+		why = err.Error()
+	}
+	if why != "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI needs runc, busybox and CRIU: %s", why)
+		}
+		t.Skip(why)
+	}
+	return runc, d.Path
+}
+
+// counterBundle makes an OCI bundle whose container counts into /count ten times a second.
+// It shares the host's network namespace: a namespace of its own would need iptables for
+// CRIU's network lock, which has nothing to do with what these tests prove. criuConfig,
+// when not empty, is the CRIU configuration runc hands to CRIU for this container.
+func counterBundle(t *testing.T, runc, criuConfig string) string {
+	t.Helper()
+	b := t.TempDir()
+	bin := filepath.Join(b, "rootfs", "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bin, "busybox"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"sh", "sleep"} {
+		if err := os.Symlink("busybox", filepath.Join(bin, a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := exec.Command(runc, "spec", "--bundle", b).CombinedOutput(); err != nil {
+		t.Fatalf("runc spec: %v\n%s", err, out)
+	}
+	var spec map[string]any
+	raw, err := os.ReadFile(filepath.Join(b, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	proc := spec["process"].(map[string]any)
+	proc["terminal"] = false
+	proc["args"] = []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /count; sleep 0.1; done"}
+	spec["root"].(map[string]any)["readonly"] = false
+	linux := spec["linux"].(map[string]any)
+	var ns []any
+	for _, n := range linux["namespaces"].([]any) {
+		if n.(map[string]any)["type"] != "network" {
+			ns = append(ns, n)
+		}
+	}
+	linux["namespaces"] = ns
+	if criuConfig != "" {
+		spec["annotations"] = map[string]string{"org.criu.config": criuConfig}
+	}
+	if raw, err = json.Marshal(spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(b, "config.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// containerID is a fresh container name, removed (with whatever runs under it) at cleanup.
+func containerID(t *testing.T, runc, name string) string {
+	id := fmt.Sprintf("gpucr-test-%d-%s", os.Getpid(), name)
+	t.Cleanup(func() {
+		_ = exec.Command(runc, "delete", "--force", id).Run()
+		reap()
+	})
+	return id
+}
+
+func runcRun(t *testing.T, runc, bundle, id string) {
+	t.Helper()
+	mustRunc(t, runc, "run", "--detach", "--bundle", bundle, id)
+}
+
+// mustRunc runs runc with /dev/null for stdio and its errors in its --log file: a
+// detached container keeps runc's stdio, where a pipe would never reach EOF and a file
+// outside the container is one CRIU cannot dump.
+func mustRunc(t *testing.T, runc string, args ...string) {
+	t.Helper()
+	log := filepath.Join(t.TempDir(), "runc.log")
+	if err := exec.Command(runc, append([]string{"--log", log}, args...)...).Run(); err != nil {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("runc %s: %v\n%s", strings.Join(args, " "), err, b)
+	}
+}
+
+// count reads the container's counter, 0 before its first write.
+func count(t *testing.T, bundle string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(bundle, "rootfs", "count"))
+	if err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return n
+}
+
+func waitContainerCount(t *testing.T, bundle string, atLeast int) int {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		if n := count(t, bundle); n >= atLeast {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("container count did not reach %d (at %d)", atLeast, count(t, bundle))
+	return 0
+}
+
+// checkCountsOn proves the restored container went on from its checkpointed memory: its
+// next counts follow on from frozen instead of starting again from 1.
+func checkCountsOn(t *testing.T, bundle string, frozen int) {
+	t.Helper()
+	n := waitContainerCount(t, bundle, frozen+3)
+	if n > frozen+30 {
+		t.Fatalf("count jumped from %d to %d", frozen, n)
+	}
+}
+
+func gone(runc, id string) bool {
+	return exec.Command(runc, "state", id).Run() != nil
+}
+
+func TestContainerCheckpointRestoreThroughGpucr(t *testing.T) {
+	runc, _ := needRunc(t)
+	bundle := counterBundle(t, runc, "")
+	id, id2 := containerID(t, runc, "a"), containerID(t, runc, "a2")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 5)
+
+	dir := filepath.Join(t.TempDir(), "img")
+	out := mustGpucr(t, "checkpoint", "--container", id, "-D", dir)
+	if !strings.Contains(out, "checkpointed container "+id) {
+		t.Errorf("summary: %s", out)
+	}
+	if !gone(runc, id) {
+		t.Fatal("the container still exists after a checkpoint without --leave-running")
+	}
+	frozen := count(t, bundle)
+	time.Sleep(300 * time.Millisecond)
+	if n := count(t, bundle); n != frozen {
+		t.Fatalf("the container kept counting after its checkpoint: %d -> %d", frozen, n)
+	}
+	mustGpucr(t, "verify", dir)
+	if out := mustGpucr(t, "inspect", dir); !strings.Contains(out, "container "+id) || !strings.Contains(out, " sh ") {
+		t.Errorf("inspect:\n%s", out)
+	}
+	if out, code := gpucr(t, "restore", "--container", "other", "-D", dir); code == 0 || !strings.Contains(out, "holds container "+id) {
+		t.Errorf("restore under the wrong ID: exit %d: %s", code, out)
+	}
+
+	out = mustGpucr(t, "restore", "--container", id, "-D", dir, "--new-id", id2)
+	if !strings.Contains(out, "restored container "+id2) {
+		t.Errorf("summary: %s", out)
+	}
+	checkCountsOn(t, bundle, frozen)
+}
+
+func TestContainerLeaveRunningAndFailedCheckpointKeepItRunning(t *testing.T) {
+	runc, _ := needRunc(t)
+	// A container whose stdout is a host file outside its mounts: CRIU cannot dump it, so
+	// the checkpoint fails inside runc, after gpucr paused the container.
+	bad := counterBundle(t, runc, "")
+	badID := containerID(t, runc, "bad")
+	stdout, err := os.Create(filepath.Join(t.TempDir(), "stdout"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stdout.Close()
+	run := exec.Command(runc, "run", "--detach", "--bundle", bad, badID)
+	run.Stdout, run.Stderr = stdout, stdout
+	if err := run.Run(); err != nil {
+		t.Fatalf("runc run: %v", err)
+	}
+	waitContainerCount(t, bad, 3)
+	if out, code := gpucr(t, "checkpoint", "--container", badID, "-D", filepath.Join(t.TempDir(), "img")); code == 0 {
+		t.Fatalf("checkpoint of an undumpable container succeeded: %s", out)
+	}
+	n := count(t, bad)
+	waitContainerCount(t, bad, n+3) // rolled back: running, not left paused
+
+	bundle := counterBundle(t, runc, "")
+	id := containerID(t, runc, "b")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 3)
+	dir := filepath.Join(t.TempDir(), "img")
+	out := mustGpucr(t, "checkpoint", "--container", id, "-D", dir, "--leave-running")
+	if !strings.Contains(out, "left running") {
+		t.Errorf("summary: %s", out)
+	}
+	n = count(t, bundle)
+	waitContainerCount(t, bundle, n+3) // running, not left paused
+}
+
+func TestPlainRuncWithIntegration(t *testing.T) {
+	runc, criuPath := needRunc(t)
+	tmp := t.TempDir()
+	conf, script, log := filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "criu-action"), filepath.Join(tmp, "action.log")
+	mustGpucr(t, "install-runc-integration", "--config", conf, "--script", script, "--log", log)
+	// The annotation points runc at this test's configuration instead of /etc/criu/runc.conf,
+	// so that the test leaves the host's runc as it found it.
+	bundle := counterBundle(t, runc, conf)
+	id, id2 := containerID(t, runc, "c"), containerID(t, runc, "c2")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 5)
+
+	img := filepath.Join(tmp, "img")
+	mustRunc(t, runc, "--criu", criuPath, "checkpoint", "--image-path", img, "--work-path", filepath.Join(tmp, "work"), id)
+	frozen := count(t, bundle)
+	logged, _ := os.ReadFile(log)
+	if !strings.Contains(string(logged), "action=pre-dump") {
+		t.Fatalf("plain runc checkpoint did not run gpucr's action script; its log:\n%s", logged)
+	}
+	if out := mustGpucr(t, "inspect", img); !strings.Contains(out, "runc/CRIU checkpoint") || !strings.Contains(out, " sh ") {
+		t.Errorf("inspect of runc's checkpoint:\n%s", out)
+	}
+
+	mustRunc(t, runc, "--criu", criuPath, "restore", "--detach", "--image-path", img, "--work-path", filepath.Join(tmp, "work2"), "--bundle", bundle, id2)
+	checkCountsOn(t, bundle, frozen)
+	logged, _ = os.ReadFile(log)
+	for _, step := range []string{"action=pre-restore", "action=post-resume"} {
+		if !strings.Contains(string(logged), step) {
+			t.Errorf("plain runc restore did not run the %s step; the log:\n%s", step, logged)
+		}
+	}
+}

@@ -1,0 +1,312 @@
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/amd/plugin"
+	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/safety"
+)
+
+// What CRIU tells an action script through its environment (criu/action-scripts.c).
+const (
+	envAction   = "CRTOOLS_SCRIPT_ACTION"
+	envInitPID  = "CRTOOLS_INIT_PID"
+	envImageDir = "CRTOOLS_IMAGE_DIR"
+)
+
+// RecordName is the file the action script adds to CRIU's image directory when the dumped
+// tree held GPU state: what was on which GPUs, for the restore to check and bring back.
+const RecordName = "gpucr-gpus.json"
+
+// Record is the content of RecordName. Processes are numbered as in the container.
+type Record struct {
+	GpucrVersion string         `json:"gpucrVersion"`
+	GPUs         []gpu.Snapshot `json:"gpus"`
+}
+
+// ReadRecord reads the GPU record of a CRIU image directory; os.ErrNotExist means the
+// dump held no GPU state (or was not taken with the integration).
+func ReadRecord(dir string) (*Record, error) {
+	b, err := os.ReadFile(filepath.Join(dir, RecordName))
+	if err != nil {
+		return nil, err
+	}
+	var r Record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("read %s: %w", filepath.Join(dir, RecordName), err)
+	}
+	return &r, nil
+}
+
+// Held is one process whose GPUs a dump locked, by host PID, for the rollback.
+type Held struct {
+	Backend string `json:"backend"`
+	PID     int    `json:"pid"`
+}
+
+// Action is gpucr's CRIU action script: CRIU runs it at each step of a dump or restore,
+// which lets a plain `runc checkpoint` / `runc restore` move GPU state with no change to
+// runc. CRIU runs each script of a configuration file twice per step in RPC mode (it reads
+// the file twice), so every step is idempotent.
+type Action struct {
+	Backends    []gpu.Backend
+	Getenv      func(string) string
+	CRIUPID     int    // the CRIU process that runs the script: its parent
+	StateDir    string // holds what passes from one step to a later one
+	LockTimeout time.Duration
+	Version     string
+	Log         *slog.Logger
+	// Watch starts, detached, what rolls the GPUs back once CRIU exits (RollBack): CRIU
+	// runs no script when a dump fails, and a tree dumped with --leave-running is still
+	// frozen at post-dump, where its GPUs cannot be resumed.
+	Watch func(criuPID int, heldPath string) error
+}
+
+// Run does what the current step (CRTOOLS_SCRIPT_ACTION) needs. An error makes CRIU
+// abort the dump or restore.
+func (a *Action) Run(ctx context.Context) error {
+	step := a.Getenv(envAction)
+	log := a.Log.With("action", step, "init", a.Getenv(envInitPID), "criu", a.CRIUPID)
+	if a.Getenv(SkipEnv) == "skip" {
+		log.Info("skipped: gpucr drives this runc call and moves the GPU state itself")
+		return nil
+	}
+	var err error
+	switch step {
+	case "pre-dump":
+		err = a.preDump(ctx, log)
+	case "pre-restore":
+		err = a.preRestore(ctx, log)
+	case "post-resume":
+		err = a.postResume(ctx, log)
+	default:
+		log.Debug("nothing to do")
+	}
+	if err != nil {
+		log.Error("failed", "err", err)
+	}
+	return err
+}
+
+func (a *Action) initPID() (int, error) {
+	pid, err := strconv.Atoi(a.Getenv(envInitPID))
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("CRIU gave no usable %s (%q)", envInitPID, a.Getenv(envInitPID))
+	}
+	return pid, nil
+}
+
+// preDump locks and checkpoints the GPUs of the tree CRIU is about to freeze, records
+// them in the image, and starts the rollback watcher. Any failure rolls the GPUs back and
+// aborts the dump: the container keeps running.
+func (a *Action) preDump(ctx context.Context, log *slog.Logger) error {
+	imgDir := a.Getenv(envImageDir)
+	if _, err := os.Stat(filepath.Join(imgDir, RecordName)); err == nil {
+		log.Info("GPU state already checkpointed by this dump's first run of the script")
+		return nil
+	}
+	root, err := a.initPID()
+	if err != nil {
+		return err
+	}
+	tree, err := proctree.Tree(root)
+	if err != nil {
+		return err
+	}
+	gpus, snaps, err := engine.FindGPUProcs(ctx, a.Backends, proctree.PIDs(tree))
+	if err != nil {
+		return err
+	}
+	log.Info("GPU processes found", "processes", len(tree), "gpuProcesses", len(gpus))
+	if len(gpus) == 0 {
+		return nil
+	}
+	if err := safety.Check(tree, gpus.PIDs()); err != nil {
+		return err
+	}
+	if pid := plugin.UsesKFD(proctree.PIDs(tree)); pid != 0 {
+		return fmt.Errorf("process %d uses an AMD GPU (/dev/kfd): containers with AMD GPUs are not supported yet", pid)
+	}
+	inner, err := toInner(gpus)
+	if err != nil {
+		return err
+	}
+	rec, err := json.MarshalIndent(Record{GpucrVersion: a.Version, GPUs: innerSnapshots(snaps, inner)}, "", "  ")
+	if err != nil {
+		return err
+	}
+	held := make([]Held, len(gpus))
+	for i, p := range gpus {
+		held[i] = Held{Backend: p.Backend.Name(), PID: p.PID}
+	}
+	heldPath := filepath.Join(a.StateDir, fmt.Sprintf("dump-%d.json", a.CRIUPID))
+	if err := writeJSON(heldPath, held); err != nil {
+		return err
+	}
+	rollback := func(cause error) error {
+		if err := gpus.Resume(context.WithoutCancel(ctx), nil); err != nil {
+			return fmt.Errorf("%w; rolling back the GPUs also failed, the workload may be stuck: %v", cause, err)
+		}
+		os.Remove(heldPath)
+		return cause
+	}
+	// The watcher goes first: from the lock on, CRIU's exit, however it ends, rolls back.
+	if err := a.Watch(a.CRIUPID, heldPath); err != nil {
+		os.Remove(heldPath)
+		return fmt.Errorf("start the GPU rollback watcher: %w", err)
+	}
+	if err := gpus.Lock(ctx, a.LockTimeout); err != nil {
+		return rollback(fmt.Errorf("lock GPU processes: %w", err))
+	}
+	if err := gpus.Checkpoint(ctx); err != nil {
+		return rollback(fmt.Errorf("checkpoint GPU state: %w", err))
+	}
+	if err := os.WriteFile(filepath.Join(imgDir, RecordName), append(rec, '\n'), 0o600); err != nil {
+		return rollback(fmt.Errorf("write %s into the image: %w", RecordName, err))
+	}
+	log.Info("GPU state checkpointed", "gpuProcesses", len(gpus))
+	return nil
+}
+
+// RollBack runs once the dumping CRIU has exited: every process of heldPath still alive
+// (the dump failed, or left the tree running) gets its GPU state back and is unlocked; a
+// process the dump killed is gone and needs nothing.
+func RollBack(ctx context.Context, backends []gpu.Backend, heldPath string, log *slog.Logger) error {
+	var held []Held
+	b, err := os.ReadFile(heldPath)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // the script rolled back itself before the dump started
+	}
+	if err != nil {
+		return fmt.Errorf("read GPU rollback state: %w", err)
+	}
+	if err := json.Unmarshal(b, &held); err != nil {
+		return fmt.Errorf("read GPU rollback state %s: %w", heldPath, err)
+	}
+	var set engine.GPUSet
+	for _, h := range held {
+		if p, err := proctree.Read(h.PID); err != nil || p.Zombie {
+			continue
+		}
+		be := backendNamed(backends, h.Backend)
+		if be == nil {
+			return fmt.Errorf("process %d holds %s GPU state and the %s backend is not available", h.PID, h.Backend, h.Backend)
+		}
+		set = append(set, engine.GPUProc{Backend: be, Process: gpu.Process{PID: h.PID}})
+	}
+	log.Info("dump over", "gpuProcesses", len(held), "stillRunning", len(set))
+	if err := set.Resume(ctx, nil); err != nil {
+		return fmt.Errorf("resume GPU processes after the dump: %w", err)
+	}
+	return os.Remove(heldPath)
+}
+
+// preRestore checks, before CRIU restores anything, that this host's GPUs can take the
+// image's GPU state, and keeps the record for post-resume: by then CRIU has closed the
+// image directory.
+func (a *Action) preRestore(ctx context.Context, log *slog.Logger) error {
+	rec, err := ReadRecord(a.Getenv(envImageDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		log.Info("the image holds no GPU state")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if _, _, err := engine.PlanGPUs(ctx, a.Backends, rec.GPUs, "", a.skips()); err != nil {
+		return err
+	}
+	log.Info("GPU state can be restored here", "backends", len(rec.GPUs))
+	return writeJSON(a.restorePath(), rec)
+}
+
+// postResume brings back the device state of the restored, now running, tree. If that
+// fails the tree is killed: a process without its GPU state must not run on.
+func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
+	var rec Record
+	b, err := os.ReadFile(a.restorePath())
+	if errors.Is(err, fs.ErrNotExist) {
+		log.Info("no GPU state to restore")
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return fmt.Errorf("read %s: %w", a.restorePath(), err)
+	}
+	os.Remove(a.restorePath())
+	root, err := a.initPID()
+	if err != nil {
+		return err
+	}
+	host, err := hostPIDs(root)
+	if err != nil {
+		return err
+	}
+	fail := func(cause error) error {
+		for _, pid := range host {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		return fmt.Errorf("%w: %v; the restored processes were killed", engine.ErrGPURestore, cause)
+	}
+	gpus, remap, err := engine.PlanGPUs(ctx, a.Backends, rec.GPUs, "", a.skips())
+	if err != nil {
+		return fail(err)
+	}
+	if gpus, err = toHost(gpus, host); err != nil {
+		return fail(err)
+	}
+	if err := gpus.Resume(context.WithoutCancel(ctx), remap); err != nil {
+		return fail(err)
+	}
+	log.Info("GPU state restored", "gpuProcesses", len(gpus))
+	return nil
+}
+
+// skips are the checks switched off through their environment variables, the one way to
+// reach a script that runc starts.
+func (a *Action) skips() gpu.Skips {
+	s, _ := gpu.SkipsFrom(nil, a.Getenv) // no flags: nothing to reject
+	return s
+}
+
+func (a *Action) restorePath() string {
+	return filepath.Join(a.StateDir, fmt.Sprintf("restore-%d.json", a.CRIUPID))
+}
+
+func backendNamed(backends []gpu.Backend, name string) gpu.Backend {
+	for _, b := range backends {
+		if b.Name() == name {
+			return b
+		}
+	}
+	return nil
+}
+
+func writeJSON(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", filepath.Dir(path), err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,316 @@
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/gpu"
+)
+
+// fakeGPU stands in for the GPU driver, the one hardware edge these tests cannot reach: it
+// claims one PID as a GPU process and follows the driver's state machine.
+type fakeGPU struct {
+	mu       sync.Mutex
+	pid      int
+	state    gpu.State
+	calls    []string
+	failStep string // a step that fails
+}
+
+func (f *fakeGPU) Name() string { return "fake" }
+func (f *fakeGPU) Host(context.Context) (gpu.Host, error) {
+	return gpu.Host{DriverVersion: "1.0", Devices: []gpu.Device{{UUID: "GPU-a", Name: "fake", ComputeCapability: "9.0", MemoryTotal: 1 << 30}}}, nil
+}
+func (f *fakeGPU) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
+	if slices.Contains(pids, f.pid) {
+		return []gpu.Process{{PID: f.pid, Devices: []string{"GPU-a"}, MemoryBytes: 1 << 20}}, nil
+	}
+	return nil, nil
+}
+func (f *fakeGPU) step(name string, pid int, from, to gpu.State) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls = append(f.calls, name)
+	switch {
+	case pid != f.pid:
+		return errors.New(name + ": not a GPU process: " + strconv.Itoa(pid))
+	case name == f.failStep:
+		return errors.New(name + " failed")
+	case f.state != from:
+		return errors.New(name + " from state " + f.state.String())
+	}
+	f.state = to
+	return nil
+}
+func (f *fakeGPU) Lock(_ context.Context, pid int, _ time.Duration) error {
+	return f.step("lock", pid, gpu.StateRunning, gpu.StateLocked)
+}
+func (f *fakeGPU) Checkpoint(_ context.Context, pid int) error {
+	return f.step("checkpoint", pid, gpu.StateLocked, gpu.StateCheckpointed)
+}
+func (f *fakeGPU) Restore(_ context.Context, pid int, _ map[string]string) error {
+	return f.step("restore", pid, gpu.StateCheckpointed, gpu.StateLocked)
+}
+func (f *fakeGPU) Unlock(_ context.Context, pid int) error {
+	return f.step("unlock", pid, gpu.StateLocked, gpu.StateRunning)
+}
+func (f *fakeGPU) State(context.Context, int) (gpu.State, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state, nil
+}
+func (f *fakeGPU) log() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.calls)
+}
+
+// startSleep starts a real process to stand for the container's GPU process.
+func startSleep(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
+}
+
+type actionEnv struct {
+	act     *Action
+	env     map[string]string
+	watched []string
+}
+
+func newAction(t *testing.T, f *fakeGPU, step string, root int) *actionEnv {
+	a := &actionEnv{env: map[string]string{
+		envAction: step, envInitPID: strconv.Itoa(root), envImageDir: t.TempDir(),
+	}}
+	a.act = &Action{
+		Backends: []gpu.Backend{f}, Getenv: func(k string) string { return a.env[k] }, CRIUPID: 4242,
+		StateDir: t.TempDir(), Version: "test", Log: slog.New(slog.DiscardHandler),
+		Watch: func(criuPID int, held string) error {
+			a.watched = append(a.watched, held)
+			return nil
+		},
+	}
+	return a
+}
+
+func TestPreDumpLocksRecordsAndStartsWatcherOnce(t *testing.T) {
+	p := startSleep(t)
+	f := &fakeGPU{pid: p.Process.Pid}
+	a := newAction(t, f, "pre-dump", p.Process.Pid)
+	for range 2 { // CRIU runs the script twice per step
+		if err := a.act.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.log(); !slices.Equal(got, []string{"lock", "checkpoint"}) {
+		t.Fatalf("GPU calls %v, want one lock and one checkpoint", got)
+	}
+	if len(a.watched) != 1 {
+		t.Fatalf("watcher started %d times, want once", len(a.watched))
+	}
+	rec, err := ReadRecord(a.env[envImageDir])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.GPUs) != 1 || rec.GPUs[0].Backend != "fake" || rec.GPUs[0].Processes[0].PID != p.Process.Pid {
+		t.Fatalf("record %+v", rec)
+	}
+
+	// CRIU exits with the tree alive (the dump failed, or --leave-running): roll back.
+	if err := RollBack(context.Background(), []gpu.Backend{f}, a.watched[0], slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.log(); !slices.Equal(got, []string{"lock", "checkpoint", "restore", "unlock"}) {
+		t.Fatalf("GPU calls %v after rollback", got)
+	}
+	if _, err := os.Stat(a.watched[0]); !os.IsNotExist(err) {
+		t.Errorf("rollback state left behind: %v", err)
+	}
+}
+
+func TestPreDumpFailureRollsBackAndAbortsTheDump(t *testing.T) {
+	p := startSleep(t)
+	f := &fakeGPU{pid: p.Process.Pid, failStep: "checkpoint"}
+	a := newAction(t, f, "pre-dump", p.Process.Pid)
+	if err := a.act.Run(context.Background()); err == nil {
+		t.Fatal("pre-dump succeeded with a failing GPU checkpoint: CRIU would dump a tree whose GPU state is not in memory")
+	}
+	if f.state != gpu.StateRunning {
+		t.Fatalf("GPU left %s, want running", f.state)
+	}
+	if _, err := ReadRecord(a.env[envImageDir]); !os.IsNotExist(err) {
+		t.Errorf("record written for a failed pre-dump: %v", err)
+	}
+	// The watcher, started before the lock, finds nothing left to do.
+	if err := RollBack(context.Background(), []gpu.Backend{f}, a.watched[0], slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.log(); !slices.Equal(got, []string{"lock", "checkpoint", "unlock"}) {
+		t.Fatalf("GPU calls %v", got)
+	}
+}
+
+func TestRollBackLeavesKilledTreeAlone(t *testing.T) {
+	p := startSleep(t)
+	f := &fakeGPU{pid: p.Process.Pid, state: gpu.StateCheckpointed}
+	held := filepath.Join(t.TempDir(), "held.json")
+	b, _ := json.Marshal([]Held{{Backend: "fake", PID: p.Process.Pid}})
+	if err := os.WriteFile(held, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.Process.Kill() // the dump succeeded and CRIU killed the tree
+	p.Wait()
+	if err := RollBack(context.Background(), []gpu.Backend{f}, held, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.log(); len(got) != 0 {
+		t.Fatalf("GPU calls %v for a process that is gone", got)
+	}
+}
+
+func TestRestoreStepsBringGPUStateBack(t *testing.T) {
+	p := startSleep(t)
+	f := &fakeGPU{pid: p.Process.Pid}
+	dump := newAction(t, f, "pre-dump", p.Process.Pid)
+	if err := dump.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a := newAction(t, f, "pre-restore", 0)
+	a.env[envImageDir] = dump.env[envImageDir]
+	a.env[envInitPID] = ""
+	for range 2 {
+		if err := a.act.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.env[envAction], a.env[envInitPID] = "post-resume", strconv.Itoa(p.Process.Pid)
+	for range 2 {
+		if err := a.act.Run(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := f.log(); !slices.Equal(got, []string{"lock", "checkpoint", "restore", "unlock"}) {
+		t.Fatalf("GPU calls %v", got)
+	}
+}
+
+func TestPreRestoreRefusesWithoutTheBackend(t *testing.T) {
+	p := startSleep(t)
+	f := &fakeGPU{pid: p.Process.Pid}
+	dump := newAction(t, f, "pre-dump", p.Process.Pid)
+	if err := dump.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a := newAction(t, f, "pre-restore", 0)
+	a.env[envImageDir] = dump.env[envImageDir]
+	a.act.Backends = nil // a host without the GPU backend
+	if err := a.act.Run(context.Background()); err == nil {
+		t.Fatal("pre-restore accepted GPU state this host cannot take: CRIU would restore a process without it")
+	}
+}
+
+func TestSkipEnvLeavesGPUsAlone(t *testing.T) {
+	p := startSleep(t)
+	f := &fakeGPU{pid: p.Process.Pid}
+	a := newAction(t, f, "pre-dump", p.Process.Pid)
+	a.env[SkipEnv] = "skip"
+	if err := a.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.log(); len(got) != 0 {
+		t.Fatalf("GPU calls %v under %s=skip", got, SkipEnv)
+	}
+}
+
+// TestMain doubles as the watcher process for TestWatcherWaitsForCRIU.
+func TestMain(m *testing.M) {
+	if out := os.Getenv("GPUCR_TEST_WATCHER_OUT"); out != "" {
+		err := WaitCRIU()
+		msg := "exited"
+		if err != nil {
+			msg = err.Error()
+		}
+		_ = os.WriteFile(out, []byte(msg), 0o600)
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func TestWatcherWaitsForCRIU(t *testing.T) {
+	criu := exec.Command("sleep", "0.5") // stands for the CRIU that runs the script
+	if err := criu.Start(); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "watcher")
+	t.Setenv("GPUCR_TEST_WATCHER_OUT", out)
+	if err := StartWatcher(os.Args[0], []string{"-test.run=^$"}, criu.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := os.Stat(out); err == nil {
+		t.Fatal("the watcher did not wait for CRIU to exit")
+	}
+	criu.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(out)
+		if err == nil && len(b) > 0 {
+			if string(b) != "exited" {
+				t.Fatalf("watcher: %s", b)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the watcher did not notice CRIU's exit")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestInstallKeepsOtherLinesAndRemoves(t *testing.T) {
+	dir := t.TempDir()
+	in := Integration{Config: filepath.Join(dir, "criu", "runc.conf"), Script: filepath.Join(dir, "bin", "criu-action"),
+		Log: filepath.Join(dir, "action.log"), Gpucr: "/usr/bin/gpucr"}
+	if err := os.MkdirAll(filepath.Dir(in.Config), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(in.Config, []byte("tcp-established\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // installing again replaces, never duplicates
+		if err := in.Install(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := os.ReadFile(in.Config)
+	if want := "tcp-established\naction-script " + in.Script + "\n"; string(b) != want {
+		t.Fatalf("config:\n%s\nwant:\n%s", b, want)
+	}
+	if fi, err := os.Stat(in.Script); err != nil || fi.Mode()&0o111 == 0 {
+		t.Fatalf("script not executable: %v", err)
+	}
+	if err := in.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(in.Config)
+	if string(b) != "tcp-established\n" {
+		t.Fatalf("config after remove: %q", b)
+	}
+	if _, err := os.Stat(in.Script); !os.IsNotExist(err) {
+		t.Fatalf("script left: %v", err)
+	}
+}

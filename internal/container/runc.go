@@ -1,0 +1,159 @@
+// Package container checkpoints and restores OCI containers run by runc, with their GPU
+// state. runc keeps doing what it does for CRIU (namespaces, mounts, cgroups, stdio);
+// gpucr moves the device state around it, and ships the CRIU action script that makes a
+// plain `runc checkpoint` / `runc restore` do the same.
+package container
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+)
+
+// SkipEnv, in CRIU's environment, tells gpucr's CRIU action script that gpucr itself moves
+// the GPU state of this checkpoint or restore: with the runc integration installed, runc
+// would otherwise run the script under gpucr's own runc calls and lock the GPUs twice.
+const SkipEnv = "GPUCR_CRIU_ACTION"
+
+// ErrRuncMissing means no runc binary was found.
+var ErrRuncMissing = errors.New("runc not found")
+
+// Runc runs one runc binary with the CRIU gpucr chose.
+type Runc struct {
+	Path string // the runc binary
+	Root string // runc's state directory; "" is runc's default (/run/runc)
+	CRIU string // the criu binary runc is to use
+}
+
+// FindRunc resolves explicit, else runc on PATH.
+func FindRunc(explicit string) (string, error) {
+	name := explicit
+	if name == "" {
+		name = "runc"
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("%w (install Debian's runc package or pass --runc): %v", ErrRuncMissing, err)
+	}
+	return p, nil
+}
+
+// State is what `runc state` says about a container.
+type State struct {
+	ID     string `json:"id"`
+	PID    int    `json:"pid"`
+	Status string `json:"status"`
+	Bundle string `json:"bundle"`
+}
+
+// State reads the state of container id.
+func (r *Runc) State(ctx context.Context, id string) (State, error) {
+	var st State
+	out, err := r.run(ctx, "state", id)
+	if err != nil {
+		return st, err
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return st, fmt.Errorf("runc state %s: %w", id, err)
+	}
+	return st, nil
+}
+
+// Pause freezes every process of container id through its cgroup.
+func (r *Runc) Pause(ctx context.Context, id string) error {
+	_, err := r.run(ctx, "pause", id)
+	return err
+}
+
+// Resume thaws a paused container.
+func (r *Runc) Resume(ctx context.Context, id string) error {
+	_, err := r.run(ctx, "resume", id)
+	return err
+}
+
+// Delete kills container id's processes, whatever its state, and removes it.
+func (r *Runc) Delete(ctx context.Context, id string) error {
+	_, err := r.run(ctx, "delete", "--force", id)
+	return err
+}
+
+// CRIUFlags are the CRIU options runc passes on, shared by checkpoint and restore.
+type CRIUFlags struct {
+	ShellJob, TCPEstablished, ExtUnixSk, FileLocks bool
+}
+
+func (f CRIUFlags) args() []string {
+	var a []string
+	for _, o := range []struct {
+		on   bool
+		flag string
+	}{{f.ShellJob, "--shell-job"}, {f.TCPEstablished, "--tcp-established"}, {f.ExtUnixSk, "--ext-unix-sk"}, {f.FileLocks, "--file-locks"}} {
+		if o.on {
+			a = append(a, o.flag)
+		}
+	}
+	return a
+}
+
+// Checkpoint has runc dump container id into imageDir, leaving it as it was (running or
+// paused): gpucr decides what becomes of the container once the image is committed.
+func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f CRIUFlags) error {
+	args := append([]string{"checkpoint", "--leave-running", "--image-path", imageDir, "--work-path", workDir}, f.args()...)
+	_, err := r.run(ctx, append(args, id)...)
+	return err
+}
+
+// Restore has runc restore imageDir as container id, detached, from bundle.
+func (r *Runc) Restore(ctx context.Context, id, bundle, imageDir, workDir string, f CRIUFlags) error {
+	args := append([]string{"restore", "--detach", "--image-path", imageDir, "--work-path", workDir, "--bundle", bundle}, f.args()...)
+	_, err := r.run(ctx, append(args, id)...)
+	return err
+}
+
+// run runs runc with args and returns its stdout. Its stdin and stderr are /dev/null: a
+// restored container inherits runc's stdio where its own was pipes, and must not hold
+// gpucr's. runc's errors are read from its --log file instead.
+func (r *Runc) run(ctx context.Context, args ...string) ([]byte, error) {
+	logf, err := os.CreateTemp("", "gpucr-runc-*.log")
+	if err != nil {
+		return nil, fmt.Errorf("runc log file: %w", err)
+	}
+	defer os.Remove(logf.Name())
+	defer logf.Close()
+	global := []string{"--log", logf.Name(), "--log-format", "json"}
+	if r.Root != "" {
+		global = append(global, "--root", r.Root)
+	}
+	if r.CRIU != "" {
+		global = append(global, "--criu", r.CRIU)
+	}
+	cmd := exec.CommandContext(ctx, r.Path, append(global, args...)...)
+	cmd.Env = append(os.Environ(), SkipEnv+"=skip")
+	var out bytes.Buffer
+	if args[0] == "state" {
+		cmd.Stdout = &out // state starts no process that could hold the pipe
+	}
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("runc %s: %s", args[0], runcError(logf, err))
+	}
+	return out.Bytes(), nil
+}
+
+// runcError is the last error runc logged, or how it exited when it logged none.
+func runcError(log *os.File, exit error) string {
+	msg := exit.Error()
+	sc := bufio.NewScanner(log)
+	for sc.Scan() {
+		var l struct{ Level, Msg string }
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Level == "error" && l.Msg != "" {
+			msg = l.Msg
+		}
+	}
+	return strings.Join(strings.Fields(msg), " ")
+}
