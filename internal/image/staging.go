@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+
+	"github.com/gpucr/gpucr/internal/durable"
 )
 
 // Errors Begin and Commit refuse an image directory for.
@@ -121,7 +123,7 @@ func (s *Staging) Commit(m *Manifest) error {
 		return err
 	}
 	for _, d := range dirs {
-		if err := syncDir(d); err != nil {
+		if err := durable.SyncDir(d); err != nil {
 			return err
 		}
 	}
@@ -134,7 +136,7 @@ func (s *Staging) Commit(m *Manifest) error {
 		return fmt.Errorf("commit image to %s: rename %s: %w", s.final, s.dir, err)
 	}
 	s.committed = true
-	if err := syncDir(filepath.Dir(s.final)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(s.final)); err != nil {
 		return fmt.Errorf("image %s committed but not durable: %w", s.final, err)
 	}
 	return nil
@@ -197,20 +199,6 @@ func writeSynced(path string, b []byte) error {
 	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
-}
-
-// syncDir makes dir's entries durable. Filesystems that cannot fsync a directory (EINVAL)
-// are accepted: there is nothing more to do on them.
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
 }

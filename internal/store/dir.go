@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/gpucr/gpucr/internal/durable"
 )
 
 // tmpMark is in the name of every file Dir is still writing; List hides them, so an
@@ -82,7 +84,7 @@ func (d *Dir) write(ctx context.Context, key string, r io.Reader, size int64, ex
 	if err != nil {
 		return fmt.Errorf("write %s: %w", d.URL(key), err)
 	}
-	return syncDir(dir)
+	return durable.SyncDir(dir)
 }
 
 func (d *Dir) Get(ctx context.Context, key string) (io.ReadCloser, error) {
@@ -155,20 +157,6 @@ func (d *Dir) Delete(_ context.Context, key string) error {
 	}
 	if err := os.Remove(d.path(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("delete %s: %w", d.URL(key), err)
-	}
-	return nil
-}
-
-// syncDir makes a rename or link into dir durable; filesystems that cannot fsync a
-// directory (EINVAL) have nothing more to do.
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return fmt.Errorf("sync %s: %w", dir, err)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/store"
 )
@@ -70,7 +71,7 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		}
 		return nil, nil, fmt.Errorf("pull into %s: rename: %w", dir, err)
 	}
-	if err := syncDir(filepath.Dir(dir)); err != nil {
+	if err := durable.SyncDir(filepath.Dir(dir)); err != nil {
 		return nil, nil, fmt.Errorf("image %s pulled but not durable: %w", dir, err)
 	}
 	return im, &p.stats, nil
@@ -253,7 +254,7 @@ func (p *puller) sync(img string) error {
 		if err != nil || !d.IsDir() {
 			return err
 		}
-		return syncDir(path)
+		return durable.SyncDir(path)
 	})
 }
 
@@ -265,18 +266,4 @@ func (p *puller) progress(n int64) {
 	defer p.mu.Unlock()
 	p.done += n
 	p.o.Progress(p.done, p.total)
-}
-
-// syncDir makes dir's entries durable; filesystems that cannot fsync a directory
-// (EINVAL) have nothing more to do.
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer f.Close()
-	if err := f.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
 }
