@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strconv"
 	"time"
@@ -11,7 +12,6 @@ import (
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
-	"github.com/gpucr/gpucr/internal/interrupt"
 )
 
 // criuFlags binds the CRIU options that checkpoint and restore share.
@@ -64,19 +64,14 @@ func (a *app) checkpointCmd() *cobra.Command {
 				return usageError{fmt.Errorf("PID %q is not a number", args[0])}
 			}
 			r.PID = pid
-			if err := criu.ValidateNetworkLock(r.NetworkLock); err != nil {
-				return usageError{err}
-			}
-			e, err := a.engine()
-			if err != nil {
-				return classify(err)
-			}
-			ctx, stop := interrupt.Context(cmd.Context())
-			defer stop()
 			start := time.Now()
-			m, err := e.Checkpoint(ctx, r)
+			var m *image.Manifest
+			err = a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
+				m, err = e.Checkpoint(ctx, r)
+				return err
+			})
 			if err != nil {
-				return classify(err)
+				return err
 			}
 			out := checkpointOutput{
 				Dir: r.Dir, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 	"github.com/gpucr/gpucr/internal/gpu"
 	_ "github.com/gpucr/gpucr/internal/gpu/nvidia" // registers the NVIDIA backend
 	"github.com/gpucr/gpucr/internal/hosttune"
+	"github.com/gpucr/gpucr/internal/interrupt"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -97,6 +99,21 @@ func (a *app) engine() (*engine.Engine, error) {
 		e.THPSwitch = hosttune.THPPath
 	}
 	return e, nil
+}
+
+// withEngine checks the CRIU options, builds the engine and runs f under a context that
+// SIGINT and SIGTERM cancel; f's error comes back classified for its exit code.
+func (a *app) withEngine(cmd *cobra.Command, o criu.Options, f func(context.Context, *engine.Engine) error) error {
+	if err := criu.ValidateNetworkLock(o.NetworkLock); err != nil {
+		return usageError{err}
+	}
+	e, err := a.engine()
+	if err != nil {
+		return classify(err)
+	}
+	ctx, stop := interrupt.Context(cmd.Context())
+	defer stop()
+	return classify(f(ctx, e))
 }
 
 // oneLine folds a (possibly joined) error onto one line for the terminal.

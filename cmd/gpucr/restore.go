@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -12,11 +13,9 @@ import (
 
 	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/container"
-	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
-	"github.com/gpucr/gpucr/internal/interrupt"
 )
 
 // restoreOutput is the summary of a restore, for text and JSON alike.
@@ -52,19 +51,14 @@ func (a *app) restoreCmd() *cobra.Command {
 			if newID != "" || bundle != "" {
 				return usageError{fmt.Errorf("--new-id and --bundle need --container")}
 			}
-			if err := criu.ValidateNetworkLock(r.NetworkLock); err != nil {
-				return usageError{err}
-			}
-			e, err := a.engine()
-			if err != nil {
-				return classify(err)
-			}
-			ctx, stop := interrupt.Context(cmd.Context())
-			defer stop()
 			start := time.Now()
-			res, err := e.Restore(ctx, r)
+			var res *engine.RestoreResult
+			err = a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
+				res, err = e.Restore(ctx, r)
+				return err
+			})
 			if err != nil {
-				return classify(err)
+				return err
 			}
 			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
 			return a.emit(out, func() { printRestore(a, out, res.Phases) })
