@@ -1,7 +1,9 @@
 package image
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -359,6 +361,8 @@ func TestLoadRejects(t *testing.T) {
 			sentinel: ErrCorrupt, msg: `file path "/etc/passwd" is not inside the image`},
 		{name: "unclean path", edit: func(m map[string]any) { setPath(m, "criu/./pages-1.img") },
 			sentinel: ErrCorrupt, msg: `file path "criu/./pages-1.img" is not inside the image`},
+		{name: "edited, seal not", raw: "-", sentinel: ErrCorrupt, msg: "image file manifest.json: does not match manifest.sha256"},
+		{name: "seal missing", raw: "no seal", sentinel: ErrCorrupt, msg: "image file manifest.sha256: missing"},
 		{name: "bad checksum field", edit: func(m map[string]any) { m["files"].([]any)[0].(map[string]any)["xxh64"] = "zz" },
 			sentinel: ErrCorrupt, msg: "has an invalid size or checksum"},
 	}
@@ -367,6 +371,12 @@ func TestLoadRejects(t *testing.T) {
 			dir := commitImage(t)
 			mpath := filepath.Join(dir, ManifestName)
 			switch {
+			case tt.raw == "-":
+				editManifestOnly(t, mpath, func(m map[string]any) { m["rootPid"] = 2 })
+			case tt.raw == "no seal":
+				if err := os.Remove(filepath.Join(dir, SealName)); err != nil {
+					t.Fatal(err)
+				}
 			case tt.raw != "":
 				if err := os.WriteFile(mpath, []byte(tt.raw), 0o600); err != nil {
 					t.Fatal(err)
@@ -422,7 +432,23 @@ func setPath(m map[string]any, p string) {
 	m["files"].([]any)[0].(map[string]any)["path"] = p
 }
 
+// editManifest changes the manifest and seals it again, as a deliberate edit would, so that
+// what is tested is the check of the content behind the seal.
 func editManifest(t *testing.T, path string, edit func(map[string]any)) {
+	t.Helper()
+	editManifestOnly(t, path, edit)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	if err := os.WriteFile(filepath.Join(filepath.Dir(path), SealName), []byte(hex.EncodeToString(sum[:])+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// editManifestOnly changes the manifest and leaves its seal as it was.
+func editManifestOnly(t *testing.T, path string, edit func(map[string]any)) {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {

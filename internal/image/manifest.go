@@ -11,8 +11,13 @@ import (
 // FormatVersion is the manifest format this build writes; it restores this one and older.
 const FormatVersion = 1
 
-// ManifestName is the manifest's file name inside an image directory.
-const ManifestName = "manifest.json"
+// ManifestName is the manifest's file name inside an image directory. SealName holds the
+// SHA-256 of the manifest's bytes: the manifest checksums every other file, the seal
+// checksums the manifest, so no byte of an image goes unchecked.
+const (
+	ManifestName = "manifest.json"
+	SealName     = "manifest.sha256"
+)
 
 // CRIUDir holds CRIU's image files, LogsDir CRIU's logs, inside an image directory.
 const (

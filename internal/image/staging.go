@@ -119,7 +119,11 @@ func (s *Staging) Commit(m *Manifest) error {
 	if err != nil {
 		return fmt.Errorf("encode manifest: %w", err)
 	}
-	if err := writeSynced(filepath.Join(s.dir, ManifestName), append(b, '\n')); err != nil {
+	b = append(b, '\n')
+	if err := writeSynced(filepath.Join(s.dir, ManifestName), b); err != nil {
+		return err
+	}
+	if err := writeSynced(filepath.Join(s.dir, SealName), []byte(seal(b)+"\n")); err != nil {
 		return err
 	}
 	for _, d := range dirs {
@@ -172,7 +176,7 @@ func stagedTree(dir string) (files, dirs []string, err error) {
 			dirs = append(dirs, p)
 		case !d.Type().IsRegular():
 			return fmt.Errorf("%s is not a regular file", filepath.ToSlash(rel))
-		case rel != ManifestName && filepath.Dir(rel) != LogsDir:
+		case rel != ManifestName && rel != SealName && filepath.Dir(rel) != LogsDir:
 			files = append(files, filepath.ToSlash(rel))
 		}
 		return nil

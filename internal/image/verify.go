@@ -1,6 +1,8 @@
 package image
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,6 +76,9 @@ func Load(dir string) (*Manifest, error) {
 		return nil, sentinelf(ErrNewerFormat, "image format %d is newer than this gpucr supports (%d); upgrade gpucr",
 			head.FormatVersion, FormatVersion)
 	}
+	if err := checkSeal(dir, b); err != nil {
+		return nil, err
+	}
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
 		return nil, &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
@@ -82,6 +87,28 @@ func Load(dir string) (*Manifest, error) {
 		return nil, &CorruptError{ManifestName, reason}
 	}
 	return &m, nil
+}
+
+// seal is the hex SHA-256 of a manifest's bytes.
+func seal(manifest []byte) string {
+	sum := sha256.Sum256(manifest)
+	return hex.EncodeToString(sum[:])
+}
+
+// checkSeal compares the manifest's bytes with the seal committed beside them. It runs
+// after the format check, so that a newer gpucr may seal differently.
+func checkSeal(dir string, manifest []byte) error {
+	b, err := os.ReadFile(filepath.Join(dir, SealName))
+	if errors.Is(err, fs.ErrNotExist) {
+		return &CorruptError{SealName, "missing: the manifest cannot be checked"}
+	}
+	if err != nil {
+		return fmt.Errorf("read %s of %s: %w", SealName, dir, err)
+	}
+	if want := strings.TrimSpace(string(b)); want != seal(manifest) {
+		return &CorruptError{ManifestName, "does not match " + SealName + ": the manifest was changed or damaged"}
+	}
+	return nil
 }
 
 // problem says what makes m unusable, or "" if nothing does. File paths must be clean and

@@ -92,12 +92,16 @@ if has 5; then
 echo "== 5. a failing compatibility check is refused, and passes with its skip switch"
 holder 1 cc || bad "5 start"
 "$G" checkpoint "$HP" -D "$W/imgcc" >/dev/null
+# Pretend the image came from a compute capability 8.0 GPU; the edit is sealed again, as
+# gpucr refuses a manifest that does not match manifest.sha256.
 python3 - "$W/imgcc/manifest.json" <<'PY'
-import json, sys
+import hashlib, json, os, sys
 p = sys.argv[1]; m = json.load(open(p))
 for s in m["gpus"]:
     for d in s["devices"]: d["computeCapability"] = "8.0"
-json.dump(m, open(p, "w"))
+b = json.dumps(m).encode()
+open(p, "wb").write(b)
+open(os.path.join(os.path.dirname(p), "manifest.sha256"), "w").write(hashlib.sha256(b).hexdigest() + "\n")
 PY
 out=$("$G" restore -D "$W/imgcc" 2>&1); rc=$?; echo "$out"
 [ $rc -ne 0 ] && echo "$out" | grep -q "skip-check compute-capability" && gone "$HP" && ok "5 refused with the check named" || bad "5 not refused"

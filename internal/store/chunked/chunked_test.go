@@ -133,8 +133,9 @@ func TestRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// pages: 7 chunks, 2 zero, one repeat; plus 4 small files (empty.img has none).
-			if stats.ZeroBytes != 8*mib || stats.Chunks != 8 || stats.Transferred != 7 || stats.Files != 5 {
+			// pages: 7 chunks, 2 zero, one repeat; plus 5 small files, the manifest's seal
+			// among them (empty.img has none).
+			if stats.ZeroBytes != 8*mib || stats.Chunks != 9 || stats.Transferred != 8 || stats.Files != 6 {
 				t.Errorf("push stats = %+v", stats)
 			}
 			if last.Load() != stats.Bytes {
@@ -190,8 +191,8 @@ func TestSecondCheckpointDedups(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			// The changed chunk and manifest.json (its checksums changed) are new.
-			if stats.Transferred != 2 || stats.Present != 5 {
+			// The changed chunk, manifest.json (its checksums changed) and its seal are new.
+			if stats.Transferred != 3 || stats.Present != 5 {
 				t.Errorf("second push: %+v", stats)
 			}
 			dst := filepath.Join(t.TempDir(), "img")
@@ -230,7 +231,7 @@ func TestInterruptedPush(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if stats.Present < 3 || stats.Present+stats.Transferred != 7 {
+			if stats.Present < 3 || stats.Present+stats.Transferred != 8 {
 				t.Errorf("retry did not reuse the uploaded chunks: %+v", stats)
 			}
 			dst := filepath.Join(t.TempDir(), "img")

@@ -119,10 +119,10 @@ func absent(ctx context.Context, st store.Store, prefix string) error {
 	return err
 }
 
-// pushPaths lists what a push stores: the manifest, every file it lists and CRIU's logs,
+// pushPaths lists what a push stores: the manifest and its seal, every file it lists and CRIU's logs,
 // which are not checksummed by the image but are what one reads when a restore fails.
 func pushPaths(dir string, m *image.Manifest) ([]string, error) {
-	paths := []string{image.ManifestName}
+	paths := []string{image.ManifestName, image.SealName}
 	for _, f := range m.Files {
 		paths = append(paths, f.Path)
 	}
