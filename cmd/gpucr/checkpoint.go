@@ -12,6 +12,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/interrupt"
 )
 
 // criuFlags binds the CRIU options that checkpoint and restore share.
@@ -37,10 +38,13 @@ type checkpointOutput struct {
 	LeftRunning  bool        `json:"leftRunning"`
 	Phases       []phaseJSON `json:"phases"`
 	Total        float64     `json:"totalSeconds"`
+	// Pushed is the upload of --to: the image is written to DIR first, then stored there.
+	Pushed *transferOutput `json:"pushed,omitempty"`
 }
 
 func (a *app) checkpointCmd() *cobra.Command {
 	var r engine.CheckpointRequest
+	var to string
 	var ctr string
 	var rf runcFlags
 	cmd := &cobra.Command{
@@ -51,6 +55,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 			if ctr != "" {
 				if len(args) > 0 {
 					return usageError{fmt.Errorf("give either a PID or --container ID, not both")}
+				}
+				if to != "" {
+					return usageError{fmt.Errorf("--to is for process trees; store a container image with gpucr push")}
 				}
 				return a.checkpointContainer(cmd, rf, container.CheckpointRequest{
 					ID: ctr, Dir: r.Dir, LeaveRunning: r.LeaveRunning, LockTimeout: r.LockTimeout,
@@ -83,11 +90,26 @@ func (a *app) checkpointCmd() *cobra.Command {
 					out.GPUBytes += p.MemoryBytes
 				}
 			}
-			return a.emit(out, func() { printCheckpoint(a, out, m.Phases) })
+			if to != "" {
+				ctx, stop := interrupt.Context(cmd.Context())
+				defer stop()
+				pushed, err := a.push(ctx, r.Dir, to)
+				if err != nil {
+					return fmt.Errorf("checkpoint written to %s, but storing it failed (retry with gpucr push): %w", r.Dir, err)
+				}
+				out.Pushed = &pushed
+			}
+			return a.emit(out, func() {
+				printCheckpoint(a, out, m.Phases)
+				if out.Pushed != nil {
+					printPush(a, *out.Pushed)
+				}
+			})
 		},
 	}
 	f := cmd.Flags()
 	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to create (must not exist or be empty)")
+	f.StringVar(&to, "to", "", "then store the image at s3://BUCKET/PREFIX or a local store PATH (as gpucr push)")
 	f.BoolVarP(&r.LeaveRunning, "leave-running", "R", false, "leave the process tree running after the checkpoint")
 	f.DurationVar(&r.LockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
 	f.StringVar(&ctr, "container", "", "checkpoint the runc container with this ID instead of a PID's tree")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"time"
 
@@ -22,23 +23,33 @@ func (a *app) pullCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
-			st, prefix, err := store.Open(ctx, args[0])
+			out, err := a.pull(ctx, args[0], args[1])
 			if err != nil {
-				return classifyStore(err)
+				return err
 			}
-			bar := newBarProgress(a.stderr, "pull")
-			start := time.Now()
-			_, stats, err := chunked.Pull(ctx, st, prefix, args[1], chunked.Options{Progress: bar.update})
-			bar.finish()
-			if err != nil {
-				return classifyStore(err)
-			}
-			out := newTransferOutput(args[1], st.URL(prefix), stats, time.Since(start))
-			return a.emit(out, func() {
-				fmt.Fprintf(a.stdout, "pulled %s to %s: %d files, %s verified (%d chunks, %s downloaded; %s of zeros) in %s\n",
-					out.URL, out.Image, out.Files, bytesHuman(uint64(out.Bytes)), out.Chunks, bytesHuman(uint64(out.WireBytes)),
-					bytesHuman(uint64(out.ZeroBytes)), seconds(time.Since(start)))
-			})
+			return a.emit(out, func() { printPull(a, out) })
 		},
 	}
+}
+
+// pull fetches the checkpoint at loc into dir; restore --from shares it.
+func (a *app) pull(ctx context.Context, loc, dir string) (transferOutput, error) {
+	st, prefix, err := store.Open(ctx, loc)
+	if err != nil {
+		return transferOutput{}, classifyStore(err)
+	}
+	bar := newBarProgress(a.stderr, "pull")
+	start := time.Now()
+	_, stats, err := chunked.Pull(ctx, st, prefix, dir, chunked.Options{Progress: bar.update})
+	bar.finish()
+	if err != nil {
+		return transferOutput{}, classifyStore(err)
+	}
+	return newTransferOutput(dir, st.URL(prefix), stats, time.Since(start)), nil
+}
+
+func printPull(a *app, out transferOutput) {
+	fmt.Fprintf(a.stdout, "pulled %s to %s: %d files, %s verified (%d chunks, %s downloaded; %s of zeros) in %.2fs\n",
+		out.URL, out.Image, out.Files, bytesHuman(uint64(out.Bytes)), out.Chunks, bytesHuman(uint64(out.WireBytes)),
+		bytesHuman(uint64(out.ZeroBytes)), out.Seconds)
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -52,26 +53,36 @@ func (a *app) pushCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
-			st, prefix, err := store.Open(ctx, args[1])
+			out, err := a.push(ctx, args[0], args[1])
 			if err != nil {
-				return classifyStore(err)
+				return err
 			}
-			bar := newBarProgress(a.stderr, "push")
-			start := time.Now()
-			_, stats, err := chunked.Push(ctx, st, prefix, args[0], chunked.Options{Progress: bar.update})
-			bar.finish()
-			if err != nil {
-				return classifyStore(err)
-			}
-			out := newTransferOutput(args[0], st.URL(prefix), stats, time.Since(start))
-			return a.emit(out, func() {
-				fmt.Fprintf(a.stdout, "pushed %s to %s: %d files, %s\n", out.Image, out.URL, out.Files, bytesHuman(uint64(out.Bytes)))
-				fmt.Fprintf(a.stdout, "  uploaded %d chunks, %s as %s; %d chunks (%s) already stored; %s of zeros not stored; %s\n",
-					out.Chunks, bytesHuman(uint64(out.TransferredBytes)), bytesHuman(uint64(out.WireBytes)),
-					out.PresentChunks, bytesHuman(uint64(out.PresentBytes)), bytesHuman(uint64(out.ZeroBytes)), seconds(time.Since(start)))
-			})
+			return a.emit(out, func() { printPush(a, out) })
 		},
 	}
+}
+
+// push stores the image in dir at loc; checkpoint --to shares it.
+func (a *app) push(ctx context.Context, dir, loc string) (transferOutput, error) {
+	st, prefix, err := store.Open(ctx, loc)
+	if err != nil {
+		return transferOutput{}, classifyStore(err)
+	}
+	bar := newBarProgress(a.stderr, "push")
+	start := time.Now()
+	_, stats, err := chunked.Push(ctx, st, prefix, dir, chunked.Options{Progress: bar.update})
+	bar.finish()
+	if err != nil {
+		return transferOutput{}, classifyStore(err)
+	}
+	return newTransferOutput(dir, st.URL(prefix), stats, time.Since(start)), nil
+}
+
+func printPush(a *app, out transferOutput) {
+	fmt.Fprintf(a.stdout, "pushed %s to %s: %d files, %s\n", out.Image, out.URL, out.Files, bytesHuman(uint64(out.Bytes)))
+	fmt.Fprintf(a.stdout, "  uploaded %d chunks, %s as %s; %d chunks (%s) already stored; %s of zeros not stored; %.2fs\n",
+		out.Chunks, bytesHuman(uint64(out.TransferredBytes)), bytesHuman(uint64(out.WireBytes)),
+		out.PresentChunks, bytesHuman(uint64(out.PresentBytes)), bytesHuman(uint64(out.ZeroBytes)), out.Seconds)
 }
 
 // classifyStore gives store errors users act on their exit code: a location gpucr cannot

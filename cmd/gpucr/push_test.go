@@ -206,3 +206,34 @@ func TestStoreErrors(t *testing.T) {
 		})
 	}
 }
+
+// checkpoint --to stores the image as push does, and restore --from fetches it as pull does.
+func TestCheckpointToAndRestoreFrom(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "8")
+	w.waitCount(t, 3)
+	storeDir := filepath.Join(t.TempDir(), "store")
+	if err := os.Mkdir(storeDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	loc := filepath.Join(storeDir, "job", "ckpt-1")
+	out := mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "img"), "--to", loc, "--json")
+	var ck checkpointOutput
+	if err := json.Unmarshal([]byte(out), &ck); err != nil || ck.Pushed == nil || ck.Pushed.URL == "" || ck.Pushed.Chunks == 0 {
+		t.Fatalf("checkpoint --to: %v\n%s", err, out)
+	}
+	waitGone(t, w.pid)
+	at := w.read(t, "count")
+
+	dir := filepath.Join(t.TempDir(), "pulled")
+	out = mustGpucr(t, "restore", "-D", dir, "--from", loc, "--json")
+	var rs restoreOutput
+	if err := json.Unmarshal([]byte(out), &rs); err != nil || rs.Pulled == nil || rs.RootPID != w.pid {
+		t.Fatalf("restore --from: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { killAndReap(rs.RootPID) })
+	w.waitCount(t, at+5)
+	if v := w.verify(t, rs.RootPID); v != "ok" {
+		t.Fatalf("memory after restore --from: %s", v)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/interrupt"
 )
 
 // restoreOutput is the summary of a restore, for text and JSON alike.
@@ -25,6 +26,7 @@ type restoreOutput struct {
 	RootPID   int                          `json:"rootPid"`
 	GPUMap    map[string]map[string]string `json:"gpuMap,omitempty"`
 	AMDMap    map[string]map[uint32]uint32 `json:"amdGpuMap,omitempty"`
+	Pulled    *transferOutput              `json:"pulled,omitempty"` // the fetch of --from
 	Phases    []phaseJSON                  `json:"phases"`
 	Total     float64                      `json:"totalSeconds"`
 }
@@ -32,7 +34,8 @@ type restoreOutput struct {
 func (a *app) restoreCmd() *cobra.Command {
 	var r engine.RestoreRequest
 	var skips []string
-	var ctr, newID, bundle string
+	var ctr, newID, bundle, from string
+	var pulled *transferOutput
 	var rf runcFlags
 	cmd := &cobra.Command{
 		Use:   "restore [--container ID] -D DIR",
@@ -42,6 +45,18 @@ func (a *app) restoreCmd() *cobra.Command {
 			var err error
 			if r.Skips, r.AMDSkips, err = splitSkips(skips); err != nil {
 				return usageError{err}
+			}
+			if from != "" {
+				if ctr != "" {
+					return usageError{fmt.Errorf("--from is for process trees; fetch a container image with gpucr pull")}
+				}
+				ctx, stop := interrupt.Context(cmd.Context())
+				p, err := a.pull(ctx, from, r.Dir)
+				stop()
+				if err != nil {
+					return err
+				}
+				pulled = &p
 			}
 			if ctr != "" {
 				return a.restoreContainer(cmd.Context(), cmd, rf, ctr, container.RestoreRequest{
@@ -60,12 +75,19 @@ func (a *app) restoreCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
-			return a.emit(out, func() { printRestore(a, out, res.Phases) })
+			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Pulled: pulled,
+				Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
+			return a.emit(out, func() {
+				if pulled != nil {
+					printPull(a, *pulled)
+				}
+				printRestore(a, out, res.Phases)
+			})
 		},
 	}
 	f := cmd.Flags()
 	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to restore from")
+	f.StringVar(&from, "from", "", "first fetch the image from s3://BUCKET/PREFIX or a local store PATH into DIR (as gpucr pull)")
 	f.StringVar(&r.GPUMap, "gpu-map", "", `restore onto other GPUs: "0=1,1=0" by index or "GPU-old=GPU-new" by UUID`)
 	f.StringSliceVar(&skips, "skip-check", nil, "switch off a GPU compatibility check by name (repeatable): "+strings.Join(checkNames(), ", "))
 	f.StringVar(&ctr, "container", "", "restore the runc container the image holds, checkpointed with this ID")
