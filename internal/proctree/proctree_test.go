@@ -25,7 +25,8 @@ func TestTreeFindsChildrenOfARealTree(t *testing.T) {
 		if tree, err = Tree(cmd.Process.Pid); err != nil {
 			t.Fatal(err)
 		}
-		if len(tree) == 3 {
+		// The shell forks first and execs sleep after: wait for both children to be sleep.
+		if len(tree) == 3 && tree[1].Command == "sleep" && tree[2].Command == "sleep" {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
