@@ -58,8 +58,6 @@ func (a *app) inspectCmd() *cobra.Command {
 	return cmd
 }
 
-func imageCRIUDir(dir string) string { return strings.TrimRight(dir, "/") + "/" + image.CRIUDir }
-
 // loadInspect reads dir's manifest and container description, or, for a runc checkpoint
 // directory (CRIU's files, no manifest), runc's descriptors and the GPU record; it returns
 // where CRIU's files are.
@@ -71,7 +69,7 @@ func loadInspect(dir string) (inspectOutput, string, error) {
 		if out.Container, err = container.ReadInfo(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return out, "", err
 		}
-		return out, imageCRIUDir(dir), nil
+		return out, image.CRIUPath(dir), nil
 	}
 	if _, serr := os.Stat(filepath.Join(dir, "pstree.img")); !errors.Is(err, image.ErrNoManifest) || serr != nil {
 		return out, "", err

@@ -201,7 +201,7 @@ func RollBack(ctx context.Context, backends []gpu.Backend, heldPath string, log 
 		if p, err := proctree.Read(h.PID); err != nil || p.Zombie {
 			continue
 		}
-		be := backendNamed(backends, h.Backend)
+		be := gpu.Named(backends, h.Backend)
 		if be == nil {
 			return fmt.Errorf("process %d holds %s GPU state and the %s backend is not available", h.PID, h.Backend, h.Backend)
 		}
@@ -286,15 +286,6 @@ func (a *Action) skips() gpu.Skips {
 
 func (a *Action) restorePath() string {
 	return filepath.Join(a.StateDir, fmt.Sprintf("restore-%d.json", a.CRIUPID))
-}
-
-func backendNamed(backends []gpu.Backend, name string) gpu.Backend {
-	for _, b := range backends {
-		if b.Name() == name {
-			return b
-		}
-	}
-	return nil
 }
 
 func writeJSON(path string, v any) error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -90,7 +89,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	err = t.run(PhaseCRIURestore, func() error {
 		var err error
 		pid, err = e.CRIU.Restore(ctx, criu.RestoreRequest{
-			ImagesDir: imageCRIUDir(r.Dir), WorkDir: work, Options: opts,
+			ImagesDir: image.CRIUPath(r.Dir), WorkDir: work, Options: opts,
 		}, nil)
 		return err
 	})
@@ -123,14 +122,14 @@ func explainRestoreFailure(err error) error {
 // planAMD checks, for an image with AMD GPU state, that this host's GPUs can take it and
 // that CRIU's amdgpu plugin is there to restore it, and passes the plugin its switches.
 func (e *Engine) planAMD(r *RestoreRequest) (map[string]map[uint32]uint32, error) {
-	imgs, err := plugin.KFDImages(imageCRIUDir(r.Dir))
+	imgs, err := plugin.KFDImages(image.CRIUPath(r.Dir))
 	if err != nil || len(imgs) == 0 {
 		return nil, err
 	}
 	if e.AMDPluginDir == "" {
 		return nil, fmt.Errorf("the image holds AMD GPU state: %w", plugin.ErrMissing)
 	}
-	m, err := plugin.CheckRestore(imageCRIUDir(r.Dir), e.KFDTopology, r.AMDSkips)
+	m, err := plugin.CheckRestore(image.CRIUPath(r.Dir), e.KFDTopology, r.AMDSkips)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +145,7 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, snaps []gpu.Snapshot,
 	var set GPUSet
 	remap := map[string]map[string]string{}
 	for _, snap := range snaps {
-		b := backendNamed(backends, snap.Backend)
+		b := gpu.Named(backends, snap.Backend)
 		if b == nil {
 			return nil, nil, fmt.Errorf("%w: the image holds %s GPU state, and the %s backend is not available on this host (see gpucr check)",
 				ErrNoBackend, snap.Backend, snap.Backend)
@@ -174,15 +173,6 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, snaps []gpu.Snapshot,
 		remap = nil
 	}
 	return set, remap, nil
-}
-
-func backendNamed(backends []gpu.Backend, name string) gpu.Backend {
-	for _, b := range backends {
-		if b.Name() == name {
-			return b
-		}
-	}
-	return nil
 }
 
 // pidsFree fails up front when a PID of the image is taken: CRIU restores the original
@@ -218,5 +208,3 @@ func killTree(m *image.Manifest) {
 		}
 	}
 }
-
-func imageCRIUDir(dir string) string { return filepath.Join(dir, image.CRIUDir) }

@@ -20,6 +20,16 @@ func Register(name string, open Opener) {
 	openers[name] = open
 }
 
+// Named returns the backend of backends called name, or nil.
+func Named(backends []Backend, name string) Backend {
+	for _, b := range backends {
+		if b.Name() == name {
+			return b
+		}
+	}
+	return nil
+}
+
 // Probe opens every registered backend. It returns those that work here and, for each
 // one that does not, the reason, so callers can say why GPU support is off.
 func Probe() (ready []Backend, unavailable map[string]error) {

@@ -3,6 +3,7 @@
 package image
 
 import (
+	"path/filepath"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -24,6 +25,9 @@ const (
 	CRIUDir = "criu"
 	LogsDir = "logs"
 )
+
+// CRIUPath is where CRIU's files are in the image directory dir.
+func CRIUPath(dir string) string { return filepath.Join(dir, CRIUDir) }
 
 // Manifest describes a complete image. Its presence, valid, is what makes a directory an image.
 type Manifest struct {
