@@ -118,3 +118,24 @@ func PIDs(ps []Process) []int {
 	}
 	return out
 }
+
+// OpenFiles returns what each open descriptor of pid points at ("/dev/kfd",
+// "anon_inode:[io_uring]", ...), read under procRoot ("/proc" outside tests). A process
+// that is gone has none; descriptors closed while they are read are skipped.
+func OpenFiles(procRoot string, pid int) ([]string, error) {
+	dir := filepath.Join(procRoot, strconv.Itoa(pid), "fd")
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open files of pid %d: %w", pid, err)
+	}
+	var out []string
+	for _, e := range entries {
+		if t, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}

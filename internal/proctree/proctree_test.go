@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -54,5 +55,20 @@ func TestMissingProcess(t *testing.T) {
 	self, err := Read(os.Getpid())
 	if err != nil || self.Threads < 1 {
 		t.Fatalf("Read(self) = %+v, %v", self, err)
+	}
+}
+
+func TestOpenFiles(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	files, err := OpenFiles("/proc", os.Getpid())
+	if err != nil || !slices.Contains(files, f.Name()) {
+		t.Fatalf("OpenFiles(self) = %v, %v; want it to hold %s", files, err, f.Name())
+	}
+	if files, err := OpenFiles("/proc", 1<<30); files != nil || err != nil {
+		t.Fatalf("OpenFiles(gone) = %v, %v; want none", files, err)
 	}
 }

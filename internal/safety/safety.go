@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -81,17 +82,8 @@ func checkNCCL(gpuPIDs []int) error {
 }
 
 func holdsIOURing(pid int) (bool, error) {
-	dir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return false, err
-	}
-	for _, e := range entries {
-		if t, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && t == "anon_inode:[io_uring]" {
-			return true, nil
-		}
-	}
-	return false, nil
+	files, err := proctree.OpenFiles("/proc", pid)
+	return slices.Contains(files, "anon_inode:[io_uring]"), err
 }
 
 func mapsLibrary(pid int, name string) (bool, error) {

@@ -8,12 +8,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 
 	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/amd/amdimg"
 	"github.com/gpucr/gpucr/internal/amd/kfd"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // FileName is the plugin's shared object; CRIU loads every plugin in the directory that
@@ -39,15 +40,8 @@ func Find(criuPath string) string {
 // UsesKFD returns the first of pids that has /dev/kfd open, or 0.
 func UsesKFD(pids []int) int {
 	for _, pid := range pids {
-		dir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			continue
-		}
-		for _, e := range entries {
-			if t, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && t == "/dev/kfd" {
-				return pid
-			}
+		if files, err := proctree.OpenFiles("/proc", pid); err == nil && slices.Contains(files, "/dev/kfd") {
+			return pid
 		}
 	}
 	return 0

@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/cuda"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 func init() { gpu.Register("nvidia", Open) }
@@ -289,21 +289,11 @@ var deviceFile = regexp.MustCompile(`^/dev/nvidia([0-9]+|ctl)$`)
 // gone holds nothing; one whose fds cannot be read is an error, since guessing "no" would
 // send device state to CRIU, which cannot dump it.
 func holdsDeviceFiles(proc string, pid int) (bool, error) {
-	dir := filepath.Join(proc, strconv.Itoa(pid), "fd")
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	}
+	files, err := proctree.OpenFiles(proc, pid)
 	if err != nil {
-		return false, fmt.Errorf("look for NVIDIA device files held by pid %d: %w", pid, err)
+		return false, fmt.Errorf("look for NVIDIA device files: %w", err)
 	}
-	for _, e := range entries {
-		target, err := os.Readlink(filepath.Join(dir, e.Name()))
-		if err == nil && deviceFile.MatchString(target) {
-			return true, nil
-		}
-	}
-	return false, nil
+	return slices.ContainsFunc(files, deviceFile.MatchString), nil
 }
 
 // Lock implements gpu.Backend. A timeout of zero or less waits without limit.
