@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -13,6 +15,8 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/store"
+	"github.com/gpucr/gpucr/internal/store/chunked"
 )
 
 // criuFlags binds the CRIU options that checkpoint and restore share.
@@ -38,8 +42,39 @@ type checkpointOutput struct {
 	LeftRunning  bool        `json:"leftRunning"`
 	Phases       []phaseJSON `json:"phases"`
 	Total        float64     `json:"totalSeconds"`
-	// Pushed is the upload of --to: the image is written to DIR first, then stored there.
-	Pushed *transferOutput `json:"pushed,omitempty"`
+	// Pushed is the upload of --to: with -D the image is written to DIR first, then
+	// stored; without, it is Streamed: pages go to the store as CRIU dumps them.
+	Pushed   *transferOutput `json:"pushed,omitempty"`
+	Streamed bool            `json:"streamed,omitempty"`
+}
+
+// checkpointStreamed checkpoints r's tree straight into the store at loc: the memory pages
+// go from CRIU through gpucr's page server to the store, and only CRIU's other files are
+// staged, in a temporary directory that is removed afterwards.
+func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, r engine.CheckpointRequest, loc string) (*transferOutput, *image.Manifest, error) {
+	st, prefix, err := store.Open(ctx, loc)
+	if err != nil {
+		return nil, nil, classifyStore(err)
+	}
+	s, err := chunked.NewStream(ctx, st, prefix, chunked.Options{})
+	if err != nil {
+		return nil, nil, classifyStore(err)
+	}
+	defer s.Abort()
+	tmp, err := os.MkdirTemp("", "gpucr-stream-*")
+	if err != nil {
+		return nil, nil, fmt.Errorf("stage the checkpoint's small files: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	r.Dir, r.Stream = filepath.Join(tmp, "image"), s
+	start := time.Now()
+	m, err := e.Checkpoint(ctx, r)
+	if err != nil {
+		return nil, nil, classifyStore(err)
+	}
+	stats := s.Stats()
+	out := newTransferOutput("", st.URL(prefix), &stats, time.Since(start))
+	return &out, m, nil
 }
 
 func (a *app) checkpointCmd() *cobra.Command {
@@ -71,9 +106,17 @@ func (a *app) checkpointCmd() *cobra.Command {
 				return usageError{fmt.Errorf("PID %q is not a number", args[0])}
 			}
 			r.PID = pid
+			if r.Dir == "" && to == "" {
+				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
+			}
 			start := time.Now()
 			var m *image.Manifest
+			var streamed *transferOutput
 			err = a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
+				if r.Dir == "" {
+					streamed, m, err = a.checkpointStreamed(ctx, e, r, to)
+					return err
+				}
 				m, err = e.Checkpoint(ctx, r)
 				return err
 			})
@@ -83,6 +126,10 @@ func (a *app) checkpointCmd() *cobra.Command {
 			out := checkpointOutput{
 				Dir: r.Dir, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
 				LeftRunning: r.LeaveRunning, Phases: phasesJSON(m.Phases), Total: time.Since(start).Seconds(),
+			}
+			if streamed != nil {
+				out.Dir, out.Streamed, out.Pushed = streamed.URL, true, streamed
+				to = ""
 			}
 			for _, s := range m.GPUs {
 				for _, p := range s.Processes {
@@ -109,20 +156,22 @@ func (a *app) checkpointCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to create (must not exist or be empty)")
-	f.StringVar(&to, "to", "", "then store the image at s3://BUCKET/PREFIX or a local store PATH (as gpucr push)")
+	f.StringVar(&to, "to", "", "store the image at s3://BUCKET/PREFIX or a local store PATH; without -D the memory streams there, never written locally")
 	f.BoolVarP(&r.LeaveRunning, "leave-running", "R", false, "leave the process tree running after the checkpoint")
 	f.DurationVar(&r.LockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
 	f.StringVar(&ctr, "container", "", "checkpoint the runc container with this ID instead of a PID's tree")
 	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
-	_ = cmd.MarkFlagRequired("images-dir")
 	return cmd
 }
 
 func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
-	if out.Container != "" {
+	switch {
+	case out.Streamed:
+		fmt.Fprintf(a.stdout, "checkpointed PID %d (%d processes), streamed to %s in %.2fs\n", out.RootPID, out.Processes, out.Dir, out.Total)
+	case out.Container != "":
 		fmt.Fprintf(a.stdout, "checkpointed container %s (%d processes) to %s in %.2fs\n", out.Container, out.Processes, out.Dir, out.Total)
-	} else {
+	default:
 		fmt.Fprintf(a.stdout, "checkpointed PID %d (%d processes) to %s in %.2fs\n", out.RootPID, out.Processes, out.Dir, out.Total)
 	}
 	fmt.Fprintf(a.stdout, "  memory  %s written\n", bytesHuman(out.MemoryBytes))

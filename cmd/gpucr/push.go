@@ -79,7 +79,11 @@ func (a *app) push(ctx context.Context, dir, loc string) (transferOutput, error)
 }
 
 func printPush(a *app, out transferOutput) {
-	fmt.Fprintf(a.stdout, "pushed %s to %s: %d files, %s\n", out.Image, out.URL, out.Files, bytesHuman(uint64(out.Bytes)))
+	if out.Image == "" {
+		fmt.Fprintf(a.stdout, "streamed to %s: %d files, %s\n", out.URL, out.Files, bytesHuman(uint64(out.Bytes)))
+	} else {
+		fmt.Fprintf(a.stdout, "pushed %s to %s: %d files, %s\n", out.Image, out.URL, out.Files, bytesHuman(uint64(out.Bytes)))
+	}
 	fmt.Fprintf(a.stdout, "  uploaded %d chunks, %s as %s; %d chunks (%s) already stored; %s of zeros not stored; %.2fs\n",
 		out.Chunks, bytesHuman(uint64(out.TransferredBytes)), bytesHuman(uint64(out.WireBytes)),
 		out.PresentChunks, bytesHuman(uint64(out.PresentBytes)), bytesHuman(uint64(out.ZeroBytes)), out.Seconds)

@@ -77,6 +77,9 @@ type DumpRequest struct {
 	ImagesDir    string // CRIU's image files go here
 	WorkDir      string // logs and statistics go here
 	LeaveRunning bool
+	// PageServerPort, when set, sends the memory pages to a page server on this loopback
+	// port instead of into ImagesDir.
+	PageServerPort int
 	Options
 }
 
@@ -112,6 +115,9 @@ func (d *Driver) Dump(ctx context.Context, r DumpRequest, n Notify) error {
 	opts.Pid = proto.Int32(int32(r.PID))
 	opts.LeaveRunning = proto.Bool(r.LeaveRunning)
 	opts.LogFile = proto.String(DumpLog)
+	if r.PageServerPort != 0 {
+		opts.Ps = &rpc.CriuPageServerInfo{Address: proto.String("127.0.0.1"), Port: proto.Int32(int32(r.PageServerPort))}
+	}
 	return d.run(ctx, "dump", r.ImagesDir, r.WorkDir, opts, r.childEnv(), func(c *gocriu.Criu) error {
 		return c.Dump(opts, n)
 	})

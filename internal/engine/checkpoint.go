@@ -13,8 +13,10 @@ import (
 	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/pageserver"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
+	"github.com/gpucr/gpucr/internal/store/chunked"
 )
 
 // CheckpointRequest is what to checkpoint, where, and how.
@@ -23,6 +25,10 @@ type CheckpointRequest struct {
 	Dir          string
 	LeaveRunning bool
 	LockTimeout  time.Duration // how long a GPU lock waits for work in flight
+	// Stream, when set, takes the memory pages from CRIU through gpucr's page server and
+	// stores them as they come; Dir then only stages CRIU's other files, and the image is
+	// committed to the store instead of at Dir, which is left absent.
+	Stream *chunked.Stream
 	criu.Options
 }
 
@@ -37,7 +43,10 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	if err != nil {
 		return nil, err
 	}
-	defer stage.Abort() // a no-op once committed
+	defer stage.Abort() // a no-op once committed; a streamed image is never committed here
+	if r.Stream != nil {
+		defer r.Stream.Abort() // after Finish, a no-op
+	}
 
 	t := &timer{r: e.reporter()}
 	gpus, snaps, err := FindGPUProcs(ctx, e.Backends, proctree.PIDs(tree))
@@ -96,19 +105,33 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 
 	// The image is committed while CRIU still holds the tree frozen (post-dump): if the
 	// commit fails, CRIU resumes the tree instead of killing it, so nothing is lost.
-	commit := &committer{ctx: ctx, stage: stage, manifest: m, timer: t, dumpStart: time.Now()}
-	e.reporter().Start(PhaseCRIUDump)
-	err = e.CRIU.Dump(ctx, criu.DumpRequest{
+	commit := &committer{ctx: ctx, stage: stage, manifest: m, timer: t, stream: r.Stream}
+	dump := criu.DumpRequest{
 		PID: r.PID, ImagesDir: stage.CRIUDir(), WorkDir: stage.LogsDir(),
 		LeaveRunning: r.LeaveRunning, Options: r.Options,
-	}, commit)
+	}
+	if r.Stream != nil {
+		srv, err := pageserver.Start(stage.CRIUDir(), storeSink{r.Stream})
+		if err != nil {
+			return nil, rollback(err)
+		}
+		defer srv.Close()
+		commit.pages, dump.PageServerPort = srv, srv.Port()
+	}
+	commit.dumpStart = time.Now()
+	e.reporter().Start(PhaseCRIUDump)
+	err = e.CRIU.Dump(ctx, dump, commit)
 	if err != nil {
 		if !commit.reached {
 			e.reporter().Done(PhaseCRIUDump, time.Since(commit.dumpStart))
 		}
-		if commit.err != nil {
+		switch {
+		case commit.err != nil:
 			err = commit.err
-		} else {
+		case r.Stream != nil && r.Stream.Err() != nil:
+			// The store failed first; CRIU only saw its page server hang up.
+			err = fmt.Errorf("store memory pages: %w", r.Stream.Err())
+		default:
 			err = keepLog(err)
 		}
 		return nil, rollback(err)
@@ -140,6 +163,10 @@ type committer struct {
 	dumpStart time.Time
 	reached   bool // CRIU finished writing and called PostDump
 	err       error
+	// stream and pages are set for a streamed checkpoint: the store and the page server
+	// CRIU sends the pages to.
+	stream *chunked.Stream
+	pages  *pageserver.Server
 }
 
 func (c *committer) PostDump() error {
@@ -149,6 +176,10 @@ func (c *committer) PostDump() error {
 	c.timer.r.Done(PhaseCRIUDump, d)
 	if err := c.ctx.Err(); err != nil {
 		c.err = fmt.Errorf("checkpoint interrupted: %w", err)
+		return c.err
+	}
+	if c.stream != nil {
+		c.err = c.commitStream()
 		return c.err
 	}
 	pages, err := PagesBytes(c.stage.CRIUDir())
@@ -161,6 +192,37 @@ func (c *committer) PostDump() error {
 	c.manifest.Phases = slices.Clone(c.timer.phases)
 	c.err = c.timer.run(PhaseCommit, func() error { return c.stage.Commit(c.manifest) })
 	return c.err
+}
+
+// commitStream finishes a streamed checkpoint: once every page is stored, the manifest
+// is sealed with the page files in it and stored with CRIU's other files, last of all
+// the manifest object that makes the checkpoint exist.
+func (c *committer) commitStream() error {
+	if _, err := c.pages.Wait(c.ctx); err != nil {
+		return err
+	}
+	return c.timer.run(PhaseCommit, func() error {
+		streamed, err := c.stream.Files()
+		if err != nil {
+			return fmt.Errorf("store memory pages: %w", err)
+		}
+		for _, f := range streamed {
+			c.manifest.MemoryBytes += uint64(f.Size)
+		}
+		c.manifest.Phases = slices.Clone(c.timer.phases)
+		if err := c.stage.Seal(c.manifest, streamed); err != nil {
+			return err
+		}
+		_, _, err = c.stream.Finish(c.ctx, c.stage.Dir(), c.manifest)
+		return err
+	})
+}
+
+// storeSink names the page files a streamed checkpoint receives as they sit in an image.
+type storeSink struct{ s *chunked.Stream }
+
+func (k storeSink) Create(name string) (pageserver.File, error) {
+	return k.s.Create(image.CRIUDir + "/" + name)
 }
 
 // PagesBytes sums CRIU's page files: the memory the image holds.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -114,6 +115,46 @@ func sumChunk(f *os.File, off int64, buf []byte) (uint64, error) {
 		return 0, err
 	}
 	return xxhash.Sum64(buf[:n]), nil
+}
+
+// Summer computes the checksum of a file from its bytes in order, the same checksum
+// Commit computes from the file itself: for files that pass through gpucr on their way to
+// a store and are never written locally.
+type Summer struct {
+	h       *xxhash.Digest
+	n       int64 // bytes in the current chunk
+	size    int64
+	digests []uint64
+}
+
+// NewSummer starts the checksum of an empty file.
+func NewSummer() *Summer { return &Summer{h: xxhash.New()} }
+
+// Write adds the next bytes of the file; it never fails.
+func (s *Summer) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		k := min(int64(len(p)), ChunkSize-s.n)
+		s.h.Write(p[:k])
+		s.n += k
+		s.size += k
+		p = p[k:]
+		if s.n == ChunkSize {
+			s.digests = append(s.digests, s.h.Sum64())
+			s.h.Reset()
+			s.n = 0
+		}
+	}
+	return n, nil
+}
+
+// File is the manifest entry of the file at path with the bytes written so far.
+func (s *Summer) File(path string) File {
+	digests := s.digests
+	if s.n > 0 {
+		digests = append(slices.Clip(digests), s.h.Sum64())
+	}
+	return File{Path: path, Size: s.size, XXH64: fmt.Sprintf("%016x", combine(digests))}
 }
 
 // combine folds a file's chunk digests into its checksum.

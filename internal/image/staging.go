@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/gpucr/gpucr/internal/durable"
@@ -105,6 +106,29 @@ func (s *Staging) LogsDir() string { return filepath.Join(s.dir, LogsDir) }
 // and renames the staging directory into place: the rename is the commit point, so the
 // image appears whole or not at all.
 func (s *Staging) Commit(m *Manifest) error {
+	if err := s.Seal(m, nil); err != nil {
+		return err
+	}
+	// rename(2) itself, not os.Rename: it atomically replaces an empty directory at final
+	// and fails on a non-empty one, with no window in which final is missing or overwritten.
+	if err := syscall.Rename(s.dir, s.final); err != nil {
+		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+			return sentinelf(ErrNotEmpty, "image directory %s is not empty", s.final)
+		}
+		return fmt.Errorf("commit image to %s: rename %s: %w", s.final, s.dir, err)
+	}
+	s.committed = true
+	if err := durable.SyncDir(filepath.Dir(s.final)); err != nil {
+		return fmt.Errorf("image %s committed but not durable: %w", s.final, err)
+	}
+	return nil
+}
+
+// Seal checksums every staged file into m, adds the files of external (whose bytes are
+// not here: memory pages streamed to a store, checksummed as they passed), and writes the
+// manifest and its seal, all durably, without committing. Commit uses it; a streamed
+// checkpoint uploads the sealed directory instead, so that its image exists only in the store.
+func (s *Staging) Seal(m *Manifest, external []File) error {
 	paths, dirs, err := stagedTree(s.dir)
 	if err != nil {
 		return err
@@ -113,6 +137,13 @@ func (s *Staging) Commit(m *Manifest) error {
 	if err != nil {
 		return err
 	}
+	for _, f := range external {
+		if slices.ContainsFunc(files, func(g File) bool { return g.Path == f.Path }) {
+			return fmt.Errorf("seal image: %s is both staged and external", f.Path)
+		}
+	}
+	files = append(files, external...)
+	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
 	m.FormatVersion = FormatVersion
 	m.Files = files
 	b, err := json.MarshalIndent(m, "", "  ")
@@ -130,18 +161,6 @@ func (s *Staging) Commit(m *Manifest) error {
 		if err := durable.SyncDir(d); err != nil {
 			return err
 		}
-	}
-	// rename(2) itself, not os.Rename: it atomically replaces an empty directory at final
-	// and fails on a non-empty one, with no window in which final is missing or overwritten.
-	if err := syscall.Rename(s.dir, s.final); err != nil {
-		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
-			return sentinelf(ErrNotEmpty, "image directory %s is not empty", s.final)
-		}
-		return fmt.Errorf("commit image to %s: rename %s: %w", s.final, s.dir, err)
-	}
-	s.committed = true
-	if err := durable.SyncDir(filepath.Dir(s.final)); err != nil {
-		return fmt.Errorf("image %s committed but not durable: %w", s.final, err)
 	}
 	return nil
 }

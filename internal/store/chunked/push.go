@@ -81,7 +81,12 @@ func Push(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	if err != nil {
 		return nil, nil, err
 	}
-	p, err := newPusher(st, prefix, dir, paths, o)
+	up, err := newUploader(st, prefix, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer up.close()
+	p, err := newPusher(up, dir, paths, o)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -89,21 +94,29 @@ func Push(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	if err := p.run(ctx); err != nil {
 		return nil, nil, err
 	}
+	m, err := createManifest(ctx, st, prefix, im, p.files)
+	if err != nil {
+		return nil, nil, err
+	}
+	return m, &up.stats, nil
+}
 
+// createManifest writes the manifest object, which makes the checkpoint exist. Create,
+// not Put: of two pushes racing to one prefix, one wins and the other fails.
+func createManifest(ctx context.Context, st store.Store, prefix string, im *image.Manifest, files []File) (*Manifest, error) {
 	m := &Manifest{Format: FormatVersion, ChunkSize: ChunkSize, Compression: compression,
-		Pushed: time.Now().UTC(), Image: *im, Files: p.files}
+		Pushed: time.Now().UTC(), Image: *im, Files: files}
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
-		return nil, nil, fmt.Errorf("encode manifest: %w", err)
+		return nil, fmt.Errorf("encode manifest: %w", err)
 	}
-	// Create, not Put: of two pushes racing to one prefix, one wins and the other fails.
 	if err := st.Create(ctx, ManifestKey(prefix), bytes.NewReader(b), int64(len(b))); err != nil {
 		if errors.Is(err, store.ErrExists) {
-			return nil, nil, fmt.Errorf("%s: %w", st.URL(prefix), ErrExists)
+			return nil, fmt.Errorf("%s: %w", st.URL(prefix), ErrExists)
 		}
-		return nil, nil, fmt.Errorf("write manifest: %w", err)
+		return nil, fmt.Errorf("write manifest: %w", err)
 	}
-	return m, &p.stats, nil
+	return m, nil
 }
 
 // absent checks that no checkpoint is at prefix yet, so that a push fails before it reads
@@ -139,24 +152,40 @@ func pushPaths(dir string, m *image.Manifest) ([]string, error) {
 	return slices.Compact(paths), nil
 }
 
-// pusher is one push in progress.
-type pusher struct {
+// uploader stores chunks under one checkpoint's prefix, each distinct chunk once, and
+// counts what it moved. Push and Stream share it.
+type uploader struct {
 	st     store.Store
 	prefix string
-	o      Options
 	enc    *zstd.Encoder
+
+	mu    sync.Mutex
+	stats Stats
+	// seen holds the chunks this push has met, by key, so that a chunk that repeats
+	// within the image is looked up and uploaded once.
+	seen map[string]*seenChunk
+}
+
+func newUploader(st store.Store, prefix string, o Options) (*uploader, error) {
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(o.workers()), zstd.WithEncoderLevel(zstd.SpeedDefault))
+	if err != nil {
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	return &uploader{st: st, prefix: prefix, enc: enc, seen: map[string]*seenChunk{}}, nil
+}
+
+func (u *uploader) close() { u.enc.Close() }
+
+// pusher is one push of a local image in progress.
+type pusher struct {
+	*uploader
+	o      Options
 	paths  []string
 	opened []*os.File
 	files  []File
 	ends   [][]int64 // where each file's chunks end
 	total  int64
-
-	mu    sync.Mutex
-	stats Stats
-	done  int64
-	// seen holds the chunks this push has met, by key, so that a chunk that repeats
-	// within the image is looked up and uploaded once.
-	seen map[string]*seenChunk
+	done   int64
 }
 
 // job is one chunk to read: file index, chunk index, offset and length.
@@ -165,12 +194,8 @@ type job struct {
 	off, size   int64
 }
 
-func newPusher(st store.Store, prefix, dir string, paths []string, o Options) (*pusher, error) {
-	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(o.workers()), zstd.WithEncoderLevel(zstd.SpeedDefault))
-	if err != nil {
-		return nil, fmt.Errorf("zstd: %w", err)
-	}
-	p := &pusher{st: st, prefix: prefix, o: o, enc: enc, paths: paths, seen: map[string]*seenChunk{}}
+func newPusher(up *uploader, dir string, paths []string, o Options) (*pusher, error) {
+	p := &pusher{uploader: up, o: o, paths: paths}
 	for _, rel := range paths {
 		f, err := os.Open(filepath.Join(dir, filepath.FromSlash(rel)))
 		if err != nil {
@@ -195,7 +220,7 @@ func newPusher(st store.Store, prefix, dir string, paths []string, o Options) (*
 		p.ends = append(p.ends, ends)
 		p.files[i].Chunks = make([]Chunk, len(ends))
 	}
-	p.stats.Files, p.stats.Bytes = len(paths), p.total
+	p.count(func(s *Stats) { s.Files += len(paths); s.Bytes += p.total })
 	return p, nil
 }
 
@@ -215,7 +240,6 @@ func (p *pusher) close() {
 	for _, f := range p.opened {
 		f.Close()
 	}
-	p.enc.Close()
 }
 
 func (p *pusher) jobs() []job {
@@ -242,26 +266,33 @@ func (p *pusher) run(ctx context.Context) error {
 	})
 }
 
-// chunk reads, and unless it is zero or known, compresses and uploads one chunk.
+// chunk reads one chunk of a file and stores it.
 func (p *pusher) chunk(ctx context.Context, j job, buf *buffers) (Chunk, error) {
 	data := buf.raw[:j.size]
 	// A full read returns no error, io.EOF included: any error means the file changed.
 	if _, err := p.opened[j.file].ReadAt(data, j.off); err != nil {
 		return Chunk{}, fmt.Errorf("read %s at %d: %w", p.paths[j.file], j.off, err)
 	}
-	if bytes.Equal(data, zeroChunk[:j.size]) {
-		p.count(func(s *Stats) { s.ZeroBytes += j.size })
-		return Chunk{Size: j.size, Zero: true}, nil
+	return p.put(ctx, data, buf, p.paths[j.file], j.off)
+}
+
+// put records data as a zero chunk, or hashes it and, unless the store has it already,
+// compresses and uploads it. file and off name the chunk in errors.
+func (u *uploader) put(ctx context.Context, data []byte, buf *buffers, file string, off int64) (Chunk, error) {
+	size := int64(len(data))
+	if bytes.Equal(data, zeroChunk[:size]) {
+		u.count(func(s *Stats) { s.ZeroBytes += size })
+		return Chunk{Size: size, Zero: true}, nil
 	}
 	sum := sha256.Sum256(data)
-	c := Chunk{Size: j.size, SHA256: hex.EncodeToString(sum[:])}
-	key := ChunkKey(p.prefix, c.SHA256)
+	c := Chunk{Size: size, SHA256: hex.EncodeToString(sum[:])}
+	key := ChunkKey(u.prefix, c.SHA256)
 
-	stored, err := p.store(ctx, j, key, data, buf)
+	stored, err := u.store(ctx, key, data, buf, file, off)
 	if err != nil {
 		return Chunk{}, err
 	}
-	p.count(func(s *Stats) { s.Chunks++ })
+	u.count(func(s *Stats) { s.Chunks++ })
 	c.Stored = stored
 	return c, nil
 }
@@ -269,14 +300,14 @@ func (p *pusher) chunk(ctx context.Context, j job, buf *buffers) (Chunk, error) 
 // store makes sure the chunk at key is in the store and returns its stored size. The
 // first worker to meet a chunk looks it up and uploads it if needed; one that meets the
 // same chunk meanwhile (a repeat within the image) waits for that and reuses its result.
-func (p *pusher) store(ctx context.Context, j job, key string, data []byte, buf *buffers) (int64, error) {
-	p.mu.Lock()
-	e, found := p.seen[key]
+func (u *uploader) store(ctx context.Context, key string, data []byte, buf *buffers, file string, off int64) (int64, error) {
+	u.mu.Lock()
+	e, found := u.seen[key]
 	if !found {
 		e = &seenChunk{done: make(chan struct{})}
-		p.seen[key] = e
+		u.seen[key] = e
 	}
-	p.mu.Unlock()
+	u.mu.Unlock()
 	if found {
 		select {
 		case <-e.done:
@@ -286,17 +317,18 @@ func (p *pusher) store(ctx context.Context, j job, key string, data []byte, buf 
 		}
 	}
 	defer close(e.done)
-	e.stored, e.err = p.st.Stat(ctx, key)
+	size := int64(len(data))
+	e.stored, e.err = u.st.Stat(ctx, key)
 	switch {
 	case e.err == nil:
-		p.count(func(s *Stats) { s.Present++; s.PresentBytes += j.size })
+		u.count(func(s *Stats) { s.Present++; s.PresentBytes += size })
 	case errors.Is(e.err, store.ErrNotFound):
-		buf.comp = p.enc.EncodeAll(data, buf.comp[:0])
-		e.stored, e.err = int64(len(buf.comp)), p.st.Put(ctx, key, bytes.NewReader(buf.comp), int64(len(buf.comp)))
+		buf.comp = u.enc.EncodeAll(data, buf.comp[:0])
+		e.stored, e.err = int64(len(buf.comp)), u.st.Put(ctx, key, bytes.NewReader(buf.comp), int64(len(buf.comp)))
 		if e.err != nil {
-			e.err = fmt.Errorf("upload %s at %d: %w", p.paths[j.file], j.off, e.err)
+			e.err = fmt.Errorf("upload %s at %d: %w", file, off, e.err)
 		} else {
-			p.count(func(s *Stats) { s.Transferred++; s.TransferredBytes += j.size; s.WireBytes += e.stored })
+			u.count(func(s *Stats) { s.Transferred++; s.TransferredBytes += size; s.WireBytes += e.stored })
 		}
 	}
 	return e.stored, e.err
@@ -309,10 +341,10 @@ type seenChunk struct {
 	err    error
 }
 
-func (p *pusher) count(f func(*Stats)) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	f(&p.stats)
+func (u *uploader) count(f func(*Stats)) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	f(&u.stats)
 }
 
 func (p *pusher) progress(n int64) {

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/store/storetest"
+)
+
+// smallTmp mounts a tmpfs of size bytes and returns it: a TMPDIR too small for an image.
+func smallTmp(t *testing.T, size int) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+strconv.Itoa(size)); err != nil {
+		t.Fatalf("mount a small tmpfs: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
+}
+
+// checkpoint --to without -D streams: a two-process tree with 64 MiB of memory is
+// checkpointed into MinIO with a TMPDIR of 4 MiB, so its pages cannot have been written
+// locally; it lists, pulls as a verified image and restores with its memory intact; a
+// second streamed checkpoint and a pushed one reuse its chunks.
+func TestStreamedCheckpointToS3(t *testing.T) {
+	needCRIU(t)
+	srv := storetest.Start(t)
+	env := append(srv.Env(), "TMPDIR="+smallTmp(t, 4<<20))
+	base := "s3://" + srv.Bucket(t) + "/stream"
+	w := startCounter(t, "-mib", "64", "-child")
+	w.waitCount(t, 5)
+
+	var first checkpointOutput
+	out := mustGpucrEnv(t, env, "checkpoint", "--leave-running", "--json", strconv.Itoa(w.pid), "--to", base+"/ckpt-1")
+	if err := json.Unmarshal([]byte(out), &first); err != nil || !first.Streamed || first.Pushed == nil {
+		t.Fatalf("streamed checkpoint: %v\n%s", err, out)
+	}
+	if first.MemoryBytes < 64<<20 || first.Pushed.Bytes < int64(first.MemoryBytes) || first.Processes != 2 {
+		t.Fatalf("streamed checkpoint holds %d bytes of memory, %d in all, %d processes", first.MemoryBytes, first.Pushed.Bytes, first.Processes)
+	}
+	if entries, _ := os.ReadDir(strings.TrimPrefix(env[len(env)-1], "TMPDIR=")); len(entries) != 0 {
+		t.Errorf("the stream left %d entries in TMPDIR", len(entries))
+	}
+	w.waitCount(t, w.read(t, "count")+10)
+
+	out = mustGpucrEnv(t, env, "checkpoint", "--leave-running", "--json", strconv.Itoa(w.pid), "--to", base+"/ckpt-2")
+	var second checkpointOutput
+	if err := json.Unmarshal([]byte(out), &second); err != nil || second.Pushed == nil {
+		t.Fatalf("second streamed checkpoint: %v\n%s", err, out)
+	}
+	if p := second.Pushed; p.PresentChunks == 0 || p.TransferredBytes >= first.Pushed.TransferredBytes {
+		t.Errorf("second stream uploaded %d bytes (%d chunks already stored), first %d", p.TransferredBytes, p.PresentChunks, first.Pushed.TransferredBytes)
+	}
+	// A local image pushed after it cuts its page files the same way: it finds them stored.
+	img := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", img)
+	var pushed transferOutput
+	if err := json.Unmarshal([]byte(mustGpucrEnv(t, env, "push", "--json", img, base+"/ckpt-3")), &pushed); err != nil {
+		t.Fatal(err)
+	}
+	if pushed.PresentChunks == 0 {
+		t.Errorf("a push after two streamed checkpoints found none of its chunks stored: %+v", pushed)
+	}
+
+	var ls []lsEntry
+	if err := json.Unmarshal([]byte(mustGpucrEnv(t, env, "ls", "--json", base)), &ls); err != nil {
+		t.Fatal(err)
+	}
+	if len(ls) != 3 || ls[1].URL != base+"/ckpt-2" || ls[1].Processes != 2 || ls[1].MemoryBytes != second.MemoryBytes {
+		t.Fatalf("ls = %+v", ls)
+	}
+
+	at := w.read(t, "count")
+	pulled := filepath.Join(t.TempDir(), "pulled")
+	mustGpucrEnv(t, env, "pull", base+"/ckpt-2", pulled)
+	mustGpucr(t, "verify", pulled)
+	var ins inspectOutput
+	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", pulled)), &ins); err != nil {
+		t.Fatal(err)
+	}
+	killAndReap(w.pid)
+	for _, p := range ins.Manifest.Processes {
+		waitReaped(t, p.PID)
+	}
+	os.Remove(filepath.Join(w.dir, "count"))
+	pid := restore(t, pulled)
+	if c := w.waitCount(t, 1); c > at {
+		t.Errorf("restored counter started at %d, after the second checkpoint it was at %d", c, at)
+	}
+	if v := w.verify(t, pid); v != "ok" {
+		t.Fatalf("memory after restoring a streamed checkpoint: %s", v)
+	}
+}
+
+// waitReaped waits until pid is gone and reaped, zombie included: the child of a killed
+// tree is re-parented to the test (a subreaper) only once its parent is reaped.
+func waitReaped(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		reap()
+		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("process %d was never reaped", pid)
+}
+
+// A store that fails while CRIU is sending pages fails the checkpoint: the tree keeps
+// running and nothing lists as a checkpoint.
+func TestStreamFailingMidwayKeepsWorkloadRunning(t *testing.T) {
+	needCRIU(t)
+	storeDir := t.TempDir()
+	// A file where the chunks directory goes: every chunk upload fails.
+	if err := os.WriteFile(filepath.Join(storeDir, "chunks"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := startCounter(t, "-mib", "16")
+	w.waitCount(t, 3)
+	loc := filepath.Join(storeDir, "ckpt-1")
+	out, errOut, code := gpucrEnv(t, nil, "checkpoint", strconv.Itoa(w.pid), "--to", loc)
+	if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "chunks") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and one line naming the chunks", code, out, errOut)
+	}
+	if !alive(w.pid) {
+		t.Fatal("the workload died with the failed stream")
+	}
+	c := w.read(t, "count")
+	w.waitCount(t, c+5)
+	if v := w.verify(t, w.pid); v != "ok" {
+		t.Fatalf("memory after the failed stream: %s", v)
+	}
+	if _, err := os.Stat(loc); err == nil {
+		t.Errorf("a failed stream left %s", loc)
+	}
+	if out, _, code := gpucrEnv(t, nil, "ls", storeDir); code != 0 || strings.Contains(out, "ckpt-1") {
+		t.Errorf("ls after a failed stream (exit %d):\n%s", code, out)
+	}
+}
+
+// Without -D or --to there is nowhere to put the image: a usage error.
+func TestCheckpointNeedsADestination(t *testing.T) {
+	_, errOut, code := gpucrEnv(t, nil, "checkpoint", "1234")
+	if code != 2 || !strings.Contains(errOut, "-D DIR, --to") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+}

@@ -1,0 +1,180 @@
+package pageserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+)
+
+// memSink keeps what it receives, per file, as (vaddr, bytes) runs.
+type memSink struct{ files map[string]*memFile }
+
+type memFile struct {
+	data   bytes.Buffer
+	vaddrs []uint64
+	closed bool
+}
+
+func (s *memSink) Create(name string) (File, error) {
+	f := &memFile{}
+	s.files[name] = f
+	return f, nil
+}
+
+func (f *memFile) Receive(vaddr uint64, size int, r io.Reader) error {
+	f.vaddrs = append(f.vaddrs, vaddr)
+	_, err := io.CopyN(&f.data, r, int64(size))
+	return err
+}
+
+func (f *memFile) Close() error { f.closed = true; return nil }
+
+// client plays CRIU's side of the protocol (criu/page-xfer.c).
+type client struct {
+	t *testing.T
+	c net.Conn
+}
+
+func (c *client) send(cmd, nr uint32, vaddr, dst uint64, pages []byte) {
+	c.t.Helper()
+	if err := binary.Write(c.c, binary.NativeEndian, iov{cmd, nr, vaddr, dst}); err != nil {
+		c.t.Fatal(err)
+	}
+	if _, err := c.c.Write(pages); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+func (c *client) answer(n int) []byte {
+	c.t.Helper()
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c.c, b); err != nil {
+		c.t.Fatal(err)
+	}
+	return b
+}
+
+func pages(n int, fill byte) []byte { return bytes.Repeat([]byte{fill}, n*PageSize) }
+
+// Two processes' pagemaps and one shared-memory pagemap arrive as CRIU sends them: the
+// pagemap images are written as CRIU's own page server writes them and decode with crit,
+// and the present pages reach the sink in order, the others are only recorded.
+func TestServerSpeaksCRIUsProtocol(t *testing.T) {
+	dir := t.TempDir()
+	sink := &memSink{files: map[string]*memFile{}}
+	s, err := Start(dir, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(s.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &client{t, conn}
+	pid := func(id uint64) uint64 { return id<<typeBits | typePID }
+	shm := func(id uint64) uint64 { return id<<typeBits | typeShm }
+
+	c.send(cmdParent, 0, 0, pid(100), nil)
+	if got := c.answer(4); !bytes.Equal(got, []byte{0, 0, 0, 0}) {
+		t.Fatalf("parent answer %v", got)
+	}
+	c.send(cmdOpen2, 0, 0, pid(100), nil)
+	if got := c.answer(1); got[0] != 0 {
+		t.Fatalf("open answer %v", got)
+	}
+	c.send(cmdAddF|pePresent<<cmdBits, 2, 0x400000, pid(100), pages(2, 1))
+	c.send(cmdAddF|peLazy<<cmdBits, 3, 0x500000, pid(100), nil) // recorded, no data
+	c.send(cmdAddF|pePresent<<cmdBits, 1, 0x7f0000, pid(100), pages(1, 2))
+	c.send(cmdOpen2, 0, 0, pid(101), nil)
+	c.answer(1)
+	c.send(cmdAdd, 1, 0x1000, pid(101), pages(1, 3)) // the old command: present
+	c.send(cmdOpen2, 0, 0, shm(7), nil)
+	c.answer(1)
+	c.send(cmdAddF|pePresent<<cmdBits, 1, 0, shm(7), pages(1, 4))
+	c.send(cmdClose, 0, 0, 0, nil)
+	if got := c.answer(4); !bytes.Equal(got, []byte{0, 0, 0, 0}) {
+		t.Fatalf("close answer %v", got)
+	}
+	conn.Close()
+	names, err := s.Wait(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(names, " ") != "pages-65537.img pages-65538.img pages-65539.img" {
+		t.Fatalf("pages files %v", names)
+	}
+
+	first := sink.files["pages-65537.img"]
+	if !first.closed || !bytes.Equal(first.data.Bytes(), append(pages(2, 1), pages(1, 2)...)) || len(first.vaddrs) != 2 || first.vaddrs[1] != 0x7f0000 {
+		t.Errorf("first pages file: closed %v, %d bytes, vaddrs %x", first.closed, first.data.Len(), first.vaddrs)
+	}
+	if f := sink.files["pages-65539.img"]; !bytes.Equal(f.data.Bytes(), pages(1, 4)) {
+		t.Errorf("shared memory pages: %d bytes", f.data.Len())
+	}
+
+	head, entries := readPagemap(t, filepath.Join(dir, "pagemap-100.img"))
+	if head != 65537 || len(entries) != 3 || entries[1].GetVaddr() != 0x500000 || entries[1].GetNrPages() != 3 ||
+		entries[1].GetFlags() != peLazy || entries[2].GetFlags() != pePresent {
+		t.Errorf("pagemap-100: head %d, entries %v", head, entries)
+	}
+	if head, entries := readPagemap(t, filepath.Join(dir, "pagemap-101.img")); head != 65538 || len(entries) != 1 || entries[0].GetFlags() != pePresent {
+		t.Errorf("pagemap-101: head %d, entries %v", head, entries)
+	}
+	if head, _ := readPagemap(t, filepath.Join(dir, "pagemap-shmem-7.img")); head != 65539 {
+		t.Errorf("pagemap-shmem-7: head %d", head)
+	}
+}
+
+func readPagemap(t *testing.T, path string) (uint32, []*pagemap.PagemapEntry) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := crit.New(f, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
+	if err != nil {
+		t.Fatalf("crit decode %s: %v", path, err)
+	}
+	var head uint32
+	var entries []*pagemap.PagemapEntry
+	for _, e := range img.Entries {
+		switch m := e.Message.(type) {
+		case *pagemap.PagemapHead:
+			head = m.GetPagesId()
+		case *pagemap.PagemapEntry:
+			entries = append(entries, m)
+		}
+	}
+	return head, entries
+}
+
+// A dump that hangs up before CLOSE is an error, never a complete set of pages.
+func TestServerRefusesUnflushedHangUp(t *testing.T) {
+	s, err := Start(t.TempDir(), &memSink{files: map[string]*memFile{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(s.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &client{t, conn}
+	c.send(cmdOpen2, 0, 0, 5<<typeBits|typePID, nil)
+	c.answer(1)
+	c.send(cmdAddF|pePresent<<cmdBits, 2, 0x1000, 5<<typeBits|typePID, pages(1, 9)) // one page short
+	conn.Close()
+	if _, err := s.Wait(context.Background()); err == nil || !strings.Contains(err.Error(), "pages at 0x1000") {
+		t.Fatalf("Wait = %v, want the short run named", err)
+	}
+}
