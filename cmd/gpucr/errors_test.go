@@ -209,3 +209,41 @@ func TestNotRootIsRefused(t *testing.T) {
 		t.Fatal("workload died")
 	}
 }
+
+// A restore where a file the image's processes mapped is missing (here the program itself,
+// as on a host without it) fails before CRIU starts, naming the file; with the file back
+// it restores.
+func TestRestoreNamesAMissingFile(t *testing.T) {
+	needCRIU(t)
+	prog := filepath.Join(t.TempDir(), "counter-copy")
+	b, err := os.ReadFile(bin.counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(prog, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	saved := bin.counter
+	bin.counter = prog
+	w := startCounter(t)
+	bin.counter = saved
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	waitGone(t, w.pid)
+
+	if err := os.Rename(prog, prog+".away"); err != nil {
+		t.Fatal(err)
+	}
+	out, code := gpucr(t, "restore", "-D", dir)
+	if code != 1 || !strings.Contains(out, "a file the image needs is missing on this host: "+prog) ||
+		strings.Count(strings.TrimSpace(out), "\n") > 0 {
+		t.Fatalf("restore without %s: exit %d:\n%s", prog, code, out)
+	}
+	if alive(w.pid) {
+		t.Fatal("restore went ahead without the file")
+	}
+	if err := os.Rename(prog+".away", prog); err != nil {
+		t.Fatal(err)
+	}
+	restore(t, dir)
+}

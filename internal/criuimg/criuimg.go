@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
@@ -19,6 +20,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	remap_file_path "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -160,4 +162,43 @@ func decode[M proto.Message](dir, name string, entry M) ([]M, error) {
 		}
 	}
 	return out, nil
+}
+
+// MissingFiles lists the regular files the image's processes had open or mapped that do not
+// exist on this host, sorted. Files CRIU carried inside the image (deleted or unlinked files,
+// listed in remap-fpath.img) are not needed here and are left out. A tree that had its own
+// mount namespace (mountpoints images) is not checked: its paths are not this host's.
+func MissingFiles(dir string) ([]string, error) {
+	if mnts, _ := filepath.Glob(filepath.Join(dir, "mountpoints-*.img")); len(mnts) > 0 {
+		return nil, nil
+	}
+	entries, err := decode(dir, "files.img", &fdinfo.FileEntry{})
+	if err != nil {
+		return nil, err
+	}
+	carried := map[uint32]bool{}
+	if _, err := os.Stat(filepath.Join(dir, "remap-fpath.img")); err == nil {
+		remaps, err := decode(dir, "remap-fpath.img", &remap_file_path.RemapFilePathEntry{})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range remaps {
+			carried[r.GetOrigId()] = true
+		}
+	}
+	seen := map[string]bool{}
+	var missing []string
+	for _, e := range entries {
+		reg := e.GetReg()
+		if reg == nil || carried[reg.GetId()] || seen[reg.GetName()] {
+			continue
+		}
+		name := reg.GetName()
+		seen[name] = true
+		if _, err := os.Lstat("/" + strings.TrimPrefix(name, "/")); errors.Is(err, os.ErrNotExist) {
+			missing = append(missing, name)
+		}
+	}
+	slices.Sort(missing)
+	return missing, nil
 }

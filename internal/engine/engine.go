@@ -18,6 +18,7 @@ var (
 	ErrNotRoot    = errors.New("gpucr must run as root (CRIU needs it)")
 	ErrBadTarget  = errors.New("refusing to checkpoint this process")
 	ErrPIDInUse   = errors.New("a PID the image needs is in use")
+	ErrNoFile     = errors.New("a file the image needs is missing on this host")
 	ErrNoBackend  = errors.New("no GPU backend for this image")
 	ErrGPURestore = errors.New("GPU restore failed")
 )

@@ -12,6 +12,7 @@ import (
 	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -56,6 +57,9 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		return nil, err
 	}
 	if err := pidsFree(m); err != nil {
+		return nil, err
+	}
+	if err := filesPresent(image.CRIUPath(r.Dir)); err != nil {
 		return nil, err
 	}
 	gpus, remap, err := PlanGPUs(ctx, e.Backends, m.GPUs, r.GPUMap, r.Skips)
@@ -191,6 +195,23 @@ func pidsFree(m *image.Manifest) error {
 		}
 	}
 	return nil
+}
+
+// filesPresent checks, before CRIU starts, that the files the image's processes had open
+// or mapped exist here: on another host CRIU would otherwise fail halfway, naming one.
+func filesPresent(criuDir string) error {
+	missing, err := criuimg.MissingFiles(criuDir)
+	if err != nil {
+		return fmt.Errorf("check the image's files: %w", err)
+	}
+	switch len(missing) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%w: %s; restore where it exists at the same path", ErrNoFile, missing[0])
+	}
+	return fmt.Errorf("%w: %s and %d more (%s); restore where they exist at the same paths",
+		ErrNoFile, missing[0], len(missing)-1, strings.Join(missing[1:min(len(missing), 4)], ", "))
 }
 
 // killTree kills the restored processes of m, children first, and waits briefly for them.
