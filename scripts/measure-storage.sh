@@ -34,6 +34,14 @@ kill -USR1 $P; sleep 1
 t $G checkpoint $P -D $W/c2 --leave-running; echo "checkpoint 2: $T s"
 t $G push $W/c2 s3://bench/ckpt-2 --json; echo "push 2: $T s"; cat "$W/out"
 echo "stored in MinIO: $(du -sb $W/minio/bench | cut -f1) bytes for both checkpoints"
+# Streamed: no local image; pages go from CRIU through gpucr's page server to MinIO, under a
+# prefix of their own so that the first streamed checkpoint finds no chunks stored.
+t $G checkpoint $P --to s3://bench/streamed/ckpt-1 --leave-running --json; echo "streamed checkpoint 1: $T s"; cat "$W/out"
+kill -USR1 $P; sleep 1
+t $G checkpoint $P --to s3://bench/streamed/ckpt-2 --leave-running --json; echo "streamed checkpoint 2: $T s"; cat "$W/out"
 kill -9 $P; wait $P 2>/dev/null || true
 t $G pull s3://bench/ckpt-2 $W/p2; echo "pull 2: $T s"
 t $G restore -D $W/p2; echo "restore from the pulled image: $T s"; cat "$W/out"
+kill -9 "$(cat $W/out | grep -o 'PID [0-9]*' | head -1 | cut -d' ' -f2)" 2>/dev/null || true
+sleep 1
+t $G restore -D $W/s2 --from s3://bench/streamed/ckpt-2; echo "restore --from the streamed checkpoint: $T s"; cat "$W/out"
