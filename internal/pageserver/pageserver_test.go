@@ -64,14 +64,9 @@ func (c *client) answer(n int) []byte {
 	return b
 }
 
-func pages(n int, fill byte) []byte { return bytes.Repeat([]byte{fill}, n*PageSize) }
-
-// Two processes' pagemaps and one shared-memory pagemap arrive as CRIU sends them: the
-// pagemap images are written as CRIU's own page server writes them and decode with crit,
-// and the present pages reach the sink in order, the others are only recorded.
-func TestServerSpeaksCRIUsProtocol(t *testing.T) {
-	dir := t.TempDir()
-	sink := &memSink{files: map[string]*memFile{}}
+// connect starts a server and connects to it as CRIU would.
+func connect(t *testing.T, dir string, sink Sink) (*Server, *client) {
+	t.Helper()
 	s, err := Start(dir, sink)
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +75,19 @@ func TestServerSpeaksCRIUsProtocol(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &client{t, conn}
+	return s, &client{t, conn}
+}
+
+func pages(n int, fill byte) []byte { return bytes.Repeat([]byte{fill}, n*PageSize) }
+
+// Two processes' pagemaps and one shared-memory pagemap arrive as CRIU sends them: the
+// pagemap images are written as CRIU's own page server writes them and decode with crit,
+// and the present pages reach the sink in order, the others are only recorded.
+func TestServerSpeaksCRIUsProtocol(t *testing.T) {
+	dir := t.TempDir()
+	sink := &memSink{files: map[string]*memFile{}}
+	s, c := connect(t, dir, sink)
+	conn := c.c
 	pid := func(id uint64) uint64 { return id<<typeBits | typePID }
 	shm := func(id uint64) uint64 { return id<<typeBits | typeShm }
 
@@ -161,15 +168,8 @@ func readPagemap(t *testing.T, path string) (uint32, []*pagemap.PagemapEntry) {
 
 // A dump that hangs up before CLOSE is an error, never a complete set of pages.
 func TestServerRefusesUnflushedHangUp(t *testing.T) {
-	s, err := Start(t.TempDir(), &memSink{files: map[string]*memFile{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(s.Port()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &client{t, conn}
+	s, c := connect(t, t.TempDir(), &memSink{files: map[string]*memFile{}})
+	conn := c.c
 	c.send(cmdOpen2, 0, 0, 5<<typeBits|typePID, nil)
 	c.answer(1)
 	c.send(cmdAddF|pePresent<<cmdBits, 2, 0x1000, 5<<typeBits|typePID, pages(1, 9)) // one page short

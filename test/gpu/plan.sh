@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU test plan, run on the device machine from the bundle directory as root:
-#   bash plan.sh [TEST...]   (default: 1 2 3 4 5, one GPU; test 6 needs two GPUs)
+#   bash plan.sh [TEST...]   (default: 1 2 3 4 5, one GPU; test 6 needs two GPUs; 7 streams)
 # Prints PASS/FAIL per test and writes JSON outputs to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -121,6 +121,22 @@ on=$(nvidia-smi --query-compute-apps=pid,gpu_uuid --format=csv,noheader | grep "
 g1=$(nvidia-smi --query-gpu=uuid --format=csv,noheader -i 1)
 case "$r" in *same=True*kernel=True*) [ "$on" = "$g1" ] && ok "6 data identical, running on GPU 1 ($on)" || bad "6 runs on $on, not $g1";; *) bad "6 $r";; esac
 kill -9 "$HP"
+fi
+if has 7; then
+for GIB in 4 16; do
+  echo "== 7. holder ${GIB} GiB streamed: checkpoint --to a store without -D, kill, restore --from"
+  holder "$GIB" s$GIB || { bad "7.$GIB start"; continue; }
+  ST=$W/store-$GIB; mkdir -p "$ST"
+  "$G" checkpoint "$HP" --to "$ST/ckpt" --json > "$OUTD/stream$GIB.json" || { bad "7.$GIB streamed checkpoint"; continue; }
+  cat "$OUTD/stream$GIB.json"; sleep 0.5
+  gone "$HP" || bad "7.$GIB original still alive"
+  echo "local files left by the stream: $(ls /tmp | grep -c gpucr-stream || true)"
+  "$G" restore -D "$W/pulled$GIB" --from "$ST/ckpt" --json > "$OUTD/streamrst$GIB.json" || { bad "7.$GIB restore --from"; continue; }
+  cat "$OUTD/streamrst$GIB.json"
+  r=$(verify_holder "$HP" "$HD"); echo "$r"
+  case "$r" in *same=True*kernel=True*) ok "7.$GIB data identical after a streamed checkpoint";; *) bad "7.$GIB data: $r";; esac
+  kill -9 "$HP"; rm -rf "$W/pulled$GIB" "$ST"
+done
 fi
 echo "== $pass passed, $fail failed"
 [ $fail -eq 0 ]
