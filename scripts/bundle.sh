@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# Builds bundle/: what the GPU machine needs for the device test plan (it has no Go and no
-# network): gpucr, CRIU with the shared libraries it needs beyond glibc, and the workloads.
+# Builds bundle/: what the GPU machine needs for the device test plans (it has no Go, no runc
+# and no network): gpucr, CRIU and runc with the shared libraries they need beyond glibc,
+# and the workloads.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=bundle
-rm -rf "$out"; mkdir -p "$out/criu/lib"
+rm -rf "$out"; mkdir -p "$out/criu/lib" "$out/runc/lib"
 criu=${GPUCR_CRIU:-/opt/gpucr/criu/sbin/criu}
+runc=${GPUCR_RUNC:-$(command -v runc)}
 cp bin/gpucr bin/counter bin/gpucr-bench "$out/"
-cp "$criu" "$out/criu/criu.bin"
-ldd "$criu" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libdl|libpthread|ld-linux[^/]*)\.so' |
-  while read -r lib; do cp -L "$lib" "$out/criu/lib/"; done
-cat > "$out/criu/criu" <<'SH'
+# wrap NAME BINARY: copies BINARY to $out/NAME/NAME.bin, the libraries it needs beyond glibc
+# to $out/NAME/lib, and writes $out/NAME/NAME, which runs it with those libraries.
+wrap() {
+  cp "$2" "$out/$1/$1.bin"
+  ldd "$2" | awk '/=> \//{print $3}' | grep -vE '/(libc|libm|libdl|libpthread|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -L "$lib" "$out/$1/lib/"; done
+  cat > "$out/$1/$1" <<SH
 #!/bin/sh
-# CRIU built on Debian bookworm, with its libraries beside it.
-here=$(dirname "$(readlink -f "$0")")
-LD_LIBRARY_PATH="$here/lib" exec "$here/criu.bin" "$@"
+# $1 built on Debian bookworm, with its libraries beside it.
+here=\$(dirname "\$(readlink -f "\$0")")
+LD_LIBRARY_PATH="\$here/lib" exec "\$here/$1.bin" "\$@"
 SH
-chmod +x "$out/criu/criu"
+  chmod +x "$out/$1/$1"
+}
+wrap criu "$criu"
+wrap runc "$runc" # for the container plan (runc 1.1.5, needs libseccomp)
 cp test/gpu/*.py test/gpu/*.sh "$out/"
 du -sh "$out"

@@ -1,35 +1,85 @@
 #!/usr/bin/env bash
-# Container plan for the GPU machine, from the bundle directory as root (needs runc):
+# Container plan for the GPU machine, from the bundle directory as root (needs runc: the
+# bundle's, from scripts/bundle.sh, is put first on PATH when there is one):
 #  A. a runc container running holder.py on the GPU, checkpointed with
 #     `gpucr checkpoint --container`, killed, restored under a new ID: data identical.
 #  B. the same through plain `runc checkpoint` / `runc restore` with the runc integration
 #     (gpucr install-runc-integration, pointed at by the container's org.criu.config).
-# The container's root is the host's / read-only (python, torch and the CUDA libraries as
-# installed), with the NVIDIA device nodes bound in and a writable exchange directory.
+# The container's rootfs is an empty directory with the host's system directories bound in
+# read-only (python, torch and the CUDA libraries as installed), the NVIDIA device nodes,
+# and a writable exchange directory /x. On a failure it prints what runc, CRIU and the
+# action script logged.
 set -uo pipefail
 cd "$(dirname "$0")"
 B=$PWD; G="$B/gpucr"; CRIU=$B/criu/criu; export GPUCR_CRIU=$CRIU
+if [ -x "$B/runc/runc" ]; then
+  export PATH="$B/runc:$PATH"
+  # runc re-executes itself as `runc init` without the wrapper's LD_LIBRARY_PATH, so the
+  # host itself must be able to load runc's libraries (libseccomp).
+  if env -u LD_LIBRARY_PATH ldd "$B/runc/runc.bin" | grep -q "not found"; then
+    echo "host lacks runc's libraries: installing the bundle's into /usr/local/lib"
+    cp "$B"/runc/lib/* /usr/local/lib/ && ldconfig
+  fi
+fi
 W=/dev/shm/gpucr-ctr; rm -rf "$W"; mkdir -p "$W"
 pass=0; fail=0
 ok()  { echo "PASS $*"; pass=$((pass+1)); }
 bad() { echo "FAIL $*"; fail=$((fail+1)); }
 wait_for() { for _ in $(seq 1200); do [ -e "$1" ] && return 0; sleep 0.1; done; return 1; }
 
-# bundle DIR [CRIU_CONFIG]: an OCI bundle running holder.py 1 GiB with DIR as /x.
+echo "== host"; uname -r; command -v runc; runc --version | head -1; "$G" --version
+echo "cgroup: $(stat -fc %T /sys/fs/cgroup) $(cat /proc/self/cgroup | tr '\n' ' ')"
+ldconfig -p | grep -E 'libcuda\.so|libnvidia-ml' ; grep -E 'nvidia|cuda|opengl' /proc/self/mountinfo
+# CUDA creates /dev/nvidia-uvm on first use, which a container (its /dev is its own) cannot.
+[ -e /dev/nvidia-uvm ] || python3 -c 'import torch; torch.zeros(1, device="cuda")'
+ls /dev/nvidia*
+
+# bundle DIR [CRIU_CONFIG]: an OCI bundle running holder.py 1 GiB with DIR/x as /x.
 bundle() {
-  mkdir -p "$1/x"; runc spec --bundle "$1"
+  mkdir -p "$1/x" "$1/rootfs"; runc spec --bundle "$1"
   python3 - "$1" "$B" "${2:-}" <<'PY'
-import glob, json, os, sys
+import ctypes, glob, json, os, site, sys
 b, src, conf = sys.argv[1], sys.argv[2], sys.argv[3]
+# Where this host's CUDA driver library is (the loader's own path for it, and the files
+# it maps), so that the container finds the same one.
+ld = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
+cuda = []
+try:
+    h = ctypes.CDLL("libcuda.so.1")  # h._handle is its struct link_map: l_addr, l_name
+    cuda = [ctypes.cast(h._handle + 8, ctypes.POINTER(ctypes.c_char_p)).contents.value.decode()]
+except OSError as e:
+    print(f"no libcuda.so.1 here: {e}", file=sys.stderr)
+maps = {l.split(None, 5)[5].strip() for l in open("/proc/self/maps") if len(l.split(None, 5)) == 6}
+nv = sorted(p for p in maps if p.startswith("/") and ("libcuda" in p or "libnvidia" in p))
+print(f"libcuda.so.1: {cuda} maps {nv}; LD_LIBRARY_PATH={':'.join(ld)}", file=sys.stderr)
+ld = [os.path.dirname(p) for p in cuda] + ld
 c = json.load(open(f"{b}/config.json"))
-c["root"] = {"path": "/", "readonly": True}
-c["process"].update(terminal=False, cwd="/x", args=["python3", f"{src}/holder.py", "1", "/x"])
-c["process"]["env"] += ["HOME=/x"]
+c["root"] = {"path": "rootfs", "readonly": False}
+c["process"].update(terminal=False, cwd="/x", args=[sys.executable, f"{src}/holder.py", "1", "/x"])
+c["process"]["env"] += ["HOME=/x", f"PYTHONUSERBASE={site.getuserbase()}"] + [f"LD_LIBRARY_PATH={':'.join(ld)}"] * bool(ld)
 c["linux"]["namespaces"] = [n for n in c["linux"]["namespaces"] if n["type"] != "network"]
 c["linux"]["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
 c["linux"].pop("maskedPaths", None)
-c["mounts"] += [{"destination": "/x", "source": f"{b}/x", "type": "bind", "options": ["rbind", "rw"]},
-                {"destination": src, "source": src, "type": "bind", "options": ["rbind", "ro"]}]
+# The host's top-level directories that python, torch and the driver's libraries are in,
+# as they are: symlinks (/lib -> usr/lib) copied, directories bound read-only, and every
+# mount below them bound on its own: a recursive bind would hand CRIU submounts that runc
+# does not declare external.
+top = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "opt"}
+top |= {p.split("/")[1] for p in [sys.executable, site.getuserbase(), *sys.path, *cuda, *maps, *ld] if p.startswith("/")}
+binds = []
+for t in sorted(top - {"", "proc", "sys", "dev", "x"}):
+    if os.path.islink(f"/{t}"):
+        os.symlink(os.readlink(f"/{t}"), f"{b}/rootfs/{t}")
+    elif os.path.isdir(f"/{t}"):
+        binds.append(f"/{t}")
+subs = [l.split()[4] for l in open("/proc/self/mountinfo")]
+subs = [m for m in dict.fromkeys(subs) if "\\" not in m and any(m.startswith(t + "/") for t in binds)]
+binds += sorted(subs, key=lambda m: m.count("/"))
+print(f"bound read-only: {' '.join(binds)}", file=sys.stderr)
+for m in binds:
+    c["mounts"].append({"destination": m, "source": m, "type": "bind", "options": ["bind", "ro"]})
+c["mounts"] += [{"destination": "/x", "source": f"{b}/x", "type": "bind", "options": ["bind", "rw"]},
+                {"destination": src, "source": src, "type": "bind", "options": ["bind", "ro"]}]
 for d in sorted(glob.glob("/dev/nvidia*")):
     if not os.path.isdir(d):
         c["mounts"].append({"destination": d, "source": d, "type": "bind", "options": ["bind", "rw"]})
@@ -39,6 +89,34 @@ json.dump(c, open(f"{b}/config.json", "w"), indent=1)
 PY
 }
 
+# start NAME DIR: runs container NAME from bundle DIR; says why when holder.py does not start.
+start() {
+  runc --log "$W/run-$1.log" run -d --bundle "$2" "$1" </dev/null >/dev/null 2>&1
+  for i in $(seq 1200); do
+    [ -e "$2/x/ready" ] && return 0
+    if ((i % 20 == 0)) && ! runc state "$1" 2>/dev/null | grep -q '"running"'; then break; fi
+    sleep 0.1
+  done
+  echo "holder did not start in $1: runc state: $(runc state "$1" 2>&1 | tr -d '\n')"
+  tail -5 "$W/run-$1.log"; runc delete -f "$1" >/dev/null 2>&1
+  echo "-- the same container in the foreground, for its errors:"
+  cp "$2/config.json" "$2/config.json.orig"
+  python3 - "$2/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); a = c["process"]["args"]
+diag = ("import ctypes, os, runpy, sys\n"
+        "print('LD_LIBRARY_PATH', os.environ.get('LD_LIBRARY_PATH'), flush=True)\n"
+        "try: ctypes.CDLL('libcuda.so.1'); print('libcuda.so.1 loads', flush=True)\n"
+        "except OSError as e: print('libcuda.so.1:', e, flush=True)\n"
+        "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')\n")
+c["process"]["args"] = [a[0], "-c", diag, *a[1:]]
+json.dump(c, open(sys.argv[1], "w"))
+PY
+  timeout 90 runc --debug run --bundle "$2" "$1-diag" </dev/null 2>&1 | grep -v 'level=debug' | tail -40
+  runc delete -f "$1-diag" >/dev/null 2>&1; mv "$2/config.json.orig" "$2/config.json"
+  return 1
+}
+
 # check NAME DIR: asks holder.py to re-check its GPU data and expects it unchanged.
 check() {
   touch "$2/x/verify"
@@ -46,15 +124,26 @@ check() {
   else bad "$1: $(cat "$2/x/result1" 2>/dev/null || echo no result)"; fi
 }
 
+# diagnose: what runc, CRIU and the action script logged, after a failure.
+diagnose() {
+  echo "== diagnostics"
+  for f in "$W"/*.log "$W"/work-*/*.log /tmp/gpucr-restore-*/*.log; do
+    [ -f "$f" ] && { echo "--- $f"; tail -40 "$f"; }
+  done
+  dmesg 2>/dev/null | tail -20
+}
+
 PARTS=" ${*:-A B} "
 if [[ "$PARTS" == *" A "* ]]; then
   echo "== A. gpucr checkpoint/restore --container"
   D=$W/a; bundle "$D"
-  runc run -d --bundle "$D" gpucr-a </dev/null >/dev/null 2>&1
-  if wait_for "$D/x/ready"; then
-    "$G" checkpoint --container gpucr-a -D "$W/img-a" && "$G" inspect "$W/img-a" | head -12
-    if runc state gpucr-a >/dev/null 2>&1; then bad "A. container still there after the checkpoint"; fi
-    "$G" restore --container gpucr-a -D "$W/img-a" --new-id gpucr-a2 && check "A. restored through gpucr" "$D"
+  if start gpucr-a "$D"; then
+    if "$G" checkpoint --container gpucr-a -D "$W/img-a"; then
+      "$G" inspect "$W/img-a" | head -12
+      if runc state gpucr-a >/dev/null 2>&1; then bad "A. container still there after the checkpoint"; fi
+      if "$G" restore --container gpucr-a -D "$W/img-a" --new-id gpucr-a2; then check "A. restored through gpucr" "$D"
+      else bad "A. gpucr restore --container"; fi
+    else bad "A. gpucr checkpoint --container"; fi
   else bad "A. holder did not start in the container"; fi
   runc delete -f gpucr-a >/dev/null 2>&1; runc delete -f gpucr-a2 >/dev/null 2>&1
 fi
@@ -62,16 +151,20 @@ if [[ "$PARTS" == *" B "* ]]; then
   echo "== B. plain runc with the runc integration"
   D=$W/b; "$G" install-runc-integration --config "$W/runc.conf" --script "$W/criu-action" --log "$W/action.log"
   bundle "$D" "$W/runc.conf"
-  runc run -d --bundle "$D" gpucr-b </dev/null >/dev/null 2>&1
-  if wait_for "$D/x/ready"; then
-    runc --criu "$CRIU" checkpoint --image-path "$W/img-b" --work-path "$W/work-b" gpucr-b </dev/null >/dev/null 2>&1 &&
-      grep -q "GPU state checkpointed" "$W/action.log" && ok "B. runc checkpoint locked and checkpointed the GPU"
-    runc --criu "$CRIU" restore -d --image-path "$W/img-b" --work-path "$W/work-b2" --bundle "$D" gpucr-b2 </dev/null >/dev/null 2>&1 &&
-      check "B. restored through plain runc" "$D"
-    grep -q "GPU state restored" "$W/action.log" || bad "B. post-resume did not restore the GPU state"
+  if start gpucr-b "$D"; then
+    if runc --log "$W/runc-b.log" --criu "$CRIU" checkpoint --image-path "$W/img-b" --work-path "$W/work-b" gpucr-b </dev/null >/dev/null 2>&1; then
+      if grep -q "GPU state checkpointed" "$W/action.log"; then ok "B. runc checkpoint locked and checkpointed the GPU"
+      else bad "B. runc checkpoint did not checkpoint the GPU"; fi
+      "$G" inspect "$W/img-b" | head -12
+      if runc --log "$W/runc-b2.log" --criu "$CRIU" restore -d --image-path "$W/img-b" --work-path "$W/work-b2" --bundle "$D" gpucr-b2 </dev/null >/dev/null 2>&1; then
+        check "B. restored through plain runc" "$D"
+        grep -q "GPU state restored" "$W/action.log" || bad "B. post-resume did not restore the GPU state"
+      else bad "B. runc restore"; fi
+    else bad "B. runc checkpoint"; fi
     cat "$W/action.log"
   else bad "B. holder did not start in the container"; fi
   runc delete -f gpucr-b >/dev/null 2>&1; runc delete -f gpucr-b2 >/dev/null 2>&1
 fi
+[ "$fail" -eq 0 ] || diagnose
 echo "container plan: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
