@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // sharedImage checkpoints one counter for the corruption tests to copy and damage.
@@ -108,6 +109,7 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dir := copyImage(t, good)
 			c.damage(t, dir)
+			count := w.read(t, "count")
 			for _, verb := range [][]string{{"verify", dir}, {"restore", "-D", dir}} {
 				out, code := gpucr(t, verb...)
 				if code == 0 || !strings.Contains(out, c.want) || strings.Count(strings.TrimSpace(out), "\n") > 0 {
@@ -117,6 +119,13 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			if alive(w.pid) {
 				t.Fatalf("a damaged image was restored: PID %d runs", w.pid)
 			}
+			time.Sleep(100 * time.Millisecond) // five of the counter's ticks
+			if now := w.read(t, "count"); now != count {
+				t.Fatalf("the counter ran from the damaged image: count %d, was %d", now, count)
+			}
+			// Damaged pages are found while CRIU restores; it kills the tasks before any runs,
+			// and they are re-parented to the test.
+			waitReaped(t, w.pid)
 		})
 	}
 	// The undamaged original still restores: the failures above were the damage's.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"strings"
 	"syscall"
 	"time"
@@ -47,20 +48,28 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		return nil, ErrNotRoot
 	}
 	t := &timer{r: e.reporter()}
-	var m *image.Manifest
-	err := t.run(PhaseVerify, func() error {
-		var err error
-		m, err = image.Open(r.Dir)
-		return err
-	})
+	m, err := image.Load(r.Dir)
 	if err != nil {
 		return nil, err
 	}
-	if err := pidsFree(m); err != nil {
+	// CRIU only ever parses verified files: sizes and every file but the memory pages are
+	// checked first. The pages, nearly all of the image, are checked while CRIU reads them:
+	// CRIU resumes no task until they passed (verifyGate), and kills them all if not.
+	start := time.Now()
+	meta, pages := splitPages(m.Files)
+	if err := image.CheckSizes(r.Dir, m.Files); err != nil {
 		return nil, err
 	}
-	if err := filesPresent(image.CRIUPath(r.Dir)); err != nil {
+	if err := image.CheckSums(r.Dir, meta); err != nil {
 		return nil, err
+	}
+	verify := startVerify(r.Dir, pages, time.Since(start))
+	defer verify.wait() // never leave it reading the image after we return
+	if err := pidsFree(m); err != nil {
+		return nil, verify.prefer(err)
+	}
+	if err := filesPresent(image.CRIUPath(r.Dir)); err != nil {
+		return nil, verify.prefer(err)
 	}
 	gpus, remap, err := PlanGPUs(ctx, e.Backends, m.GPUs, r.GPUMap, r.Skips)
 	if err != nil {
@@ -94,13 +103,15 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		var err error
 		pid, err = e.CRIU.Restore(ctx, criu.RestoreRequest{
 			ImagesDir: image.CRIUPath(r.Dir), WorkDir: work, Options: opts,
-		}, nil)
+		}, verifyGate{v: verify})
 		return err
 	})
 	if err != nil {
-		return nil, explainRestoreFailure(err) // CRIU leaves nothing running; its log stays in work
+		// A damaged image explains any CRIU failure; CRIU leaves nothing running, its log stays in work.
+		return nil, verify.prefer(explainRestoreFailure(err))
 	}
 	os.RemoveAll(work)
+	t.phases = append(t.phases, image.Phase{Name: PhaseVerify, Duration: verify.took})
 
 	if len(gpus) > 0 {
 		// Restore must not be abandoned halfway, even on Ctrl-C: finish, then report.
@@ -112,6 +123,63 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	}
 	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.phases}, nil
 }
+
+// verification checks an image's files in the background during a restore.
+type verification struct {
+	done chan struct{}
+	err  error
+	took time.Duration
+}
+
+// startVerify starts checking the checksums of files; its time, added to before (the
+// checks already made), overlaps CRIU's restore, so it is recorded but not shown as a phase
+// of its own while it runs.
+func startVerify(dir string, files []image.File, before time.Duration) *verification {
+	v := &verification{done: make(chan struct{})}
+	go func() {
+		defer close(v.done)
+		start := time.Now()
+		v.err = image.CheckSums(dir, files)
+		v.took = before + time.Since(start)
+	}()
+	return v
+}
+
+// splitPages separates CRIU's page files, raw memory that CRIU copies without parsing it,
+// from the files it parses.
+func splitPages(files []image.File) (meta, pages []image.File) {
+	for _, f := range files {
+		if strings.HasPrefix(path.Base(f.Path), "pages-") {
+			pages = append(pages, f)
+		} else {
+			meta = append(meta, f)
+		}
+	}
+	return meta, pages
+}
+
+func (v *verification) wait() error {
+	<-v.done
+	return v.err
+}
+
+// prefer returns the verification's error if the image is damaged, else err: a damaged
+// image is the cause of whatever failed after reading it.
+func (v *verification) prefer(err error) error {
+	if verr := v.wait(); verr != nil {
+		return verr
+	}
+	return err
+}
+
+// verifyGate holds CRIU at post-restore, with every task restored and none resumed, until
+// the image is verified; a failure makes CRIU kill the tasks.
+type verifyGate struct {
+	criu.NoNotify
+	v *verification
+}
+
+func (g verifyGate) PostRestore(int32) error { return g.v.wait() }
 
 // explainRestoreFailure adds what to do to CRIU failures users meet on the same host.
 func explainRestoreFailure(err error) error {

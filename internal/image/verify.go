@@ -145,11 +145,17 @@ func isXXH64(s string) bool {
 // in path order. Sizes are checked first, so a truncated image fails without being read;
 // then checksums, in parallel.
 func Verify(dir string, m *Manifest) error {
-	files := slices.Clone(m.Files)
-	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
-	paths := make([]string, len(files))
-	for i, f := range files {
-		paths[i] = f.Path
+	if err := CheckSizes(dir, m.Files); err != nil {
+		return err
+	}
+	return CheckSums(dir, m.Files)
+}
+
+// CheckSizes checks that each of files is in dir, a regular file of its size: cheap, and
+// enough to find a truncated image. It returns a *CorruptError for the first wrong one in
+// path order.
+func CheckSizes(dir string, files []File) error {
+	for _, f := range sortedFiles(files) {
 		fi, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(f.Path)))
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
@@ -162,6 +168,17 @@ func Verify(dir string, m *Manifest) error {
 			return &CorruptError{f.Path, fmt.Sprintf("size %d, want %d (truncated or changed)", fi.Size(), f.Size)}
 		}
 	}
+	return nil
+}
+
+// CheckSums recomputes the checksum of each of files in dir, in parallel, and returns a
+// *CorruptError for the first wrong one in path order. Sizes must have been checked.
+func CheckSums(dir string, files []File) error {
+	files = sortedFiles(files)
+	paths := make([]string, len(files))
+	for i, f := range files {
+		paths[i] = f.Path
+	}
 	got, err := sumFiles(dir, paths, false)
 	if err != nil {
 		return fmt.Errorf("verify %s: %w", dir, err)
@@ -172,6 +189,12 @@ func Verify(dir string, m *Manifest) error {
 		}
 	}
 	return nil
+}
+
+func sortedFiles(files []File) []File {
+	files = slices.Clone(files)
+	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
+	return files
 }
 
 // Open loads an image and verifies all its files: what restore accepts.
