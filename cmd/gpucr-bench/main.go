@@ -26,8 +26,13 @@ func main() {
 	flag.StringVar(&cfg.scripts, "scripts", ".", "directory of holder.py and model.py")
 	flag.StringVar(&cfg.imageDir, "images", "/dev/shm/gpucr-bench", "where images are written")
 	flag.BoolVar(&cfg.model, "model", true, "also run the transformer model workload")
+	criuPages := flag.Bool("compare-criu-pages", false, "also run gpucr with CRIU writing the page files itself")
 	out := flag.String("out", "bench/results", "directory for results.json, results.md and chart.png")
 	flag.Parse()
+	cfg.methods = []string{methodBaseline, methodGpucr}
+	if *criuPages {
+		cfg.methods = append(cfg.methods, methodCRIUWrites)
+	}
 	for _, s := range strings.Split(*sizes, ",") {
 		gib, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 		if err != nil {

@@ -31,6 +31,10 @@ type Summary struct {
 	GpucrPhases     map[string]float64 `json:"gpucrPhases"`
 	ImageBytes      int64              `json:"gpucrImageBytes"`
 	AllRunsVerified bool               `json:"allRunsVerified"`
+	// CRIUWrites* are gpucr with CRIU writing the page files (bench -compare-criu-pages).
+	CRIUWritesCkpt    float64            `json:"criuWritesPagesCheckpointSeconds,omitempty"`
+	CRIUWritesRestore float64            `json:"criuWritesPagesRestoreSeconds,omitempty"`
+	CRIUWritesPhases  map[string]float64 `json:"criuWritesPagesPhases,omitempty"`
 }
 
 func summarize(runs []Run) []Summary {
@@ -71,19 +75,24 @@ func summarize(runs []Run) []Summary {
 		}
 		for _, r := range by[w] {
 			s.AllRunsVerified = s.AllRunsVerified && r.Verified
-			if r.Method == "gpucr" {
+			if r.Method == methodGpucr {
 				s.Runs++
 				s.ImageBytes = r.ImageBytes
 			}
 			s.GPUBytes = max(s.GPUBytes, r.GPUBytes)
 		}
-		s.BaselineCkpt = pick("baseline", func(r Run) float64 { return r.Checkpoint })
-		s.GpucrCkpt = pick("gpucr", func(r Run) float64 { return r.Checkpoint })
-		s.BaselineRestore = pick("baseline", func(r Run) float64 { return r.Restore })
-		s.GpucrRestore = pick("gpucr", func(r Run) float64 { return r.Restore })
+		s.BaselineCkpt = pick(methodBaseline, func(r Run) float64 { return r.Checkpoint })
+		s.GpucrCkpt = pick(methodGpucr, func(r Run) float64 { return r.Checkpoint })
+		s.BaselineRestore = pick(methodBaseline, func(r Run) float64 { return r.Restore })
+		s.GpucrRestore = pick(methodGpucr, func(r Run) float64 { return r.Restore })
 		s.CkptRatio = ratio(s.GpucrCkpt, s.BaselineCkpt)
 		s.RestoreRatio = ratio(s.GpucrRestore, s.BaselineRestore)
-		s.BaselinePhases, s.GpucrPhases = phases("baseline"), phases("gpucr")
+		s.BaselinePhases, s.GpucrPhases = phases(methodBaseline), phases(methodGpucr)
+		if slices.ContainsFunc(by[w], func(r Run) bool { return r.Method == methodCRIUWrites }) {
+			s.CRIUWritesCkpt = pick(methodCRIUWrites, func(r Run) float64 { return r.Checkpoint })
+			s.CRIUWritesRestore = pick(methodCRIUWrites, func(r Run) float64 { return r.Restore })
+			s.CRIUWritesPhases = phases(methodCRIUWrites)
+		}
 		out = append(out, s)
 	}
 	return out
@@ -119,6 +128,12 @@ func markdown(ss []Summary) string {
 	b.WriteString("\nMedian phase times (s):\n\n")
 	for _, s := range ss {
 		fmt.Fprintf(&b, "- %s: baseline %s; gpucr %s\n", s.Workload, phaseList(s.BaselinePhases), phaseList(s.GpucrPhases))
+	}
+	for _, s := range ss {
+		if s.CRIUWritesPhases != nil {
+			fmt.Fprintf(&b, "- %s, gpucr with CRIU writing the page files: checkpoint %.2f s (%.2f of baseline), restore %.2f s; %s\n",
+				s.Workload, s.CRIUWritesCkpt, ratio(s.CRIUWritesCkpt, s.BaselineCkpt), s.CRIUWritesRestore, phaseList(s.CRIUWritesPhases))
+		}
 	}
 	return b.String()
 }

@@ -2,12 +2,12 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -24,7 +24,16 @@ type config struct {
 	imageDir  string
 	model     bool
 	workloads []workload
+	methods   []string
 }
+
+// The methods: the baseline, gpucr, and gpucr with CRIU writing the page files itself
+// (GPUCR_CRIU_WRITES_PAGES=1), which measures what gpucr's page server wins.
+const (
+	methodBaseline   = "baseline"
+	methodGpucr      = "gpucr"
+	methodCRIUWrites = "gpucr-criu-pages"
+)
 
 // workload is a GPU process to checkpoint, started by a script that follows one protocol:
 // DIR/ready holds "pid digest" once it is loaded; touching DIR/verify makes it recheck its
@@ -45,7 +54,7 @@ func modelWorkload() workload {
 // Run is one checkpoint and restore of one workload by one method.
 type Run struct {
 	Workload   string             `json:"workload"`
-	Method     string             `json:"method"` // "baseline" or "gpucr"
+	Method     string             `json:"method"` // methodBaseline, methodGpucr or methodCRIUWrites
 	Rep        int                `json:"rep"`
 	Checkpoint float64            `json:"checkpointSeconds"`
 	Restore    float64            `json:"restoreSeconds"`
@@ -65,10 +74,9 @@ func run(cfg config) ([]Run, error) {
 	var runs []Run
 	for _, w := range cfg.workloads {
 		for rep := 1; rep <= cfg.reps; rep++ {
-			methods := []string{"baseline", "gpucr"}
-			if rep%2 == 0 {
-				methods[0], methods[1] = methods[1], methods[0]
-			}
+			// Each repetition starts with the next method, so none always goes first.
+			k := (rep - 1) % len(cfg.methods)
+			methods := append(slices.Clone(cfg.methods[k:]), cfg.methods[:k]...)
 			for _, m := range methods {
 				r, err := once(cfg, drv, w, m, rep)
 				runs = append(runs, r)
@@ -100,19 +108,23 @@ func once(cfg config, drv *cuda.Driver, w workload, method string, rep int) (Run
 	}
 	defer os.RemoveAll(cfg.imageDir)
 
-	if method == "baseline" {
+	switch method {
+	case methodBaseline:
 		err = baseline(cfg, drv, p.pid, img, &r)
-	} else {
+	case methodCRIUWrites:
+		err = viaGpucr(cfg, p.pid, img, &r, "GPUCR_CRIU_WRITES_PAGES=1")
+	default:
 		err = viaGpucr(cfg, p.pid, img, &r)
 	}
 	if err != nil {
 		return r, err
 	}
-	if r.Verified, err = p.verify(); err != nil {
+	verdict, err := p.verify()
+	if err != nil {
 		return r, err
 	}
-	if !r.Verified {
-		return r, errors.New("the restored workload's data differs")
+	if r.Verified = strings.Contains(verdict, "same=True"); !r.Verified {
+		return r, fmt.Errorf("the restored workload's data differs: %s", strings.TrimSpace(verdict))
 	}
 	return r, nil
 }
@@ -157,7 +169,8 @@ func baseline(cfg config, drv *cuda.Driver, pid int, img string, r *Run) error {
 	return nil
 }
 
-func viaGpucr(cfg config, pid int, img string, r *Run) error {
+// viaGpucr checkpoints and restores with gpucr, with env added to its environment.
+func viaGpucr(cfg config, pid int, img string, r *Run, env ...string) error {
 	var ck, rs struct {
 		Phases []struct {
 			Name    string  `json:"name"`
@@ -165,13 +178,13 @@ func viaGpucr(cfg config, pid int, img string, r *Run) error {
 		} `json:"phases"`
 	}
 	t0 := time.Now()
-	if err := runJSON(&ck, cfg.gpucr, "checkpoint", strconv.Itoa(pid), "-D", img, "--json", "--criu", cfg.criu); err != nil {
+	if err := runJSON(&ck, env, cfg.gpucr, "checkpoint", strconv.Itoa(pid), "-D", img, "--json", "--criu", cfg.criu); err != nil {
 		return err
 	}
 	r.Checkpoint = time.Since(t0).Seconds()
 	r.ImageBytes = dirBytes(img)
 	t1 := time.Now()
-	if err := runJSON(&rs, cfg.gpucr, "restore", "-D", img, "--json", "--criu", cfg.criu); err != nil {
+	if err := runJSON(&rs, env, cfg.gpucr, "restore", "-D", img, "--json", "--criu", cfg.criu); err != nil {
 		return err
 	}
 	r.Restore = time.Since(t1).Seconds()
@@ -181,8 +194,9 @@ func viaGpucr(cfg config, pid int, img string, r *Run) error {
 	return nil
 }
 
-func runJSON(v any, name string, args ...string) error {
+func runJSON(v any, env []string, name string, args ...string) error {
 	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -223,16 +237,17 @@ func start(cfg config, w workload) (*proc, error) {
 	return p, nil
 }
 
-func (p *proc) verify() (bool, error) {
+// verify asks the restored workload to recheck itself and returns its verdict line.
+func (p *proc) verify() (string, error) {
 	res := filepath.Join(p.dir, "result1")
 	if err := os.WriteFile(filepath.Join(p.dir, "verify"), nil, 0o644); err != nil {
-		return false, err
+		return "", err
 	}
 	if err := waitFile(res, 5*time.Minute); err != nil {
-		return false, fmt.Errorf("no verdict from the restored workload: %w", err)
+		return "", fmt.Errorf("no verdict from the restored workload: %w", err)
 	}
 	b, err := os.ReadFile(res)
-	return strings.Contains(string(b), "same=True"), err
+	return string(b), err
 }
 
 func (p *proc) kill() {

@@ -106,6 +106,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 				return usageError{fmt.Errorf("PID %q is not a number", args[0])}
 			}
 			r.PID = pid
+			r.CRIUWritesPages = os.Getenv("GPUCR_CRIU_WRITES_PAGES") == "1"
 			if r.Dir == "" && to == "" {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
 			}

@@ -29,6 +29,9 @@ type CheckpointRequest struct {
 	// stores them as they come; Dir then only stages CRIU's other files, and the image is
 	// committed to the store instead of at Dir, which is left absent.
 	Stream *chunked.Stream
+	// CRIUWritesPages lets CRIU write the page files itself instead of sending them to
+	// gpucr's page server: slower, kept to compare the two (GPUCR_CRIU_WRITES_PAGES=1).
+	CRIUWritesPages bool
 	criu.Options
 }
 
@@ -110,8 +113,14 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		PID: r.PID, ImagesDir: stage.CRIUDir(), WorkDir: stage.LogsDir(),
 		LeaveRunning: r.LeaveRunning, Options: r.Options,
 	}
-	if r.Stream != nil {
-		srv, err := pageserver.Start(stage.CRIUDir(), storeSink{r.Stream})
+	if !r.CRIUWritesPages || r.Stream != nil {
+		// CRIU sends the pages to gpucr, which writes (or stores) and checksums them on all
+		// cores while CRIU's one thread keeps sending.
+		var sink pageserver.Sink = stagingSink{stage}
+		if r.Stream != nil {
+			sink = storeSink{r.Stream}
+		}
+		srv, err := pageserver.Start(stage.CRIUDir(), sink)
 		if err != nil {
 			return nil, rollback(err)
 		}
@@ -163,10 +172,10 @@ type committer struct {
 	dumpStart time.Time
 	reached   bool // CRIU finished writing and called PostDump
 	err       error
-	// stream and pages are set for a streamed checkpoint: the store and the page server
-	// CRIU sends the pages to.
-	stream *chunked.Stream
+	// pages is the page server CRIU sends the pages to; stream, the store it passes them
+	// on to for a streamed checkpoint.
 	pages  *pageserver.Server
+	stream *chunked.Stream
 }
 
 func (c *committer) PostDump() error {
@@ -177,6 +186,12 @@ func (c *committer) PostDump() error {
 	if err := c.ctx.Err(); err != nil {
 		c.err = fmt.Errorf("checkpoint interrupted: %w", err)
 		return c.err
+	}
+	if c.pages != nil {
+		if _, err := c.pages.Wait(c.ctx); err != nil {
+			c.err = err
+			return err
+		}
 	}
 	if c.stream != nil {
 		c.err = c.commitStream()
@@ -198,9 +213,6 @@ func (c *committer) PostDump() error {
 // is sealed with the page files in it and stored with CRIU's other files, last of all
 // the manifest object that makes the checkpoint exist.
 func (c *committer) commitStream() error {
-	if _, err := c.pages.Wait(c.ctx); err != nil {
-		return err
-	}
 	return c.timer.run(PhaseCommit, func() error {
 		streamed, err := c.stream.Files()
 		if err != nil {
@@ -217,6 +229,11 @@ func (c *committer) commitStream() error {
 		return err
 	})
 }
+
+// stagingSink writes the page files into the staged image.
+type stagingSink struct{ s *image.Staging }
+
+func (k stagingSink) Create(name string) (pageserver.File, error) { return k.s.CreatePages(name) }
 
 // storeSink names the page files a streamed checkpoint receives as they sit in an image.
 type storeSink struct{ s *chunked.Stream }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/gpucr/gpucr/internal/durable"
@@ -34,6 +35,12 @@ const partialMark = ".partial-"
 type Staging struct {
 	dir, final string
 	committed  bool
+
+	// Page files written through CreatePages, checksummed as they were written.
+	mu         sync.Mutex
+	pagesFiles []*PagesFile
+	poolOnce   sync.Once
+	pages      *pagesPool
 }
 
 // Begin checks that final can receive an image and creates its staging directory. The
@@ -133,6 +140,14 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 	if err != nil {
 		return err
 	}
+	written, err := s.writtenFiles()
+	if err != nil {
+		return err
+	}
+	// Page files written through CreatePages were checksummed and synced as they came.
+	paths = slices.DeleteFunc(paths, func(p string) bool {
+		return slices.ContainsFunc(written, func(f File) bool { return f.Path == p })
+	})
 	files, err := sumFiles(s.dir, paths, true)
 	if err != nil {
 		return err
@@ -142,7 +157,7 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 			return fmt.Errorf("seal image: %s is both staged and external", f.Path)
 		}
 	}
-	files = append(files, external...)
+	files = append(append(files, written...), external...)
 	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
 	m.FormatVersion = FormatVersion
 	m.Files = files
@@ -171,6 +186,13 @@ func (s *Staging) Abort() error {
 	if s.committed {
 		return nil
 	}
+	s.mu.Lock()
+	open := s.pagesFiles
+	s.mu.Unlock()
+	for _, p := range open {
+		p.Close() // the image is being thrown away: only the workers must stop
+	}
+	s.stopPool()
 	if err := os.RemoveAll(s.dir); err != nil {
 		return fmt.Errorf("remove partial image %s: %w", s.dir, err)
 	}

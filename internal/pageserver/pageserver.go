@@ -119,12 +119,12 @@ func (s *Server) Wait(ctx context.Context) ([]string, error) {
 		return s.pages, s.err
 	case <-ctx.Done():
 		s.Close()
-		<-s.done
 		return nil, context.Cause(ctx)
 	}
 }
 
-// Close stops the server; a transfer in progress fails. It is safe to call more than once.
+// Close stops the server and returns once it no longer touches its sink; a transfer in
+// progress fails. It is safe to call more than once.
 func (s *Server) Close() {
 	s.ln.Close()
 	s.mu.Lock()
@@ -132,6 +132,7 @@ func (s *Server) Close() {
 		s.conn.Close()
 	}
 	s.mu.Unlock()
+	<-s.done
 }
 
 func (s *Server) acceptOne() {
