@@ -243,11 +243,14 @@ func (p *proc) verify() (string, error) {
 	if err := os.WriteFile(filepath.Join(p.dir, "verify"), nil, 0o644); err != nil {
 		return "", err
 	}
-	if err := waitFile(res, 5*time.Minute); err != nil {
-		return "", fmt.Errorf("no verdict from the restored workload: %w", err)
+	// The workload creates the file, then writes its line: a verdict is whole once it ends
+	// in a newline (read too early, an empty file once failed a correct restore).
+	for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if b, err := os.ReadFile(res); err == nil && strings.HasSuffix(string(b), "\n") {
+			return string(b), nil
+		}
 	}
-	b, err := os.ReadFile(res)
-	return string(b), err
+	return "", fmt.Errorf("no verdict from the restored workload in %s", res)
 }
 
 func (p *proc) kill() {
