@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/cuda"
 )
 
@@ -149,6 +150,11 @@ func baseline(cfg config, drv *cuda.Driver, pid int, img string, r *Run) error {
 	}
 	r.Phases["criu-dump"] = time.Since(t1).Seconds()
 	r.Checkpoint = time.Since(t0).Seconds()
+	ds, err := criuimg.ReadDumpStats(img)
+	if err != nil {
+		return err
+	}
+	addDumpStats(r, ds)
 	r.ImageBytes = dirBytes(img)
 	waitGone(pid)
 
@@ -166,7 +172,26 @@ func baseline(cfg config, drv *cuda.Driver, pid int, img string, r *Run) error {
 	}
 	r.Phases["driver-restore"] = time.Since(t3).Seconds()
 	r.Restore = time.Since(t2).Seconds()
+	rs, err := criuimg.ReadRestoreStats(img)
+	if err != nil {
+		return err
+	}
+	addRestoreStats(r, rs)
 	return nil
+}
+
+// addDumpStats records where CRIU's dump time went, as CRIU measured it.
+func addDumpStats(r *Run, s *criuimg.DumpStats) {
+	if s != nil {
+		r.Phases["criu:memdump"], r.Phases["criu:memwrite"] = s.MemDump.Seconds(), s.MemWrite.Seconds()
+	}
+}
+
+// addRestoreStats records where CRIU's restore time went, as CRIU measured it.
+func addRestoreStats(r *Run, s *criuimg.RestoreStats) {
+	if s != nil {
+		r.Phases["criu:forking"], r.Phases["criu:restore"] = s.Forking.Seconds(), s.Restore.Seconds()
+	}
 }
 
 // viaGpucr checkpoints and restores with gpucr, with env added to its environment.
@@ -176,6 +201,8 @@ func viaGpucr(cfg config, pid int, img string, r *Run, env ...string) error {
 			Name    string  `json:"name"`
 			Seconds float64 `json:"seconds"`
 		} `json:"phases"`
+		DumpStats    *criuimg.DumpStats    `json:"criuDumpStats"`
+		RestoreStats *criuimg.RestoreStats `json:"criuRestoreStats"`
 	}
 	t0 := time.Now()
 	if err := runJSON(&ck, env, cfg.gpucr, "checkpoint", strconv.Itoa(pid), "-D", img, "--json", "--criu", cfg.criu); err != nil {
@@ -191,6 +218,8 @@ func viaGpucr(cfg config, pid int, img string, r *Run, env ...string) error {
 	for _, p := range append(ck.Phases, rs.Phases...) {
 		r.Phases[p.Name] = p.Seconds
 	}
+	addDumpStats(r, ck.DumpStats)
+	addRestoreStats(r, rs.RestoreStats)
 	return nil
 }
 

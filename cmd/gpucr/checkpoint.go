@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
@@ -46,6 +47,8 @@ type checkpointOutput struct {
 	// stored; without, it is Streamed: pages go to the store as CRIU dumps them.
 	Pushed   *transferOutput `json:"pushed,omitempty"`
 	Streamed bool            `json:"streamed,omitempty"`
+	// CRIUStats is CRIU's own account of the dump (local images: kept in DIR/logs).
+	CRIUStats *criuimg.DumpStats `json:"criuDumpStats,omitempty"`
 }
 
 // checkpointStreamed checkpoints r's tree straight into the store at loc: the memory pages
@@ -131,6 +134,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 			if streamed != nil {
 				out.Dir, out.Streamed, out.Pushed = streamed.URL, true, streamed
 				to = ""
+			} else {
+				// Informational: an unreadable statistics file does not fail a written checkpoint.
+				out.CRIUStats, _ = criuimg.ReadDumpStats(filepath.Join(r.Dir, image.LogsDir))
 			}
 			for _, s := range m.GPUs {
 				for _, p := range s.Processes {

@@ -29,7 +29,9 @@ type inspectOutput struct {
 	Descriptors []string          `json:"runcDescriptors,omitempty"`
 	GPURecord   *container.Record `json:"gpuRecord,omitempty"`
 	CRIU        *criuimg.Summary  `json:"criu"`
-	AMD         *amdimg.Summary   `json:"amd,omitempty"`
+	// CRIUStats is CRIU's own account of the dump, kept with a gpucr image's logs.
+	CRIUStats *criuimg.DumpStats `json:"criuDumpStats,omitempty"`
+	AMD       *amdimg.Summary    `json:"amd,omitempty"`
 }
 
 func (a *app) inspectCmd() *cobra.Command {
@@ -45,6 +47,11 @@ func (a *app) inspectCmd() *cobra.Command {
 			}
 			if out.CRIU, err = criuimg.Read(criuDir); err != nil {
 				return err
+			}
+			if out.Manifest != nil {
+				if out.CRIUStats, err = criuimg.ReadDumpStats(filepath.Join(args[0], image.LogsDir)); err != nil {
+					return err
+				}
 			}
 			if amd, err := amdimg.Summarize(criuDir); err != nil {
 				return err
@@ -112,6 +119,10 @@ func printInspect(w io.Writer, o inspectOutput, files bool) {
 		fmt.Fprintf(w, "memory    %s in %d files\n", bytesHuman(o.CRIU.MemoryBytes), len(m.Files))
 		if len(m.Phases) > 0 {
 			fmt.Fprintf(w, "phases    %s\n", phasesLine(m.Phases))
+		}
+		if st := o.CRIUStats; st != nil {
+			fmt.Fprintf(w, "criu dump frozen %s: freezing %s, memdump %s, memwrite %s; %d of %d pages written\n",
+				seconds(st.Frozen), seconds(st.Freezing), seconds(st.MemDump), seconds(st.MemWrite), st.PagesWritten, st.PagesScanned)
 		}
 		gpus = m.GPUs
 	} else {

@@ -222,6 +222,10 @@ func TestCheckpointToAndRestoreFrom(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &ck); err != nil || ck.Pushed == nil || ck.Pushed.URL == "" || ck.Pushed.Chunks == 0 {
 		t.Fatalf("checkpoint --to: %v\n%s", err, out)
 	}
+	// CRIU's own account of the dump comes along: the counter's 8 MiB were written.
+	if st := ck.CRIUStats; st == nil || st.PagesWritten < 2048 || st.Frozen <= 0 || st.PagesScanned < st.PagesWritten {
+		t.Errorf("CRIU's dump statistics: %+v", ck.CRIUStats)
+	}
 	waitGone(t, w.pid)
 	at := w.read(t, "count")
 
@@ -230,6 +234,9 @@ func TestCheckpointToAndRestoreFrom(t *testing.T) {
 	var rs restoreOutput
 	if err := json.Unmarshal([]byte(out), &rs); err != nil || rs.Pulled == nil || rs.RootPID != w.pid {
 		t.Fatalf("restore --from: %v\n%s", err, out)
+	}
+	if st := rs.CRIUStats; st == nil || st.Restore <= 0 {
+		t.Errorf("CRIU's restore statistics: %+v", rs.CRIUStats)
 	}
 	t.Cleanup(func() { killAndReap(rs.RootPID) })
 	w.waitCount(t, at+5)

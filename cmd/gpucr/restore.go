@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/container"
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
@@ -29,6 +30,7 @@ type restoreOutput struct {
 	Pulled    *transferOutput              `json:"pulled,omitempty"` // the fetch of --from
 	Phases    []phaseJSON                  `json:"phases"`
 	Total     float64                      `json:"totalSeconds"`
+	CRIUStats *criuimg.RestoreStats        `json:"criuRestoreStats,omitempty"`
 }
 
 func (a *app) restoreCmd() *cobra.Command {
@@ -76,7 +78,7 @@ func (a *app) restoreCmd() *cobra.Command {
 				return err
 			}
 			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Pulled: pulled,
-				Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
+				Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds(), CRIUStats: res.CRIUStats}
 			return a.emit(out, func() {
 				if pulled != nil {
 					printPull(a, *pulled)

@@ -38,6 +38,8 @@ type RestoreResult struct {
 	// AMDMap is, per amdgpu-kfd image, where each image gpu_id goes on this host.
 	AMDMap map[string]map[uint32]uint32 `json:"amdGpuMap,omitempty"`
 	Phases []image.Phase                `json:"phases"`
+	// CRIUStats is CRIU's own account of the restore.
+	CRIUStats *criuimg.RestoreStats `json:"criuRestoreStats,omitempty"`
 }
 
 // Restore validates the image and this host before touching anything, then restores the
@@ -110,6 +112,10 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		// A damaged image explains any CRIU failure; CRIU leaves nothing running, its log stays in work.
 		return nil, verify.prefer(explainRestoreFailure(err))
 	}
+	stats, err := criuimg.ReadRestoreStats(work)
+	if err != nil {
+		e.log().Warn("CRIU's restore statistics are unreadable", "err", err)
+	}
 	os.RemoveAll(work)
 	t.phases = append(t.phases, image.Phase{Name: PhaseVerify, Duration: verify.took})
 
@@ -121,7 +127,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 			return nil, fmt.Errorf("%w: %v; the restored processes were killed, the image is unchanged", ErrGPURestore, err)
 		}
 	}
-	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.phases}, nil
+	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.phases, CRIUStats: stats}, nil
 }
 
 // verification checks an image's files in the background during a restore.
