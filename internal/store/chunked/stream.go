@@ -258,8 +258,17 @@ func streamedBytes(files []*StreamFile) int64 {
 	return n
 }
 
-// Err is the error that stopped the stream, such as a failed upload, or nil.
-func (s *Stream) Err() error { return context.Cause(s.ctx) }
+// Err is the error that stopped the stream, such as a failed upload; nil if none did or
+// the stream was only given up (Abort, or Finish done).
+func (s *Stream) Err() error {
+	if err := context.Cause(s.ctx); !errors.Is(err, errAborted) {
+		return err
+	}
+	return nil
+}
+
+// errAborted is the cause of a stream given up by its owner rather than by a failure.
+var errAborted = errors.New("checkpoint stream aborted")
 
 // Stats count what the stream moved; complete once Finish has returned.
 func (s *Stream) Stats() Stats {
@@ -271,7 +280,7 @@ func (s *Stream) Stats() Stats {
 // Abort gives the stream up: workers stop, and what was uploaded stays as unreferenced
 // chunks, which a later checkpoint of the same job reuses. Safe to call more than once.
 func (s *Stream) Abort() {
-	s.cancel(errors.New("checkpoint stream aborted"))
+	s.cancel(errAborted)
 	s.wg.Wait()
 	s.closed.Do(s.up.close)
 }
