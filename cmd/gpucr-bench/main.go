@@ -26,7 +26,7 @@ func main() {
 	flag.StringVar(&cfg.scripts, "scripts", ".", "directory of holder.py and model.py")
 	flag.StringVar(&cfg.imageDir, "images", "/dev/shm/gpucr-bench", "where images are written")
 	flag.BoolVar(&cfg.model, "model", true, "also run the transformer model workload")
-	criuPages := flag.Bool("compare-criu-pages", false, "also run gpucr with CRIU writing the page files itself")
+	criuPages := flag.Bool("compare-criu-pages", false, "also run gpucr with CRIU moving all pages itself (checkpoint and restore)")
 	out := flag.String("out", "bench/results", "directory for results.json, results.md and chart.png")
 	flag.Parse()
 	cfg.methods = []string{methodBaseline, methodGpucr}

@@ -31,7 +31,7 @@ type Summary struct {
 	GpucrPhases     map[string]float64 `json:"gpucrPhases"`
 	ImageBytes      int64              `json:"gpucrImageBytes"`
 	AllRunsVerified bool               `json:"allRunsVerified"`
-	// CRIUWrites* are gpucr with CRIU writing the page files (bench -compare-criu-pages).
+	// CRIUWrites* are gpucr with CRIU moving all pages itself (bench -compare-criu-pages).
 	CRIUWritesCkpt    float64            `json:"criuWritesPagesCheckpointSeconds,omitempty"`
 	CRIUWritesRestore float64            `json:"criuWritesPagesRestoreSeconds,omitempty"`
 	CRIUWritesPhases  map[string]float64 `json:"criuWritesPagesPhases,omitempty"`
@@ -131,7 +131,7 @@ func markdown(ss []Summary) string {
 	}
 	for _, s := range ss {
 		if s.CRIUWritesPhases != nil {
-			fmt.Fprintf(&b, "- %s, gpucr with CRIU writing the page files: checkpoint %.2f s (%.2f of baseline), restore %.2f s; %s\n",
+			fmt.Fprintf(&b, "- %s, gpucr with CRIU moving all pages itself: checkpoint %.2f s (%.2f of baseline), restore %.2f s; %s\n",
 				s.Workload, s.CRIUWritesCkpt, ratio(s.CRIUWritesCkpt, s.BaselineCkpt), s.CRIUWritesRestore, phaseList(s.CRIUWritesPhases))
 		}
 	}

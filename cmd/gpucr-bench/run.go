@@ -28,8 +28,9 @@ type config struct {
 	methods   []string
 }
 
-// The methods: the baseline, gpucr, and gpucr with CRIU writing the page files itself
-// (GPUCR_CRIU_WRITES_PAGES=1), which measures what gpucr's page server wins.
+// The methods: the baseline, gpucr, and gpucr with CRIU moving all pages itself, on
+// checkpoint and restore (GPUCR_CRIU_WRITES_PAGES=1 GPUCR_CRIU_RESTORES_PAGES=1), which
+// measures what gpucr's page server and memory fill win.
 const (
 	methodBaseline   = "baseline"
 	methodGpucr      = "gpucr"
@@ -113,7 +114,7 @@ func once(cfg config, drv *cuda.Driver, w workload, method string, rep int) (Run
 	case methodBaseline:
 		err = baseline(cfg, drv, p.pid, img, &r)
 	case methodCRIUWrites:
-		err = viaGpucr(cfg, p.pid, img, &r, "GPUCR_CRIU_WRITES_PAGES=1")
+		err = viaGpucr(cfg, p.pid, img, &r, "GPUCR_CRIU_WRITES_PAGES=1", "GPUCR_CRIU_RESTORES_PAGES=1")
 	default:
 		err = viaGpucr(cfg, p.pid, img, &r)
 	}

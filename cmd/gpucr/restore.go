@@ -44,6 +44,7 @@ func (a *app) restoreCmd() *cobra.Command {
 		Short: "Restore a process tree or runc container (and its GPU state) from an image directory, detached",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			r.CRIURestoresPages = os.Getenv("GPUCR_CRIU_RESTORES_PAGES") == "1"
 			var err error
 			if r.Skips, r.AMDSkips, err = splitSkips(skips); err != nil {
 				return usageError{err}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,12 +42,43 @@ func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 	}
 	mustGpucr(t, "verify", dir)
 
-	pid := restore(t, dir)
-	if pid != w.pid {
-		t.Errorf("restored PID %d, want the original %d", pid, w.pid)
+	// The counter's 64 MiB are one run that gpucr writes into the restored process itself.
+	var rs restoreOutput
+	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "-D", dir)), &rs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { killAndReap(rs.RootPID) })
+	if rs.RootPID != w.pid {
+		t.Errorf("restored PID %d, want the original %d", rs.RootPID, w.pid)
+	}
+	if !slices.ContainsFunc(rs.Phases, func(p phaseJSON) bool { return p.Name == "memory-fill" }) {
+		t.Errorf("no memory-fill phase: %+v", rs.Phases)
 	}
 	w.waitCount(t, frozen+5)
-	if v := w.verify(t, pid); v != "ok" {
+	if v := w.verify(t, rs.RootPID); v != "ok" {
+		t.Fatalf("memory pattern after restore: %s", v)
+	}
+}
+
+// With GPUCR_CRIU_RESTORES_PAGES=1 CRIU restores all memory itself, and the result is the same.
+func TestCRIURestoresAllPagesWhenAsked(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "64")
+	w.waitCount(t, 5)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	waitGone(t, w.pid)
+	frozen := w.read(t, "count")
+	var rs restoreOutput
+	if err := json.Unmarshal([]byte(mustGpucrEnv(t, []string{"GPUCR_CRIU_RESTORES_PAGES=1"}, "restore", "--json", "-D", dir)), &rs); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { killAndReap(rs.RootPID) })
+	if slices.ContainsFunc(rs.Phases, func(p phaseJSON) bool { return p.Name == "memory-fill" }) {
+		t.Errorf("memory-fill with GPUCR_CRIU_RESTORES_PAGES=1: %+v", rs.Phases)
+	}
+	w.waitCount(t, frozen+5)
+	if v := w.verify(t, rs.RootPID); v != "ok" {
 		t.Fatalf("memory pattern after restore: %s", v)
 	}
 }

@@ -55,6 +55,7 @@ const (
 	PhaseGPUResume     = "gpu-resume"
 	PhaseVerify        = "verify"
 	PhaseCRIURestore   = "criu-restore"
+	PhaseMemoryFill    = "memory-fill" // within criu-restore: the memory gpucr writes itself
 	PhaseGPURestore    = "gpu-restore"
 )
 

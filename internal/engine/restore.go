@@ -16,6 +16,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/proctree"
 )
 
@@ -27,6 +28,9 @@ type RestoreRequest struct {
 	Skips  gpu.Skips
 	// AMDSkips switches off checks of AMD GPUs, like the KFD_*_CHECK variables.
 	AMDSkips amd.Skips
+	// CRIURestoresPages leaves all memory to CRIU instead of gpucr writing the large runs
+	// itself: slower, kept to compare the two (GPUCR_CRIU_RESTORES_PAGES=1).
+	CRIURestoresPages bool
 	criu.Options
 }
 
@@ -100,14 +104,33 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if opts.NetworkLock == "" {
 		opts.NetworkLock = m.Options.NetworkLock // unlock the way the dump locked
 	}
+	gate := &verifyGate{v: verify, t: t}
+	imagesDir := image.CRIUPath(r.Dir)
+	// The large runs of memory are gpucr's to restore, on all cores, unless told otherwise
+	// or the image holds AMD state (its plugin restores memory of its own: left to CRIU).
+	if !r.CRIURestoresPages && opts.PluginDir == "" {
+		if gate.fill, err = memfill.Prepare(imagesDir, work, leaves(m)); err != nil {
+			os.RemoveAll(work)
+			return nil, verify.prefer(err)
+		}
+		if gate.fill.Bytes() == 0 {
+			os.RemoveAll(gate.fill.Dir) // no run large enough: CRIU restores it all
+			gate.fill = nil
+		} else {
+			imagesDir = gate.fill.Dir
+		}
+	}
 	var pid int
 	err = t.run(PhaseCRIURestore, func() error {
 		var err error
 		pid, err = e.CRIU.Restore(ctx, criu.RestoreRequest{
-			ImagesDir: image.CRIUPath(r.Dir), WorkDir: work, Options: opts,
-		}, verifyGate{v: verify})
+			ImagesDir: imagesDir, WorkDir: work, Options: opts,
+		}, gate)
 		return err
 	})
+	if gate.fill != nil {
+		os.RemoveAll(gate.fill.Dir) // the view of the image; CRIU's log stays in work
+	}
 	if err != nil {
 		// A damaged image explains any CRIU failure; CRIU leaves nothing running, its log stays in work.
 		return nil, verify.prefer(explainRestoreFailure(err))
@@ -179,13 +202,40 @@ func (v *verification) prefer(err error) error {
 }
 
 // verifyGate holds CRIU at post-restore, with every task restored and none resumed, until
-// the image is verified; a failure makes CRIU kill the tasks.
+// the image is verified and the memory gpucr restores itself is written; a failure makes
+// CRIU kill the tasks.
 type verifyGate struct {
 	criu.NoNotify
-	v *verification
+	v    *verification
+	fill *memfill.Plan // nil when CRIU restores all memory
+	t    *timer
 }
 
-func (g verifyGate) PostRestore(int32) error { return g.v.wait() }
+func (g *verifyGate) PostRestore(int32) error {
+	if err := g.v.wait(); err != nil {
+		return err
+	}
+	if g.fill == nil {
+		return nil
+	}
+	return g.t.run(PhaseMemoryFill, func() error { return g.fill.Fill(context.Background()) })
+}
+
+// leaves are the image's processes without children: memfill may split only their memory,
+// since a child may share its parent's copy-on-write and CRIU must restore that itself.
+func leaves(m *image.Manifest) []int {
+	parents := map[int]bool{}
+	for _, p := range m.Processes {
+		parents[p.PPID] = true
+	}
+	var out []int
+	for _, p := range m.Processes {
+		if !parents[p.PID] {
+			out = append(out, p.PID)
+		}
+	}
+	return out
+}
 
 // explainRestoreFailure adds what to do to CRIU failures users meet on the same host.
 func explainRestoreFailure(err error) error {

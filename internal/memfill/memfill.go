@@ -1,0 +1,328 @@
+// Package memfill restores the large runs of a process's memory outside CRIU, in parallel.
+//
+// CRIU restores memory on one thread per process, copying every page from the page file
+// into freshly faulted memory: for a GPU process, whose device memory the driver staged
+// into host memory, that copy is most of the restore. memfill gives CRIU a view of the
+// image whose pagemaps leave out the large runs of writable private anonymous memory (CRIU
+// then maps them empty), and, once CRIU has restored the tree and before any task resumes,
+// writes those runs into the processes with process_vm_writev on all cores.
+package memfill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"golang.org/x/sys/unix"
+)
+
+// MinRun is the smallest run of pages worth moving out of CRIU: smaller runs stay with it.
+const MinRun = 16 << 20
+
+// piece is how much one worker writes at a time.
+const piece = 8 << 20
+
+const (
+	pageSize = 4096
+	// CRIU's pagemap flag and VMA status bit (criu/include/pagemap.h, criu/include/image.h).
+	pePresent      = 1 << 2
+	vmaAnonPrivate = 1 << 9
+)
+
+// Plan is a restore's division of memory between CRIU and memfill.
+type Plan struct {
+	// Dir is the image directory CRIU restores from: links to the image's files, with
+	// rewritten pagemaps and page files for the processes whose runs memfill takes.
+	Dir  string
+	runs []run
+}
+
+// run is memory to write into pid at addr from file at off.
+type run struct {
+	pid  int
+	addr uint64
+	size int64
+	file string
+	off  int64
+}
+
+// Bytes is how much memory Fill writes.
+func (p *Plan) Bytes() int64 {
+	var n int64
+	for _, r := range p.runs {
+		n += r.size
+	}
+	return n
+}
+
+// Prepare builds, under work, the view of the CRIU image in criuDir that CRIU restores
+// from. Only the processes in pids are split: processes whose memory a child shares
+// copy-on-write must be restored whole by CRIU, which keeps that sharing.
+func Prepare(criuDir, work string, pids []int) (*Plan, error) {
+	dir := filepath.Join(work, "images")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("memory fill: %w", err)
+	}
+	p := &Plan{Dir: dir}
+	rewritten := map[string]bool{}
+	for _, pid := range pids {
+		runs, files, err := p.split(criuDir, dir, pid)
+		if err != nil {
+			return nil, fmt.Errorf("memory fill: process %d: %w", pid, err)
+		}
+		p.runs = append(p.runs, runs...)
+		for _, f := range files {
+			rewritten[f] = true
+		}
+	}
+	entries, err := os.ReadDir(criuDir)
+	if err != nil {
+		return nil, fmt.Errorf("memory fill: %w", err)
+	}
+	for _, e := range entries {
+		if rewritten[e.Name()] {
+			continue
+		}
+		if err := os.Symlink(filepath.Join(criuDir, e.Name()), filepath.Join(dir, e.Name())); err != nil {
+			return nil, fmt.Errorf("memory fill: %w", err)
+		}
+	}
+	return p, nil
+}
+
+// split takes pid's large runs out of its pagemap and page file, writing the rest into
+// dir, and returns the runs and the names of the files it rewrote (none if it took nothing).
+func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
+	pmName := fmt.Sprintf("pagemap-%d.img", pid)
+	head, entries, err := readPagemap(filepath.Join(criuDir, pmName))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, nil // a zombie or a process without private memory
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	writable, err := writableAnon(filepath.Join(criuDir, fmt.Sprintf("mm-%d.img", pid)))
+	if err != nil {
+		return nil, nil, err
+	}
+	pagesName := fmt.Sprintf("pages-%d.img", head.GetPagesId())
+	pagesPath := filepath.Join(criuDir, pagesName)
+
+	// CRIU writes a long run of memory as many entries of a few hundred pages each:
+	// consecutive present entries with contiguous addresses are one run here.
+	var runs []run
+	var kept []*pagemap.PagemapEntry
+	type span struct{ off, size int64 }
+	var keptData []span
+	var group []*pagemap.PagemapEntry
+	var groupOff, off int64
+	flush := func() {
+		if len(group) == 0 {
+			return
+		}
+		start := group[0].GetVaddr()
+		size := off - groupOff
+		if size >= MinRun && writable(start, uint64(size)) {
+			runs = append(runs, run{pid: pid, addr: start, size: size, file: pagesPath, off: groupOff})
+		} else {
+			kept = append(kept, group...)
+			keptData = append(keptData, span{groupOff, size})
+		}
+		group = nil
+	}
+	for _, e := range entries {
+		size := int64(e.GetNrPages()) * pageSize
+		if e.GetFlags()&pePresent == 0 {
+			flush()
+			kept = append(kept, e)
+			continue
+		}
+		if len(group) > 0 && group[0].GetVaddr()+uint64(off-groupOff) != e.GetVaddr() {
+			flush()
+		}
+		if len(group) == 0 {
+			groupOff = off
+		}
+		group = append(group, e)
+		off += size
+	}
+	flush()
+	if len(runs) == 0 {
+		return nil, nil, nil
+	}
+	if err := writePagemap(filepath.Join(dir, pmName), head, kept); err != nil {
+		return nil, nil, err
+	}
+	src, err := os.Open(pagesPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(filepath.Join(dir, pagesName), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer dst.Close()
+	for _, s := range keptData {
+		// os.File's ReadFrom copies in the kernel (copy_file_range) where it can.
+		if _, err := dst.ReadFrom(io.NewSectionReader(src, s.off, s.size)); err != nil {
+			return nil, nil, fmt.Errorf("copy %s: %w", pagesName, err)
+		}
+	}
+	return runs, []string{pmName, pagesName}, nil
+}
+
+func readPagemap(path string) (*pagemap.PagemapHead, []*pagemap.PagemapEntry, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	img, err := crit.New(f, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
+	if err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", filepath.Base(path), err)
+	}
+	var head *pagemap.PagemapHead
+	var entries []*pagemap.PagemapEntry
+	for _, e := range img.Entries {
+		switch m := e.Message.(type) {
+		case *pagemap.PagemapHead:
+			head = m
+		case *pagemap.PagemapEntry:
+			entries = append(entries, m)
+		}
+	}
+	if head == nil {
+		return nil, nil, fmt.Errorf("read %s: no pagemap head", filepath.Base(path))
+	}
+	return head, entries, nil
+}
+
+func writePagemap(path string, head *pagemap.PagemapHead, entries []*pagemap.PagemapEntry) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	img := &crit.CriuImage{Magic: "PAGEMAP", Entries: []*crit.CriuEntry{{Message: head}}}
+	for _, e := range entries {
+		img.Entries = append(img.Entries, &crit.CriuEntry{Message: e})
+	}
+	err = crit.New(nil, f, "", false, false).Encode(img)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
+// writableAnon returns whether [addr, addr+size) lies in one writable private anonymous
+// mapping of the process whose mm image is at path: process_vm_writev writes only there.
+func writableAnon(path string) (func(addr, size uint64) bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	img, err := crit.New(f, nil, "", false, true).Decode(&mm.MmEntry{})
+	if err != nil || len(img.Entries) != 1 {
+		return nil, fmt.Errorf("read %s: %v", filepath.Base(path), err)
+	}
+	vmas := img.Entries[0].Message.(*mm.MmEntry).GetVmas()
+	return func(addr, size uint64) bool {
+		for _, v := range vmas {
+			if addr >= v.GetStart() && addr+size <= v.GetEnd() {
+				return v.GetStatus()&vmaAnonPrivate != 0 && v.GetProt()&unix.PROT_WRITE != 0
+			}
+		}
+		return false
+	}, nil
+}
+
+// Fill writes every run into its process, in pieces, on all cores. The processes must be
+// restored and not yet resumed.
+func (p *Plan) Fill(ctx context.Context) error {
+	type job struct {
+		r   run
+		at  int64 // offset within the run
+		len int64
+	}
+	files := map[string]*os.File{}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	var jobs []job
+	for _, r := range p.runs {
+		if files[r.file] == nil {
+			f, err := os.Open(r.file)
+			if err != nil {
+				return fmt.Errorf("memory fill: %w", err)
+			}
+			files[r.file] = f
+		}
+		for at := int64(0); at < r.size; at += piece {
+			jobs = append(jobs, job{r, at, min(piece, r.size-at)})
+		}
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	work := make(chan job)
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(jobs)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, piece)
+			for j := range work {
+				data := buf[:j.len]
+				if _, err := files[j.r.file].ReadAt(data, j.r.off+j.at); err != nil {
+					cancel(fmt.Errorf("memory fill: read %s: %w", filepath.Base(j.r.file), err))
+					continue
+				}
+				if err := writeRemote(j.r.pid, j.r.addr+uint64(j.at), data); err != nil {
+					cancel(err)
+				}
+			}
+		}()
+	}
+feed:
+	for _, j := range jobs {
+		select {
+		case work <- j:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(work)
+	wg.Wait()
+	return context.Cause(ctx)
+}
+
+// writeRemote writes data into pid's memory at addr, all of it.
+func writeRemote(pid int, addr uint64, data []byte) error {
+	for len(data) > 0 {
+		local := []unix.Iovec{{Base: &data[0]}}
+		local[0].SetLen(len(data))
+		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(data)}}
+		n, err := unix.ProcessVMWritev(pid, local, remote, 0)
+		if err != nil {
+			return fmt.Errorf("memory fill: write %d bytes into process %d at %#x: %w", len(data), pid, addr, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("memory fill: process %d took no bytes at %#x", pid, addr)
+		}
+		data, addr = data[n:], addr+uint64(n)
+	}
+	return nil
+}
