@@ -110,8 +110,9 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	// or the image holds AMD state (its plugin restores memory of its own: left to CRIU).
 	if !r.CRIURestoresPages && opts.PluginDir == "" {
 		if gate.fill, err = memfill.Prepare(imagesDir, work, leaves(m)); err != nil {
-			os.RemoveAll(work)
-			return nil, verify.prefer(err)
+			// Only speed is lost (a full /tmp, say): CRIU can restore it all.
+			e.log().Warn("CRIU restores all memory itself", "err", err)
+			gate.fill = &memfill.Plan{}
 		}
 		if gate.fill.Bytes() == 0 {
 			os.RemoveAll(gate.fill.Dir) // no run large enough: CRIU restores it all

@@ -71,6 +71,15 @@ func Prepare(criuDir, work string, pids []int) (*Plan, error) {
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory fill: %w", err)
 	}
+	p, err := prepare(criuDir, dir, pids)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return p, nil
+}
+
+func prepare(criuDir, dir string, pids []int) (*Plan, error) {
 	p := &Plan{Dir: dir}
 	rewritten := map[string]bool{}
 	for _, pid := range pids {

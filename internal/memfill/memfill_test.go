@@ -1,0 +1,135 @@
+package memfill
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+	"unsafe"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+)
+
+func encode(t *testing.T, path, magic string, msgs ...proto.Message) {
+	t.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img := &crit.CriuImage{Magic: magic}
+	for _, m := range msgs {
+		img.Entries = append(img.Entries, &crit.CriuEntry{Message: m})
+	}
+	if err := crit.New(nil, f, "", false, false).Encode(img); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func entry(addr uintptr, pages int, flags uint32) *pagemap.PagemapEntry {
+	return &pagemap.PagemapEntry{Vaddr: proto.Uint64(uint64(addr)), NrPages: proto.Uint32(uint32(pages)), Flags: proto.Uint32(flags)}
+}
+
+// An image of this test process whose pagemap holds, in CRIU's style, a 24 MiB run split in
+// entries of 512 pages inside a writable private mapping, a small run, a run as long in a
+// read-only mapping and a hole: Prepare takes only the long writable run out of the view
+// CRIU gets, which keeps the rest byte for byte, and Fill writes it into this process.
+func TestPrepareAndFillOwnMemory(t *testing.T) {
+	const run = 24 << 20
+	rw, err := unix.Mmap(-1, 0, run, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(rw)
+	ro, err := unix.Mmap(-1, 0, run, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(ro)
+	rwAt, roAt := uintptr(unsafe.Pointer(&rw[0])), uintptr(unsafe.Pointer(&ro[0]))
+	pid := os.Getpid()
+
+	r := rand.New(rand.NewPCG(7, 8))
+	want := make([]byte, run)
+	for i := range want {
+		want[i] = byte(r.Uint32())
+	}
+	small := bytes.Repeat([]byte{7}, 4*pageSize)
+	roData := bytes.Repeat([]byte{9}, run)
+
+	src := t.TempDir()
+	var entries []proto.Message
+	entries = append(entries, &pagemap.PagemapHead{PagesId: proto.Uint32(3)})
+	entries = append(entries, entry(0x1000, 4, pePresent)) // small: stays with CRIU
+	for off := 0; off < run; off += 512 * pageSize {
+		entries = append(entries, entry(rwAt+uintptr(off), 512, pePresent))
+	}
+	entries = append(entries, entry(roAt, run/pageSize, pePresent)) // read-only: stays
+	entries = append(entries, entry(0x7000000, 16, 1))               // a hole in the parent
+	encode(t, filepath.Join(src, fmt.Sprintf("pagemap-%d.img", pid)), "PAGEMAP", entries...)
+	vmas := []*vma.VmaEntry{
+		{Start: proto.Uint64(0x1000), End: proto.Uint64(0x5000), Pgoff: proto.Uint64(0), Shmid: proto.Uint64(0),
+			Prot: proto.Uint32(3), Flags: proto.Uint32(0x22), Status: proto.Uint32(vmaAnonPrivate | 1), Fd: proto.Int64(-1)},
+		{Start: proto.Uint64(uint64(rwAt)), End: proto.Uint64(uint64(rwAt + run)), Pgoff: proto.Uint64(0), Shmid: proto.Uint64(0),
+			Prot: proto.Uint32(3), Flags: proto.Uint32(0x22), Status: proto.Uint32(vmaAnonPrivate | 1), Fd: proto.Int64(-1)},
+		{Start: proto.Uint64(uint64(roAt)), End: proto.Uint64(uint64(roAt + run)), Pgoff: proto.Uint64(0), Shmid: proto.Uint64(0),
+			Prot: proto.Uint32(1), Flags: proto.Uint32(0x22), Status: proto.Uint32(vmaAnonPrivate | 1), Fd: proto.Int64(-1)},
+	}
+	zero := proto.Uint64(0)
+	encode(t, filepath.Join(src, fmt.Sprintf("mm-%d.img", pid)), "MM", &mm.MmEntry{
+		MmStartCode: zero, MmEndCode: zero, MmStartData: zero, MmEndData: zero, MmStartStack: zero, MmStartBrk: zero,
+		MmBrk: zero, MmArgStart: zero, MmArgEnd: zero, MmEnvStart: zero, MmEnvEnd: zero, ExeFileId: proto.Uint32(1), Vmas: vmas})
+	pages := append(append(append([]byte(nil), small...), want...), roData...)
+	if err := os.WriteFile(filepath.Join(src, "pages-3.img"), pages, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "pstree.img"), []byte("other"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	p, err := Prepare(src, t.TempDir(), []int{pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Bytes() != run {
+		t.Fatalf("plan moves %d bytes, want the %d of the writable run", p.Bytes(), run)
+	}
+	if b, err := os.ReadFile(filepath.Join(p.Dir, "pstree.img")); err != nil || string(b) != "other" {
+		t.Errorf("untouched file in the view: %q, %v", b, err)
+	}
+	kept, err := os.ReadFile(filepath.Join(p.Dir, "pages-3.img"))
+	if err != nil || !bytes.Equal(kept, append(append([]byte(nil), small...), roData...)) {
+		t.Errorf("CRIU's view of the page file: %d bytes, want the small and the read-only runs (%v)", len(kept), err)
+	}
+	_, viewEntries, err := readPagemap(filepath.Join(p.Dir, fmt.Sprintf("pagemap-%d.img", pid)))
+	if err != nil || len(viewEntries) != 3 || viewEntries[1].GetVaddr() != uint64(roAt) {
+		t.Errorf("CRIU's view of the pagemap: %v entries (%v)", len(viewEntries), err)
+	}
+
+	if err := p.Fill(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(rw, want) {
+		t.Fatal("the filled memory differs from the image's run")
+	}
+}
+
+// Filling a process that is not there fails, naming it.
+func TestFillFailsForAMissingProcess(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "pages")
+	if err := os.WriteFile(f, make([]byte, pageSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := &Plan{runs: []run{{pid: 1 << 22, addr: 0x10000, size: pageSize, file: f}}}
+	if err := p.Fill(context.Background()); err == nil || !bytes.Contains([]byte(err.Error()), []byte("process 4194304")) {
+		t.Fatalf("Fill = %v", err)
+	}
+}
