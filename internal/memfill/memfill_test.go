@@ -73,7 +73,7 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 		entries = append(entries, entry(rwAt+uintptr(off), 512, pePresent))
 	}
 	entries = append(entries, entry(roAt, run/pageSize, pePresent)) // read-only: stays
-	entries = append(entries, entry(0x7000000, 16, 1))               // a hole in the parent
+	entries = append(entries, entry(0x7000000, 16, 1))              // a hole in the parent
 	encode(t, filepath.Join(src, fmt.Sprintf("pagemap-%d.img", pid)), "PAGEMAP", entries...)
 	vmas := []*vma.VmaEntry{
 		{Start: proto.Uint64(0x1000), End: proto.Uint64(0x5000), Pgoff: proto.Uint64(0), Shmid: proto.Uint64(0),
