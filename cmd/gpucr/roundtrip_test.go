@@ -43,21 +43,28 @@ func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 	mustGpucr(t, "verify", dir)
 
 	// The counter's 64 MiB are one run that gpucr writes into the restored process itself.
+	if filled := restoreCounts(t, w, dir, frozen, nil); !filled {
+		t.Error("no memory-fill phase")
+	}
+}
+
+// restoreCounts restores the counter w from dir with env added, checks that it counts on
+// from frozen with its memory intact, and says whether gpucr filled its memory itself.
+func restoreCounts(t *testing.T, w *workload, dir string, frozen int, env []string) (filled bool) {
+	t.Helper()
 	var rs restoreOutput
-	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "-D", dir)), &rs); err != nil {
+	if err := json.Unmarshal([]byte(mustGpucrEnv(t, env, "restore", "--json", "-D", dir)), &rs); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { killAndReap(rs.RootPID) })
 	if rs.RootPID != w.pid {
 		t.Errorf("restored PID %d, want the original %d", rs.RootPID, w.pid)
 	}
-	if !slices.ContainsFunc(rs.Phases, func(p phaseJSON) bool { return p.Name == "memory-fill" }) {
-		t.Errorf("no memory-fill phase: %+v", rs.Phases)
-	}
 	w.waitCount(t, frozen+5)
 	if v := w.verify(t, rs.RootPID); v != "ok" {
 		t.Fatalf("memory pattern after restore: %s", v)
 	}
+	return slices.ContainsFunc(rs.Phases, func(p phaseJSON) bool { return p.Name == "memory-fill" })
 }
 
 // With GPUCR_CRIU_RESTORES_PAGES=1 CRIU restores all memory itself, and the result is the same.
@@ -68,18 +75,8 @@ func TestCRIURestoresAllPagesWhenAsked(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
 	waitGone(t, w.pid)
-	frozen := w.read(t, "count")
-	var rs restoreOutput
-	if err := json.Unmarshal([]byte(mustGpucrEnv(t, []string{"GPUCR_CRIU_RESTORES_PAGES=1"}, "restore", "--json", "-D", dir)), &rs); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { killAndReap(rs.RootPID) })
-	if slices.ContainsFunc(rs.Phases, func(p phaseJSON) bool { return p.Name == "memory-fill" }) {
-		t.Errorf("memory-fill with GPUCR_CRIU_RESTORES_PAGES=1: %+v", rs.Phases)
-	}
-	w.waitCount(t, frozen+5)
-	if v := w.verify(t, rs.RootPID); v != "ok" {
-		t.Fatalf("memory pattern after restore: %s", v)
+	if restoreCounts(t, w, dir, w.read(t, "count"), []string{"GPUCR_CRIU_RESTORES_PAGES=1"}) {
+		t.Error("memory-fill with GPUCR_CRIU_RESTORES_PAGES=1")
 	}
 }
 

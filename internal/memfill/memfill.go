@@ -16,12 +16,13 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sync"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/internal/parallel"
 )
 
 // MinRun is the smallest run of pages worth moving out of CRIU: smaller runs stay with it.
@@ -284,38 +285,14 @@ func (p *Plan) Fill(ctx context.Context) error {
 			jobs = append(jobs, job{r, at, min(piece, r.size-at)})
 		}
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	work := make(chan job)
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(jobs)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, piece)
-			for j := range work {
-				data := buf[:j.len]
-				if _, err := files[j.r.file].ReadAt(data, j.r.off+j.at); err != nil {
-					cancel(fmt.Errorf("memory fill: read %s: %w", filepath.Base(j.r.file), err))
-					continue
-				}
-				if err := writeRemote(j.r.pid, j.r.addr+uint64(j.at), data); err != nil {
-					cancel(err)
-				}
+	return parallel.Each(ctx, jobs, runtime.GOMAXPROCS(0), func() []byte { return make([]byte, piece) },
+		func(_ context.Context, j job, buf []byte) error {
+			data := buf[:j.len]
+			if _, err := files[j.r.file].ReadAt(data, j.r.off+j.at); err != nil {
+				return fmt.Errorf("memory fill: read %s: %w", filepath.Base(j.r.file), err)
 			}
-		}()
-	}
-feed:
-	for _, j := range jobs {
-		select {
-		case work <- j:
-		case <-ctx.Done():
-			break feed
-		}
-	}
-	close(work)
-	wg.Wait()
-	return context.Cause(ctx)
+			return writeRemote(j.r.pid, j.r.addr+uint64(j.at), data)
+		})
 }
 
 // writeRemote writes data into pid's memory at addr, all of it.
