@@ -86,7 +86,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 	var ctr string
 	var rf runcFlags
 	cmd := &cobra.Command{
-		Use:   "checkpoint {PID | --container ID} -D DIR",
+		Use:   "checkpoint {PID | --container ID} {-D DIR | --to LOCATION | -D DIR --to LOCATION}",
 		Short: "Checkpoint a running process tree or runc container (and its GPU state) to an image directory",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -96,6 +96,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 				}
 				if to != "" {
 					return usageError{fmt.Errorf("--to is for process trees; store a container image with gpucr push")}
+				}
+				if r.Dir == "" {
+					return usageError{fmt.Errorf("say where the container's image goes: -D DIR")}
 				}
 				return a.checkpointContainer(cmd, rf, container.CheckpointRequest{
 					ID: ctr, Dir: r.Dir, LeaveRunning: r.LeaveRunning, LockTimeout: r.LockTimeout,

@@ -147,8 +147,10 @@ func TestStreamFailingMidwayKeepsWorkloadRunning(t *testing.T) {
 
 // Without -D or --to there is nowhere to put the image: a usage error.
 func TestCheckpointNeedsADestination(t *testing.T) {
-	_, errOut, code := gpucrEnv(t, nil, "checkpoint", "1234")
-	if code != 2 || !strings.Contains(errOut, "-D DIR, --to") {
-		t.Fatalf("exit %d, stderr %q", code, errOut)
+	for _, args := range [][]string{{"checkpoint", "1234"}, {"checkpoint", "--container", "c1"}} {
+		_, errOut, code := gpucrEnv(t, nil, args...)
+		if code != 2 || !strings.Contains(errOut, "-D DIR") {
+			t.Errorf("gpucr %s: exit %d, stderr %q", strings.Join(args, " "), code, errOut)
+		}
 	}
 }
