@@ -80,6 +80,25 @@ func TestCRIURestoresAllPagesWhenAsked(t *testing.T) {
 	}
 }
 
+// Shared anonymous memory and a memfd mapping go through gpucr's page server as CRIU's
+// shared-memory pagemaps and come back intact, beside 32 MiB of private memory that gpucr
+// fills itself.
+func TestSharedMemoryRestores(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "32", "-shm", "16")
+	w.waitCount(t, 3)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	waitGone(t, w.pid)
+	shmem, _ := filepath.Glob(filepath.Join(dir, "criu", "pagemap-shmem-*.img"))
+	if len(shmem) == 0 {
+		t.Fatal("no shared-memory pagemap in the image")
+	}
+	if !restoreCounts(t, w, dir, w.read(t, "count"), nil) {
+		t.Error("no memory-fill phase")
+	}
+}
+
 func TestTreeWithPipeRestores(t *testing.T) {
 	needCRIU(t)
 	w := startCounter(t, "-child")

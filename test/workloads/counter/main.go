@@ -20,6 +20,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -29,6 +31,7 @@ func main() {
 	isChild := flag.Bool("as-child", false, "internal: run as the child")
 	tick := flag.Duration("tick", 100*time.Millisecond, "counting interval")
 	tcp := flag.Bool("tcp", false, "send each count through a loopback TCP connection to itself")
+	shm := flag.Int("shm", 0, "MiB of shared anonymous memory and of memfd memory to fill with the pattern too")
 	flag.Parse()
 	if *isChild {
 		runChild(*dir)
@@ -36,6 +39,7 @@ func main() {
 	}
 
 	mem := fill(*mib << 20)
+	shared := sharedMemory(*shm << 20)
 	var pipe *os.File
 	if *child {
 		r, w, err := os.Pipe()
@@ -59,6 +63,11 @@ func main() {
 			verdict := "ok"
 			if !check(mem) {
 				verdict = "bad"
+			}
+			for _, b := range shared {
+				if !check(b) {
+					verdict = "bad"
+				}
 			}
 			write(filepath.Join(*dir, "verify"), fmt.Sprintf("%s %d\n", verdict, n))
 		case <-t.C:
@@ -126,6 +135,27 @@ func fill(n int) []byte {
 		b[i] = pattern(i)
 	}
 	return b
+}
+
+// sharedMemory maps n bytes of shared anonymous memory and n bytes of a memfd, both
+// filled with the pattern: CRIU saves these as shared memory, not as the process's own pages.
+func sharedMemory(n int) [][]byte {
+	if n == 0 {
+		return nil
+	}
+	anon, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED|syscall.MAP_ANON)
+	must(err)
+	fd, err := unix.MemfdCreate("counter", 0)
+	must(err)
+	must(unix.Ftruncate(fd, int64(n)))
+	memfd, err := syscall.Mmap(fd, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	must(err)
+	for _, b := range [][]byte{anon, memfd} {
+		for i := range b {
+			b[i] = pattern(i)
+		}
+	}
+	return [][]byte{anon, memfd}
 }
 
 func check(b []byte) bool {
