@@ -116,7 +116,8 @@ func printInspect(w io.Writer, o inspectOutput, files bool) {
 		if o.Container != nil {
 			fmt.Fprintf(w, "container %s (bundle %s)\n", o.Container.ID, o.Container.Bundle)
 		}
-		fmt.Fprintf(w, "memory    %s in %d files\n", bytesHuman(o.CRIU.MemoryBytes), len(m.Files))
+		// The manifest's figure counts the memory gpucr saved itself beside CRIU's pages.
+		fmt.Fprintf(w, "memory    %s in %d files\n", bytesHuman(m.MemoryBytes), len(m.Files))
 		if len(m.Phases) > 0 {
 			fmt.Fprintf(w, "phases    %s\n", phasesLine(m.Phases))
 		}

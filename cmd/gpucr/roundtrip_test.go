@@ -41,11 +41,31 @@ func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 		t.Fatalf("count went back: %d < %d", frozen, before)
 	}
 	mustGpucr(t, "verify", dir)
-
-	// The counter's 64 MiB are one run that gpucr writes into the restored process itself.
+	// The counter's 64 MiB are one run that gpucr saved itself, while CRIU left it out of
+	// its page files, and that gpucr writes back into the restored process.
+	saved, _ := filepath.Glob(filepath.Join(dir, "mem", "*.img"))
+	if pages := dirSize(t, filepath.Join(dir, "criu"), "pages-"); len(saved) == 0 || pages > 32<<20 {
+		t.Errorf("gpucr saved %d ranges; CRIU's page files hold %d bytes", len(saved), pages)
+	}
 	if filled := restoreCounts(t, w, dir, frozen, nil); !filled {
 		t.Error("no memory-fill phase")
 	}
+}
+
+// dirSize adds up the sizes of the files in dir whose names start with prefix.
+func dirSize(t *testing.T, dir, prefix string) int64 {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, e := range entries {
+		if info, err := e.Info(); err == nil && strings.HasPrefix(e.Name(), prefix) {
+			n += info.Size()
+		}
+	}
+	return n
 }
 
 // restoreCounts restores the counter w from dir with env added, checks that it counts on
@@ -67,13 +87,17 @@ func restoreCounts(t *testing.T, w *workload, dir string, frozen int, env []stri
 	return slices.ContainsFunc(rs.Phases, func(p phaseJSON) bool { return p.Name == "memory-fill" })
 }
 
-// With GPUCR_CRIU_RESTORES_PAGES=1 CRIU restores all memory itself, and the result is the same.
-func TestCRIURestoresAllPagesWhenAsked(t *testing.T) {
+// With GPUCR_CRIU_WRITES_PAGES=1 and GPUCR_CRIU_RESTORES_PAGES=1 CRIU moves all memory
+// itself, and the result is the same.
+func TestCRIUMovesAllPagesWhenAsked(t *testing.T) {
 	needCRIU(t)
 	w := startCounter(t, "-mib", "64")
 	w.waitCount(t, 5)
 	dir := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	mustGpucrEnv(t, []string{"GPUCR_CRIU_WRITES_PAGES=1"}, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	if saved, _ := filepath.Glob(filepath.Join(dir, "mem", "*")); len(saved) > 0 {
+		t.Errorf("gpucr saved memory itself with GPUCR_CRIU_WRITES_PAGES=1: %v", saved)
+	}
 	waitGone(t, w.pid)
 	if restoreCounts(t, w, dir, w.read(t, "count"), []string{"GPUCR_CRIU_RESTORES_PAGES=1"}) {
 		t.Error("memory-fill with GPUCR_CRIU_RESTORES_PAGES=1")

@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/pageserver"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
@@ -108,7 +109,22 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 
 	// The image is committed while CRIU still holds the tree frozen (post-dump): if the
 	// commit fails, CRIU resumes the tree instead of killing it, so nothing is lost.
-	commit := &committer{ctx: ctx, stage: stage, manifest: m, timer: t, stream: r.Stream}
+	// The large runs of the leaf processes' memory (a GPU process's staged device memory)
+	// are gpucr's to save, on all cores, once CRIU has frozen the tree; CRIU leaves them out.
+	var saved []memfill.Range
+	if !r.CRIUWritesPages && r.Stream == nil && r.PluginDir == "" {
+		if saved, err = memfill.Select(leaves(m)); err != nil {
+			return nil, rollback(err)
+		}
+		if len(saved) > 0 {
+			ranges := filepath.Join(stage.LogsDir(), "gpucr-skip-ranges")
+			if err := memfill.WriteRanges(ranges, saved); err != nil {
+				return nil, rollback(err)
+			}
+			r.Env = append(slices.Clip(r.Env), memfill.SkipEnv+"="+ranges)
+		}
+	}
+	commit := &committer{ctx: ctx, stage: stage, manifest: m, timer: t, stream: r.Stream, saved: saved}
 	dump := criu.DumpRequest{
 		PID: r.PID, ImagesDir: stage.CRIUDir(), WorkDir: stage.LogsDir(),
 		LeaveRunning: r.LeaveRunning, Options: r.Options,
@@ -176,6 +192,7 @@ type committer struct {
 	// on to for a streamed checkpoint.
 	pages  *pageserver.Server
 	stream *chunked.Stream
+	saved  []memfill.Range // memory gpucr saves itself once CRIU has frozen the tree
 }
 
 func (c *committer) PostDump() error {
@@ -197,15 +214,28 @@ func (c *committer) PostDump() error {
 		c.err = c.commitStream()
 		return c.err
 	}
+	var memFiles []image.File
+	if len(c.saved) > 0 {
+		c.err = c.timer.run(PhaseMemorySave, func() (err error) {
+			memFiles, err = memfill.Save(c.ctx, c.stage.Dir(), c.saved)
+			return err
+		})
+		if c.err != nil {
+			return c.err
+		}
+	}
 	pages, err := PagesBytes(c.stage.CRIUDir())
 	if err != nil {
 		c.err = err
 		return err
 	}
 	c.manifest.MemoryBytes = pages
+	for _, f := range memFiles {
+		c.manifest.MemoryBytes += uint64(f.Size)
+	}
 	// The commit's own time cannot be in the manifest it checksums; the caller's copy has it.
 	c.manifest.Phases = slices.Clone(c.timer.phases)
-	c.err = c.timer.run(PhaseCommit, func() error { return c.stage.Commit(c.manifest) })
+	c.err = c.timer.run(PhaseCommit, func() error { return c.stage.CommitWith(c.manifest, memFiles) })
 	return c.err
 }
 

@@ -51,6 +51,7 @@ const (
 	PhaseGPULock       = "gpu-lock"
 	PhaseGPUCheckpoint = "gpu-checkpoint"
 	PhaseCRIUDump      = "criu-dump"
+	PhaseMemorySave    = "memory-save" // the large runs of memory gpucr saves itself, frozen
 	PhaseCommit        = "commit"
 	PhaseGPUResume     = "gpu-resume"
 	PhaseVerify        = "verify"

@@ -28,8 +28,9 @@ type RestoreRequest struct {
 	Skips  gpu.Skips
 	// AMDSkips switches off checks of AMD GPUs, like the KFD_*_CHECK variables.
 	AMDSkips amd.Skips
-	// CRIURestoresPages leaves all memory to CRIU instead of gpucr writing the large runs
-	// itself: slower, kept to compare the two (GPUCR_CRIU_RESTORES_PAGES=1).
+	// CRIURestoresPages leaves the memory in CRIU's files to CRIU instead of gpucr writing
+	// the large runs itself: slower, kept to compare the two (GPUCR_CRIU_RESTORES_PAGES=1).
+	// Memory gpucr saved itself at checkpoint is always gpucr's to write.
 	CRIURestoresPages bool
 	criu.Options
 }
@@ -106,20 +107,27 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	}
 	gate := &verifyGate{v: verify, t: t}
 	imagesDir := image.CRIUPath(r.Dir)
-	// The large runs of memory are gpucr's to restore, on all cores, unless told otherwise
-	// or the image holds AMD state (its plugin restores memory of its own: left to CRIU).
+	// The large runs of memory are gpucr's to restore, on all cores: those it saved itself
+	// at checkpoint always, and those in CRIU's files unless told otherwise or the image
+	// holds AMD state (its plugin restores memory of its own).
+	var split []int
 	if !r.CRIURestoresPages && opts.PluginDir == "" {
-		if gate.fill, err = memfill.Prepare(imagesDir, work, leaves(m)); err != nil {
-			// Only speed is lost (a full /tmp, say): CRIU can restore it all.
-			e.log().Warn("CRIU restores all memory itself", "err", err)
-			gate.fill = &memfill.Plan{}
-		}
-		if gate.fill.Bytes() == 0 {
-			os.RemoveAll(gate.fill.Dir) // no run large enough: CRIU restores it all
-			gate.fill = nil
-		} else {
-			imagesDir = gate.fill.Dir
-		}
+		split = leaves(m)
+	}
+	fill, err := memfill.Prepare(r.Dir, work, split)
+	if err != nil && split != nil {
+		// Splitting CRIU's files only wins speed (a full /tmp fails it, say): leave them whole.
+		e.log().Warn("CRIU restores the memory in its files itself", "err", err)
+		fill, err = memfill.Prepare(r.Dir, work, nil)
+	}
+	if err != nil {
+		return nil, verify.prefer(err)
+	}
+	if fill.Dir != "" {
+		imagesDir = fill.Dir
+	}
+	if fill.Bytes() > 0 {
+		gate.fill = fill
 	}
 	var pid int
 	err = t.run(PhaseCRIURestore, func() error {
@@ -129,8 +137,8 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		}, gate)
 		return err
 	})
-	if gate.fill != nil {
-		os.RemoveAll(gate.fill.Dir) // the view of the image; CRIU's log stays in work
+	if fill.Dir != "" {
+		os.RemoveAll(fill.Dir) // the view of the image; CRIU's log stays in work
 	}
 	if err != nil {
 		// A damaged image explains any CRIU failure; CRIU leaves nothing running, its log stays in work.

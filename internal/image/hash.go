@@ -157,6 +157,10 @@ func (s *Summer) File(path string) File {
 	return File{Path: path, Size: s.size, XXH64: fmt.Sprintf("%016x", combine(digests))}
 }
 
+// PiecesChecksum is the checksum of a file from the xxh64 digests of its ChunkSize pieces,
+// in order: for files written in pieces by several workers.
+func PiecesChecksum(digests []uint64) string { return fmt.Sprintf("%016x", combine(digests)) }
+
 // combine folds a file's chunk digests into its checksum.
 func combine(digests []uint64) uint64 {
 	h := xxhash.New()

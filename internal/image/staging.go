@@ -112,8 +112,12 @@ func (s *Staging) LogsDir() string { return filepath.Join(s.dir, LogsDir) }
 // Commit checksums every staged file into m, writes the manifest, makes everything durable
 // and renames the staging directory into place: the rename is the commit point, so the
 // image appears whole or not at all.
-func (s *Staging) Commit(m *Manifest) error {
-	if err := s.Seal(m, nil); err != nil {
+func (s *Staging) Commit(m *Manifest) error { return s.CommitWith(m, nil) }
+
+// CommitWith commits like Commit, taking the checksums of the staged files in known as
+// given (computed as they were written) instead of reading the files again.
+func (s *Staging) CommitWith(m *Manifest, known []File) error {
+	if err := s.Seal(m, known); err != nil {
 		return err
 	}
 	// rename(2) itself, not os.Rename: it atomically replaces an empty directory at final
@@ -131,8 +135,8 @@ func (s *Staging) Commit(m *Manifest) error {
 	return nil
 }
 
-// Seal checksums every staged file into m, adds the files of external (whose bytes are
-// not here: memory pages streamed to a store, checksummed as they passed), and writes the
+// Seal checksums every staged file into m, adds the files of external (checksummed as they
+// were written: here, or not here at all, like memory pages streamed to a store), and writes the
 // manifest and its seal, all durably, without committing. Commit uses it; a streamed
 // checkpoint uploads the sealed directory instead, so that its image exists only in the store.
 func (s *Staging) Seal(m *Manifest, external []File) error {
@@ -148,14 +152,12 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 	paths = slices.DeleteFunc(paths, func(p string) bool {
 		return slices.ContainsFunc(written, func(f File) bool { return f.Path == p })
 	})
+	paths = slices.DeleteFunc(paths, func(p string) bool {
+		return slices.ContainsFunc(external, func(f File) bool { return f.Path == p })
+	})
 	files, err := sumFiles(s.dir, paths, true)
 	if err != nil {
 		return err
-	}
-	for _, f := range external {
-		if slices.ContainsFunc(files, func(g File) bool { return g.Path == f.Path }) {
-			return fmt.Errorf("seal image: %s is both staged and external", f.Path)
-		}
 	}
 	files = append(append(files, written...), external...)
 	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })

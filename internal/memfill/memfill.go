@@ -1,4 +1,5 @@
-// Package memfill restores the large runs of a process's memory outside CRIU, in parallel.
+// Package memfill moves the large runs of a process's memory outside CRIU, in parallel:
+// saved at checkpoint (Select, Save), written back at restore (Prepare, Fill).
 //
 // CRIU restores memory on one thread per process, copying every page from the page file
 // into freshly faulted memory: for a GPU process, whose device memory the driver staged
@@ -22,6 +23,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/parallel"
 )
 
@@ -64,19 +66,33 @@ func (p *Plan) Bytes() int64 {
 	return n
 }
 
-// Prepare builds, under work, the view of the CRIU image in criuDir that CRIU restores
-// from. Only the processes in pids are split: processes whose memory a child shares
-// copy-on-write must be restored whole by CRIU, which keeps that sharing.
-func Prepare(criuDir, work string, pids []int) (*Plan, error) {
+// Prepare plans the memory gpucr restores itself from the image in imageDir: the ranges it
+// saved at checkpoint (MemDir), and, from the processes in split, the large runs it takes
+// out of the view of the CRIU image that CRIU then restores from (Plan.Dir, under work; ""
+// when CRIU can use the image as it is). Only processes without children may be split:
+// CRIU must restore itself the memory a child shares copy-on-write.
+func Prepare(imageDir, work string, split []int) (*Plan, error) {
+	saved, err := savedRuns(imageDir)
+	if err != nil {
+		return nil, fmt.Errorf("memory fill: %w", err)
+	}
+	if len(split) == 0 {
+		return &Plan{runs: saved}, nil
+	}
 	dir := filepath.Join(work, "images")
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory fill: %w", err)
 	}
-	p, err := prepare(criuDir, dir, pids)
+	p, err := prepare(image.CRIUPath(imageDir), dir, split)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
+	if len(p.runs) == 0 {
+		os.RemoveAll(dir)
+		p.Dir = ""
+	}
+	p.runs = append(p.runs, saved...)
 	return p, nil
 }
 

@@ -65,7 +65,11 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 	small := bytes.Repeat([]byte{7}, 4*pageSize)
 	roData := bytes.Repeat([]byte{9}, run)
 
-	src := t.TempDir()
+	imageDir := t.TempDir()
+	src := filepath.Join(imageDir, "criu")
+	if err := os.Mkdir(src, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	var entries []proto.Message
 	entries = append(entries, &pagemap.PagemapHead{PagesId: proto.Uint32(3)})
 	entries = append(entries, entry(0x1000, 4, pePresent)) // small: stays with CRIU
@@ -95,7 +99,7 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p, err := Prepare(src, t.TempDir(), []int{pid})
+	p, err := Prepare(imageDir, t.TempDir(), []int{pid})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,212 @@
+package memfill
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/cespare/xxhash/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/parallel"
+)
+
+// Range is a run of a process's memory that gpucr saves itself at checkpoint: CRIU, told
+// by SkipEnv, leaves it out of its dump, and Fill writes it back at restore.
+type Range struct {
+	PID        int
+	Start, End uint64
+}
+
+// SkipEnv names the file of ranges that gpucr's CRIU leaves out of a dump
+// (scripts/criu-patches/0002-mem-skip-ranges-gpucr-saves.patch).
+const SkipEnv = "GPUCR_SKIP_RANGES"
+
+// MemDir is where, in an image, the ranges gpucr saved are: one file per range, named
+// PID-START.img (START in hexadecimal), holding the range's bytes.
+const MemDir = "mem"
+
+// Select returns the writable private anonymous mappings of pids of at least MinRun bytes
+// that are mostly in memory: a GPU process's staged device memory, large heaps.
+func Select(pids []int) ([]Range, error) {
+	var out []Range
+	for _, pid := range pids {
+		rs, err := selectOne(pid)
+		if err != nil {
+			return nil, fmt.Errorf("memory save: process %d: %w", pid, err)
+		}
+		out = append(out, rs...)
+	}
+	return out, nil
+}
+
+func selectOne(pid int) ([]Range, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []Range
+	var cur *Range // the candidate mapping whose fields are being read
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		fields := strings.Fields(s.Text())
+		switch {
+		case len(fields) >= 5 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":"):
+			cur = nil
+			start, end, ok := parseSpan(fields[0])
+			anon := len(fields) == 5 || fields[5] == "[heap]" || strings.HasPrefix(fields[5], "[anon:")
+			if ok && fields[1] == "rw-p" && fields[4] == "0" && anon && end-start >= MinRun {
+				cur = &Range{PID: pid, Start: start, End: end}
+			}
+		case cur != nil && len(fields) >= 2 && fields[0] == "Rss:":
+			kb, _ := strconv.ParseUint(fields[1], 10, 64)
+			if kb*1024 >= (cur.End-cur.Start)/2 {
+				out = append(out, *cur)
+			}
+			cur = nil
+		}
+	}
+	return out, s.Err()
+}
+
+func parseSpan(s string) (start, end uint64, ok bool) {
+	a, b, found := strings.Cut(s, "-")
+	if !found {
+		return 0, 0, false
+	}
+	start, err1 := strconv.ParseUint(a, 16, 64)
+	end, err2 := strconv.ParseUint(b, 16, 64)
+	return start, end, err1 == nil && err2 == nil
+}
+
+// WriteRanges writes rs in the form gpucr's CRIU reads from SkipEnv's file.
+func WriteRanges(path string, rs []Range) error {
+	var b strings.Builder
+	for _, r := range rs {
+		fmt.Fprintf(&b, "%d %x %x\n", r.PID, r.Start, r.End)
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return fmt.Errorf("memory save: %w", err)
+	}
+	return nil
+}
+
+// Save reads every range from its process, on all cores, into imageDir/MemDir, and returns
+// the files' manifest entries, checksummed as they were written. The processes must be
+// frozen. All-zero pieces are left as holes.
+func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error) {
+	dir := filepath.Join(imageDir, MemDir)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("memory save: %w", err)
+	}
+	type job struct {
+		file  int
+		index int
+		r     Range
+	}
+	files := make([]*os.File, len(rs))
+	digests := make([][]uint64, len(rs))
+	defer func() {
+		for _, f := range files {
+			if f != nil {
+				f.Close()
+			}
+		}
+	}()
+	var jobs []job
+	for i, r := range rs {
+		f, err := os.OpenFile(filepath.Join(dir, rangeName(r)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("memory save: %w", err)
+		}
+		files[i] = f
+		size := int64(r.End - r.Start)
+		if err := f.Truncate(size); err != nil {
+			return nil, fmt.Errorf("memory save: %w", err)
+		}
+		n := int((size + image.ChunkSize - 1) / image.ChunkSize)
+		digests[i] = make([]uint64, n)
+		for k := range n {
+			jobs = append(jobs, job{i, k, r})
+		}
+	}
+	zero := make([]byte, image.ChunkSize)
+	err := parallel.Each(ctx, jobs, runtime.GOMAXPROCS(0), func() []byte { return make([]byte, image.ChunkSize) },
+		func(_ context.Context, j job, buf []byte) error {
+			off := int64(j.index) * image.ChunkSize
+			data := buf[:min(image.ChunkSize, int64(j.r.End-j.r.Start)-off)]
+			if err := readRemote(j.r.PID, j.r.Start+uint64(off), data); err != nil {
+				return err
+			}
+			digests[j.file][j.index] = xxhash.Sum64(data)
+			if bytes.Equal(data, zero[:len(data)]) {
+				return nil
+			}
+			if _, err := files[j.file].WriteAt(data, off); err != nil {
+				return fmt.Errorf("memory save: %w", err)
+			}
+			return nil
+		})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]image.File, len(rs))
+	for i, r := range rs {
+		if err := files[i].Sync(); err != nil {
+			return nil, fmt.Errorf("memory save: %w", err)
+		}
+		out[i] = image.File{Path: MemDir + "/" + rangeName(r), Size: int64(r.End - r.Start), XXH64: image.PiecesChecksum(digests[i])}
+	}
+	return out, nil
+}
+
+func rangeName(r Range) string { return fmt.Sprintf("%d-%x.img", r.PID, r.Start) }
+
+// readRemote reads len(data) bytes of pid's memory at addr.
+func readRemote(pid int, addr uint64, data []byte) error {
+	for len(data) > 0 {
+		local := []unix.Iovec{{Base: &data[0]}}
+		local[0].SetLen(len(data))
+		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(data)}}
+		n, err := unix.ProcessVMReadv(pid, local, remote, 0)
+		if err != nil {
+			return fmt.Errorf("memory save: read %d bytes of process %d at %#x: %w", len(data), pid, addr, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("memory save: process %d gave no bytes at %#x", pid, addr)
+		}
+		data, addr = data[n:], addr+uint64(n)
+	}
+	return nil
+}
+
+// savedRuns lists the ranges saved in imageDir/MemDir as runs for Fill.
+func savedRuns(imageDir string) ([]run, error) {
+	entries, err := os.ReadDir(filepath.Join(imageDir, MemDir))
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []run
+	for _, e := range entries {
+		pidS, rest, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".img"), "-")
+		pid, err1 := strconv.Atoi(pidS)
+		start, err2 := strconv.ParseUint(rest, 16, 64)
+		info, err3 := e.Info()
+		if !ok || err1 != nil || err2 != nil || err3 != nil {
+			return nil, fmt.Errorf("%s/%s is not a memory range gpucr saved", MemDir, e.Name())
+		}
+		out = append(out, run{pid: pid, addr: start, size: info.Size(), file: filepath.Join(imageDir, MemDir, e.Name())})
+	}
+	return out, nil
+}
