@@ -137,3 +137,17 @@ func TestFillFailsForAMissingProcess(t *testing.T) {
 		t.Fatalf("Fill = %v", err)
 	}
 }
+
+// Ranges are saved in segments that, written back, give the range again.
+func TestSegments(t *testing.T) {
+	got := segments([]Range{{PID: 1, Start: 0x10000000, End: 0x10000000 + 2*segmentSize + 4096}, {PID: 2, Start: 0x5000, End: 0x6000}})
+	want := []Range{
+		{1, 0x10000000, 0x10000000 + segmentSize},
+		{1, 0x10000000 + segmentSize, 0x10000000 + 2*segmentSize},
+		{1, 0x10000000 + 2*segmentSize, 0x10000000 + 2*segmentSize + 4096},
+		{2, 0x5000, 0x6000},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("segments = %v, want %v", got, want)
+	}
+}

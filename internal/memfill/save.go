@@ -29,8 +29,8 @@ type Range struct {
 // (scripts/criu-patches/0002-mem-skip-ranges-gpucr-saves.patch).
 const SkipEnv = "GPUCR_SKIP_RANGES"
 
-// MemDir is where, in an image, the ranges gpucr saved are: one file per range, named
-// PID-START.img (START in hexadecimal), holding the range's bytes.
+// MemDir is where, in an image, the ranges gpucr saved are: one file per segment of a range
+// (segmentSize at most), named PID-START.img (START in hexadecimal), holding its bytes.
 const MemDir = "mem"
 
 // Select returns the writable private anonymous mappings of pids of at least MinRun bytes
@@ -103,6 +103,7 @@ func WriteRanges(path string, rs []Range) error {
 // the files' manifest entries, checksummed as they were written. The processes must be
 // frozen. All-zero pieces are left as holes.
 func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error) {
+	rs = segments(rs)
 	dir := filepath.Join(imageDir, MemDir)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory save: %w", err)
@@ -166,6 +167,22 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 		out[i] = image.File{Path: MemDir + "/" + rangeName(r), Size: int64(r.End - r.Start), XXH64: image.PiecesChecksum(digests[i])}
 	}
 	return out, nil
+}
+
+// segmentSize is the most one file of MemDir holds. A file written by many workers at once
+// is slow on tmpfs, which serializes writes to one file on its inode lock (measured on the
+// 2-core machine: ~0.4-0.8 GB/s into one file, 1.3-2.3 GB/s into several).
+const segmentSize = 256 << 20
+
+// segments cuts rs into pieces of at most segmentSize, so that they are written in parallel.
+func segments(rs []Range) []Range {
+	var out []Range
+	for _, r := range rs {
+		for s := r.Start; s < r.End; s += segmentSize {
+			out = append(out, Range{PID: r.PID, Start: s, End: min(s+segmentSize, r.End)})
+		}
+	}
+	return out
 }
 
 func rangeName(r Range) string { return fmt.Sprintf("%d-%x.img", r.PID, r.Start) }
