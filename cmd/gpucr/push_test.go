@@ -224,8 +224,9 @@ func TestCheckpointToAndRestoreFrom(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &ck); err != nil || ck.Pushed == nil || ck.Pushed.URL == "" || ck.Pushed.Chunks == 0 {
 		t.Fatalf("checkpoint --to: %v\n%s", err, out)
 	}
-	// CRIU's own account of the dump comes along: the counter's 8 MiB were written.
-	if st := ck.CRIUStats; st == nil || st.PagesWritten < 2048 || st.Frozen <= 0 || st.PagesScanned < st.PagesWritten {
+	// CRIU's own account of the dump comes along (how much of the counter's memory it wrote
+	// depends on whether gpucr saved the heap itself).
+	if st := ck.CRIUStats; st == nil || st.PagesWritten == 0 || st.Frozen <= 0 || st.PagesScanned < st.PagesWritten {
 		t.Errorf("CRIU's dump statistics: %+v", ck.CRIUStats)
 	}
 	waitGone(t, w.pid)
