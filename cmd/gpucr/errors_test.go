@@ -116,15 +116,13 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 					t.Errorf("gpucr %s: exit %d, want one line naming %q:\n%s", verb[0], code, c.want, out)
 				}
 			}
-			if alive(w.pid) {
-				t.Fatalf("a damaged image was restored: PID %d runs", w.pid)
-			}
+			// Damaged pages are found while CRIU restores; it kills the tasks before any runs
+			// (they may still be exiting when gpucr returns), and they are re-parented to the
+			// test. A task that had run would have counted.
 			time.Sleep(100 * time.Millisecond) // five of the counter's ticks
 			if now := w.read(t, "count"); now != count {
 				t.Fatalf("the counter ran from the damaged image: count %d, was %d", now, count)
 			}
-			// Damaged pages are found while CRIU restores; it kills the tasks before any runs,
-			// and they are re-parented to the test.
 			waitReaped(t, w.pid)
 		})
 	}
