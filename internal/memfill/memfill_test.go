@@ -16,6 +16,8 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/internal/image"
 )
 
 func encode(t *testing.T, path, magic string, msgs ...proto.Message) {
@@ -149,5 +151,42 @@ func TestSegments(t *testing.T) {
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("segments = %v, want %v", got, want)
+	}
+}
+
+// Save reads a range of this process into a file whose checksum, computed as it was written,
+// is the file's; a zero piece is left as a hole that reads back as zeros.
+func TestSaveOwnMemory(t *testing.T) {
+	const size = 3*image.ChunkSize + 4096
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	r := rand.New(rand.NewPCG(9, 10))
+	for i := range mem {
+		if i < image.ChunkSize || i >= 2*image.ChunkSize { // the second piece stays zero
+			mem[i] = byte(r.Uint32())
+		}
+	}
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	dir := t.TempDir()
+	files, err := Save(context.Background(), dir, []Range{{PID: os.Getpid(), Start: start, End: start + size}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 1 || files[0].Size != size {
+		t.Fatalf("files %+v", files)
+	}
+	if err := image.CheckSums(dir, files); err != nil {
+		t.Fatalf("the checksum computed while saving is not the file's: %v", err)
+	}
+	got, err := os.ReadFile(filepath.Join(dir, files[0].Path))
+	if err != nil || !bytes.Equal(got, mem) {
+		t.Fatalf("saved file differs from the memory (%v)", err)
+	}
+	runs, err := savedRuns(dir)
+	if err != nil || len(runs) != 1 || runs[0].addr != start || runs[0].size != size || runs[0].pid != os.Getpid() {
+		t.Fatalf("savedRuns = %+v, %v", runs, err)
 	}
 }
