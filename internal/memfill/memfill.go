@@ -307,22 +307,26 @@ func (p *Plan) Fill(ctx context.Context) error {
 			if _, err := files[j.r.file].ReadAt(data, j.r.off+j.at); err != nil {
 				return fmt.Errorf("memory fill: read %s: %w", filepath.Base(j.r.file), err)
 			}
-			return writeRemote(j.r.pid, j.r.addr+uint64(j.at), data)
+			return moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, j.r.addr+uint64(j.at), data)
 		})
 }
 
-// writeRemote writes data into pid's memory at addr, all of it.
-func writeRemote(pid int, addr uint64, data []byte) error {
+// vmOp is process_vm_readv or process_vm_writev.
+type vmOp func(pid int, local []unix.Iovec, remote []unix.RemoteIovec, flags uint) (int, error)
+
+// moveRemote moves all of data from or to pid's memory at addr with op; what names the
+// move in errors.
+func moveRemote(op vmOp, what string, pid int, addr uint64, data []byte) error {
 	for len(data) > 0 {
 		local := []unix.Iovec{{Base: &data[0]}}
 		local[0].SetLen(len(data))
 		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(data)}}
-		n, err := unix.ProcessVMWritev(pid, local, remote, 0)
+		n, err := op(pid, local, remote, 0)
 		if err != nil {
-			return fmt.Errorf("memory fill: write %d bytes into process %d at %#x: %w", len(data), pid, addr, err)
+			return fmt.Errorf("%s %d bytes of process %d at %#x: %w", what, len(data), pid, addr, err)
 		}
 		if n == 0 {
-			return fmt.Errorf("memory fill: process %d took no bytes at %#x", pid, addr)
+			return fmt.Errorf("%s process %d at %#x: no bytes moved", what, pid, addr)
 		}
 		data, addr = data[n:], addr+uint64(n)
 	}

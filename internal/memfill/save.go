@@ -144,7 +144,7 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 		func(_ context.Context, j job, buf []byte) error {
 			off := int64(j.index) * image.ChunkSize
 			data := buf[:min(image.ChunkSize, int64(j.r.End-j.r.Start)-off)]
-			if err := readRemote(j.r.PID, j.r.Start+uint64(off), data); err != nil {
+			if err := moveRemote(unix.ProcessVMReadv, "memory save: read", j.r.PID, j.r.Start+uint64(off), data); err != nil {
 				return err
 			}
 			digests[j.file][j.index] = xxhash.Sum64(data)
@@ -186,24 +186,6 @@ func segments(rs []Range) []Range {
 }
 
 func rangeName(r Range) string { return fmt.Sprintf("%d-%x.img", r.PID, r.Start) }
-
-// readRemote reads len(data) bytes of pid's memory at addr.
-func readRemote(pid int, addr uint64, data []byte) error {
-	for len(data) > 0 {
-		local := []unix.Iovec{{Base: &data[0]}}
-		local[0].SetLen(len(data))
-		remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(data)}}
-		n, err := unix.ProcessVMReadv(pid, local, remote, 0)
-		if err != nil {
-			return fmt.Errorf("memory save: read %d bytes of process %d at %#x: %w", len(data), pid, addr, err)
-		}
-		if n == 0 {
-			return fmt.Errorf("memory save: process %d gave no bytes at %#x", pid, addr)
-		}
-		data, addr = data[n:], addr+uint64(n)
-	}
-	return nil
-}
 
 // savedRuns lists the ranges saved in imageDir/MemDir as runs for Fill.
 func savedRuns(imageDir string) ([]run, error) {
