@@ -190,3 +190,33 @@ func TestSaveOwnMemory(t *testing.T) {
 		t.Fatalf("savedRuns = %+v, %v", runs, err)
 	}
 }
+
+// Select finds a large resident writable private mapping of this process, and not a small one.
+func TestSelectOwnMemory(t *testing.T) {
+	const size = 32 << 20
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	for i := 0; i < size; i += pageSize {
+		mem[i] = 1
+	}
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	rs, err := Select([]int{os.Getpid()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range rs {
+		if r.Start <= start && start+size <= r.End {
+			found = true
+		}
+		if r.End-r.Start < MinRun {
+			t.Errorf("selected a mapping smaller than MinRun: %+v", r)
+		}
+	}
+	if !found {
+		t.Fatalf("the 32 MiB mapping at %#x is not among %+v", start, rs)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -68,7 +69,12 @@ func selectOne(pid int) ([]Range, error) {
 			}
 		case cur != nil && len(fields) >= 2 && fields[0] == "Rss:":
 			kb, _ := strconv.ParseUint(fields[1], 10, 64)
-			if kb*1024 >= (cur.End-cur.Start)/2 {
+			if kb*1024 < (cur.End-cur.Start)/2 {
+				cur = nil
+			}
+		case cur != nil && fields[0] == "VmFlags:":
+			// Memory mapped from a device (io, pfnmap) is not ordinary memory to copy.
+			if !slices.ContainsFunc(fields[1:], func(f string) bool { return f == "io" || f == "pf" }) {
 				out = append(out, *cur)
 			}
 			cur = nil
