@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/memfill"
 )
 
 // inspectOutput is what an image holds: gpucr's manifest and what CRIU's files say. A
@@ -51,6 +52,14 @@ func (a *app) inspectCmd() *cobra.Command {
 			if out.Manifest != nil {
 				if out.CRIUStats, err = criuimg.ReadDumpStats(filepath.Join(args[0], image.LogsDir)); err != nil {
 					return err
+				}
+				// Memory gpucr saved itself belongs to its process as much as CRIU's pages.
+				saved, err := memfill.SavedBytes(args[0])
+				if err != nil {
+					return err
+				}
+				for i, p := range out.CRIU.Processes {
+					out.CRIU.Processes[i].MemoryBytes += uint64(saved[p.PID])
 				}
 			}
 			if amd, err := amdimg.Summarize(criuDir); err != nil {

@@ -47,6 +47,13 @@ func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 	if pages := dirSize(t, filepath.Join(dir, "criu"), "pages-"); len(saved) == 0 || pages > 32<<20 {
 		t.Errorf("gpucr saved %d ranges; CRIU's page files hold %d bytes", len(saved), pages)
 	}
+	var ins inspectOutput
+	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", dir)), &ins); err != nil {
+		t.Fatal(err)
+	}
+	if ps := ins.CRIU.Processes; len(ps) != 1 || ps[0].MemoryBytes < 64<<20 {
+		t.Errorf("inspect counts %+v of the counter's memory, want its 64 MiB too", ps)
+	}
 	if filled := restoreCounts(t, w, dir, frozen, nil); !filled {
 		t.Error("no memory-fill phase")
 	}

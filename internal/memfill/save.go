@@ -193,6 +193,19 @@ func segments(rs []Range) []Range {
 
 func rangeName(r Range) string { return fmt.Sprintf("%d-%x.img", r.PID, r.Start) }
 
+// SavedBytes is, per process, how much memory gpucr saved itself in the image in imageDir.
+func SavedBytes(imageDir string) (map[int]int64, error) {
+	runs, err := savedRuns(imageDir)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]int64{}
+	for _, r := range runs {
+		out[r.pid] += r.size
+	}
+	return out, nil
+}
+
 // savedRuns lists the ranges saved in imageDir/MemDir as runs for Fill.
 func savedRuns(imageDir string) ([]run, error) {
 	entries, err := os.ReadDir(filepath.Join(imageDir, MemDir))
