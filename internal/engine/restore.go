@@ -59,18 +59,19 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if err != nil {
 		return nil, err
 	}
-	// CRIU only ever parses verified files: sizes and every file but the memory pages are
-	// checked first. The pages, nearly all of the image, are checked while CRIU reads them:
-	// CRIU resumes no task until they passed (verifyGate), and kills them all if not.
+	// CRIU only ever parses verified files: sizes and every file but the raw memory are
+	// checked first. The memory, nearly all of the image, is checked while CRIU restores:
+	// no task resumes and nothing is filled until it passed (verifyGate), and CRIU kills the
+	// tasks if not.
 	start := time.Now()
-	meta, pages := splitPages(m.Files)
+	meta, memory := splitMemory(m.Files)
 	if err := image.CheckSizes(r.Dir, m.Files); err != nil {
 		return nil, err
 	}
 	if err := image.CheckSums(r.Dir, meta); err != nil {
 		return nil, err
 	}
-	verify := startVerify(r.Dir, pages, time.Since(start))
+	verify := startVerify(r.Dir, memory, time.Since(start))
 	defer verify.wait() // never leave it reading the image after we return
 	if err := pidsFree(m); err != nil {
 		return nil, verify.prefer(err)
@@ -183,17 +184,18 @@ func startVerify(dir string, files []image.File, before time.Duration) *verifica
 	return v
 }
 
-// splitPages separates CRIU's page files, raw memory that CRIU copies without parsing it,
-// from the files it parses.
-func splitPages(files []image.File) (meta, pages []image.File) {
+// splitMemory separates the files of raw memory — CRIU's page files, which CRIU copies
+// without parsing them, and the ranges gpucr saved itself, which only the memory fill reads,
+// behind the verification gate — from the files CRIU parses.
+func splitMemory(files []image.File) (meta, memory []image.File) {
 	for _, f := range files {
-		if strings.HasPrefix(path.Base(f.Path), "pages-") {
-			pages = append(pages, f)
+		if strings.HasPrefix(path.Base(f.Path), "pages-") || path.Dir(f.Path) == memfill.MemDir {
+			memory = append(memory, f)
 		} else {
 			meta = append(meta, f)
 		}
 	}
-	return meta, pages
+	return meta, memory
 }
 
 func (v *verification) wait() error {
