@@ -82,7 +82,7 @@ func sumFiles(dir string, paths []string, durable bool) ([]File, error) {
 	}
 	out := make([]File, len(paths))
 	for i, p := range paths {
-		out[i] = File{Path: p, Size: sizes[i], XXH64: fmt.Sprintf("%016x", combine(digests[i]))}
+		out[i] = File{Path: p, Size: sizes[i], XXH64: PiecesChecksum(digests[i])}
 	}
 	return out, nil
 }
@@ -154,11 +154,11 @@ func (s *Summer) File(path string) File {
 	if s.n > 0 {
 		digests = append(slices.Clip(digests), s.h.Sum64())
 	}
-	return File{Path: path, Size: s.size, XXH64: fmt.Sprintf("%016x", combine(digests))}
+	return File{Path: path, Size: s.size, XXH64: PiecesChecksum(digests)}
 }
 
-// PiecesChecksum is the checksum of a file from the xxh64 digests of its ChunkSize pieces,
-// in order: for files written in pieces by several workers.
+// PiecesChecksum is the checksum of a file, as a manifest writes it, from the xxh64
+// digests of its ChunkSize pieces in order, however they were computed.
 func PiecesChecksum(digests []uint64) string { return fmt.Sprintf("%016x", combine(digests)) }
 
 // combine folds a file's chunk digests into its checksum.

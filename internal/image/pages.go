@@ -168,7 +168,7 @@ func (p *PagesFile) Close() error {
 
 // entry is the file's manifest entry; the file must be closed.
 func (p *PagesFile) entry() File {
-	return File{Path: p.rel, Size: p.off, XXH64: fmt.Sprintf("%016x", combine(p.digests))}
+	return File{Path: p.rel, Size: p.off, XXH64: PiecesChecksum(p.digests)}
 }
 
 // writtenFiles ends the page files' workers and returns their manifest entries, or the

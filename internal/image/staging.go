@@ -148,18 +148,17 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 	if err != nil {
 		return err
 	}
-	// Page files written through CreatePages were checksummed and synced as they came.
+	// Page files written through CreatePages, and the external files, were checksummed (and
+	// synced) as they were written: only the rest is read.
+	known := append(written, external...)
 	paths = slices.DeleteFunc(paths, func(p string) bool {
-		return slices.ContainsFunc(written, func(f File) bool { return f.Path == p })
-	})
-	paths = slices.DeleteFunc(paths, func(p string) bool {
-		return slices.ContainsFunc(external, func(f File) bool { return f.Path == p })
+		return slices.ContainsFunc(known, func(f File) bool { return f.Path == p })
 	})
 	files, err := sumFiles(s.dir, paths, true)
 	if err != nil {
 		return err
 	}
-	files = append(append(files, written...), external...)
+	files = append(files, known...)
 	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
 	m.FormatVersion = FormatVersion
 	m.Files = files
