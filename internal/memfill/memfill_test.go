@@ -2,11 +2,13 @@ package memfill
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"unsafe"
 
@@ -142,7 +144,8 @@ func TestFillFailsForAMissingProcess(t *testing.T) {
 
 // Ranges are saved in segments that, written back, give the range again.
 func TestSegments(t *testing.T) {
-	got := segments([]Range{{PID: 1, Start: 0x10000000, End: 0x10000000 + 2*segmentSize + 4096}, {PID: 2, Start: 0x5000, End: 0x6000}})
+	const segmentSize = maxSegment
+	got := segments([]Range{{PID: 1, Start: 0x10000000, End: 0x10000000 + 2*segmentSize + 4096}, {PID: 2, Start: 0x5000, End: 0x6000}}, segmentSize)
 	want := []Range{
 		{1, 0x10000000, 0x10000000 + segmentSize},
 		{1, 0x10000000 + segmentSize, 0x10000000 + 2*segmentSize},
@@ -151,6 +154,26 @@ func TestSegments(t *testing.T) {
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("segments = %v, want %v", got, want)
+	}
+}
+
+// Segments are whole pieces, at least two per worker where the memory allows, at most maxSegment.
+func TestSegmentSizeFor(t *testing.T) {
+	for _, c := range []struct {
+		total   uint64
+		workers int
+		want    uint64
+	}{
+		{16 << 30, 16, maxSegment},
+		{1 << 30, 16, 32 << 20},
+		{1 << 30, 2, maxSegment},
+		{100 << 20, 16, image.ChunkSize},
+		{4096, 16, image.ChunkSize},
+		{3 << 30, 16, 96 << 20},
+	} {
+		if got := segmentSizeFor([]Range{{PID: 1, Start: 0, End: c.total}}, c.workers); got != c.want {
+			t.Errorf("segmentSizeFor(%d bytes, %d workers) = %d, want %d", c.total, c.workers, got, c.want)
+		}
 	}
 }
 
@@ -175,19 +198,30 @@ func TestSaveOwnMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) != 1 || files[0].Size != size {
+	if len(files) != 4 { // pieces of ChunkSize: one file each, as the memory is small
 		t.Fatalf("files %+v", files)
 	}
 	if err := image.CheckSums(dir, files); err != nil {
 		t.Fatalf("the checksum computed while saving is not the file's: %v", err)
 	}
-	got, err := os.ReadFile(filepath.Join(dir, files[0].Path))
-	if err != nil || !bytes.Equal(got, mem) {
-		t.Fatalf("saved file differs from the memory (%v)", err)
-	}
 	runs, err := savedRuns(dir)
-	if err != nil || len(runs) != 1 || runs[0].addr != start || runs[0].size != size || runs[0].pid != os.Getpid() {
+	if err != nil || len(runs) != len(files) {
 		t.Fatalf("savedRuns = %+v, %v", runs, err)
+	}
+	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.addr, b.addr) })
+	var got []byte
+	for i, r := range runs {
+		if r.pid != os.Getpid() || r.addr != start+uint64(len(got)) || (i < len(runs)-1 && r.size != image.ChunkSize) {
+			t.Fatalf("run %d = %+v: the runs do not cover the range in pieces", i, r)
+		}
+		b, err := os.ReadFile(r.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, b...)
+	}
+	if !bytes.Equal(got, mem) {
+		t.Fatal("saved files differ from the memory")
 	}
 }
 
