@@ -30,6 +30,7 @@ type Summary struct {
 	BaselinePhases  map[string]float64 `json:"baselinePhases"`
 	GpucrPhases     map[string]float64 `json:"gpucrPhases"`
 	ImageBytes      int64              `json:"gpucrImageBytes"`
+	BaselineImage   int64              `json:"baselineImageBytes"`
 	AllRunsVerified bool               `json:"allRunsVerified"`
 	// CRIUWrites* are gpucr with CRIU moving all pages itself (bench -compare-criu-pages).
 	CRIUWritesCkpt    float64            `json:"criuWritesPagesCheckpointSeconds,omitempty"`
@@ -79,6 +80,9 @@ func summarize(runs []Run) []Summary {
 				s.Runs++
 				s.ImageBytes = r.ImageBytes
 			}
+			if r.Method == methodBaseline {
+				s.BaselineImage = r.ImageBytes
+			}
 			s.GPUBytes = max(s.GPUBytes, r.GPUBytes)
 		}
 		s.BaselineCkpt = pick(methodBaseline, func(r Run) float64 { return r.Checkpoint })
@@ -125,6 +129,14 @@ func markdown(ss []Summary) string {
 		fmt.Fprintf(&b, "| %s | %.1f GiB | %d | %.2f s | %.2f s | %.2f | %.2f s | %.2f s | %.2f | %v |\n", s.Workload,
 			float64(s.GPUBytes)/(1<<30), s.Runs, s.BaselineCkpt, s.GpucrCkpt, s.CkptRatio, s.BaselineRestore, s.GpucrRestore, s.RestoreRatio, s.AllRunsVerified)
 	}
+	b.WriteString("\nThroughput (GPU memory moved per second of median wall time) and image size:\n\n")
+	b.WriteString("| workload | checkpoint baseline | checkpoint gpucr | restore baseline | restore gpucr | image baseline | image gpucr |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, s := range ss {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.1f GiB | %.1f GiB |\n", s.Workload,
+			rate(s.GPUBytes, s.BaselineCkpt), rate(s.GPUBytes, s.GpucrCkpt), rate(s.GPUBytes, s.BaselineRestore), rate(s.GPUBytes, s.GpucrRestore),
+			float64(s.BaselineImage)/(1<<30), float64(s.ImageBytes)/(1<<30))
+	}
 	b.WriteString("\nMedian phase times (s):\n\n")
 	for _, s := range ss {
 		fmt.Fprintf(&b, "- %s: baseline %s; gpucr %s\n", s.Workload, phaseList(s.BaselinePhases), phaseList(s.GpucrPhases))
@@ -136,6 +148,14 @@ func markdown(ss []Summary) string {
 		}
 	}
 	return b.String()
+}
+
+// rate is bytes per second in GB/s, for the markdown table.
+func rate(bytes int64, seconds float64) string {
+	if seconds == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f GB/s", float64(bytes)/seconds/1e9)
 }
 
 func phaseList(m map[string]float64) string {

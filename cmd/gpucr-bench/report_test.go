@@ -13,7 +13,7 @@ func TestSummaryTakesMediansAndRatios(t *testing.T) {
 	var runs []Run
 	for i, v := range []float64{10, 30, 20} {
 		runs = append(runs,
-			Run{Workload: "w", Method: "baseline", Rep: i + 1, Checkpoint: v, Restore: v / 2, Verified: true, Phases: map[string]float64{"criu-dump": v}},
+			Run{Workload: "w", Method: "baseline", Rep: i + 1, Checkpoint: v, Restore: v / 2, Verified: true, Phases: map[string]float64{"criu-dump": v}, GPUBytes: 10e9, ImageBytes: 11 << 30},
 			Run{Workload: "w", Method: "gpucr", Rep: i + 1, Checkpoint: v / 4, Restore: v / 5, Verified: true, ImageBytes: 7})
 	}
 	runs[5].Verified = false
@@ -29,7 +29,8 @@ func TestSummaryTakesMediansAndRatios(t *testing.T) {
 		t.Errorf("summary = %+v", s)
 	}
 	md := markdown(ss)
-	if !strings.Contains(md, "| w |") || !strings.Contains(md, "0.25") {
+	// 10 GB in a median 5 s checkpoint; baseline image 11 GiB.
+	if !strings.Contains(md, "| w |") || !strings.Contains(md, "0.25") || !strings.Contains(md, "2.00 GB/s") || !strings.Contains(md, "| 11.0 GiB |") {
 		t.Errorf("markdown:\n%s", md)
 	}
 	p := filepath.Join(t.TempDir(), "chart.png")
