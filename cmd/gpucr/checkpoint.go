@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -127,6 +129,10 @@ func (a *app) checkpointCmd() *cobra.Command {
 				m, err = e.Checkpoint(ctx, r)
 				return err
 			})
+			if errors.Is(err, syscall.ENOSPC) {
+				// Every write of the image happens before CRIU lets the tree go: it runs on.
+				return fmt.Errorf("the disk for the image is full: free space or checkpoint elsewhere; the processes run on and nothing was kept (%w)", err)
+			}
 			if err != nil {
 				return err
 			}

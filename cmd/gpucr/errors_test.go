@@ -254,3 +254,32 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 	}
 	restore(t, dir)
 }
+
+// A checkpoint onto a disk that fills up fails with one line that says so, leaves nothing
+// behind, and the workload counts on with its memory intact: on a 24 MiB filesystem CRIU's
+// files fit and the 64 MiB gpucr saves itself do not; on a 256 KiB one CRIU's do not.
+func TestCheckpointOntoAFullDisk(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "64")
+	w.waitCount(t, 3)
+	for _, size := range []int{24 << 20, 256 << 10} {
+		t.Run(strconv.Itoa(size>>10)+"KiB", func(t *testing.T) {
+			disk := smallTmp(t, size)
+			out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(disk, "img"))
+			if code != exitFailed || !strings.Contains(out, "disk for the image is full") || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+				t.Errorf("exit %d, want %d with one line saying the disk is full:\n%s", code, exitFailed, out)
+			}
+			if entries, _ := os.ReadDir(disk); len(entries) != 0 {
+				t.Errorf("a failed checkpoint left %v", entries)
+			}
+			if !alive(w.pid) {
+				t.Fatal("the workload died from a checkpoint onto a full disk")
+			}
+			c := w.read(t, "count")
+			w.waitCount(t, c+3)
+			if v := w.verify(t, w.pid); v != "ok" {
+				t.Fatalf("memory after the failed checkpoint: %s", v)
+			}
+		})
+	}
+}

@@ -156,6 +156,9 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		case r.Stream != nil && r.Stream.Err() != nil:
 			// The store failed first; CRIU only saw its page server hang up.
 			err = fmt.Errorf("store memory pages: %w", r.Stream.Err())
+		case commit.pages != nil && commit.pages.Err() != nil:
+			// gpucr's page server failed first (a full disk, say); CRIU saw it hang up.
+			err = commit.pages.Err()
 		default:
 			err = keepLog(err)
 		}

@@ -123,6 +123,17 @@ func (s *Server) Wait(ctx context.Context) ([]string, error) {
 	}
 }
 
+// Err is the error that ended the transfer, once it has ended; nil while it runs or when it
+// ended well. A dump that failed because the page server hung up has its reason here.
+func (s *Server) Err() error {
+	select {
+	case <-s.done:
+		return s.err
+	default:
+		return nil
+	}
+}
+
 // Close stops the server and returns once it no longer touches its sink; a transfer in
 // progress fails. It is safe to call more than once.
 func (s *Server) Close() {
@@ -136,18 +147,20 @@ func (s *Server) Close() {
 }
 
 func (s *Server) acceptOne() {
-	defer close(s.done)
 	c, err := s.ln.Accept()
 	s.ln.Close() // one dump, one connection
 	if err != nil {
 		s.err = fmt.Errorf("page server: CRIU never connected: %w", err)
+		close(s.done)
 		return
 	}
 	s.mu.Lock()
 	s.conn = c
 	s.mu.Unlock()
-	defer c.Close()
 	s.err = s.serve(c)
+	// Done before the hang-up: once CRIU has seen the connection end, Err has the reason.
+	close(s.done)
+	c.Close()
 }
 
 // serve runs the protocol on one connection until CRIU's CLOSE and hang-up.
