@@ -19,12 +19,12 @@ import (
 
 func main() {
 	var cfg config
-	sizes := flag.String("sizes", "1,4,16", "GiB held on the GPU by the holder workload, comma-separated")
+	sizes := flag.String("sizes", "1,4,16,32", "GiB held on the GPU by the holder workload, comma-separated")
 	flag.IntVar(&cfg.reps, "reps", 3, "repetitions of each workload and method")
 	flag.StringVar(&cfg.gpucr, "gpucr", "./gpucr", "gpucr binary")
 	flag.StringVar(&cfg.criu, "criu", "./criu/criu", "criu binary for the baseline")
 	flag.StringVar(&cfg.scripts, "scripts", ".", "directory of holder.py and model.py")
-	flag.StringVar(&cfg.imageDir, "images", "/dev/shm/gpucr-bench", "where images are written")
+	images := flag.String("images", "/dev/shm/gpucr-bench,/var/tmp/gpucr-bench", "directories images are written to, comma-separated: every workload runs on each (memory, then disk)")
 	flag.BoolVar(&cfg.model, "model", true, "also run the transformer model workload")
 	criuPages := flag.Bool("compare-criu-pages", false, "also run gpucr with CRIU moving all pages itself (checkpoint and restore)")
 	out := flag.String("out", "bench/results", "directory for results.json, results.md and chart.png")
@@ -32,6 +32,9 @@ func main() {
 	cfg.methods = []string{methodBaseline, methodGpucr}
 	if *criuPages {
 		cfg.methods = append(cfg.methods, methodCRIUWrites)
+	}
+	for _, d := range strings.Split(*images, ",") {
+		cfg.imageDirs = append(cfg.imageDirs, strings.TrimSpace(d))
 	}
 	for _, s := range strings.Split(*sizes, ",") {
 		gib, err := strconv.ParseFloat(strings.TrimSpace(s), 64)

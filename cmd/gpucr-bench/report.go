@@ -19,6 +19,7 @@ import (
 // Summary is the median of one workload's runs by both methods, and their ratio.
 type Summary struct {
 	Workload        string             `json:"workload"`
+	Images          string             `json:"images"`
 	Runs            int                `json:"runsPerMethod"`
 	GPUBytes        int64              `json:"gpuBytes"`
 	BaselineCkpt    float64            `json:"baselineCheckpointSeconds"`
@@ -39,17 +40,20 @@ type Summary struct {
 }
 
 func summarize(runs []Run) []Summary {
-	var order []string
-	by := map[string][]Run{}
+	// One summary per workload and image directory, in the order they ran.
+	type key struct{ workload, images string }
+	var order []key
+	by := map[key][]Run{}
 	for _, r := range runs {
-		if _, ok := by[r.Workload]; !ok {
-			order = append(order, r.Workload)
+		k := key{r.Workload, r.Images}
+		if _, ok := by[k]; !ok {
+			order = append(order, k)
 		}
-		by[r.Workload] = append(by[r.Workload], r)
+		by[k] = append(by[k], r)
 	}
 	var out []Summary
 	for _, w := range order {
-		s := Summary{Workload: w, AllRunsVerified: true}
+		s := Summary{Workload: w.workload, Images: w.images, AllRunsVerified: true}
 		pick := func(method string, f func(Run) float64) float64 {
 			var xs []float64
 			for _, r := range by[w] {
@@ -123,28 +127,28 @@ func ratio(a, b float64) float64 {
 
 func markdown(ss []Summary) string {
 	var b strings.Builder
-	b.WriteString("| workload | GPU memory | runs | checkpoint baseline | checkpoint gpucr | ratio | restore baseline | restore gpucr | ratio | verified |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| workload | images in | GPU memory | runs | checkpoint baseline | checkpoint gpucr | ratio | restore baseline | restore gpucr | ratio | verified |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, s := range ss {
-		fmt.Fprintf(&b, "| %s | %.1f GiB | %d | %.2f s | %.2f s | %.2f | %.2f s | %.2f s | %.2f | %v |\n", s.Workload,
+		fmt.Fprintf(&b, "| %s | %s | %.1f GiB | %d | %.2f s | %.2f s | %.2f | %.2f s | %.2f s | %.2f | %v |\n", s.Workload, s.Images,
 			float64(s.GPUBytes)/(1<<30), s.Runs, s.BaselineCkpt, s.GpucrCkpt, s.CkptRatio, s.BaselineRestore, s.GpucrRestore, s.RestoreRatio, s.AllRunsVerified)
 	}
 	b.WriteString("\nThroughput (GPU memory moved per second of median wall time) and image size:\n\n")
-	b.WriteString("| workload | checkpoint baseline | checkpoint gpucr | restore baseline | restore gpucr | image baseline | image gpucr |\n")
-	b.WriteString("| --- | --- | --- | --- | --- | --- | --- |\n")
+	b.WriteString("| workload | images in | checkpoint baseline | checkpoint gpucr | restore baseline | restore gpucr | image baseline | image gpucr |\n")
+	b.WriteString("| --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, s := range ss {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %.1f GiB | %.1f GiB |\n", s.Workload,
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %.1f GiB | %.1f GiB |\n", s.Workload, s.Images,
 			rate(s.GPUBytes, s.BaselineCkpt), rate(s.GPUBytes, s.GpucrCkpt), rate(s.GPUBytes, s.BaselineRestore), rate(s.GPUBytes, s.GpucrRestore),
 			float64(s.BaselineImage)/(1<<30), float64(s.ImageBytes)/(1<<30))
 	}
 	b.WriteString("\nMedian phase times (s):\n\n")
 	for _, s := range ss {
-		fmt.Fprintf(&b, "- %s: baseline %s; gpucr %s\n", s.Workload, phaseList(s.BaselinePhases), phaseList(s.GpucrPhases))
+		fmt.Fprintf(&b, "- %s in %s: baseline %s; gpucr %s\n", s.Workload, s.Images, phaseList(s.BaselinePhases), phaseList(s.GpucrPhases))
 	}
 	for _, s := range ss {
 		if s.CRIUWritesPhases != nil {
-			fmt.Fprintf(&b, "- %s, gpucr with CRIU moving all pages itself: checkpoint %.2f s (%.2f of baseline), restore %.2f s; %s\n",
-				s.Workload, s.CRIUWritesCkpt, ratio(s.CRIUWritesCkpt, s.BaselineCkpt), s.CRIUWritesRestore, phaseList(s.CRIUWritesPhases))
+			fmt.Fprintf(&b, "- %s in %s, gpucr with CRIU moving all pages itself: checkpoint %.2f s (%.2f of baseline), restore %.2f s; %s\n",
+				s.Workload, s.Images, s.CRIUWritesCkpt, ratio(s.CRIUWritesCkpt, s.BaselineCkpt), s.CRIUWritesRestore, phaseList(s.CRIUWritesPhases))
 		}
 	}
 	return b.String()
@@ -175,7 +179,7 @@ func phaseList(m map[string]float64) string {
 func chart(path string, ss []Summary) error {
 	const barW, gap, groupGap, plotH, top, left = 18, 4, 40, 300, 30, 50
 	width := left + len(ss)*(4*(barW+gap)+groupGap) + 20
-	img := image.NewRGBA(image.Rect(0, 0, max(width, 420), top+plotH+70))
+	img := image.NewRGBA(image.Rect(0, 0, max(width, 420), top+plotH+86))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
 	maxV := 1.0
 	for _, s := range ss {
@@ -191,7 +195,8 @@ func chart(path string, ss []Summary) error {
 			draw.Draw(img, r, &image.Uniform{colors[j]}, image.Point{}, draw.Src)
 		}
 		label(img, x, top+plotH+16, s.Workload)
-		label(img, x, top+plotH+32, fmt.Sprintf("x%.2f / x%.2f", s.CkptRatio, s.RestoreRatio))
+		label(img, x, top+plotH+32, s.Images)
+		label(img, x, top+plotH+48, fmt.Sprintf("x%.2f / x%.2f", s.CkptRatio, s.RestoreRatio))
 	}
 	f, err := os.Create(path)
 	if err != nil {

@@ -17,10 +17,14 @@ func TestSummaryTakesMediansAndRatios(t *testing.T) {
 			Run{Workload: "w", Method: "gpucr", Rep: i + 1, Checkpoint: v / 4, Restore: v / 5, Verified: true, ImageBytes: 7})
 	}
 	runs[5].Verified = false
+	// The same workload on disk is a summary of its own.
+	runs = append(runs, Run{Workload: "w", Images: "/var/tmp/b", Method: "baseline", Rep: 1, Checkpoint: 40, Verified: true},
+		Run{Workload: "w", Images: "/var/tmp/b", Method: "gpucr", Rep: 1, Checkpoint: 30, Verified: true})
 	ss := summarize(runs)
-	if len(ss) != 1 {
-		t.Fatalf("summaries = %d", len(ss))
+	if len(ss) != 2 || ss[1].Images != "/var/tmp/b" || ss[1].CkptRatio != 0.75 || !ss[1].AllRunsVerified {
+		t.Fatalf("summaries = %+v", ss)
 	}
+	ss = ss[:1]
 	s := ss[0]
 	if s.BaselineCkpt != 20 || s.GpucrCkpt != 5 || math.Abs(s.CkptRatio-0.25) > 1e-9 || math.Abs(s.RestoreRatio-0.4) > 1e-9 {
 		t.Errorf("summary = %+v", s)
@@ -30,7 +34,7 @@ func TestSummaryTakesMediansAndRatios(t *testing.T) {
 	}
 	md := markdown(ss)
 	// 10 GB in a median 5 s checkpoint; baseline image 11 GiB.
-	if !strings.Contains(md, "| w |") || !strings.Contains(md, "0.25") || !strings.Contains(md, "2.00 GB/s") || !strings.Contains(md, "| 11.0 GiB |") {
+	if !strings.Contains(md, "| w |  |") || !strings.Contains(md, "0.25") || !strings.Contains(md, "2.00 GB/s") || !strings.Contains(md, "| 11.0 GiB |") {
 		t.Errorf("markdown:\n%s", md)
 	}
 	p := filepath.Join(t.TempDir(), "chart.png")

@@ -22,7 +22,7 @@ type config struct {
 	gpucr     string
 	criu      string
 	scripts   string
-	imageDir  string
+	imageDirs []string
 	model     bool
 	workloads []workload
 	methods   []string
@@ -56,6 +56,7 @@ func modelWorkload() workload {
 // Run is one checkpoint and restore of one workload by one method.
 type Run struct {
 	Workload   string             `json:"workload"`
+	Images     string             `json:"images"` // the directory the image was written to
 	Method     string             `json:"method"` // methodBaseline, methodGpucr or methodCRIUWrites
 	Rep        int                `json:"rep"`
 	Checkpoint float64            `json:"checkpointSeconds"`
@@ -74,41 +75,43 @@ func run(cfg config) ([]Run, error) {
 		return nil, err
 	}
 	var runs []Run
-	for _, w := range cfg.workloads {
-		for rep := 1; rep <= cfg.reps; rep++ {
-			// Each repetition starts with the next method, so none always goes first.
-			k := (rep - 1) % len(cfg.methods)
-			methods := append(slices.Clone(cfg.methods[k:]), cfg.methods[:k]...)
-			for _, m := range methods {
-				r, err := once(cfg, drv, w, m, rep)
-				runs = append(runs, r)
-				if err != nil {
-					return runs, fmt.Errorf("%s %s rep %d: %w", w.Name, m, rep, err)
+	for _, dir := range cfg.imageDirs {
+		for _, w := range cfg.workloads {
+			for rep := 1; rep <= cfg.reps; rep++ {
+				// Each repetition starts with the next method, so none always goes first.
+				k := (rep - 1) % len(cfg.methods)
+				methods := append(slices.Clone(cfg.methods[k:]), cfg.methods[:k]...)
+				for _, m := range methods {
+					r, err := once(cfg, drv, w, dir, m, rep)
+					runs = append(runs, r)
+					if err != nil {
+						return runs, fmt.Errorf("%s in %s, %s rep %d: %w", w.Name, dir, m, rep, err)
+					}
+					log.Printf("%s in %s %-8s rep %d: checkpoint %.2fs restore %.2fs image %.1f GiB verified=%v",
+						w.Name, dir, m, rep, r.Checkpoint, r.Restore, float64(r.ImageBytes)/(1<<30), r.Verified)
 				}
-				log.Printf("%s %-8s rep %d: checkpoint %.2fs restore %.2fs image %.1f GiB verified=%v",
-					w.Name, m, rep, r.Checkpoint, r.Restore, float64(r.ImageBytes)/(1<<30), r.Verified)
 			}
 		}
 	}
 	return runs, nil
 }
 
-func once(cfg config, drv *cuda.Driver, w workload, method string, rep int) (Run, error) {
-	r := Run{Workload: w.Name, Method: method, Rep: rep, Phases: map[string]float64{}}
+func once(cfg config, drv *cuda.Driver, w workload, imageDir, method string, rep int) (Run, error) {
+	r := Run{Workload: w.Name, Images: imageDir, Method: method, Rep: rep, Phases: map[string]float64{}}
 	p, err := start(cfg, w)
 	if err != nil {
 		return r, err
 	}
 	defer p.kill()
 	r.GPUBytes = gpuBytes(p.pid)
-	img := filepath.Join(cfg.imageDir, "img")
-	if err := os.RemoveAll(cfg.imageDir); err != nil {
+	img := filepath.Join(imageDir, "img")
+	if err := os.RemoveAll(imageDir); err != nil {
 		return r, err
 	}
-	if err := os.MkdirAll(cfg.imageDir, 0o755); err != nil {
+	if err := os.MkdirAll(imageDir, 0o755); err != nil {
 		return r, err
 	}
-	defer os.RemoveAll(cfg.imageDir)
+	defer os.RemoveAll(imageDir)
 
 	switch method {
 	case methodBaseline:
