@@ -254,3 +254,36 @@ func TestSelectOwnMemory(t *testing.T) {
 		t.Fatalf("the 32 MiB mapping at %#x is not among %+v", start, rs)
 	}
 }
+
+// Save holds no descriptor per range: 300 ranges save under a limit of 64 open files.
+func TestSaveManyRangesUnderALowFileLimit(t *testing.T) {
+	const n = 300
+	mem, err := unix.Mmap(-1, 0, 2*n*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	var rs []Range
+	for i := range n { // every other page, so that no two ranges touch
+		mem[2*i*pageSize] = byte(i + 1)
+		a := start + uint64(2*i*pageSize)
+		rs = append(rs, Range{PID: os.Getpid(), Start: a, End: a + pageSize})
+	}
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	low := old
+	low.Cur = 64
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	files, err := Save(context.Background(), t.TempDir(), rs)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if err != nil || len(files) != n {
+		t.Fatalf("Save of %d ranges with 64 descriptors: %d files, %v", n, len(files), err)
+	}
+}

@@ -120,24 +120,15 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 		index int
 		r     Range
 	}
-	files := make([]*os.File, len(rs))
+	// Files are created whole first and opened again for each piece, so that a tree with
+	// thousands of ranges does not hold thousands of descriptors.
+	paths := make([]string, len(rs))
 	digests := make([][]uint64, len(rs))
-	defer func() {
-		for _, f := range files {
-			if f != nil {
-				f.Close()
-			}
-		}
-	}()
 	var jobs []job
 	for i, r := range rs {
-		f, err := os.OpenFile(filepath.Join(dir, rangeName(r)), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return nil, fmt.Errorf("memory save: %w", err)
-		}
-		files[i] = f
+		paths[i] = filepath.Join(dir, rangeName(r))
 		size := int64(r.End - r.Start)
-		if err := f.Truncate(size); err != nil {
+		if err := createSized(paths[i], size); err != nil {
 			return nil, fmt.Errorf("memory save: %w", err)
 		}
 		digests[i] = make([]uint64, (size+image.ChunkSize-1)/image.ChunkSize)
@@ -167,7 +158,7 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 			if bytes.Equal(data, zero[:len(data)]) {
 				return nil
 			}
-			if _, err := files[j.file].WriteAt(data, off); err != nil {
+			if err := writeAt(paths[j.file], data, off); err != nil {
 				return fmt.Errorf("memory save: %w", err)
 			}
 			return nil
@@ -175,14 +166,53 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 	if err != nil {
 		return nil, err
 	}
+	err = parallel.Each(ctx, paths, workers, func() struct{} { return struct{}{} }, func(_ context.Context, path string, _ struct{}) error {
+		return syncFile(path)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("memory save: %w", err)
+	}
 	out := make([]image.File, len(rs))
 	for i, r := range rs {
-		if err := files[i].Sync(); err != nil {
-			return nil, fmt.Errorf("memory save: %w", err)
-		}
 		out[i] = image.File{Path: MemDir + "/" + rangeName(r), Size: int64(r.End - r.Start), XXH64: image.PiecesChecksum(digests[i])}
 	}
 	return out, nil
+}
+
+func createSized(path string, size int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := f.Truncate(size); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func writeAt(path string, data []byte, off int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteAt(data, off); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func syncFile(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // maxSegment is the most one file of MemDir holds. Writes to one tmpfs file serialize on its
