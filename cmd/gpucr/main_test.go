@@ -158,6 +158,19 @@ func (w *workload) verify(t *testing.T, pid int) string {
 	return ""
 }
 
+// checkRunsOn fails t unless the counter, after what, is alive, counts on and has its
+// memory pattern intact.
+func (w *workload) checkRunsOn(t *testing.T, what string) {
+	t.Helper()
+	if !alive(w.pid) {
+		t.Fatalf("the workload died after %s", what)
+	}
+	w.waitCount(t, w.read(t, "count")+3)
+	if v := w.verify(t, w.pid); v != "ok" {
+		t.Fatalf("memory after %s: %s", what, v)
+	}
+}
+
 func alive(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	return err == nil && !strings.Contains(string(b), ") Z ")
