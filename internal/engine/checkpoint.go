@@ -113,7 +113,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	// are gpucr's to save, on all cores, once CRIU has frozen the tree; CRIU leaves them out.
 	var saved []memfill.Range
 	if !r.CRIUWritesPages && r.Stream == nil && r.PluginDir == "" {
-		if saved, err = memfill.Select(leaves(m)); err != nil {
+		if saved, err = memfill.Select(m.Leaves()); err != nil {
 			return nil, rollback(err)
 		}
 		if len(saved) > 0 {

@@ -113,7 +113,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	// holds AMD state (its plugin restores memory of its own).
 	var split []int
 	if !r.CRIURestoresPages && opts.PluginDir == "" {
-		split = leaves(m)
+		split = m.Leaves()
 	}
 	fill, err := memfill.Prepare(r.Dir, work, split)
 	if err != nil && split != nil {
@@ -230,22 +230,6 @@ func (g *verifyGate) PostRestore(int32) error {
 		return nil
 	}
 	return g.t.run(PhaseMemoryFill, func() error { return g.fill.Fill(context.Background()) })
-}
-
-// leaves are the image's processes without children: memfill may split only their memory,
-// since a child may share its parent's copy-on-write and CRIU must restore that itself.
-func leaves(m *image.Manifest) []int {
-	parents := map[int]bool{}
-	for _, p := range m.Processes {
-		parents[p.PPID] = true
-	}
-	var out []int
-	for _, p := range m.Processes {
-		if !parents[p.PID] {
-			out = append(out, p.PID)
-		}
-	}
-	return out
 }
 
 // explainRestoreFailure adds what to do to CRIU failures users meet on the same host.

@@ -72,6 +72,22 @@ type Process struct {
 	Threads int    `json:"threads"`
 }
 
+// Leaves are the processes without children. gpucr saves and fills only their memory
+// itself: a child may share its parent's memory copy-on-write, which CRIU must restore.
+func (m *Manifest) Leaves() []int {
+	parents := map[int]bool{}
+	for _, p := range m.Processes {
+		parents[p.PPID] = true
+	}
+	var out []int
+	for _, p := range m.Processes {
+		if !parents[p.PID] {
+			out = append(out, p.PID)
+		}
+	}
+	return out
+}
+
 // Phase is the wall time of one step of the checkpoint.
 type Phase struct {
 	Name     string        `json:"name"`

@@ -11,6 +11,7 @@ package memfill
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -55,6 +56,67 @@ type run struct {
 	size int64
 	file string
 	off  int64
+}
+
+// planFile is a Plan as WriteFile keeps it for another process (gpucr's CRIU action script,
+// when runc runs CRIU).
+type planFile struct {
+	Dir  string    `json:"dir"`
+	Runs []runFile `json:"runs"`
+}
+
+type runFile struct {
+	PID  int    `json:"pid"`
+	Addr uint64 `json:"addr"`
+	Size int64  `json:"size"`
+	File string `json:"file"`
+	Off  int64  `json:"off"`
+}
+
+// WriteFile keeps the plan at path for ReadPlan.
+func (p *Plan) WriteFile(path string) error {
+	f := planFile{Dir: p.Dir}
+	for _, r := range p.runs {
+		f.Runs = append(f.Runs, runFile{r.pid, r.addr, r.size, r.file, r.off})
+	}
+	b, err := json.Marshal(f)
+	if err != nil {
+		return fmt.Errorf("memory fill: %w", err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		return fmt.Errorf("memory fill: %w", err)
+	}
+	return nil
+}
+
+// ReadPlan reads a plan WriteFile kept.
+func ReadPlan(path string) (*Plan, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("memory fill: %w", err)
+	}
+	var f planFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return nil, fmt.Errorf("memory fill: read %s: %w", path, err)
+	}
+	p := &Plan{Dir: f.Dir}
+	for _, r := range f.Runs {
+		p.runs = append(p.runs, run{r.PID, r.Addr, r.Size, r.File, r.Off})
+	}
+	return p, nil
+}
+
+// Renumber gives each run the process host[pid], for an image that numbers its processes
+// otherwise than this host (a container's own PID namespace).
+func (p *Plan) Renumber(host map[int]int) error {
+	for i, r := range p.runs {
+		h, ok := host[r.pid]
+		if !ok {
+			return fmt.Errorf("memory fill: process %d of the image is not among the restored processes", r.pid)
+		}
+		p.runs[i].pid = h
+	}
+	return nil
 }
 
 // Bytes is how much memory Fill writes.

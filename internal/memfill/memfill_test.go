@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -145,12 +146,12 @@ func TestFillFailsForAMissingProcess(t *testing.T) {
 // Ranges are saved in segments that, written back, give the range again.
 func TestSegments(t *testing.T) {
 	const segmentSize = maxSegment
-	got := segments([]Range{{PID: 1, Start: 0x10000000, End: 0x10000000 + 2*segmentSize + 4096}, {PID: 2, Start: 0x5000, End: 0x6000}}, segmentSize)
+	got := segments([]Range{{PID: 1, Start: 0x10000000, End: 0x10000000 + 2*segmentSize + 4096}, {PID: 2, Start: 0x5000, End: 0x6000, ImagePID: 7}}, segmentSize)
 	want := []Range{
-		{1, 0x10000000, 0x10000000 + segmentSize},
-		{1, 0x10000000 + segmentSize, 0x10000000 + 2*segmentSize},
-		{1, 0x10000000 + 2*segmentSize, 0x10000000 + 2*segmentSize + 4096},
-		{2, 0x5000, 0x6000},
+		{1, 0x10000000, 0x10000000 + segmentSize, 0},
+		{1, 0x10000000 + segmentSize, 0x10000000 + 2*segmentSize, 0},
+		{1, 0x10000000 + 2*segmentSize, 0x10000000 + 2*segmentSize + 4096, 0},
+		{2, 0x5000, 0x6000, 7},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("segments = %v, want %v", got, want)
@@ -285,5 +286,25 @@ func TestSaveManyRangesUnderALowFileLimit(t *testing.T) {
 	}
 	if err != nil || len(files) != n {
 		t.Fatalf("Save of %d ranges with 64 descriptors: %d files, %v", n, len(files), err)
+	}
+}
+
+// A plan kept in a file reads back the same, and renumbering maps every run's process or
+// names the one it cannot.
+func TestPlanFileAndRenumber(t *testing.T) {
+	p := &Plan{Dir: "/view", runs: []run{{pid: 5, addr: 0x1000, size: 4096, file: "/img/mem/5-1000.img", off: 8192}}}
+	path := filepath.Join(t.TempDir(), "plan.json")
+	if err := p.WriteFile(path); err != nil {
+		t.Fatal(err)
+	}
+	q, err := ReadPlan(path)
+	if err != nil || fmt.Sprint(*p) != fmt.Sprint(*q) {
+		t.Fatalf("ReadPlan = %+v, %v; want %+v", q, err, p)
+	}
+	if err := q.Renumber(map[int]int{6: 60}); err == nil || !strings.Contains(err.Error(), "process 5") {
+		t.Errorf("Renumber without process 5: %v", err)
+	}
+	if err := q.Renumber(map[int]int{5: 50}); err != nil || q.runs[0].pid != 50 {
+		t.Errorf("Renumber: %v, runs %+v", err, q.runs)
 	}
 }

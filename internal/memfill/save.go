@@ -22,8 +22,18 @@ import (
 // Range is a run of a process's memory that gpucr saves itself at checkpoint: CRIU, told
 // by SkipEnv, leaves it out of its dump, and Fill writes it back at restore.
 type Range struct {
-	PID        int
+	PID        int // the process, as this host numbers it
 	Start, End uint64
+	// ImagePID is the process as the image numbers it, where that differs from PID (a
+	// container's own PID namespace); 0 means PID.
+	ImagePID int
+}
+
+func (r Range) imagePID() int {
+	if r.ImagePID != 0 {
+		return r.ImagePID
+	}
+	return r.PID
 }
 
 // SkipEnv names the file of ranges that gpucr's CRIU leaves out of a dump
@@ -97,7 +107,7 @@ func parseSpan(s string) (start, end uint64, ok bool) {
 func WriteRanges(path string, rs []Range) error {
 	var b strings.Builder
 	for _, r := range rs {
-		fmt.Fprintf(&b, "%d %x %x\n", r.PID, r.Start, r.End)
+		fmt.Fprintf(&b, "%d %x %x\n", r.imagePID(), r.Start, r.End)
 	}
 	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
 		return fmt.Errorf("memory save: %w", err)
@@ -236,13 +246,15 @@ func segments(rs []Range, size uint64) []Range {
 	var out []Range
 	for _, r := range rs {
 		for s := r.Start; s < r.End; s += size {
-			out = append(out, Range{PID: r.PID, Start: s, End: min(s+size, r.End)})
+			seg := r
+			seg.Start, seg.End = s, min(s+size, r.End)
+			out = append(out, seg)
 		}
 	}
 	return out
 }
 
-func rangeName(r Range) string { return fmt.Sprintf("%d-%x.img", r.PID, r.Start) }
+func rangeName(r Range) string { return fmt.Sprintf("%d-%x.img", r.imagePID(), r.Start) }
 
 // SavedBytes is, per process, how much memory gpucr saved itself in the image in imageDir.
 func SavedBytes(imageDir string) (map[int]int64, error) {
