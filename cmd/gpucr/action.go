@@ -20,7 +20,7 @@ const actionStateDir = "/run/gpucr/criu-action"
 // criuActionCmd is the CRIU action script of the runc integration (hidden: CRIU runs it,
 // people do not). With --rollback-after it is instead the watcher that pre-dump starts.
 func (a *app) criuActionCmd() *cobra.Command {
-	var logPath, heldPath string
+	var logPath, heldPath, fillPlan string
 	var lockTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:    "criu-action",
@@ -42,6 +42,9 @@ func (a *app) criuActionCmd() *cobra.Command {
 					return err
 				}
 				return nil
+			}
+			if fillPlan != "" {
+				return container.Fill(cmd.Context(), os.Getenv, fillPlan, log)
 			}
 			var backends []gpu.Backend
 			if os.Getenv(container.SkipEnv) != "skip" { // probing the driver costs time
@@ -70,6 +73,8 @@ func (a *app) criuActionCmd() *cobra.Command {
 	f.DurationVar(&lockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
 	f.StringVar(&heldPath, "rollback-after", "", "wait for the CRIU on descriptor 3 to exit, then resume the GPU processes listed in this file")
 	_ = f.MarkHidden("rollback-after")
+	f.StringVar(&fillPlan, "fill", "", "at post-restore, write the memory of this plan into the restored processes (gpucr restore --container)")
+	_ = f.MarkHidden("fill")
 	return cmd
 }
 

@@ -92,6 +92,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 		Short: "Checkpoint a running process tree or runc container (and its GPU state) to an image directory",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			r.CRIUWritesPages = os.Getenv("GPUCR_CRIU_WRITES_PAGES") == "1"
 			if ctr != "" {
 				if len(args) > 0 {
 					return usageError{fmt.Errorf("give either a PID or --container ID, not both")}
@@ -104,6 +105,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 				}
 				return a.checkpointContainer(cmd, rf, container.CheckpointRequest{
 					ID: ctr, Dir: r.Dir, LeaveRunning: r.LeaveRunning, LockTimeout: r.LockTimeout,
+					CRIUWritesPages: r.CRIUWritesPages,
 				}, r.Options)
 			}
 			if len(args) == 0 {
@@ -114,7 +116,6 @@ func (a *app) checkpointCmd() *cobra.Command {
 				return usageError{fmt.Errorf("PID %q is not a number", args[0])}
 			}
 			r.PID = pid
-			r.CRIUWritesPages = os.Getenv("GPUCR_CRIU_WRITES_PAGES") == "1"
 			if r.Dir == "" && to == "" {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
 			}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -267,4 +268,74 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 			t.Errorf("plain runc restore did not run the %s step; the log:\n%s", step, logged)
 		}
 	}
+}
+
+// runCounter makes bundle's container run the test counter (with args) instead of the
+// shell loop: it counts into the same /count and re-checks its memory on SIGUSR1.
+func runCounter(t *testing.T, bundle string, args ...string) {
+	t.Helper()
+	data, err := os.ReadFile(bin.counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "rootfs", "counter"), data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	var spec map[string]any
+	raw, err := os.ReadFile(filepath.Join(bundle, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	spec["process"].(map[string]any)["args"] = append([]string{"/counter", "-dir", "/", "-tick", "20ms"}, args...)
+	if raw, err = json.Marshal(spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A container holding 64 MiB: gpucr saves that memory itself while runc's dump leaves the
+// container paused (CRIU's page files stay small), and writes it back at restore through
+// the action script it hands CRIU, before the container resumes; it counts on with its
+// memory intact.
+func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
+	runc, _ := needRunc(t)
+	bundle := counterBundle(t, runc, "")
+	runCounter(t, bundle, "-mib", "64")
+	id, id2 := containerID(t, runc, "m"), containerID(t, runc, "m2")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 5)
+
+	dir := filepath.Join(t.TempDir(), "img")
+	var ck checkpointOutput
+	if err := json.Unmarshal([]byte(mustGpucr(t, "checkpoint", "--json", "--container", id, "-D", dir)), &ck); err != nil {
+		t.Fatal(err)
+	}
+	saved, _ := filepath.Glob(filepath.Join(dir, "mem", "*.img"))
+	if pages := dirSize(t, filepath.Join(dir, "criu"), "pages-"); !hasPhase(ck.Phases, "memory-save") || len(saved) == 0 || pages > 32<<20 {
+		t.Errorf("phases %+v: gpucr saved %d files, CRIU's page files hold %d bytes", ck.Phases, len(saved), pages)
+	}
+	frozen := count(t, bundle)
+	mustGpucr(t, "verify", dir)
+
+	var rs restoreOutput
+	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "--container", id, "-D", dir, "--new-id", id2)), &rs); err != nil {
+		t.Fatal(err)
+	}
+	if !hasPhase(rs.Phases, "memory-fill") {
+		t.Errorf("restore phases %+v: no memory-fill", rs.Phases)
+	}
+	checkCountsOn(t, bundle, frozen)
+	w := &workload{dir: filepath.Join(bundle, "rootfs")}
+	if v := w.verify(t, rs.RootPID); v != "ok" {
+		t.Fatalf("memory of the restored container: %s", v)
+	}
+}
+
+func hasPhase(ps []phaseJSON, name string) bool {
+	return slices.ContainsFunc(ps, func(p phaseJSON) bool { return p.Name == name })
 }

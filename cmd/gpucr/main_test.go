@@ -29,7 +29,11 @@ func TestMain(m *testing.M) {
 	_ = os.Chmod(dir, 0o755) // the not-root test runs the binary as nobody
 	bin.gpucr, bin.counter = filepath.Join(dir, "gpucr"), filepath.Join(dir, "counter")
 	for out, pkg := range map[string]string{bin.gpucr: ".", bin.counter: "../../test/workloads/counter"} {
-		if b, err := exec.Command("go", "build", "-o", out, pkg).CombinedOutput(); err != nil {
+		build := exec.Command("go", "build", "-o", out, pkg)
+		if out == bin.counter {
+			build.Env = append(os.Environ(), "CGO_ENABLED=0") // static: it also runs in containers
+		}
+		if b, err := build.CombinedOutput(); err != nil {
 			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, b)
 			os.Exit(1)
 		}

@@ -64,6 +64,7 @@ func (a *app) restoreCmd() *cobra.Command {
 			if ctr != "" {
 				return a.restoreContainer(cmd.Context(), cmd, rf, ctr, container.RestoreRequest{
 					Dir: r.Dir, ID: newID, Bundle: bundle, GPUMap: r.GPUMap, Skips: r.Skips,
+					CRIURestoresPages: r.CRIURestoresPages,
 				}, r.Options)
 			}
 			if newID != "" || bundle != "" {

@@ -14,6 +14,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
 )
@@ -50,6 +51,8 @@ var ErrNotRunning = errors.New("container is not running")
 type Containers struct {
 	Engine *engine.Engine
 	Runc   *Runc
+	// Gpucr is the gpucr binary CRIU runs to fill memory during a restore; "" is this one.
+	Gpucr string
 }
 
 // CheckpointRequest is which container to checkpoint, where, and how.
@@ -58,6 +61,8 @@ type CheckpointRequest struct {
 	Dir          string
 	LeaveRunning bool
 	LockTimeout  time.Duration
+	// CRIUWritesPages has CRIU dump all memory, as the engine's request of that name does.
+	CRIUWritesPages bool
 	CRIUFlags
 }
 
@@ -130,14 +135,44 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 	if err := ctx.Err(); err != nil {
 		return nil, rollback(fmt.Errorf("checkpoint interrupted: %w", err))
 	}
+	// As for a process tree, gpucr saves the large runs of the leaf processes' memory
+	// itself, on all cores, and CRIU leaves them out: the container stays paused after
+	// runc's dump, so they are read from frozen processes.
+	var saved []memfill.Range
+	var env []string
+	if !r.CRIUWritesPages {
+		if saved, err = selectMemory(tree, m); err != nil {
+			return nil, rollback(err)
+		}
+		if len(saved) > 0 {
+			ranges := filepath.Join(stage.LogsDir(), "gpucr-skip-ranges")
+			if err := memfill.WriteRanges(ranges, saved); err != nil {
+				return nil, rollback(err)
+			}
+			env = []string{memfill.SkipEnv + "=" + ranges}
+		}
+	}
 	err = t.run(engine.PhaseCRIUDump, func() error {
-		return c.Runc.Checkpoint(ctx, r.ID, stage.CRIUDir(), stage.LogsDir(), r.CRIUFlags)
+		return c.Runc.Checkpoint(ctx, r.ID, stage.CRIUDir(), stage.LogsDir(), r.CRIUFlags, env)
 	})
 	if err != nil {
 		return nil, rollback(err)
 	}
+	var memFiles []image.File
+	if len(saved) > 0 {
+		err := t.run(engine.PhaseMemorySave, func() (err error) {
+			memFiles, err = memfill.Save(ctx, stage.Dir(), saved)
+			return err
+		})
+		if err != nil {
+			return nil, rollback(err)
+		}
+	}
 	if m.MemoryBytes, err = engine.PagesBytes(stage.CRIUDir()); err != nil {
 		return nil, rollback(err)
+	}
+	for _, f := range memFiles {
+		m.MemoryBytes += uint64(f.Size)
 	}
 	info, err := json.MarshalIndent(Info{ID: r.ID, Bundle: st.Bundle}, "", "  ")
 	if err != nil {
@@ -147,7 +182,7 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 		return nil, rollback(fmt.Errorf("write container description: %w", err))
 	}
 	m.Phases = slices.Clone(t.phases)
-	if err := t.run(engine.PhaseCommit, func() error { return stage.Commit(m) }); err != nil {
+	if err := t.run(engine.PhaseCommit, func() error { return stage.CommitWith(m, memFiles) }); err != nil {
 		return nil, rollback(err)
 	}
 
@@ -169,6 +204,30 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 	}
 	m.Phases = t.phases
 	return m, nil
+}
+
+// selectMemory picks the memory gpucr saves itself from the container's leaf processes,
+// numbered in the image as the container numbers them. m describes tree, process by process.
+func selectMemory(tree []proctree.Process, m *image.Manifest) ([]memfill.Range, error) {
+	leaf := map[int]bool{}
+	for _, pid := range m.Leaves() {
+		leaf[pid] = true
+	}
+	var out []memfill.Range
+	for i, p := range tree {
+		if !leaf[m.Processes[i].PID] {
+			continue
+		}
+		rs, err := memfill.Select([]int{p.PID})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rs {
+			r.ImagePID = m.Processes[i].PID
+			out = append(out, r)
+		}
+	}
+	return out, nil
 }
 
 // manifest describes the container's tree in its own PID namespace, as the image holds it.

@@ -9,6 +9,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/memfill"
 )
 
 // RestoreRequest is which image to restore, as which container, and how.
@@ -20,6 +21,9 @@ type RestoreRequest struct {
 	Bundle string
 	GPUMap string
 	Skips  gpu.Skips
+	// CRIURestoresPages leaves the memory in CRIU's files to CRIU, as the engine's request
+	// of that name does.
+	CRIURestoresPages bool
 }
 
 // RestoreResult says what came back.
@@ -70,12 +74,20 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 	if err != nil {
 		return nil, fmt.Errorf("create restore work dir: %w", err)
 	}
+	imagesDir, env, err := c.planFill(r, m, work)
+	if err != nil {
+		os.RemoveAll(work)
+		return nil, err
+	}
 	flags := CRIUFlags{ShellJob: m.Options.ShellJob, TCPEstablished: m.Options.TCPEstablished, ExtUnixSk: m.Options.ExtUnixSk, FileLocks: m.Options.FileLocks}
 	err = t.run(engine.PhaseCRIURestore, func() error {
-		return c.Runc.Restore(ctx, id, bundle, filepath.Join(r.Dir, image.CRIUDir), work, flags)
+		return c.Runc.Restore(ctx, id, bundle, imagesDir, work, flags, env)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("%w (logs in %s)", err, work)
+	}
+	if took, ok := fillTook(work); ok {
+		t.phases = append(t.phases, image.Phase{Name: engine.PhaseMemoryFill, Duration: took})
 	}
 	os.RemoveAll(work)
 
@@ -98,6 +110,41 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 		}
 	}
 	return &RestoreResult{ID: id, RootPID: st.PID, Manifest: m, GPUMap: remap, Phases: t.phases}, nil
+}
+
+// planFill divides the image's memory between CRIU and gpucr as a process tree's restore
+// does: gpucr writes the ranges it saved and the large runs of the leaf processes, from the
+// action script it hands CRIU. It returns the CRIU image directory runc restores from and
+// the environment that hands CRIU the script.
+func (c *Containers) planFill(r RestoreRequest, m *image.Manifest, work string) (string, []string, error) {
+	imagesDir := filepath.Join(r.Dir, image.CRIUDir)
+	var split []int
+	if !r.CRIURestoresPages {
+		split = m.Leaves()
+	}
+	fill, err := memfill.Prepare(r.Dir, work, split)
+	if err != nil && split != nil {
+		// Splitting CRIU's files only wins speed: leave them whole.
+		c.Engine.Logger().Warn("CRIU restores the memory in its files itself", "err", err)
+		fill, err = memfill.Prepare(r.Dir, work, nil)
+	}
+	if err != nil {
+		return "", nil, err
+	}
+	if fill.Dir != "" {
+		imagesDir = fill.Dir
+	}
+	if fill.Bytes() == 0 {
+		return imagesDir, nil, nil
+	}
+	self := c.Gpucr
+	if self == "" {
+		if self, err = os.Executable(); err != nil {
+			return "", nil, fmt.Errorf("memory fill: find gpucr's own binary: %w", err)
+		}
+	}
+	env, err := fillHook(work, self, fill)
+	return imagesDir, env, err
 }
 
 // remove deletes the half-restored container id after cause.

@@ -55,7 +55,7 @@ type State struct {
 // State reads the state of container id.
 func (r *Runc) State(ctx context.Context, id string) (State, error) {
 	var st State
-	out, err := r.run(ctx, "state", id)
+	out, err := r.run(ctx, nil, "state", id)
 	if err != nil {
 		return st, err
 	}
@@ -67,19 +67,19 @@ func (r *Runc) State(ctx context.Context, id string) (State, error) {
 
 // Pause freezes every process of container id through its cgroup.
 func (r *Runc) Pause(ctx context.Context, id string) error {
-	_, err := r.run(ctx, "pause", id)
+	_, err := r.run(ctx, nil, "pause", id)
 	return err
 }
 
 // Resume thaws a paused container.
 func (r *Runc) Resume(ctx context.Context, id string) error {
-	_, err := r.run(ctx, "resume", id)
+	_, err := r.run(ctx, nil, "resume", id)
 	return err
 }
 
 // Delete kills container id's processes, whatever its state, and removes it.
 func (r *Runc) Delete(ctx context.Context, id string) error {
-	_, err := r.run(ctx, "delete", "--force", id)
+	_, err := r.run(ctx, nil, "delete", "--force", id)
 	return err
 }
 
@@ -102,24 +102,26 @@ func (f CRIUFlags) args() []string {
 }
 
 // Checkpoint has runc dump container id into imageDir, leaving it as it was (running or
-// paused): gpucr decides what becomes of the container once the image is committed.
-func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f CRIUFlags) error {
+// paused): gpucr decides what becomes of the container once the image is committed. env is
+// added to runc's environment, which CRIU inherits.
+func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f CRIUFlags, env []string) error {
 	args := append([]string{"checkpoint", "--leave-running", "--image-path", imageDir, "--work-path", workDir}, f.args()...)
-	_, err := r.run(ctx, append(args, id)...)
+	_, err := r.run(ctx, env, append(args, id)...)
 	return err
 }
 
-// Restore has runc restore imageDir as container id, detached, from bundle.
-func (r *Runc) Restore(ctx context.Context, id, bundle, imageDir, workDir string, f CRIUFlags) error {
+// Restore has runc restore imageDir as container id, detached, from bundle, with env added
+// to runc's (and so CRIU's) environment.
+func (r *Runc) Restore(ctx context.Context, id, bundle, imageDir, workDir string, f CRIUFlags, env []string) error {
 	args := append([]string{"restore", "--detach", "--image-path", imageDir, "--work-path", workDir, "--bundle", bundle}, f.args()...)
-	_, err := r.run(ctx, append(args, id)...)
+	_, err := r.run(ctx, env, append(args, id)...)
 	return err
 }
 
-// run runs runc with args and returns its stdout. Its stdin and stderr are /dev/null: a
+// run runs runc with args, env added to its environment, and returns its stdout. Its stdin and stderr are /dev/null: a
 // restored container inherits runc's stdio where its own was pipes, and must not hold
 // gpucr's. runc's errors are read from its --log file instead.
-func (r *Runc) run(ctx context.Context, args ...string) ([]byte, error) {
+func (r *Runc) run(ctx context.Context, env []string, args ...string) ([]byte, error) {
 	logf, err := os.CreateTemp("", "gpucr-runc-*.log")
 	if err != nil {
 		return nil, fmt.Errorf("runc log file: %w", err)
@@ -134,7 +136,7 @@ func (r *Runc) run(ctx context.Context, args ...string) ([]byte, error) {
 		global = append(global, "--criu", r.CRIU)
 	}
 	cmd := exec.CommandContext(ctx, r.Path, append(global, args...)...)
-	cmd.Env = append(os.Environ(), SkipEnv+"=skip")
+	cmd.Env = append(append(os.Environ(), SkipEnv+"=skip"), env...)
 	var out bytes.Buffer
 	if args[0] == "state" {
 		cmd.Stdout = &out // state starts no process that could hold the pipe

@@ -91,7 +91,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		if err := gpus.Resume(context.WithoutCancel(ctx), nil); err != nil {
 			return fmt.Errorf("%w; rolling back the GPUs also failed, the workload may be stuck: %v", cause, err)
 		}
-		e.log().Info("rolled back: GPU processes resumed", "processes", len(gpus))
+		e.Logger().Info("rolled back: GPU processes resumed", "processes", len(gpus))
 		return cause
 	}
 	if len(gpus) > 0 {
@@ -169,7 +169,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		// CRIU has killed the tree; return only once its PIDs and sockets are free, so that
 		// a restore right after this one does not find them taken.
 		if left := waitExited(proctree.PIDs(tree), exitWait); len(left) > 0 {
-			e.log().Warn("checkpointed processes are still exiting", "pids", left)
+			e.Logger().Warn("checkpointed processes are still exiting", "pids", left)
 		}
 	}
 	if r.LeaveRunning && len(gpus) > 0 {

@@ -80,17 +80,18 @@ func (e *Engine) tuneHost() func() {
 	}
 	restore, err := hosttune.THPAlways(e.THPSwitch)
 	if err != nil {
-		e.log().Warn("transparent huge pages left as they are", "err", err)
+		e.Logger().Warn("transparent huge pages left as they are", "err", err)
 		return func() {}
 	}
 	return func() {
 		if err := restore(); err != nil {
-			e.log().Error("could not put transparent huge pages back", "err", err)
+			e.Logger().Error("could not put transparent huge pages back", "err", err)
 		}
 	}
 }
 
-func (e *Engine) log() *slog.Logger {
+// Logger is the engine's logger, or one that discards.
+func (e *Engine) Logger() *slog.Logger {
 	if e.Log == nil {
 		return slog.New(slog.DiscardHandler)
 	}

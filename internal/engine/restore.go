@@ -118,7 +118,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	fill, err := memfill.Prepare(r.Dir, work, split)
 	if err != nil && split != nil {
 		// Splitting CRIU's files only wins speed (a full /tmp fails it, say): leave them whole.
-		e.log().Warn("CRIU restores the memory in its files itself", "err", err)
+		e.Logger().Warn("CRIU restores the memory in its files itself", "err", err)
 		fill, err = memfill.Prepare(r.Dir, work, nil)
 	}
 	if err != nil {
@@ -147,7 +147,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	}
 	stats, err := criuimg.ReadRestoreStats(work)
 	if err != nil {
-		e.log().Warn("CRIU's restore statistics are unreadable", "err", err)
+		e.Logger().Warn("CRIU's restore statistics are unreadable", "err", err)
 	}
 	os.RemoveAll(work)
 	t.phases = append(t.phases, image.Phase{Name: PhaseVerify, Duration: verify.took})
