@@ -5,6 +5,9 @@
 #     `gpucr checkpoint --container`, killed, restored under a new ID: data identical.
 #  B. the same through plain `runc checkpoint` / `runc restore` with the runc integration
 #     (gpucr install-runc-integration, pointed at by the container's org.criu.config).
+#  C. a 16 GiB holder container through gpucr, with gpucr saving and filling the memory
+#     and with CRIU moving all pages (GPUCR_CRIU_WRITES_PAGES=1 GPUCR_CRIU_RESTORES_PAGES=1):
+#     data identical after both, times side by side.
 # The container's rootfs is an empty directory with the host's system directories bound in
 # read-only (python, torch and the CUDA libraries as installed), the NVIDIA device nodes,
 # and a writable exchange directory /x. On a failure it prints what runc, CRIU and the
@@ -34,12 +37,12 @@ ldconfig -p | grep -E 'libcuda\.so|libnvidia-ml' ; grep -E 'nvidia|cuda|opengl' 
 [ -e /dev/nvidia-uvm ] || python3 -c 'import torch; torch.zeros(1, device="cuda")'
 ls /dev/nvidia*
 
-# bundle DIR [CRIU_CONFIG]: an OCI bundle running holder.py 1 GiB with DIR/x as /x.
+# bundle DIR [CRIU_CONFIG [GIB]]: an OCI bundle running holder.py GIB (1) with DIR/x as /x.
 bundle() {
   mkdir -p "$1/x" "$1/rootfs"; runc spec --bundle "$1"
-  python3 - "$1" "$B" "${2:-}" <<'PY'
+  python3 - "$1" "$B" "${2:-}" "${3:-1}" <<'PY'
 import ctypes, glob, json, os, site, sys
-b, src, conf = sys.argv[1], sys.argv[2], sys.argv[3]
+b, src, conf, gib = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 # Where this host's CUDA driver library is (the loader's own path for it, and the files
 # it maps), so that the container finds the same one.
 ld = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
@@ -55,7 +58,7 @@ print(f"libcuda.so.1: {cuda} maps {nv}; LD_LIBRARY_PATH={':'.join(ld)}", file=sy
 ld = [os.path.dirname(p) for p in cuda] + ld
 c = json.load(open(f"{b}/config.json"))
 c["root"] = {"path": "rootfs", "readonly": False}
-c["process"].update(terminal=False, cwd="/x", args=[sys.executable, f"{src}/holder.py", "1", "/x"])
+c["process"].update(terminal=False, cwd="/x", args=[sys.executable, f"{src}/holder.py", gib, "/x"])
 c["process"]["env"] += ["HOME=/x", f"PYTHONUSERBASE={site.getuserbase()}"] + [f"LD_LIBRARY_PATH={':'.join(ld)}"] * bool(ld)
 c["linux"]["namespaces"] = [n for n in c["linux"]["namespaces"] if n["type"] != "network"]
 c["linux"]["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
@@ -133,7 +136,7 @@ diagnose() {
   dmesg 2>/dev/null | tail -20
 }
 
-PARTS=" ${*:-A B} "
+PARTS=" ${*:-A B C} "
 if [[ "$PARTS" == *" A "* ]]; then
   echo "== A. gpucr checkpoint/restore --container"
   D=$W/a; bundle "$D"
@@ -164,6 +167,28 @@ if [[ "$PARTS" == *" B "* ]]; then
     cat "$W/action.log"
   else bad "B. holder did not start in the container"; fi
   runc delete -f gpucr-b >/dev/null 2>&1; runc delete -f gpucr-b2 >/dev/null 2>&1
+fi
+if [[ "$PARTS" == *" C "* ]]; then
+  echo "== C. 16 GiB container: gpucr saving and filling memory, and CRIU moving all pages"
+  for mode in gpucr criu-pages; do
+    D=$W/c-$mode; bundle "$D" "" 16; env=()
+    [ $mode = criu-pages ] && env=(GPUCR_CRIU_WRITES_PAGES=1 GPUCR_CRIU_RESTORES_PAGES=1)
+    if start gpucr-c-$mode "$D"; then
+      if env "${env[@]}" "$G" checkpoint --json --container gpucr-c-$mode -D "$W/img-c-$mode" > "$W/ck-$mode.json"; then
+        if env "${env[@]}" "$G" restore --json --container gpucr-c-$mode -D "$W/img-c-$mode" --new-id gpucr-c2-$mode > "$W/rs-$mode.json"; then
+          check "C. $mode restored" "$D"
+          python3 - "$W/ck-$mode.json" "$W/rs-$mode.json" "$mode" <<'PY'
+import json, sys
+for path, what in zip(sys.argv[1:3], ("checkpoint", "restore")):
+    j = json.load(open(path))
+    print(f"C. {sys.argv[3]} {what} {j['totalSeconds']:.2f} s:", " ".join(f"{p['name']} {p['seconds']:.2f}" for p in j["phases"]))
+PY
+        else bad "C. $mode gpucr restore --container"; fi
+      else bad "C. $mode gpucr checkpoint --container"; fi
+    else bad "C. $mode holder did not start in the container"; fi
+    runc delete -f gpucr-c-$mode >/dev/null 2>&1; runc delete -f gpucr-c2-$mode >/dev/null 2>&1
+    rm -rf "$W/img-c-$mode"
+  done
 fi
 [ "$fail" -eq 0 ] || diagnose
 echo "container plan: $pass passed, $fail failed"
