@@ -121,6 +121,7 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 		return errors.Join(append([]error{cause}, errs...)...)
 	}
 	if len(gpus) > 0 {
+		defer c.Engine.TuneHost()() // as for a process tree: the driver stages into huge pages
 		if err := t.run(engine.PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
 			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
 		}

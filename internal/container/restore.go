@@ -74,6 +74,9 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 	if err != nil {
 		return nil, fmt.Errorf("create restore work dir: %w", err)
 	}
+	if len(gpus) > 0 {
+		defer c.Engine.TuneHost()() // CRIU and the fill refill the staged memory, the driver copies it back
+	}
 	imagesDir, env, err := c.planFill(r, m, work)
 	if err != nil {
 		os.RemoveAll(work)

@@ -95,7 +95,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		return cause
 	}
 	if len(gpus) > 0 {
-		defer e.tuneHost()()
+		defer e.TuneHost()()
 		if err := t.run(PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
 			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
 		}

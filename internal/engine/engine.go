@@ -72,9 +72,9 @@ func (e *Engine) reporter() Reporter {
 	return e.Report
 }
 
-// tuneHost sets THP for a GPU operation and returns what puts it back. Failing to set it
+// TuneHost sets THP for a GPU operation and returns what puts it back. Failing to set it
 // only costs speed, so it is logged, not returned.
-func (e *Engine) tuneHost() func() {
+func (e *Engine) TuneHost() func() {
 	if e.THPSwitch == "" {
 		return func() {}
 	}

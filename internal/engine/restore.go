@@ -92,7 +92,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	}
 
 	if len(gpus) > 0 {
-		defer e.tuneHost()() // CRIU refills the staged GPU memory, then the driver copies it back
+		defer e.TuneHost()() // CRIU refills the staged GPU memory, then the driver copies it back
 	}
 	work, err := os.MkdirTemp("", "gpucr-restore-*")
 	if err != nil {
