@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -130,12 +128,8 @@ func (a *app) checkpointCmd() *cobra.Command {
 				m, err = e.Checkpoint(ctx, r)
 				return err
 			})
-			if errors.Is(err, syscall.ENOSPC) {
-				// Every write of the image happens before CRIU lets the tree go: it runs on.
-				return fmt.Errorf("the disk for the image is full: free space or checkpoint elsewhere; the processes run on and nothing was kept (%w)", err)
-			}
 			if err != nil {
-				return err
+				return explainFullDisk(err)
 			}
 			out := checkpointOutput{
 				Dir: r.Dir, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,

@@ -63,7 +63,7 @@ func (a *app) checkpointContainer(cmd *cobra.Command, rf runcFlags, r container.
 	start := time.Now()
 	m, err := c.Checkpoint(ctx, r)
 	if m == nil {
-		return classifyContainer(err)
+		return classifyContainer(explainFullDisk(err))
 	}
 	out := checkpointOutput{
 		Dir: r.Dir, Container: r.ID, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,

@@ -301,7 +301,7 @@ func runCounter(t *testing.T, bundle string, args ...string) {
 // A container holding 64 MiB: gpucr saves that memory itself while runc's dump leaves the
 // container paused (CRIU's page files stay small), and writes it back at restore through
 // the action script it hands CRIU, before the container resumes; it counts on with its
-// memory intact.
+// memory intact. A checkpoint that runs out of disk saving it leaves the container running.
 func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	runc, _ := needRunc(t)
 	bundle := counterBundle(t, runc, "")
@@ -309,6 +309,17 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	id, id2 := containerID(t, runc, "m"), containerID(t, runc, "m2")
 	runcRun(t, runc, bundle, id)
 	waitContainerCount(t, bundle, 5)
+
+	// Onto a disk where CRIU's files fit and the 64 MiB do not: refused, nothing left, the
+	// container thawed and counting.
+	small := smallTmp(t, 24<<20)
+	if out, code := gpucr(t, "checkpoint", "--container", id, "-D", filepath.Join(small, "img")); code != exitFailed || !strings.Contains(out, "disk for the image is full") {
+		t.Errorf("checkpoint onto a full disk: exit %d: %s", code, out)
+	}
+	if entries, _ := os.ReadDir(small); len(entries) != 0 {
+		t.Errorf("a failed checkpoint left %v", entries)
+	}
+	waitContainerCount(t, bundle, count(t, bundle)+3)
 
 	dir := filepath.Join(t.TempDir(), "img")
 	var ck checkpointOutput

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"syscall"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
@@ -97,6 +98,15 @@ func phasesJSON(ps []image.Phase) []phaseJSON {
 
 // classify gives errors users act on their exit code: a wrong request is a usage error,
 // a host without root or CRIU is not ready.
+// explainFullDisk says what to do about a checkpoint that ran out of disk. Every write of an
+// image happens before the processes are let go, so they run on.
+func explainFullDisk(err error) error {
+	if errors.Is(err, syscall.ENOSPC) {
+		return fmt.Errorf("the disk for the image is full: free space or checkpoint elsewhere; the processes run on and nothing was kept (%w)", err)
+	}
+	return err
+}
+
 func classify(err error) error {
 	switch {
 	case errors.Is(err, engine.ErrNotRoot), errors.Is(err, criu.ErrNotFound), errors.Is(err, criu.ErrTooOld):

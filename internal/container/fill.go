@@ -13,10 +13,12 @@ import (
 	"github.com/gpucr/gpucr/internal/memfill"
 )
 
-// The fill's plan in the restore's work directory, and the suffix of the record of its run.
+// The fill's plan in the restore's work directory, the suffix of the record of its run, and
+// its log.
 const (
 	planName   = "fill-plan.json"
 	doneSuffix = ".done"
+	fillLog    = "fill-action.log"
 )
 
 // fillHook sets up what writes plan's memory into the container while runc restores it:
@@ -30,7 +32,7 @@ func fillHook(work, gpucr string, plan *memfill.Plan) ([]string, error) {
 	}
 	script := filepath.Join(work, "fill-action")
 	body := fmt.Sprintf("#!/bin/sh\nexec %s criu-action --fill %s --log %s\n",
-		shellQuote(gpucr), shellQuote(planPath), shellQuote(filepath.Join(work, "fill-action.log")))
+		shellQuote(gpucr), shellQuote(planPath), shellQuote(filepath.Join(work, fillLog)))
 	if err := os.WriteFile(script, []byte(body), 0o700); err != nil {
 		return nil, fmt.Errorf("memory fill: %w", err)
 	}
@@ -45,10 +47,15 @@ func fillHook(work, gpucr string, plan *memfill.Plan) ([]string, error) {
 // into the restored container, whose init CRIU names, and records how long that took for
 // the restore to report. CRIU may run an action script twice per step; the second run
 // finds the first's record and does nothing.
-func Fill(ctx context.Context, getenv func(string) string, planPath string, log *slog.Logger) error {
+func Fill(ctx context.Context, getenv func(string) string, planPath string, log *slog.Logger) (err error) {
 	if getenv(envAction) != "post-restore" {
 		return nil
 	}
+	defer func() {
+		if err != nil {
+			log.Error("memory fill failed", "err", err) // the restore reads it back from the log
+		}
+	}()
 	done := planPath + doneSuffix
 	if _, err := os.Stat(done); err == nil {
 		log.Info("memory already filled by this step's first run")
@@ -71,12 +78,29 @@ func Fill(ctx context.Context, getenv func(string) string, planPath string, log 
 	}
 	start := time.Now()
 	if err := plan.Fill(ctx); err != nil {
-		log.Error("memory fill", "err", err)
 		return err
 	}
 	took := time.Since(start)
 	log.Info("memory filled", "bytes", plan.Bytes(), "seconds", took.Seconds())
 	return os.WriteFile(done, []byte(strconv.FormatInt(int64(took), 10)+"\n"), 0o600)
+}
+
+// fillFailure is the error the fill in work logged, or "".
+func fillFailure(work string) string {
+	b, err := os.ReadFile(filepath.Join(work, fillLog))
+	if err != nil {
+		return ""
+	}
+	why := ""
+	for _, line := range strings.Split(string(b), "\n") {
+		if _, e, ok := strings.Cut(line, " err="); ok && strings.Contains(line, "level=ERROR") {
+			if u, err := strconv.Unquote(e); err == nil {
+				e = u
+			}
+			why = e
+		}
+	}
+	return why
 }
 
 // fillTook is how long the fill of the plan in work took, once it ran.

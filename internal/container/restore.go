@@ -87,6 +87,9 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 		return c.Runc.Restore(ctx, id, bundle, imagesDir, work, flags, env)
 	})
 	if err != nil {
+		if why := fillFailure(work); why != "" {
+			err = fmt.Errorf("%w: %s", err, why) // runc only says that CRIU's script failed
+		}
 		return nil, fmt.Errorf("%w (logs in %s)", err, work)
 	}
 	if took, ok := fillTook(work); ok {
