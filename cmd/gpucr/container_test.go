@@ -46,23 +46,29 @@ func needRunc(t *testing.T) (runc, criuPath string) {
 // counterBundle makes an OCI bundle whose container counts into /count ten times a second.
 // It shares the host's network namespace: a namespace of its own would need iptables for
 // CRIU's network lock, which has nothing to do with what these tests prove. criuConfig,
-// when not empty, is the CRIU configuration runc hands to CRIU for this container.
-func counterBundle(t *testing.T, runc, criuConfig string) string {
+// when not empty, is the CRIU configuration runc hands to CRIU for this container. With
+// counterArgs the container runs the test counter with them instead of a shell loop: it
+// counts into the same /count and re-checks its memory on SIGUSR1.
+func counterBundle(t *testing.T, runc, criuConfig string, counterArgs ...string) string {
 	t.Helper()
 	b := t.TempDir()
-	bin := filepath.Join(b, "rootfs", "bin")
-	if err := os.MkdirAll(bin, 0o755); err != nil {
+	binDir := filepath.Join(b, "rootfs", "bin")
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	data, err := os.ReadFile("/bin/busybox")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(bin, "busybox"), data, 0o755); err != nil {
+	counter, err := os.ReadFile(bin.counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(binDir, "busybox"), data, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range []string{"sh", "sleep"} {
-		if err := os.Symlink("busybox", filepath.Join(bin, a)); err != nil {
+		if err := os.Symlink("busybox", filepath.Join(binDir, a)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -80,6 +86,12 @@ func counterBundle(t *testing.T, runc, criuConfig string) string {
 	proc := spec["process"].(map[string]any)
 	proc["terminal"] = false
 	proc["args"] = []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /count; sleep 0.1; done"}
+	if counterArgs != nil {
+		if err := os.WriteFile(filepath.Join(b, "rootfs", "counter"), counter, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		proc["args"] = append([]string{"/counter", "-dir", "/", "-tick", "20ms"}, counterArgs...)
+	}
 	spec["root"].(map[string]any)["readonly"] = false
 	linux := spec["linux"].(map[string]any)
 	var ns []any
@@ -270,42 +282,13 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 	}
 }
 
-// runCounter makes bundle's container run the test counter (with args) instead of the
-// shell loop: it counts into the same /count and re-checks its memory on SIGUSR1.
-func runCounter(t *testing.T, bundle string, args ...string) {
-	t.Helper()
-	data, err := os.ReadFile(bin.counter)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "rootfs", "counter"), data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	var spec map[string]any
-	raw, err := os.ReadFile(filepath.Join(bundle, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &spec); err != nil {
-		t.Fatal(err)
-	}
-	spec["process"].(map[string]any)["args"] = append([]string{"/counter", "-dir", "/", "-tick", "20ms"}, args...)
-	if raw, err = json.Marshal(spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(bundle, "config.json"), raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // A container holding 64 MiB: gpucr saves that memory itself while runc's dump leaves the
 // container paused (CRIU's page files stay small), and writes it back at restore through
 // the action script it hands CRIU, before the container resumes; it counts on with its
 // memory intact. A checkpoint that runs out of disk saving it leaves the container running.
 func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	runc, _ := needRunc(t)
-	bundle := counterBundle(t, runc, "")
-	runCounter(t, bundle, "-mib", "64")
+	bundle := counterBundle(t, runc, "", "-mib", "64")
 	id, id2 := containerID(t, runc, "m"), containerID(t, runc, "m2")
 	runcRun(t, runc, bundle, id)
 	waitContainerCount(t, bundle, 5)
