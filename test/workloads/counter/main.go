@@ -4,8 +4,8 @@
 //
 // Every tick it writes its count to DIR/count (and the child to DIR/child); on SIGUSR1 it
 // re-checks its memory and writes "ok N" or "bad N" to DIR/verify. Started as a rank (RANK
-// set, as by gpucr run) it writes DIR/count.RANK instead. Files are opened and
-// closed each time, so the image holds no open file whose size moves on.
+// set, as by gpucr run) it writes DIR/count.RANK instead. Each file holds one line padded
+// with spaces to a fixed width, and is opened and closed each time (see write).
 package main
 
 import (
@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -167,10 +168,19 @@ func check(b []byte) bool {
 	return true
 }
 
+// write replaces path's content with s, padded to a fixed width. It writes path.tmp in place
+// and exchanges the two names, so that both always exist at the same size: a checkpoint that
+// catches path.tmp open finds it again at restore, as CRIU requires, with the size it had.
 func write(path, s string) {
 	tmp := path + ".tmp"
-	must(os.WriteFile(tmp, []byte(s), 0o644))
-	must(os.Rename(tmp, path))
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE, 0o644)
+	must(err)
+	_, err = f.WriteAt([]byte(fmt.Sprintf("%-31s\n", strings.TrimSpace(s))), 0)
+	must(err)
+	must(f.Close())
+	if unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, path, unix.RENAME_EXCHANGE) != nil {
+		must(os.Rename(tmp, path)) // path is not there yet, or was removed
+	}
 }
 
 func must(err error) {
