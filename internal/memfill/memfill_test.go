@@ -145,12 +145,12 @@ func TestFillFailsForAMissingProcess(t *testing.T) {
 
 // Ranges are saved in segments that, written back, give the range again.
 func TestSegments(t *testing.T) {
-	const segmentSize = maxSegment
-	got := segments([]Range{{PID: 1, Start: 0x10000000, End: 0x10000000 + 2*segmentSize + 4096}, {PID: 2, Start: 0x5000, End: 0x6000, ImagePID: 7}}, segmentSize)
+	const size = maxSegment
+	got := segments([]Range{{PID: 1, Start: 0x10000000, End: 0x10000000 + 2*size + 4096}, {PID: 2, Start: 0x5000, End: 0x6000, ImagePID: 7}}, size)
 	want := []Range{
-		{1, 0x10000000, 0x10000000 + segmentSize, 0},
-		{1, 0x10000000 + segmentSize, 0x10000000 + 2*segmentSize, 0},
-		{1, 0x10000000 + 2*segmentSize, 0x10000000 + 2*segmentSize + 4096, 0},
+		{1, 0x10000000, 0x10000000 + size, 0},
+		{1, 0x10000000 + size, 0x10000000 + 2*size, 0},
+		{1, 0x10000000 + 2*size, 0x10000000 + 2*size + 4096, 0},
 		{2, 0x5000, 0x6000, 7},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {

@@ -41,7 +41,7 @@ func (r Range) imagePID() int {
 const SkipEnv = "GPUCR_SKIP_RANGES"
 
 // MemDir is where, in an image, the ranges gpucr saved are: one file per segment of a range
-// (segmentSize at most), named PID-START.img (START in hexadecimal), holding its bytes.
+// (maxSegment at most), named PID-START.img (PID as the image numbers the process, START in hexadecimal), holding its bytes.
 const MemDir = "mem"
 
 // Select returns the writable private anonymous mappings of pids of at least MinRun bytes
