@@ -41,7 +41,8 @@ func (r Range) imagePID() int {
 const SkipEnv = "GPUCR_SKIP_RANGES"
 
 // MemDir is where, in an image, the ranges gpucr saved are: one file per segment of a range
-// (maxSegment at most), named PID-START.img (PID as the image numbers the process, START in hexadecimal), holding its bytes.
+// (maxSegment at most), named PID-START.img, holding its bytes (PID as the image numbers
+// the process, START in hexadecimal).
 const MemDir = "mem"
 
 // Select returns the writable private anonymous mappings of pids of at least MinRun bytes
