@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -130,13 +131,18 @@ func TestSharedMemoryRestores(t *testing.T) {
 	}
 }
 
+// A parent holding 64 MiB with a child it feeds through a pipe: gpucr saves the parent's
+// memory too (the child, started by exec, maps none of it), and both come back.
 func TestTreeWithPipeRestores(t *testing.T) {
 	needCRIU(t)
-	w := startCounter(t, "-child")
+	w := startCounter(t, "-child", "-mib", "64")
 	w.waitFile(t, "child", 3)
 	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
 	waitGone(t, w.pid)
+	if saved, _ := filepath.Glob(filepath.Join(dir, "mem", fmt.Sprintf("%d-*.img", w.pid))); len(saved) == 0 {
+		t.Error("gpucr did not save the parent's 64 MiB itself")
+	}
 
 	var ins inspectOutput
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", dir)), &ins); err != nil {
@@ -151,9 +157,12 @@ func TestTreeWithPipeRestores(t *testing.T) {
 	}
 
 	child := w.read(t, "child")
-	restore(t, dir)
+	pid := restore(t, dir)
 	// The child only counts what the parent sends through the pipe: both must be back.
 	w.waitFile(t, "child", child+5)
+	if v := w.verify(t, pid); v != "ok" {
+		t.Fatalf("the parent's memory after restore: %s", v)
+	}
 }
 
 func TestLeaveRunningThenRestoreAfterKill(t *testing.T) {

@@ -136,7 +136,7 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 	if err := ctx.Err(); err != nil {
 		return nil, rollback(fmt.Errorf("checkpoint interrupted: %w", err))
 	}
-	// As for a process tree, gpucr saves the large runs of the leaf processes' memory
+	// As for a process tree, gpucr saves the large runs of the processes' memory
 	// itself, on all cores, and CRIU leaves them out: the container stays paused after
 	// runc's dump, so they are read from frozen processes.
 	var saved []memfill.Range
@@ -207,28 +207,21 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 	return m, nil
 }
 
-// selectMemory picks the memory gpucr saves itself from the container's leaf processes,
-// numbered in the image as the container numbers them. m describes tree, process by process.
+// selectMemory picks the memory gpucr saves itself from the container's processes, numbered
+// in the image as the container numbers them. m describes tree, process by process.
 func selectMemory(tree []proctree.Process, m *image.Manifest) ([]memfill.Range, error) {
-	leaf := map[int]bool{}
-	for _, pid := range m.Leaves() {
-		leaf[pid] = true
+	rs, err := memfill.Select(tree)
+	if err != nil {
+		return nil, err
 	}
-	var out []memfill.Range
+	inner := map[int]int{}
 	for i, p := range tree {
-		if !leaf[m.Processes[i].PID] {
-			continue
-		}
-		rs, err := memfill.Select([]int{p.PID})
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range rs {
-			r.ImagePID = m.Processes[i].PID
-			out = append(out, r)
-		}
+		inner[p.PID] = m.Processes[i].PID
 	}
-	return out, nil
+	for i := range rs {
+		rs[i].ImagePID = inner[rs[i].PID]
+	}
+	return rs, nil
 }
 
 // manifest describes the container's tree in its own PID namespace, as the image holds it.

@@ -109,11 +109,11 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 
 	// The image is committed while CRIU still holds the tree frozen (post-dump): if the
 	// commit fails, CRIU resumes the tree instead of killing it, so nothing is lost.
-	// The large runs of the leaf processes' memory (a GPU process's staged device memory)
+	// The large runs of the processes' memory (a GPU process's staged device memory)
 	// are gpucr's to save, on all cores, once CRIU has frozen the tree; CRIU leaves them out.
 	var saved []memfill.Range
 	if !r.CRIUWritesPages && r.Stream == nil && r.PluginDir == "" {
-		if saved, err = memfill.Select(m.Leaves()); err != nil {
+		if saved, err = memfill.Select(tree); err != nil {
 			return nil, rollback(err)
 		}
 		if len(saved) > 0 {

@@ -5,8 +5,10 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -238,7 +240,7 @@ func TestSelectOwnMemory(t *testing.T) {
 		mem[i] = 1
 	}
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
-	rs, err := Select([]int{os.Getpid()})
+	rs, err := Select([]proctree.Process{{PID: os.Getpid()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,6 +255,47 @@ func TestSelectOwnMemory(t *testing.T) {
 	}
 	if !found {
 		t.Fatalf("the 32 MiB mapping at %#x is not among %+v", start, rs)
+	}
+}
+
+// A process gives up a mapping that a descendant maps too: here a 32 MiB mapping of this
+// process laid over the address of a child's stack.
+func TestSelectLeavesWhatAChildMapsToCRIU(t *testing.T) {
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { child.Process.Kill(); child.Wait() }()
+	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", child.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stack uint64
+	for _, line := range strings.Split(string(maps), "\n") {
+		if strings.HasSuffix(line, "[stack]") {
+			stack, _, _ = parseSpan(strings.Fields(line)[0])
+		}
+	}
+	const size = 32 << 20
+	at := stack&^(2<<20-1) - size/2
+	// MAP_POPULATE makes it resident without this test touching it.
+	addr, _, errno := unix.Syscall6(unix.SYS_MMAP, uintptr(at), size, unix.PROT_READ|unix.PROT_WRITE,
+		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED_NOREPLACE|unix.MAP_POPULATE, ^uintptr(0), 0)
+	if errno != 0 || addr != uintptr(at) || stack == 0 {
+		t.Skipf("cannot map over the child's stack at %#x here: %v", at, errno)
+	}
+	defer unix.Syscall(unix.SYS_MUNMAP, addr, size, 0)
+	has := func(rs []Range) bool {
+		return slices.ContainsFunc(rs, func(r Range) bool { return r.Start < at+size && at < r.End })
+	}
+	self := proctree.Process{PID: os.Getpid()}
+	alone, err := Select([]proctree.Process{self})
+	if err != nil || !has(alone) {
+		t.Fatalf("without the child: %v, %+v does not hold the mapping at %#x", err, alone, at)
+	}
+	withChild, err := Select([]proctree.Process{self, {PID: child.Process.Pid, PPID: self.PID}})
+	if err != nil || has(withChild) {
+		t.Fatalf("with the child mapping the same addresses: %v, %+v holds the mapping at %#x", err, withChild, at)
 	}
 }
 

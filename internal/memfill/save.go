@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/parallel"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // Range is a run of a process's memory that gpucr saves itself at checkpoint: CRIU, told
@@ -45,16 +48,58 @@ const SkipEnv = "GPUCR_SKIP_RANGES"
 // the process, START in hexadecimal).
 const MemDir = "mem"
 
-// Select returns the writable private anonymous mappings of pids of at least MinRun bytes
-// that are mostly in memory: a GPU process's staged device memory, large heaps.
-func Select(pids []int) ([]Range, error) {
+// Select returns, for every process of tree, the writable private anonymous mappings of at
+// least MinRun bytes that are mostly in memory: a GPU process's staged device memory, large
+// heaps. A process gives up a mapping that one of its descendants maps too, at any address
+// in it: the two may share its pages copy-on-write, which CRIU must restore itself. (A GPU
+// process's staging memory is mapped at checkpoint, long after its children were forked.)
+func Select(tree []proctree.Process) ([]Range, error) {
+	children := map[int][]int{}
+	for _, p := range tree {
+		children[p.PPID] = append(children[p.PPID], p.PID)
+	}
 	var out []Range
-	for _, pid := range pids {
-		rs, err := selectOne(pid)
+	for _, p := range tree {
+		rs, err := selectOne(p.PID)
 		if err != nil {
-			return nil, fmt.Errorf("memory save: process %d: %w", pid, err)
+			return nil, fmt.Errorf("memory save: process %d: %w", p.PID, err)
+		}
+		if len(children[p.PID]) > 0 && len(rs) > 0 {
+			taken, err := descendantSpans(children, p.PID)
+			if err != nil {
+				return nil, fmt.Errorf("memory save: %w", err)
+			}
+			rs = slices.DeleteFunc(rs, func(r Range) bool {
+				return slices.ContainsFunc(taken, func(s [2]uint64) bool { return s[0] < r.End && r.Start < s[1] })
+			})
 		}
 		out = append(out, rs...)
+	}
+	return out, nil
+}
+
+// descendantSpans lists every mapping of pid's descendants (children lists them by parent).
+func descendantSpans(children map[int][]int, pid int) ([][2]uint64, error) {
+	var out [][2]uint64
+	for _, c := range children[pid] {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", c))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // gone: it maps nothing
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			span, _, _ := strings.Cut(line, " ")
+			if start, end, ok := parseSpan(span); ok {
+				out = append(out, [2]uint64{start, end})
+			}
+		}
+		more, err := descendantSpans(children, c)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, more...)
 	}
 	return out, nil
 }
