@@ -1,10 +1,12 @@
 """GPU test workload: holds GIB GiB of seeded random data on the GPU and re-checks it on demand.
 
-Usage: holder.py GIB DIR [--connect PORT]
+Usage: holder.py GIB DIR [--connect PORT] [--fork]
 Writes DIR/ready ("pid digest") once the data is on the GPU. Each time DIR/verify appears it
 removes it, recomputes the digest on the GPU, runs a fresh kernel, and writes DIR/resultK:
 "same=True|False device=<uuid> pid=<pid>". With --connect it holds a TCP connection open
-(used to make CRIU refuse the dump without --tcp-established).
+(used to make CRIU refuse the dump without --tcp-established). With --fork, once the data is
+on the GPU, it forks a child that shares its memory copy-on-write and never touches CUDA, as
+a DataLoader worker does; the child writes DIR/child ("pid ticks") and exits with its parent.
 """
 import os, socket, sys, time
 import torch
@@ -30,6 +32,15 @@ def uuid():
         return "unknown:" + type(e).__name__
 
 d0 = digest(); torch.cuda.synchronize(); torch.cuda.empty_cache()
+if "--fork" in sys.argv:
+    parent = os.getpid()
+    if os.fork() == 0:
+        t = 0
+        while os.getppid() == parent:
+            t += 1
+            open(f"{d}/child.tmp", "w").write(f"{os.getpid()} {t}\n"); os.rename(f"{d}/child.tmp", f"{d}/child")
+            time.sleep(0.2)
+        os._exit(0)
 open(f"{d}/ready.tmp", "w").write(f"{os.getpid()} {d0}\n"); os.rename(f"{d}/ready.tmp", f"{d}/ready")
 k = 0
 while True:

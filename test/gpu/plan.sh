@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU test plan, run on the device machine from the bundle directory as root:
-#   bash plan.sh [TEST...]   (default: 1 2 3 4 5, one GPU; test 6 needs two GPUs; 7 streams)
+#   bash plan.sh [TEST...]   (default: 1 2 3 4 5, one GPU; test 6 needs two GPUs; 7 streams;
+#   8: a GPU process with a forked child)
 # Prints PASS/FAIL per test and writes JSON outputs to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -137,6 +138,23 @@ for GIB in 4 16; do
   case "$r" in *same=True*kernel=True*) ok "7.$GIB data identical after a streamed checkpoint";; *) bad "7.$GIB data: $r";; esac
   kill -9 "$HP"; rm -rf "$W/pulled$GIB" "$ST"
 done
+fi
+if has 8; then
+echo "== 8. holder 16 GiB with a forked child (as a DataLoader worker): checkpoint, kill, restore"
+if holder 16 h8 --fork && wait_file "$HD/child"; then
+  "$G" checkpoint "$HP" -D "$W/img8" --json > "$OUTD/ckpt8.json" || bad "8 checkpoint"
+  python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("checkpoint", round(j["totalSeconds"],2), "s:", " ".join(f"{p["name"]} {p["seconds"]:.2f}" for p in j["phases"]))' "$OUTD/ckpt8.json"
+  echo "gpucr saved: $(du -sh "$W/img8/mem" 2>/dev/null | cut -f1); CRIU's page files: $(du -ch "$W"/img8/criu/pages-* | tail -1 | cut -f1)"
+  sleep 0.5; gone "$HP" || bad "8 original still alive"
+  if "$G" restore -D "$W/img8" --json > "$OUTD/rst8.json"; then
+    python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("restore", round(j["totalSeconds"],2), "s:", " ".join(f"{p["name"]} {p["seconds"]:.2f}" for p in j["phases"]))' "$OUTD/rst8.json"
+    r=$(verify_holder "$HP" "$HD"); echo "$r"
+    case "$r" in *same=True*kernel=True*) ok "8 data identical after restore";; *) bad "8 data: $r";; esac
+    c=$(cut -d' ' -f2 "$HD/child"); sleep 1
+    [ "$(cut -d' ' -f2 "$HD/child")" -gt "$c" ] && ok "8 the forked child runs on" || bad "8 the forked child is not running"
+  else bad "8 restore"; fi
+  kill -9 "$HP"; rm -rf "$W/img8"
+else bad "8 holder with a child did not start: $(cat "$HD/err" 2>/dev/null)"; fi
 fi
 echo "== $pass passed, $fail failed"
 [ $fail -eq 0 ]
