@@ -21,6 +21,7 @@ import (
 	"github.com/gpucr/gpucr/internal/cuda"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/safety"
 )
 
 func init() { gpu.Register("nvidia", Open) }
@@ -274,11 +275,30 @@ func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error
 		if err != nil {
 			return nil, err
 		}
-		if holds {
-			out = append(out, gpu.Process{PID: pid})
+		if !holds {
+			continue
 		}
+		// Not listed by NVML: the driver must still know it, or it is a process that only
+		// inherited the files, which neither the driver nor CRIU can checkpoint.
+		if _, err := b.cuda.State(pid); err != nil {
+			return nil, noCUDAState(b.proc, pid, err)
+		}
+		out = append(out, gpu.Process{PID: pid})
 	}
 	return out, nil
+}
+
+// noCUDAState is the refusal of a process that holds NVIDIA device files without CUDA state
+// of its own: typically a child forked after its parent started CUDA, which inherits the
+// open files but no context.
+func noCUDAState(proc string, pid int, cause error) error {
+	comm, _ := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "comm"))
+	return &safety.Finding{
+		PID: pid, Command: strings.TrimSpace(string(comm)),
+		Reason: fmt.Sprintf("holds NVIDIA device files but has no CUDA state the driver can checkpoint (%v), and CRIU cannot dump those files", cause),
+		Fix: "a child forked after its parent started CUDA is such a process, as PyTorch DataLoader workers are by default: " +
+			"start them with the spawn or forkserver method (multiprocessing_context=\"spawn\")",
+	}
 }
 
 // deviceFile matches the NVIDIA device files a CUDA context holds open: the control

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/gpucr/gpucr/internal/safety"
 	"maps"
 	"os"
 	"path/filepath"
@@ -227,6 +228,24 @@ func TestProcesses(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Processes() =\n%+v\nwant\n%+v", got, want)
+	}
+}
+
+// A process that holds a device file the driver knows nothing of (a child forked after its
+// parent started CUDA) is refused, named, with what to do.
+func TestProcessesRefusesDeviceFilesWithoutCUDAState(t *testing.T) {
+	b := newBackend(mockNVML(h100(uuidA, "00000000:1A:00.0")), &fakeDriver{stateErr: errors.New("CUDA_ERROR_NOT_FOUND")})
+	b.proc = t.TempDir()
+	if err := os.MkdirAll(filepath.Join(b.proc, "21", "fd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/nvidiactl", filepath.Join(b.proc, "21", "fd", "9")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, b.proc, "21/comm", "pt_data_worker\n")
+	_, err := b.Processes(context.Background(), []int{21})
+	if !errors.Is(err, safety.ErrUnsafe) || !strings.Contains(err.Error(), "process 21 (pt_data_worker)") || !strings.Contains(err.Error(), "spawn") {
+		t.Fatalf("Processes() error = %v, want a refusal naming process 21 and the spawn method", err)
 	}
 }
 
