@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU test plan, run on the device machine from the bundle directory as root:
 #   bash plan.sh [TEST...]   (default: 1 2 3 4 5, one GPU; test 6 needs two GPUs; 7 streams;
-#   8: a GPU process with a forked child)
+#   8, 9: a GPU process with a forked, a spawned child)
 # Prints PASS/FAIL per test and writes JSON outputs to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -139,30 +139,36 @@ for GIB in 4 16; do
   kill -9 "$HP"; rm -rf "$W/pulled$GIB" "$ST"
 done
 fi
-if has 8; then
-# Either outcome keeps the data: gpucr refuses up front, naming the child and the fix, and
-# the workload runs on; or it checkpoints and restores both processes.
-echo "== 8. holder 16 GiB with a forked child (as a DataLoader worker): checkpoint, kill, restore"
+# with_child N FLAG: a 16 GiB holder with a child (holder.py FLAG), checkpointed, killed and
+# restored. With --fork (test 8, a DataLoader worker's default) either outcome keeps the data:
+# gpucr refuses up front, naming the child and the fix, and the workload runs on; or it
+# checkpoints and restores both. With --spawn (test 9) it must checkpoint and restore both,
+# gpucr saving the parent's staged memory itself.
 phases() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j["totalSeconds"],2), "s:", " ".join(f"{p[\"name\"]} {p[\"seconds\"]:.2f}" for p in j["phases"]))' "$1" "$2"; }
-if holder 16 h8 --fork && wait_file "$HD/child"; then
-  if "$G" checkpoint "$HP" -D "$W/img8" --json > "$OUTD/ckpt8.json" 2> "$W/err8"; then
-    phases "$OUTD/ckpt8.json" checkpoint
-    sleep 0.5; gone "$HP" || bad "8 original still alive"
-    if "$G" restore -D "$W/img8" --json > "$OUTD/rst8.json"; then
-      phases "$OUTD/rst8.json" restore
+with_child() {
+  local n=$1 img=$W/img$1
+  echo "== $n. holder 16 GiB with a child ($2): checkpoint, kill, restore"
+  holder 16 h$n "$2" && wait_file "$HD/child" || { bad "$n holder with a child did not start: $(cat "$HD/err" 2>/dev/null)"; return; }
+  if "$G" checkpoint "$HP" -D "$img" --json > "$OUTD/ckpt$n.json" 2> "$W/err$n"; then
+    phases "$OUTD/ckpt$n.json" checkpoint
+    echo "gpucr saved $(du -sh "$img/mem" 2>/dev/null | cut -f1); CRIU's page files $(du -ch "$img"/criu/pages-* | tail -1 | cut -f1)"
+    sleep 0.5; gone "$HP" || bad "$n original still alive"
+    if "$G" restore -D "$img" --json > "$OUTD/rst$n.json"; then
+      phases "$OUTD/rst$n.json" restore
       r=$(verify_holder "$HP" "$HD"); echo "$r"
-      case "$r" in *same=True*kernel=True*) ok "8 data identical after restore";; *) bad "8 data: $r";; esac
+      case "$r" in *same=True*kernel=True*) ok "$n data identical after restore";; *) bad "$n data: $r";; esac
       c=$(cut -d' ' -f2 "$HD/child"); sleep 1
-      [ "$(cut -d' ' -f2 "$HD/child")" -gt "$c" ] && ok "8 the forked child runs on" || bad "8 the forked child is not running"
-    else bad "8 restore"; fi
+      [ "$(cut -d' ' -f2 "$HD/child")" -gt "$c" ] && ok "$n the child runs on" || bad "$n the child is not running"
+    else bad "$n restore"; fi
   else
-    cat "$W/err8"
+    cat "$W/err$n"
     r=$(verify_holder "$HP" "$HD"); echo "$r"
-    if grep -q "no CUDA state" "$W/err8" && [[ "$r" == *same=True*kernel=True* ]]; then ok "8 refused up front, the child named; workload correct"
-    else bad "8 checkpoint failed otherwise, or the workload is not correct: $r"; fi
+    if [ "$2" = --fork ] && grep -q "no CUDA state" "$W/err$n" && [[ "$r" == *same=True*kernel=True* ]]; then ok "$n refused up front, the child named; workload correct"
+    else bad "$n checkpoint failed, workload: $r"; fi
   fi
-  kill -9 "$HP"; rm -rf "$W/img8"
-else bad "8 holder with a child did not start: $(cat "$HD/err" 2>/dev/null)"; fi
-fi
+  kill -9 "$HP"; rm -rf "$img"
+}
+if has 8; then with_child 8 --fork; fi
+if has 9; then with_child 9 --spawn; fi
 echo "== $pass passed, $fail failed"
 [ $fail -eq 0 ]
