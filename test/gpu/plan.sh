@@ -144,11 +144,24 @@ fi
 # gpucr refuses up front, naming the child and the fix, and the workload runs on; or it
 # checkpoints and restores both. With --spawn (test 9) it must checkpoint and restore both,
 # gpucr saving the parent's staged memory itself.
-phases() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j["totalSeconds"],2), "s:", " ".join(f"{p[\"name\"]} {p[\"seconds\"]:.2f}" for p in j["phases"]))' "$1" "$2"; }
+phases() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j["totalSeconds"],2), "s:", " ".join("%s %.2f" % (p["name"], p["seconds"]) for p in j["phases"]))' "$1" "$2"; }
+# The holder runs under a subreaper that reaps whatever is orphaned below it: CRIU kills the
+# child with its parent, and this machine's PID 1 would leave it a zombie holding its PID.
+REAPER='
+import ctypes, os, subprocess, sys, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(os.environ["HERR"], "w"), start_new_session=True)
+while True:
+    try: os.waitpid(-1, 0)
+    except ChildProcessError: time.sleep(0.1)
+'
 with_child() {
   local n=$1 img=$W/img$1
   echo "== $n. holder 16 GiB with a child ($2): checkpoint, kill, restore"
-  holder 16 h$n "$2" && wait_file "$HD/child" || { bad "$n holder with a child did not start: $(cat "$HD/err" 2>/dev/null)"; return; }
+  HD=$W/h$n; rm -rf "$HD"; mkdir -p "$HD"
+  HERR=$HD/err python3 -c "$REAPER" python3 "$B/holder.py" 16 "$HD" "$2" & local rp=$!
+  wait_file "$HD/ready" && wait_file "$HD/child" || { bad "$n holder with a child did not start: $(cat "$HD/err" 2>/dev/null)"; kill "$rp"; return; }
+  HP=$(cut -d' ' -f1 "$HD/ready")
   if "$G" checkpoint "$HP" -D "$img" --json > "$OUTD/ckpt$n.json" 2> "$W/err$n"; then
     phases "$OUTD/ckpt$n.json" checkpoint
     echo "gpucr saved $(du -sh "$img/mem" 2>/dev/null | cut -f1); CRIU's page files $(du -ch "$img"/criu/pages-* | tail -1 | cut -f1)"
@@ -166,7 +179,7 @@ with_child() {
     if [ "$2" = --fork ] && grep -q "no CUDA state" "$W/err$n" && [[ "$r" == *same=True*kernel=True* ]]; then ok "$n refused up front, the child named; workload correct"
     else bad "$n checkpoint failed, workload: $r"; fi
   fi
-  kill -9 "$HP"; rm -rf "$img"
+  kill -9 "$HP"; sleep 0.3; kill "$rp"; rm -rf "$img"
 }
 if has 8; then with_child 8 --fork; fi
 if has 9; then with_child 9 --spawn; fi
