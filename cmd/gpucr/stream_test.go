@@ -80,6 +80,9 @@ func TestStreamedCheckpointToS3(t *testing.T) {
 	pulled := filepath.Join(t.TempDir(), "pulled")
 	mustGpucrEnv(t, env, "pull", base+"/ckpt-2", pulled)
 	mustGpucr(t, "verify", pulled)
+	if saved, _ := filepath.Glob(filepath.Join(pulled, "mem", "*.img")); len(saved) == 0 {
+		t.Error("the streamed checkpoint holds no memory gpucr saved itself")
+	}
 	var ins inspectOutput
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", pulled)), &ins); err != nil {
 		t.Fatal(err)

@@ -112,7 +112,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	// The large runs of the processes' memory (a GPU process's staged device memory)
 	// are gpucr's to save, on all cores, once CRIU has frozen the tree; CRIU leaves them out.
 	var saved []memfill.Range
-	if !r.CRIUWritesPages && r.Stream == nil && r.PluginDir == "" {
+	if !r.CRIUWritesPages && r.PluginDir == "" {
 		if saved, err = memfill.Select(tree); err != nil {
 			return nil, rollback(err)
 		}
@@ -214,6 +214,14 @@ func (c *committer) PostDump() error {
 		}
 	}
 	if c.stream != nil {
+		if len(c.saved) > 0 {
+			c.err = c.timer.run(PhaseMemorySave, func() error {
+				return memfill.SaveTo(c.ctx, c.saved, func(path string) (memfill.Receiver, error) { return c.stream.Create(path) })
+			})
+			if c.err != nil {
+				return c.err
+			}
+		}
 		c.err = c.commitStream()
 		return c.err
 	}

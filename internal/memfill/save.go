@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -233,6 +234,42 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 		out[i] = image.File{Path: MemDir + "/" + rangeName(r), Size: int64(r.End - r.Start), XXH64: image.PiecesChecksum(digests[i])}
 	}
 	return out, nil
+}
+
+// Receiver takes one file of a checkpoint streamed to a store (a chunked.StreamFile).
+type Receiver interface {
+	// Receive reads the file's next size bytes from r; at is their offset in the file.
+	Receive(at uint64, size int, r io.Reader) error
+	Close() error
+}
+
+// SaveTo is Save for a checkpoint streamed to a store: every range is read from its process,
+// on all cores, into the MemDir file that create starts for it (path relative to the
+// image), a file per worker at a time. The processes must be frozen.
+func SaveTo(ctx context.Context, rs []Range, create func(path string) (Receiver, error)) error {
+	workers := runtime.GOMAXPROCS(0)
+	rs = segments(rs, segmentSizeFor(rs, workers))
+	return parallel.Each(ctx, rs, workers, func() []byte { return make([]byte, image.ChunkSize) },
+		func(_ context.Context, r Range, buf []byte) error {
+			f, err := create(MemDir + "/" + rangeName(r))
+			if err != nil {
+				return fmt.Errorf("memory save: %w", err)
+			}
+			size := r.End - r.Start
+			for at := uint64(0); at < size; at += uint64(len(buf)) {
+				data := buf[:min(uint64(len(buf)), size-at)]
+				if err := moveRemote(unix.ProcessVMReadv, "memory save: read", r.PID, r.Start+at, data); err != nil {
+					return err
+				}
+				if err := f.Receive(at, len(data), bytes.NewReader(data)); err != nil {
+					return fmt.Errorf("memory save: %w", err)
+				}
+			}
+			if err := f.Close(); err != nil {
+				return fmt.Errorf("memory save: %w", err)
+			}
+			return nil
+		})
 }
 
 func createSized(path string, size int64) error {
