@@ -181,7 +181,6 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 	// thousands of ranges does not hold thousands of descriptors.
 	paths := make([]string, len(rs))
 	digests := make([][]uint64, len(rs))
-	var jobs []job
 	for i, r := range rs {
 		paths[i] = filepath.Join(dir, rangeName(r))
 		size := int64(r.End - r.Start)
@@ -190,19 +189,13 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 		}
 		digests[i] = make([]uint64, (size+image.ChunkSize-1)/image.ChunkSize)
 	}
-	// Piece k of every file before piece k+1 of any: workers running side by side write to
-	// different files.
-	for k := 0; ; k++ {
-		n := len(jobs)
-		for i, r := range rs {
-			if k < len(digests[i]) {
-				jobs = append(jobs, job{i, k, r})
-			}
-		}
-		if len(jobs) == n {
-			break
+	perFile := make([][]job, len(rs))
+	for i, r := range rs {
+		for k := range digests[i] {
+			perFile[i] = append(perFile[i], job{i, k, r})
 		}
 	}
+	jobs := parallel.Interleave(perFile)
 	zero := make([]byte, image.ChunkSize)
 	err := parallel.Each(ctx, jobs, workers, func() []byte { return make([]byte, image.ChunkSize) },
 		func(_ context.Context, j job, buf []byte) error {

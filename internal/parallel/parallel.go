@@ -39,3 +39,21 @@ feed:
 	wg.Wait()
 	return context.Cause(ctx)
 }
+
+// Interleave lists the first item of every list, then the second of every list, and so on.
+// Workers taking jobs in that order from lists of pieces of different files write to
+// different files side by side: on tmpfs, writers of one file queue on its inode lock.
+func Interleave[J any](lists [][]J) []J {
+	var out []J
+	for k := 0; ; k++ {
+		n := len(out)
+		for _, l := range lists {
+			if k < len(l) {
+				out = append(out, l[k])
+			}
+		}
+		if len(out) == n {
+			return out
+		}
+	}
+}

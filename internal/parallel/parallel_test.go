@@ -3,6 +3,7 @@ package parallel
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 )
@@ -34,5 +35,12 @@ func TestEachStopsAtTheFirstError(t *testing.T) {
 	})
 	if !errors.Is(err, boom) || ran.Load() > 100 {
 		t.Fatalf("err %v after %d jobs", err, ran.Load())
+	}
+}
+
+func TestInterleave(t *testing.T) {
+	got := Interleave([][]string{{"a1", "a2", "a3"}, nil, {"c1"}, {"d1", "d2"}})
+	if want := []string{"a1", "c1", "d1", "a2", "d2", "a3"}; !slices.Equal(got, want) {
+		t.Fatalf("Interleave = %v, want %v", got, want)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/parallel"
 	"github.com/gpucr/gpucr/internal/store"
 )
 
@@ -149,7 +150,7 @@ func (p *puller) run(ctx context.Context) error {
 	}
 	p.dec = dec
 	// A chunk repeated within the image is fetched once and written to each of its places.
-	var jobs []job
+	perFile := make([][]job, len(p.m.Files))
 	p.places = map[string][]place{}
 	for i, f := range p.m.Files {
 		var off int64
@@ -159,7 +160,7 @@ func (p *puller) run(ctx context.Context) error {
 				p.stats.ZeroBytes += c.Size
 				p.progress(c.Size)
 			case p.places[c.SHA256] == nil:
-				jobs = append(jobs, job{i, j, off, c.Size})
+				perFile[i] = append(perFile[i], job{i, j, off, c.Size})
 				fallthrough
 			default:
 				p.places[c.SHA256] = append(p.places[c.SHA256], place{i, off})
@@ -167,7 +168,8 @@ func (p *puller) run(ctx context.Context) error {
 			off += c.Size
 		}
 	}
-	return runJobs(ctx, jobs, p.o.workers(), p.chunk)
+	// Files side by side, not one after the other: writers of one tmpfs file queue.
+	return runJobs(ctx, parallel.Interleave(perFile), p.o.workers(), p.chunk)
 }
 
 // place is where in the image a chunk goes: a file index and an offset.
