@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,13 +93,16 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 		}
 		return nil, fmt.Errorf("%w (logs in %s)", err, work)
 	}
-	if took, ok := fillTook(work); ok {
-		t.phases = append(t.phases, image.Phase{Name: engine.PhaseMemoryFill, Duration: took})
-	}
-	os.RemoveAll(work)
-
 	// From here on a restored container exists: it must come back whole or go.
 	gctx := context.WithoutCancel(ctx)
+	took, filled := fillTook(work)
+	os.RemoveAll(work)
+	if env != nil && !filled {
+		return nil, c.remove(gctx, id, errors.New("CRIU did not run gpucr's memory fill (its CRIU_CONFIG_FILE was not read), so the container's memory is incomplete"))
+	}
+	if filled {
+		t.phases = append(t.phases, image.Phase{Name: engine.PhaseMemoryFill, Duration: took})
+	}
 	st, err := c.Runc.State(gctx, id)
 	if err != nil {
 		return nil, c.remove(gctx, id, err)
