@@ -315,6 +315,13 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	}
 	frozen := count(t, bundle)
 	mustGpucr(t, "verify", dir)
+	var ins inspectOutput
+	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", dir)), &ins); err != nil {
+		t.Fatal(err)
+	}
+	if ps := ins.CRIU.Processes; len(ps) != 1 || ps[0].MemoryBytes < 64<<20 {
+		t.Errorf("inspect counts %+v of the container's memory, want its 64 MiB too", ps)
+	}
 
 	var rs restoreOutput
 	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "--container", id, "-D", dir, "--new-id", id2)), &rs); err != nil {
