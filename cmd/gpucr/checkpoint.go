@@ -95,16 +95,13 @@ func (a *app) checkpointCmd() *cobra.Command {
 				if len(args) > 0 {
 					return usageError{fmt.Errorf("give either a PID or --container ID, not both")}
 				}
-				if to != "" {
-					return usageError{fmt.Errorf("--to is for process trees; store a container image with gpucr push")}
-				}
 				if r.Dir == "" {
-					return usageError{fmt.Errorf("say where the container's image goes: -D DIR")}
+					return usageError{fmt.Errorf("say where the container's image goes: -D DIR (with --to LOC it is then stored there; a container's memory does not stream yet)")}
 				}
 				return a.checkpointContainer(cmd, rf, container.CheckpointRequest{
 					ID: ctr, Dir: r.Dir, LeaveRunning: r.LeaveRunning, LockTimeout: r.LockTimeout,
 					CRIUWritesPages: r.CRIUWritesPages,
-				}, r.Options)
+				}, r.Options, to)
 			}
 			if len(args) == 0 {
 				return usageError{fmt.Errorf("give the PID of the tree to checkpoint, or --container ID")}

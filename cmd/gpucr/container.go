@@ -47,8 +47,9 @@ func containerCRIUFlags(cmd *cobra.Command, o criu.Options) (container.CRIUFlags
 	return container.CRIUFlags{ShellJob: o.ShellJob, TCPEstablished: o.TCPEstablished, ExtUnixSk: o.ExtUnixSk, FileLocks: o.FileLocks}, nil
 }
 
-// checkpointContainer is `gpucr checkpoint --container ID`.
-func (a *app) checkpointContainer(cmd *cobra.Command, rf runcFlags, r container.CheckpointRequest, o criu.Options) error {
+// checkpointContainer is `gpucr checkpoint --container ID`; with to, the image is then
+// stored there, as for a process tree.
+func (a *app) checkpointContainer(cmd *cobra.Command, rf runcFlags, r container.CheckpointRequest, o criu.Options, to string) error {
 	flags, err := containerCRIUFlags(cmd, o)
 	if err != nil {
 		return err
@@ -75,7 +76,19 @@ func (a *app) checkpointContainer(cmd *cobra.Command, rf runcFlags, r container.
 			out.GPUBytes += p.MemoryBytes
 		}
 	}
-	if emitErr := a.emit(out, func() { printCheckpoint(a, out, m.Phases) }); emitErr != nil {
+	if err == nil && to != "" {
+		pushed, perr := a.push(ctx, r.Dir, to)
+		if perr != nil {
+			return fmt.Errorf("checkpoint written to %s, but storing it failed (retry with gpucr push): %w", r.Dir, perr)
+		}
+		out.Pushed = &pushed
+	}
+	if emitErr := a.emit(out, func() {
+		printCheckpoint(a, out, m.Phases)
+		if out.Pushed != nil {
+			printPush(a, *out.Pushed)
+		}
+	}); emitErr != nil {
 		return emitErr
 	}
 	return err // the image is written; what became of the container afterwards failed

@@ -285,7 +285,8 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 // A container holding 64 MiB: gpucr saves that memory itself while runc's dump leaves the
 // container paused (CRIU's page files stay small), and writes it back at restore through
 // the action script it hands CRIU, before the container resumes; it counts on with its
-// memory intact. A checkpoint that runs out of disk saving it leaves the container running.
+// memory intact. A checkpoint that runs out of disk saving it leaves the container running;
+// one with --to is stored too.
 func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	runc, _ := needRunc(t)
 	bundle := counterBundle(t, runc, "", "-mib", "64")
@@ -304,10 +305,13 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	}
 	waitContainerCount(t, bundle, count(t, bundle)+3)
 
-	dir := filepath.Join(t.TempDir(), "img")
+	dir, storeDir := filepath.Join(t.TempDir(), "img"), t.TempDir()
 	var ck checkpointOutput
-	if err := json.Unmarshal([]byte(mustGpucr(t, "checkpoint", "--json", "--container", id, "-D", dir)), &ck); err != nil {
+	if err := json.Unmarshal([]byte(mustGpucr(t, "checkpoint", "--json", "--container", id, "-D", dir, "--to", filepath.Join(storeDir, "ckpt"))), &ck); err != nil {
 		t.Fatal(err)
+	}
+	if out := mustGpucr(t, "ls", storeDir); ck.Pushed == nil || !strings.Contains(out, "ckpt") {
+		t.Errorf("--to stored %+v; ls:\n%s", ck.Pushed, out)
 	}
 	saved, _ := filepath.Glob(filepath.Join(dir, "mem", "*.img"))
 	if pages := dirSize(t, filepath.Join(dir, "criu"), "pages-"); !hasPhase(ck.Phases, "memory-save") || len(saved) == 0 || pages > 32<<20 {
