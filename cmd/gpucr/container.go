@@ -95,7 +95,7 @@ func (a *app) checkpointContainer(cmd *cobra.Command, rf runcFlags, r container.
 }
 
 // restoreContainer is `gpucr restore --container ID`.
-func (a *app) restoreContainer(ctx context.Context, cmd *cobra.Command, rf runcFlags, id string, r container.RestoreRequest, o criu.Options) error {
+func (a *app) restoreContainer(ctx context.Context, cmd *cobra.Command, rf runcFlags, id string, r container.RestoreRequest, o criu.Options, pulled *transferOutput) error {
 	if _, err := containerCRIUFlags(cmd, o); err != nil {
 		return err
 	}
@@ -117,8 +117,13 @@ func (a *app) restoreContainer(ctx context.Context, cmd *cobra.Command, rf runcF
 	if err != nil {
 		return classifyContainer(err)
 	}
-	out := restoreOutput{Dir: r.Dir, Container: res.ID, RootPID: res.RootPID, GPUMap: res.GPUMap, Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
-	return a.emit(out, func() { printRestore(a, out, res.Phases) })
+	out := restoreOutput{Dir: r.Dir, Container: res.ID, RootPID: res.RootPID, GPUMap: res.GPUMap, Pulled: pulled, Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
+	return a.emit(out, func() {
+		if pulled != nil {
+			printPull(a, *pulled)
+		}
+		printRestore(a, out, res.Phases)
+	})
 }
 
 // classifyContainer gives the container errors users act on their exit code.

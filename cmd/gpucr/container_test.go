@@ -286,7 +286,7 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 // container paused (CRIU's page files stay small), and writes it back at restore through
 // the action script it hands CRIU, before the container resumes; it counts on with its
 // memory intact. A checkpoint that runs out of disk saving it leaves the container running;
-// one with --to is stored too.
+// one with --to is stored too, and restore --from fetches it.
 func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	runc, _ := needRunc(t)
 	bundle := counterBundle(t, runc, "", "-mib", "64")
@@ -328,8 +328,13 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	}
 
 	var rs restoreOutput
-	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "--container", id, "-D", dir, "--new-id", id2)), &rs); err != nil {
+	// Restored from the store it was stored in: pulled first, then restored.
+	pulled := filepath.Join(t.TempDir(), "pulled")
+	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "--container", id, "--from", filepath.Join(storeDir, "ckpt"), "-D", pulled, "--new-id", id2)), &rs); err != nil {
 		t.Fatal(err)
+	}
+	if rs.Pulled == nil {
+		t.Error("restore --from reports no pull")
 	}
 	if !hasPhase(rs.Phases, "memory-fill") {
 		t.Errorf("restore phases %+v: no memory-fill", rs.Phases)

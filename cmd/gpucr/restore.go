@@ -50,9 +50,6 @@ func (a *app) restoreCmd() *cobra.Command {
 				return usageError{err}
 			}
 			if from != "" {
-				if ctr != "" {
-					return usageError{fmt.Errorf("--from is for process trees; fetch a container image with gpucr pull")}
-				}
 				ctx, stop := interrupt.Context(cmd.Context())
 				p, err := a.pull(ctx, from, r.Dir)
 				stop()
@@ -65,7 +62,7 @@ func (a *app) restoreCmd() *cobra.Command {
 				return a.restoreContainer(cmd.Context(), cmd, rf, ctr, container.RestoreRequest{
 					Dir: r.Dir, ID: newID, Bundle: bundle, GPUMap: r.GPUMap, Skips: r.Skips,
 					CRIURestoresPages: r.CRIURestoresPages,
-				}, r.Options)
+				}, r.Options, pulled)
 			}
 			if newID != "" || bundle != "" {
 				return usageError{fmt.Errorf("--new-id and --bundle need --container")}
