@@ -55,29 +55,55 @@ type checkpointOutput struct {
 // go from CRIU through gpucr's page server to the store, and only CRIU's other files are
 // staged, in a temporary directory that is removed afterwards.
 func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, r engine.CheckpointRequest, loc string) (*transferOutput, *image.Manifest, error) {
-	st, prefix, err := store.Open(ctx, loc)
+	sc, err := openStream(ctx, loc)
 	if err != nil {
-		return nil, nil, classifyStore(err)
+		return nil, nil, err
 	}
-	s, err := chunked.NewStream(ctx, st, prefix, chunked.Options{})
-	if err != nil {
-		return nil, nil, classifyStore(err)
-	}
-	defer s.Abort()
-	tmp, err := os.MkdirTemp("", "gpucr-stream-*")
-	if err != nil {
-		return nil, nil, fmt.Errorf("stage the checkpoint's small files: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	r.Dir, r.Stream = filepath.Join(tmp, "image"), s
-	start := time.Now()
+	defer sc.close()
+	r.Dir, r.Stream = sc.dir, sc.s
 	m, err := e.Checkpoint(ctx, r)
 	if err != nil {
 		return nil, nil, classifyStore(err)
 	}
-	stats := s.Stats()
-	out := newTransferOutput("", st.URL(prefix), &stats, time.Since(start))
-	return &out, m, nil
+	return sc.output(), m, nil
+}
+
+// streamed is a checkpoint on its way to a store: the stream, and where CRIU's small files
+// are staged.
+type streamed struct {
+	s     *chunked.Stream
+	url   string
+	dir   string // the image to stage, in a temporary directory
+	start time.Time
+}
+
+func openStream(ctx context.Context, loc string) (*streamed, error) {
+	st, prefix, err := store.Open(ctx, loc)
+	if err != nil {
+		return nil, classifyStore(err)
+	}
+	s, err := chunked.NewStream(ctx, st, prefix, chunked.Options{})
+	if err != nil {
+		return nil, classifyStore(err)
+	}
+	tmp, err := os.MkdirTemp("", "gpucr-stream-*")
+	if err != nil {
+		s.Abort()
+		return nil, fmt.Errorf("stage the checkpoint's small files: %w", err)
+	}
+	return &streamed{s: s, url: st.URL(prefix), dir: filepath.Join(tmp, "image"), start: time.Now()}, nil
+}
+
+// close gives the stream up unless it was finished, and removes the staging directory.
+func (sc *streamed) close() {
+	sc.s.Abort()
+	os.RemoveAll(filepath.Dir(sc.dir))
+}
+
+func (sc *streamed) output() *transferOutput {
+	stats := sc.s.Stats()
+	out := newTransferOutput("", sc.url, &stats, time.Since(sc.start))
+	return &out
 }
 
 func (a *app) checkpointCmd() *cobra.Command {
@@ -95,8 +121,8 @@ func (a *app) checkpointCmd() *cobra.Command {
 				if len(args) > 0 {
 					return usageError{fmt.Errorf("give either a PID or --container ID, not both")}
 				}
-				if r.Dir == "" {
-					return usageError{fmt.Errorf("say where the container's image goes: -D DIR (with --to LOC it is then stored there; a container's memory does not stream yet)")}
+				if r.Dir == "" && to == "" {
+					return usageError{fmt.Errorf("say where the container's image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
 				}
 				return a.checkpointContainer(cmd, rf, container.CheckpointRequest{
 					ID: ctr, Dir: r.Dir, LeaveRunning: r.LeaveRunning, LockTimeout: r.LockTimeout,

@@ -48,7 +48,7 @@ func containerCRIUFlags(cmd *cobra.Command, o criu.Options) (container.CRIUFlags
 }
 
 // checkpointContainer is `gpucr checkpoint --container ID`; with to, the image is then
-// stored there, as for a process tree.
+// stored there, or, without -D, streamed there, as for a process tree.
 func (a *app) checkpointContainer(cmd *cobra.Command, rf runcFlags, r container.CheckpointRequest, o criu.Options, to string) error {
 	flags, err := containerCRIUFlags(cmd, o)
 	if err != nil {
@@ -62,13 +62,24 @@ func (a *app) checkpointContainer(cmd *cobra.Command, rf runcFlags, r container.
 	ctx, stop := interrupt.Context(cmd.Context())
 	defer stop()
 	start := time.Now()
+	var sc *streamed
+	if r.Dir == "" { // --to alone: the memory streams to the store
+		if sc, err = openStream(ctx, to); err != nil {
+			return err
+		}
+		defer sc.close()
+		r.Dir, r.Stream, to = sc.dir, sc.s, ""
+	}
 	m, err := c.Checkpoint(ctx, r)
 	if m == nil {
-		return classifyContainer(explainFullDisk(err))
+		return classifyContainer(classifyStore(explainFullDisk(err)))
 	}
 	out := checkpointOutput{
 		Dir: r.Dir, Container: r.ID, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
 		LeftRunning: r.LeaveRunning, Phases: phasesJSON(m.Phases), Total: time.Since(start).Seconds(),
+	}
+	if sc != nil {
+		out.Dir, out.Streamed, out.Pushed = sc.url, true, sc.output()
 	}
 	for _, s := range m.GPUs {
 		for _, p := range s.Processes {

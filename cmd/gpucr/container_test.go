@@ -349,3 +349,61 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 func hasPhase(ps []phaseJSON, name string) bool {
 	return slices.ContainsFunc(ps, func(p phaseJSON) bool { return p.Name == name })
 }
+
+// A container streamed to a store with --to alone: its 64 MiB never touch local disk (TMPDIR
+// is a 4 MiB filesystem); restore --from brings it back counting, memory intact.
+func TestContainerStreamedToAStore(t *testing.T) {
+	runc, _ := needRunc(t)
+	bundle := counterBundle(t, runc, "", "-mib", "64")
+	id, id2 := containerID(t, runc, "s"), containerID(t, runc, "s2")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 5)
+
+	loc := filepath.Join(t.TempDir(), "store", "ckpt")
+	env := []string{"TMPDIR=" + smallTmp(t, 4<<20)}
+	var ck checkpointOutput
+	if err := json.Unmarshal([]byte(mustGpucrEnv(t, env, "checkpoint", "--json", "--container", id, "--to", loc)), &ck); err != nil {
+		t.Fatal(err)
+	}
+	if !ck.Streamed || ck.Pushed == nil || ck.MemoryBytes < 64<<20 || !hasPhase(ck.Phases, "memory-save") {
+		t.Fatalf("streamed container checkpoint: %+v", ck)
+	}
+	if !gone(runc, id) {
+		t.Fatal("the container still exists after a streamed checkpoint without --leave-running")
+	}
+	frozen := count(t, bundle)
+
+	var rs restoreOutput
+	pulled := filepath.Join(t.TempDir(), "pulled")
+	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "--container", id, "--from", loc, "-D", pulled, "--new-id", id2)), &rs); err != nil {
+		t.Fatal(err)
+	}
+	checkCountsOn(t, bundle, frozen)
+	w := &workload{dir: filepath.Join(bundle, "rootfs")}
+	if v := w.verify(t, rs.RootPID); v != "ok" {
+		t.Fatalf("memory of the container restored from the stream: %s", v)
+	}
+}
+
+// A store that fails while the container's memory streams: one line naming it, the
+// container thawed and counting, nothing listed in the store.
+func TestContainerStreamFailingKeepsItRunning(t *testing.T) {
+	runc, _ := needRunc(t)
+	bundle := counterBundle(t, runc, "", "-mib", "16")
+	id := containerID(t, runc, "f")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 3)
+	storeDir := t.TempDir()
+	// A file where the chunks directory goes: every chunk upload fails.
+	if err := os.WriteFile(filepath.Join(storeDir, "chunks"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := gpucrEnv(t, nil, "checkpoint", "--container", id, "--to", filepath.Join(storeDir, "ckpt"))
+	if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, "chunks") {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and one line naming the chunks", code, out, errOut)
+	}
+	waitContainerCount(t, bundle, count(t, bundle)+3)
+	if out, _, code := gpucrEnv(t, nil, "ls", storeDir); code != 0 || strings.Contains(out, "ckpt") {
+		t.Errorf("ls after a failed stream (exit %d):\n%s", code, out)
+	}
+}

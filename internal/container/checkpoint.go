@@ -15,8 +15,10 @@ import (
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
+	"github.com/gpucr/gpucr/internal/pageserver"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
+	"github.com/gpucr/gpucr/internal/store/chunked"
 )
 
 // InfoName is the file, beside the manifest and checksummed with the image, that says
@@ -63,6 +65,9 @@ type CheckpointRequest struct {
 	LockTimeout  time.Duration
 	// CRIUWritesPages has CRIU dump all memory, as the engine's request of that name does.
 	CRIUWritesPages bool
+	// Stream, when set, takes the memory to the store as it is dumped, as the engine's
+	// request of that name does: Dir only stages CRIU's other files.
+	Stream *chunked.Stream
 	CRIUFlags
 }
 
@@ -153,27 +158,31 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 			env = []string{memfill.SkipEnv + "=" + ranges}
 		}
 	}
+	var pages *pageserver.Server
+	pageServer := ""
+	if r.Stream != nil {
+		// CRIU sends the pages through gpucr's page server, which stores them as they come.
+		if pages, err = pageserver.Start(stage.CRIUDir(), engine.StoreSink(r.Stream)); err != nil {
+			return nil, rollback(err)
+		}
+		defer pages.Close()
+		pageServer = fmt.Sprintf("127.0.0.1:%d", pages.Port())
+	}
 	err = t.run(engine.PhaseCRIUDump, func() error {
-		return c.Runc.Checkpoint(ctx, r.ID, stage.CRIUDir(), stage.LogsDir(), r.CRIUFlags, env)
+		err := c.Runc.Checkpoint(ctx, r.ID, stage.CRIUDir(), stage.LogsDir(), r.CRIUFlags, env, pageServer)
+		switch {
+		case pages == nil:
+			return err
+		case err != nil && pages.Err() != nil:
+			return pages.Err() // the page server failed first; CRIU saw it hang up
+		case err != nil:
+			return err
+		}
+		_, err = pages.Wait(ctx)
+		return err
 	})
 	if err != nil {
 		return nil, rollback(err)
-	}
-	var memFiles []image.File
-	if len(saved) > 0 {
-		err := t.run(engine.PhaseMemorySave, func() (err error) {
-			memFiles, err = memfill.Save(ctx, stage.Dir(), saved)
-			return err
-		})
-		if err != nil {
-			return nil, rollback(err)
-		}
-	}
-	if m.MemoryBytes, err = engine.PagesBytes(stage.CRIUDir()); err != nil {
-		return nil, rollback(err)
-	}
-	for _, f := range memFiles {
-		m.MemoryBytes += uint64(f.Size)
 	}
 	info, err := json.MarshalIndent(Info{ID: r.ID, Bundle: st.Bundle}, "", "  ")
 	if err != nil {
@@ -182,29 +191,75 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 	if err := os.WriteFile(filepath.Join(stage.Dir(), InfoName), append(info, '\n'), 0o600); err != nil {
 		return nil, rollback(fmt.Errorf("write container description: %w", err))
 	}
-	m.Phases = slices.Clone(t.phases)
-	if err := t.run(engine.PhaseCommit, func() error { return stage.CommitWith(m, memFiles) }); err != nil {
+	if r.Stream != nil {
+		err = storeStreamed(ctx, t, stage, m, r.Stream, saved)
+	} else {
+		err = commitLocal(ctx, t, stage, m, saved)
+	}
+	if err != nil {
 		return nil, rollback(err)
 	}
 
 	// The image is safe: now the container goes or carries on.
+	where := r.Dir
+	if r.Stream != nil {
+		where = "the store"
+	}
 	if !r.LeaveRunning {
 		if err := c.Runc.Delete(context.WithoutCancel(ctx), r.ID); err != nil {
-			return m, fmt.Errorf("image written to %s, but removing container %s failed: %w", r.Dir, r.ID, err)
+			return m, fmt.Errorf("image written to %s, but removing container %s failed: %w", where, r.ID, err)
 		}
 		m.Phases = t.phases
 		return m, nil
 	}
 	if err := c.Runc.Resume(context.WithoutCancel(ctx), r.ID); err != nil {
-		return m, fmt.Errorf("image written to %s, but container %s is left paused: %w", r.Dir, r.ID, err)
+		return m, fmt.Errorf("image written to %s, but container %s is left paused: %w", where, r.ID, err)
 	}
 	if len(gpus) > 0 {
 		if err := t.run(engine.PhaseGPUResume, func() error { return gpus.Resume(context.WithoutCancel(ctx), nil) }); err != nil {
-			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", r.Dir, err)
+			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", where, err)
 		}
 	}
 	m.Phases = t.phases
 	return m, nil
+}
+
+// commitLocal saves the memory gpucr saves itself into the staged image and commits it.
+func commitLocal(ctx context.Context, t *timer, stage *image.Staging, m *image.Manifest, saved []memfill.Range) error {
+	var memFiles []image.File
+	if len(saved) > 0 {
+		err := t.run(engine.PhaseMemorySave, func() (err error) {
+			memFiles, err = memfill.Save(ctx, stage.Dir(), saved)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	pages, err := engine.PagesBytes(stage.CRIUDir())
+	if err != nil {
+		return err
+	}
+	m.MemoryBytes = pages
+	for _, f := range memFiles {
+		m.MemoryBytes += uint64(f.Size)
+	}
+	m.Phases = slices.Clone(t.phases)
+	return t.run(engine.PhaseCommit, func() error { return stage.CommitWith(m, memFiles) })
+}
+
+// storeStreamed streams the memory gpucr saves itself and stores the checkpoint.
+func storeStreamed(ctx context.Context, t *timer, stage *image.Staging, m *image.Manifest, s *chunked.Stream, saved []memfill.Range) error {
+	if len(saved) > 0 {
+		err := t.run(engine.PhaseMemorySave, func() error {
+			return memfill.SaveTo(ctx, saved, func(path string) (memfill.Receiver, error) { return s.Create(path) })
+		})
+		if err != nil {
+			return err
+		}
+	}
+	m.Phases = slices.Clone(t.phases)
+	return t.run(engine.PhaseCommit, func() error { return engine.StoreStreamed(ctx, stage, m, s) })
 }
 
 // selectMemory picks the memory gpucr saves itself from the container's processes, numbered

@@ -103,9 +103,13 @@ func (f CRIUFlags) args() []string {
 
 // Checkpoint has runc dump container id into imageDir, leaving it as it was (running or
 // paused): gpucr decides what becomes of the container once the image is committed. env is
-// added to runc's environment, which CRIU inherits.
-func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f CRIUFlags, env []string) error {
+// added to runc's environment, which CRIU inherits; with pageServer (ADDRESS:PORT) CRIU
+// sends the memory pages there instead of writing them.
+func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f CRIUFlags, env []string, pageServer string) error {
 	args := append([]string{"checkpoint", "--leave-running", "--image-path", imageDir, "--work-path", workDir}, f.args()...)
+	if pageServer != "" {
+		args = append(args, "--page-server", pageServer)
+	}
 	_, err := r.run(ctx, env, append(args, id)...)
 	return err
 }

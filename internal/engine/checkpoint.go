@@ -250,25 +250,30 @@ func (c *committer) PostDump() error {
 	return c.err
 }
 
-// commitStream finishes a streamed checkpoint: once every page is stored, the manifest
-// is sealed with the page files in it and stored with CRIU's other files, last of all
-// the manifest object that makes the checkpoint exist.
+// commitStream finishes a streamed checkpoint (StoreStreamed).
 func (c *committer) commitStream() error {
 	return c.timer.run(PhaseCommit, func() error {
-		streamed, err := c.stream.Files()
-		if err != nil {
-			return fmt.Errorf("store memory pages: %w", err)
-		}
-		for _, f := range streamed {
-			c.manifest.MemoryBytes += uint64(f.Size)
-		}
 		c.manifest.Phases = slices.Clone(c.timer.phases)
-		if err := c.stage.Seal(c.manifest, streamed); err != nil {
-			return err
-		}
-		_, _, err = c.stream.Finish(c.ctx, c.stage.Dir(), c.manifest)
-		return err
+		return StoreStreamed(c.ctx, c.stage, c.manifest, c.stream)
 	})
+}
+
+// StoreStreamed finishes a streamed checkpoint: once every file streamed is stored, the
+// manifest is sealed with them in it and stored with the staged files, last of all the
+// manifest object that makes the checkpoint exist. m's memory counts the streamed files.
+func StoreStreamed(ctx context.Context, stage *image.Staging, m *image.Manifest, s *chunked.Stream) error {
+	streamed, err := s.Files()
+	if err != nil {
+		return fmt.Errorf("store memory pages: %w", err)
+	}
+	for _, f := range streamed {
+		m.MemoryBytes += uint64(f.Size)
+	}
+	if err := stage.Seal(m, streamed); err != nil {
+		return err
+	}
+	_, _, err = s.Finish(ctx, stage.Dir(), m)
+	return err
 }
 
 // stagingSink writes the page files into the staged image.
@@ -276,7 +281,9 @@ type stagingSink struct{ s *image.Staging }
 
 func (k stagingSink) Create(name string) (pageserver.File, error) { return k.s.CreatePages(name) }
 
-// storeSink names the page files a streamed checkpoint receives as they sit in an image.
+// StoreSink names the page files a streamed checkpoint receives as they sit in an image.
+func StoreSink(s *chunked.Stream) pageserver.Sink { return storeSink{s} }
+
 type storeSink struct{ s *chunked.Stream }
 
 func (k storeSink) Create(name string) (pageserver.File, error) {
