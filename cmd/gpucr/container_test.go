@@ -288,11 +288,7 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 // memory intact. A checkpoint that runs out of disk saving it leaves the container running;
 // one with --to is stored too, and restore --from fetches it.
 func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
-	runc, _ := needRunc(t)
-	bundle := counterBundle(t, runc, "", "-mib", "64")
-	id, id2 := containerID(t, runc, "m"), containerID(t, runc, "m2")
-	runcRun(t, runc, bundle, id)
-	waitContainerCount(t, bundle, 5)
+	_, bundle, id, id2 := counterContainer(t, "m", "-mib", "64")
 
 	// Onto a disk where CRIU's files fit and the 64 MiB do not: refused, nothing left, the
 	// container thawed and counting.
@@ -346,6 +342,18 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	}
 }
 
+// counterContainer runs the test counter (with args) in a new container, once it counts, and
+// returns runc, the bundle, the container's ID and a second ID to restore it as.
+func counterContainer(t *testing.T, name string, args ...string) (runc, bundle, id, id2 string) {
+	t.Helper()
+	runc, _ = needRunc(t)
+	bundle = counterBundle(t, runc, "", args...)
+	id, id2 = containerID(t, runc, name), containerID(t, runc, name+"2")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 5)
+	return runc, bundle, id, id2
+}
+
 func hasPhase(ps []phaseJSON, name string) bool {
 	return slices.ContainsFunc(ps, func(p phaseJSON) bool { return p.Name == name })
 }
@@ -353,11 +361,7 @@ func hasPhase(ps []phaseJSON, name string) bool {
 // A container streamed to a store with --to alone: its 64 MiB never touch local disk (TMPDIR
 // is a 4 MiB filesystem); restore --from brings it back counting, memory intact.
 func TestContainerStreamedToAStore(t *testing.T) {
-	runc, _ := needRunc(t)
-	bundle := counterBundle(t, runc, "", "-mib", "64")
-	id, id2 := containerID(t, runc, "s"), containerID(t, runc, "s2")
-	runcRun(t, runc, bundle, id)
-	waitContainerCount(t, bundle, 5)
+	runc, bundle, id, id2 := counterContainer(t, "s", "-mib", "64")
 
 	loc := filepath.Join(t.TempDir(), "store", "ckpt")
 	env := []string{"TMPDIR=" + smallTmp(t, 4<<20)}
@@ -388,11 +392,7 @@ func TestContainerStreamedToAStore(t *testing.T) {
 // A store that fails while the container's memory streams: one line naming it, the
 // container thawed and counting, nothing listed in the store.
 func TestContainerStreamFailingKeepsItRunning(t *testing.T) {
-	runc, _ := needRunc(t)
-	bundle := counterBundle(t, runc, "", "-mib", "16")
-	id := containerID(t, runc, "f")
-	runcRun(t, runc, bundle, id)
-	waitContainerCount(t, bundle, 3)
+	_, bundle, id, _ := counterContainer(t, "f", "-mib", "16")
 	storeDir := t.TempDir()
 	// A file where the chunks directory goes: every chunk upload fails.
 	if err := os.WriteFile(filepath.Join(storeDir, "chunks"), nil, 0o600); err != nil {
