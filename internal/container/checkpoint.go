@@ -110,7 +110,7 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 	}
 	defer stage.Abort() // a no-op once committed
 
-	t := &timer{r: c.Engine.Report}
+	t := c.Engine.NewTimer()
 	paused := false
 	rollback := func(cause error) error {
 		ctx := context.WithoutCancel(ctx) // rollback runs even when the caller gave up
@@ -127,10 +127,10 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 	}
 	if len(gpus) > 0 {
 		defer c.Engine.TuneHost()() // as for a process tree: the driver stages into huge pages
-		if err := t.run(engine.PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
+		if err := t.Run(engine.PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
 			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
 		}
-		if err := t.run(engine.PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {
+		if err := t.Run(engine.PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {
 			return nil, rollback(fmt.Errorf("checkpoint GPU state: %w", err))
 		}
 	}
@@ -168,7 +168,7 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 		defer pages.Close()
 		pageServer = fmt.Sprintf("127.0.0.1:%d", pages.Port())
 	}
-	err = t.run(engine.PhaseCRIUDump, func() error {
+	err = t.Run(engine.PhaseCRIUDump, func() error {
 		err := c.Runc.Checkpoint(ctx, r.ID, stage.CRIUDir(), stage.LogsDir(), r.CRIUFlags, env, pageServer)
 		switch {
 		case pages == nil:
@@ -191,12 +191,7 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 	if err := os.WriteFile(filepath.Join(stage.Dir(), InfoName), append(info, '\n'), 0o600); err != nil {
 		return nil, rollback(fmt.Errorf("write container description: %w", err))
 	}
-	if r.Stream != nil {
-		err = storeStreamed(ctx, t, stage, m, r.Stream, saved)
-	} else {
-		err = commitLocal(ctx, t, stage, m, saved)
-	}
-	if err != nil {
+	if err := engine.SaveAndCommit(ctx, t, stage, m, saved, r.Stream); err != nil {
 		return nil, rollback(err)
 	}
 
@@ -209,57 +204,19 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 		if err := c.Runc.Delete(context.WithoutCancel(ctx), r.ID); err != nil {
 			return m, fmt.Errorf("image written to %s, but removing container %s failed: %w", where, r.ID, err)
 		}
-		m.Phases = t.phases
+		m.Phases = t.Phases
 		return m, nil
 	}
 	if err := c.Runc.Resume(context.WithoutCancel(ctx), r.ID); err != nil {
 		return m, fmt.Errorf("image written to %s, but container %s is left paused: %w", where, r.ID, err)
 	}
 	if len(gpus) > 0 {
-		if err := t.run(engine.PhaseGPUResume, func() error { return gpus.Resume(context.WithoutCancel(ctx), nil) }); err != nil {
+		if err := t.Run(engine.PhaseGPUResume, func() error { return gpus.Resume(context.WithoutCancel(ctx), nil) }); err != nil {
 			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", where, err)
 		}
 	}
-	m.Phases = t.phases
+	m.Phases = t.Phases
 	return m, nil
-}
-
-// commitLocal saves the memory gpucr saves itself into the staged image and commits it.
-func commitLocal(ctx context.Context, t *timer, stage *image.Staging, m *image.Manifest, saved []memfill.Range) error {
-	var memFiles []image.File
-	if len(saved) > 0 {
-		err := t.run(engine.PhaseMemorySave, func() (err error) {
-			memFiles, err = memfill.Save(ctx, stage.Dir(), saved)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-	}
-	pages, err := engine.PagesBytes(stage.CRIUDir())
-	if err != nil {
-		return err
-	}
-	m.MemoryBytes = pages
-	for _, f := range memFiles {
-		m.MemoryBytes += uint64(f.Size)
-	}
-	m.Phases = slices.Clone(t.phases)
-	return t.run(engine.PhaseCommit, func() error { return stage.CommitWith(m, memFiles) })
-}
-
-// storeStreamed streams the memory gpucr saves itself and stores the checkpoint.
-func storeStreamed(ctx context.Context, t *timer, stage *image.Staging, m *image.Manifest, s *chunked.Stream, saved []memfill.Range) error {
-	if len(saved) > 0 {
-		err := t.run(engine.PhaseMemorySave, func() error {
-			return memfill.SaveTo(ctx, saved, func(path string) (memfill.Receiver, error) { return s.Create(path) })
-		})
-		if err != nil {
-			return err
-		}
-	}
-	m.Phases = slices.Clone(t.phases)
-	return t.run(engine.PhaseCommit, func() error { return engine.StoreStreamed(ctx, stage, m, s) })
 }
 
 // selectMemory picks the memory gpucr saves itself from the container's processes, numbered
@@ -324,24 +281,4 @@ func innerSnapshots(snaps []gpu.Snapshot, inner engine.GPUSet) []gpu.Snapshot {
 		}
 	}
 	return out
-}
-
-// timer records phase durations in order and tells the engine's reporter.
-type timer struct {
-	r      engine.Reporter
-	phases []image.Phase
-}
-
-func (t *timer) run(name string, f func() error) error {
-	if t.r != nil {
-		t.r.Start(name)
-	}
-	start := time.Now()
-	err := f()
-	d := time.Since(start)
-	t.phases = append(t.phases, image.Phase{Name: name, Duration: d})
-	if t.r != nil {
-		t.r.Done(name, d)
-	}
-	return err
 }

@@ -43,9 +43,9 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 	if os.Geteuid() != 0 {
 		return nil, engine.ErrNotRoot
 	}
-	t := &timer{r: c.Engine.Report}
+	t := c.Engine.NewTimer()
 	var m *image.Manifest
-	err := t.run(engine.PhaseVerify, func() error {
+	err := t.Run(engine.PhaseVerify, func() error {
 		var err error
 		m, err = image.Open(r.Dir)
 		return err
@@ -84,7 +84,7 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 		return nil, err
 	}
 	flags := CRIUFlags{ShellJob: m.Options.ShellJob, TCPEstablished: m.Options.TCPEstablished, ExtUnixSk: m.Options.ExtUnixSk, FileLocks: m.Options.FileLocks}
-	err = t.run(engine.PhaseCRIURestore, func() error {
+	err = t.Run(engine.PhaseCRIURestore, func() error {
 		return c.Runc.Restore(ctx, id, bundle, imagesDir, work, flags, env)
 	})
 	if err != nil {
@@ -101,7 +101,7 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 		return nil, c.remove(gctx, id, errors.New("CRIU did not run gpucr's memory fill (its CRIU_CONFIG_FILE was not read), so the container's memory is incomplete"))
 	}
 	if filled {
-		t.phases = append(t.phases, image.Phase{Name: engine.PhaseMemoryFill, Duration: took})
+		t.Phases = append(t.Phases, image.Phase{Name: engine.PhaseMemoryFill, Duration: took})
 	}
 	st, err := c.Runc.State(gctx, id)
 	if err != nil {
@@ -115,11 +115,11 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 		if gpus, err = toHost(gpus, host); err != nil {
 			return nil, c.remove(gctx, id, err)
 		}
-		if err := t.run(engine.PhaseGPURestore, func() error { return gpus.Resume(gctx, remap) }); err != nil {
+		if err := t.Run(engine.PhaseGPURestore, func() error { return gpus.Resume(gctx, remap) }); err != nil {
 			return nil, c.remove(gctx, id, fmt.Errorf("%w: %v", engine.ErrGPURestore, err))
 		}
 	}
-	return &RestoreResult{ID: id, RootPID: st.PID, Manifest: m, GPUMap: remap, Phases: t.phases}, nil
+	return &RestoreResult{ID: id, RootPID: st.PID, Manifest: m, GPUMap: remap, Phases: t.Phases}, nil
 }
 
 // planFill divides the image's memory between CRIU and gpucr as a process tree's restore

@@ -52,7 +52,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		defer r.Stream.Abort() // after Finish, a no-op
 	}
 
-	t := &timer{r: e.reporter()}
+	t := e.NewTimer()
 	gpus, snaps, err := FindGPUProcs(ctx, e.Backends, proctree.PIDs(tree))
 	if err != nil {
 		return nil, err
@@ -96,10 +96,10 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	}
 	if len(gpus) > 0 {
 		defer e.TuneHost()()
-		if err := t.run(PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
+		if err := t.Run(PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
 			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
 		}
-		if err := t.run(PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {
+		if err := t.Run(PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {
 			return nil, rollback(fmt.Errorf("checkpoint GPU state: %w", err))
 		}
 	}
@@ -173,11 +173,11 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		}
 	}
 	if r.LeaveRunning && len(gpus) > 0 {
-		if err := t.run(PhaseGPUResume, func() error { return gpus.Resume(context.WithoutCancel(ctx), nil) }); err != nil {
+		if err := t.Run(PhaseGPUResume, func() error { return gpus.Resume(context.WithoutCancel(ctx), nil) }); err != nil {
 			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", r.Dir, err)
 		}
 	}
-	m.Phases = t.phases
+	m.Phases = t.Phases
 	return m, nil
 }
 
@@ -187,7 +187,7 @@ type committer struct {
 	ctx       context.Context
 	stage     *image.Staging
 	manifest  *image.Manifest
-	timer     *timer
+	timer     *Timer
 	dumpStart time.Time
 	reached   bool // CRIU finished writing and called PostDump
 	err       error
@@ -201,7 +201,7 @@ type committer struct {
 func (c *committer) PostDump() error {
 	d := time.Since(c.dumpStart)
 	c.reached = true
-	c.timer.phases = append(c.timer.phases, image.Phase{Name: PhaseCRIUDump, Duration: d})
+	c.timer.Phases = append(c.timer.Phases, image.Phase{Name: PhaseCRIUDump, Duration: d})
 	c.timer.r.Done(PhaseCRIUDump, d)
 	if err := c.ctx.Err(); err != nil {
 		c.err = fmt.Errorf("checkpoint interrupted: %w", err)
@@ -213,55 +213,55 @@ func (c *committer) PostDump() error {
 			return err
 		}
 	}
-	if c.stream != nil {
-		if len(c.saved) > 0 {
-			c.err = c.timer.run(PhaseMemorySave, func() error {
-				return memfill.SaveTo(c.ctx, c.saved, func(path string) (memfill.Receiver, error) { return c.stream.Create(path) })
-			})
-			if c.err != nil {
-				return c.err
-			}
-		}
-		c.err = c.commitStream()
-		return c.err
-	}
-	var memFiles []image.File
-	if len(c.saved) > 0 {
-		c.err = c.timer.run(PhaseMemorySave, func() (err error) {
-			memFiles, err = memfill.Save(c.ctx, c.stage.Dir(), c.saved)
-			return err
-		})
-		if c.err != nil {
-			return c.err
-		}
-	}
-	pages, err := PagesBytes(c.stage.CRIUDir())
-	if err != nil {
-		c.err = err
-		return err
-	}
-	c.manifest.MemoryBytes = pages
-	for _, f := range memFiles {
-		c.manifest.MemoryBytes += uint64(f.Size)
-	}
-	// The commit's own time cannot be in the manifest it checksums; the caller's copy has it.
-	c.manifest.Phases = slices.Clone(c.timer.phases)
-	c.err = c.timer.run(PhaseCommit, func() error { return c.stage.CommitWith(c.manifest, memFiles) })
+	c.err = SaveAndCommit(c.ctx, c.timer, c.stage, c.manifest, c.saved, c.stream)
 	return c.err
 }
 
-// commitStream finishes a streamed checkpoint (StoreStreamed).
-func (c *committer) commitStream() error {
-	return c.timer.run(PhaseCommit, func() error {
-		c.manifest.Phases = slices.Clone(c.timer.phases)
-		return StoreStreamed(c.ctx, c.stage, c.manifest, c.stream)
-	})
+// SaveAndCommit finishes a checkpoint whose tree CRIU has dumped and still holds frozen: the
+// memory gpucr saves itself goes into the staged image, or into s for a streamed checkpoint,
+// and the image is committed, or stored in s. m's memory counts all of it.
+func SaveAndCommit(ctx context.Context, t *Timer, stage *image.Staging, m *image.Manifest, saved []memfill.Range, s *chunked.Stream) error {
+	if s != nil {
+		if len(saved) > 0 {
+			err := t.Run(PhaseMemorySave, func() error {
+				return memfill.SaveTo(ctx, saved, func(path string) (memfill.Receiver, error) { return s.Create(path) })
+			})
+			if err != nil {
+				return err
+			}
+		}
+		return t.Run(PhaseCommit, func() error {
+			m.Phases = slices.Clone(t.Phases)
+			return storeStreamed(ctx, stage, m, s)
+		})
+	}
+	var memFiles []image.File
+	if len(saved) > 0 {
+		err := t.Run(PhaseMemorySave, func() (err error) {
+			memFiles, err = memfill.Save(ctx, stage.Dir(), saved)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+	}
+	pages, err := PagesBytes(stage.CRIUDir())
+	if err != nil {
+		return err
+	}
+	m.MemoryBytes = pages
+	for _, f := range memFiles {
+		m.MemoryBytes += uint64(f.Size)
+	}
+	// The commit's own time cannot be in the manifest it checksums; the caller's copy has it.
+	m.Phases = slices.Clone(t.Phases)
+	return t.Run(PhaseCommit, func() error { return stage.CommitWith(m, memFiles) })
 }
 
-// StoreStreamed finishes a streamed checkpoint: once every file streamed is stored, the
+// storeStreamed finishes a streamed checkpoint: once every file streamed is stored, the
 // manifest is sealed with them in it and stored with the staged files, last of all the
 // manifest object that makes the checkpoint exist. m's memory counts the streamed files.
-func StoreStreamed(ctx context.Context, stage *image.Staging, m *image.Manifest, s *chunked.Stream) error {
+func storeStreamed(ctx context.Context, stage *image.Staging, m *image.Manifest, s *chunked.Stream) error {
 	streamed, err := s.Files()
 	if err != nil {
 		return fmt.Errorf("store memory pages: %w", err)

@@ -98,18 +98,22 @@ func (e *Engine) Logger() *slog.Logger {
 	return e.Log
 }
 
-// timer records phase durations in order.
-type timer struct {
+// Timer records the phases of a checkpoint or restore, in order, and reports each.
+type Timer struct {
 	r      Reporter
-	phases []image.Phase
+	Phases []image.Phase
 }
 
-func (t *timer) run(name string, f func() error) error {
+// NewTimer is a Timer reporting to the engine's reporter.
+func (e *Engine) NewTimer() *Timer { return &Timer{r: e.reporter()} }
+
+// Run times f as the phase name.
+func (t *Timer) Run(name string, f func() error) error {
 	t.r.Start(name)
 	start := time.Now()
 	err := f()
 	d := time.Since(start)
-	t.phases = append(t.phases, image.Phase{Name: name, Duration: d})
+	t.Phases = append(t.Phases, image.Phase{Name: name, Duration: d})
 	t.r.Done(name, d)
 	return err
 }

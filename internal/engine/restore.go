@@ -54,7 +54,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
-	t := &timer{r: e.reporter()}
+	t := e.NewTimer()
 	m, err := image.Load(r.Dir)
 	if err != nil {
 		return nil, err
@@ -131,7 +131,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		gate.fill = fill
 	}
 	var pid int
-	err = t.run(PhaseCRIURestore, func() error {
+	err = t.Run(PhaseCRIURestore, func() error {
 		var err error
 		pid, err = e.CRIU.Restore(ctx, criu.RestoreRequest{
 			ImagesDir: imagesDir, WorkDir: work, Options: opts,
@@ -150,17 +150,17 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		e.Logger().Warn("CRIU's restore statistics are unreadable", "err", err)
 	}
 	os.RemoveAll(work)
-	t.phases = append(t.phases, image.Phase{Name: PhaseVerify, Duration: verify.took})
+	t.Phases = append(t.Phases, image.Phase{Name: PhaseVerify, Duration: verify.took})
 
 	if len(gpus) > 0 {
 		// Restore must not be abandoned halfway, even on Ctrl-C: finish, then report.
 		gctx := context.WithoutCancel(ctx)
-		if err := t.run(PhaseGPURestore, func() error { return gpus.Resume(gctx, remap) }); err != nil {
+		if err := t.Run(PhaseGPURestore, func() error { return gpus.Resume(gctx, remap) }); err != nil {
 			killTree(m)
 			return nil, fmt.Errorf("%w: %v; the restored processes were killed, the image is unchanged", ErrGPURestore, err)
 		}
 	}
-	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.phases, CRIUStats: stats}, nil
+	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.Phases, CRIUStats: stats}, nil
 }
 
 // verification checks an image's files in the background during a restore.
@@ -219,7 +219,7 @@ type verifyGate struct {
 	criu.NoNotify
 	v    *verification
 	fill *memfill.Plan // nil when CRIU restores all memory
-	t    *timer
+	t    *Timer
 }
 
 func (g *verifyGate) PostRestore(int32) error {
@@ -229,7 +229,7 @@ func (g *verifyGate) PostRestore(int32) error {
 	if g.fill == nil {
 		return nil
 	}
-	return g.t.run(PhaseMemoryFill, func() error { return g.fill.Fill(context.Background()) })
+	return g.t.Run(PhaseMemoryFill, func() error { return g.fill.Fill(context.Background()) })
 }
 
 // explainRestoreFailure adds what to do to CRIU failures users meet on the same host.
