@@ -10,7 +10,6 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
-	"github.com/gpucr/gpucr/internal/memfill"
 )
 
 // RestoreRequest is which image to restore, as which container, and how.
@@ -132,12 +131,7 @@ func (c *Containers) planFill(r RestoreRequest, m *image.Manifest, work string) 
 	if !r.CRIURestoresPages {
 		split = m.Leaves()
 	}
-	fill, err := memfill.Prepare(r.Dir, work, split)
-	if err != nil && split != nil {
-		// Splitting CRIU's files only wins speed: leave them whole.
-		c.Engine.Logger().Warn("CRIU restores the memory in its files itself", "err", err)
-		fill, err = memfill.Prepare(r.Dir, work, nil)
-	}
+	fill, err := c.Engine.PlanFill(r.Dir, work, split)
 	if err != nil {
 		return "", nil, err
 	}

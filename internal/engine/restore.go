@@ -115,12 +115,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if !r.CRIURestoresPages && opts.PluginDir == "" {
 		split = m.Leaves()
 	}
-	fill, err := memfill.Prepare(r.Dir, work, split)
-	if err != nil && split != nil {
-		// Splitting CRIU's files only wins speed (a full /tmp fails it, say): leave them whole.
-		e.Logger().Warn("CRIU restores the memory in its files itself", "err", err)
-		fill, err = memfill.Prepare(r.Dir, work, nil)
-	}
+	fill, err := e.PlanFill(r.Dir, work, split)
 	if err != nil {
 		return nil, verify.prefer(err)
 	}
@@ -161,6 +156,17 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		}
 	}
 	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.Phases, CRIUStats: stats}, nil
+}
+
+// PlanFill is memfill.Prepare, falling back to leaving CRIU's files whole when splitting
+// them fails: that only wins speed (a full /tmp fails it, say).
+func (e *Engine) PlanFill(imageDir, work string, split []int) (*memfill.Plan, error) {
+	fill, err := memfill.Prepare(imageDir, work, split)
+	if err != nil && split != nil {
+		e.Logger().Warn("CRIU restores the memory in its files itself", "err", err)
+		fill, err = memfill.Prepare(imageDir, work, nil)
+	}
+	return fill, err
 }
 
 // verification checks an image's files in the background during a restore.
