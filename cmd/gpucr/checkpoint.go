@@ -51,6 +51,23 @@ type checkpointOutput struct {
 	CRIUStats *criuimg.DumpStats `json:"criuDumpStats,omitempty"`
 }
 
+// storeAndEmit stores the checkpoint written to dir at to, when given, and prints out.
+func (a *app) storeAndEmit(ctx context.Context, out checkpointOutput, phases []image.Phase, dir, to string) error {
+	if to != "" {
+		pushed, err := a.push(ctx, dir, to)
+		if err != nil {
+			return fmt.Errorf("checkpoint written to %s, but storing it failed (retry with gpucr push): %w", dir, err)
+		}
+		out.Pushed = &pushed
+	}
+	return a.emit(out, func() {
+		printCheckpoint(a, out, phases)
+		if out.Pushed != nil {
+			printPush(a, *out.Pushed)
+		}
+	})
+}
+
 // checkpointStreamed checkpoints r's tree straight into the store at loc: the memory pages
 // go from CRIU through gpucr's page server to the store, and only CRIU's other files are
 // staged, in a temporary directory that is removed afterwards.
@@ -171,21 +188,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 					out.GPUBytes += p.MemoryBytes
 				}
 			}
-			if to != "" {
-				ctx, stop := interrupt.Context(cmd.Context())
-				defer stop()
-				pushed, err := a.push(ctx, r.Dir, to)
-				if err != nil {
-					return fmt.Errorf("checkpoint written to %s, but storing it failed (retry with gpucr push): %w", r.Dir, err)
-				}
-				out.Pushed = &pushed
-			}
-			return a.emit(out, func() {
-				printCheckpoint(a, out, m.Phases)
-				if out.Pushed != nil {
-					printPush(a, *out.Pushed)
-				}
-			})
+			ctx, stop := interrupt.Context(cmd.Context())
+			defer stop()
+			return a.storeAndEmit(ctx, out, m.Phases, r.Dir, to)
 		},
 	}
 	f := cmd.Flags()

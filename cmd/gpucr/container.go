@@ -87,19 +87,10 @@ func (a *app) checkpointContainer(cmd *cobra.Command, rf runcFlags, r container.
 			out.GPUBytes += p.MemoryBytes
 		}
 	}
-	if err == nil && to != "" {
-		pushed, perr := a.push(ctx, r.Dir, to)
-		if perr != nil {
-			return fmt.Errorf("checkpoint written to %s, but storing it failed (retry with gpucr push): %w", r.Dir, perr)
-		}
-		out.Pushed = &pushed
+	if err != nil {
+		to = "" // the image is written, the container's end failed: not stored, said below
 	}
-	if emitErr := a.emit(out, func() {
-		printCheckpoint(a, out, m.Phases)
-		if out.Pushed != nil {
-			printPush(a, *out.Pushed)
-		}
-	}); emitErr != nil {
+	if emitErr := a.storeAndEmit(ctx, out, m.Phases, r.Dir, to); emitErr != nil {
 		return emitErr
 	}
 	return err // the image is written; what became of the container afterwards failed
