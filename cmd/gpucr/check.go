@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -12,6 +13,8 @@ import (
 	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // checkReport is what `gpucr check` finds; text and JSON are built from it.
@@ -21,7 +24,12 @@ type checkReport struct {
 	CRIU  criuStatus  `json:"criu"`
 	GPUs  []gpuStatus `json:"gpuBackends"`
 	AMD   amdStatus   `json:"amd"`
-	Notes []string    `json:"notes,omitempty"`
+	// Operations are the checkpoints and restores in the journal: in progress (held), or
+	// left by a gpucr that died with its guardian (stale, for gpucr recover).
+	Operations []txn.Entry `json:"operations"`
+	// Stranded are GPU processes locked or checkpointed that no operation in progress holds.
+	Stranded []int    `json:"strandedGpuProcesses"`
+	Notes    []string `json:"notes,omitempty"`
 }
 
 type criuStatus struct {
@@ -122,11 +130,57 @@ func (a *app) check(ctx context.Context) checkReport {
 	}
 	sort.Slice(r.GPUs, func(i, j int) bool { return r.GPUs[i].Backend < r.GPUs[j].Backend })
 	r.AMD = checkAMD(r.CRIU.Path)
+	r.Operations, r.Stranded = a.checkOperations(ctx, ready)
+	for _, op := range r.Operations {
+		if !op.Held {
+			r.Notes = append(r.Notes, fmt.Sprintf("the %s of %s was cut off when gpucr PID %d died in %s: run gpucr recover", op.Op, op.Target, op.Owner.PID, op.Phase))
+		}
+	}
+	for _, pid := range r.Stranded {
+		r.Notes = append(r.Notes, fmt.Sprintf("PID %d is stranded on its GPU (locked or checkpointed, no gpucr operation holds it): gpucr recover --pid %d", pid, pid))
+	}
 	if !r.Root {
 		r.Notes = append(r.Notes, "run gpucr as root: CRIU needs it")
 	}
 	r.Ready = r.Root && r.CRIU.OK
 	return r
+}
+
+// checkOperations reads the journal and finds GPU processes stranded outside it.
+func (a *app) checkOperations(ctx context.Context, backends []gpu.Backend) ([]txn.Entry, []int) {
+	ops, err := txn.List(a.runDir)
+	if err != nil {
+		a.log.Warn("journal unreadable", "err", err)
+	}
+	if ops == nil {
+		ops = []txn.Entry{}
+	}
+	busy := map[int]bool{}
+	for _, op := range ops {
+		for _, g := range op.GPUs {
+			busy[g.PID] = op.Held
+		}
+	}
+	all, err := proctree.All()
+	if err != nil {
+		return ops, []int{}
+	}
+	var candidates []int
+	for _, p := range all {
+		if !busy[p.PID] && p.PID != os.Getpid() {
+			candidates = append(candidates, p.PID)
+		}
+	}
+	out := []int{}
+	for _, b := range backends {
+		set, err := stranded(ctx, []gpu.Backend{b}, candidates)
+		if err != nil {
+			a.log.Warn("could not look for stranded GPU processes", "backend", b.Name(), "err", err)
+			continue
+		}
+		out = append(out, set.PIDs()...)
+	}
+	return ops, out
 }
 
 func notReadyReason(r checkReport) string {
@@ -159,6 +213,16 @@ func printCheck(a *app, r checkReport) {
 		fmt.Fprintf(w, "ok   gpu amd: %d GPU(s), CRIU amdgpu plugin in %s (%s)\n", r.AMD.GPUs, r.AMD.Plugin, r.AMD.Note)
 	} else {
 		fmt.Fprintf(w, "off  gpu amd: %s (%s)\n", r.AMD.Reason, r.AMD.Note)
+	}
+	for _, op := range r.Operations {
+		state := "in progress"
+		if !op.Held {
+			state = "CUT OFF"
+		}
+		fmt.Fprintf(w, "op   %s of %s: %s (gpucr PID %d, %s, since %s)\n", op.Op, op.Target, state, op.Owner.PID, op.Phase, op.Started.Format(time.RFC3339))
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note %s\n", n)
 	}
 	if r.Ready {
 		fmt.Fprintln(w, "ready: this host can checkpoint and restore processes")

@@ -15,12 +15,14 @@ import (
 	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/amd/kfd"
 	"github.com/gpucr/gpucr/internal/amd/plugin"
+	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	_ "github.com/gpucr/gpucr/internal/gpu/nvidia" // registers the NVIDIA backend
 	"github.com/gpucr/gpucr/internal/hosttune"
 	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -34,6 +36,10 @@ type app struct {
 	verbose        bool
 	noTHP          bool
 	log            *slog.Logger
+	// runDir holds the journal and locks; thpSwitch is the THP switch to tune. Both are
+	// hidden flags, for tests that must not share the host's.
+	runDir    string
+	thpSwitch string
 }
 
 func main() {
@@ -64,7 +70,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pf.StringVar(&a.criuPath, "criu", "", "path to the criu binary (default: $GPUCR_CRIU, "+criu.DefaultPrefixBinary+", then PATH)")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log each step to stderr")
 	pf.BoolVar(&a.noTHP, "no-thp", false, "do not switch transparent huge pages to always while GPU memory is staged (it is put back afterwards)")
-	root.AddCommand(a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd(),
+	pf.StringVar(&a.runDir, "run-dir", txn.DefaultRoot, "where operations are journaled and locked")
+	pf.StringVar(&a.thpSwitch, "thp-switch", hosttune.THPPath, "the transparent huge page switch to tune")
+	_ = pf.MarkHidden("run-dir")
+	_ = pf.MarkHidden("thp-switch")
+	// A test-only switch: gpucr kills itself with SIGKILL at the named point (package crashpoint).
+	if err := crashpoint.Arm(os.Getenv("GPUCR_TEST_CRASH_AT")); err != nil {
+		fmt.Fprintf(stderr, "gpucr: GPUCR_TEST_CRASH_AT: %v\n", err)
+		return exitUsage
+	}
+	root.AddCommand(a.recoverCmd(), a.guardCmd(), a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd(),
 		a.criuActionCmd(), a.installRuncCmd(), a.pushCmd(), a.pullCmd(), a.lsCmd())
 
 	if err := root.Execute(); err != nil {
@@ -96,8 +111,10 @@ func (a *app) engine() (*engine.Engine, error) {
 	e := &engine.Engine{CRIU: d, Backends: backends, Version: version, Log: a.log, Report: newProgress(a.stderr),
 		AMDPluginDir: plugin.Find(d.Path), KFDTopology: kfd.DefaultRoot}
 	if !a.noTHP {
-		e.THPSwitch = hosttune.THPPath
+		e.THPSwitch = a.thpSwitch
 	}
+	e.JournalRoot = a.runDir
+	e.Guardian = []string{"/proc/self/exe", "guard", "--run-dir", a.runDir}
 	return e, nil
 }
 

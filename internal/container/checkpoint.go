@@ -19,6 +19,7 @@ import (
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
 	"github.com/gpucr/gpucr/internal/store/chunked"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // InfoName is the file, beside the manifest and checksummed with the image, that says
@@ -68,6 +69,9 @@ type CheckpointRequest struct {
 	// Stream, when set, takes the memory to the store as it is dumped, as the engine's
 	// request of that name does: Dir only stages CRIU's other files.
 	Stream *chunked.Stream
+	// Scratch are paths the caller created for this checkpoint alone, as the engine's
+	// request of that name.
+	Scratch []string
 	CRIUFlags
 }
 
@@ -104,13 +108,18 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 	if err != nil {
 		return nil, err
 	}
-	stage, err := image.Begin(r.Dir)
+	op, err := c.Engine.Begin(txn.OpCheckpoint, "container "+r.ID, "container-"+r.ID, engine.PIDLock(st.PID))
+	if err != nil {
+		return nil, err
+	}
+	defer op.End()
+	stage, err := c.Engine.BeginStaging(op, r.Dir, r.Scratch, tree, gpus)
 	if err != nil {
 		return nil, err
 	}
 	defer stage.Abort() // a no-op once committed
 
-	t := c.Engine.NewTimer()
+	t := c.Engine.NewTimer(op)
 	paused := false
 	rollback := func(cause error) error {
 		ctx := context.WithoutCancel(ctx) // rollback runs even when the caller gave up
@@ -118,6 +127,8 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 		if paused {
 			if err := c.Runc.Resume(ctx, r.ID); err != nil {
 				errs = append(errs, fmt.Errorf("container %s is left paused (runc resume %s): %w", r.ID, r.ID, err))
+			} else if err := op.Update(func(r *txn.Record) { r.Container.Paused = false }); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		if err := gpus.Resume(ctx, nil); err != nil {
@@ -126,13 +137,19 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 		return errors.Join(append([]error{cause}, errs...)...)
 	}
 	if len(gpus) > 0 {
-		defer c.Engine.TuneHost()() // as for a process tree: the driver stages into huge pages
+		defer c.Engine.TuneHost(op)() // as for a process tree: the driver stages into huge pages
 		if err := t.Run(engine.PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
 			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
 		}
 		if err := t.Run(engine.PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {
 			return nil, rollback(fmt.Errorf("checkpoint GPU state: %w", err))
 		}
+	}
+	// Journaled as paused before the pause: resuming a running container is harmless.
+	if err := op.Update(func(rec *txn.Record) {
+		rec.Container = &txn.Container{ID: r.ID, Runtime: c.Runc.Command(), Paused: true}
+	}); err != nil {
+		return nil, rollback(err)
 	}
 	if err := c.Runc.Pause(ctx, r.ID); err != nil {
 		return nil, rollback(err)
@@ -192,6 +209,9 @@ func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*imag
 		return nil, rollback(fmt.Errorf("write container description: %w", err))
 	}
 	if err := engine.SaveAndCommit(ctx, t, stage, m, saved, r.Stream); err != nil {
+		return nil, rollback(err)
+	}
+	if err := op.Update(func(r *txn.Record) { r.Committed = true }); err != nil {
 		return nil, rollback(err)
 	}
 

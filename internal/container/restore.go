@@ -10,6 +10,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // RestoreRequest is which image to restore, as which container, and how.
@@ -42,7 +43,7 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 	if os.Geteuid() != 0 {
 		return nil, engine.ErrNotRoot
 	}
-	t := c.Engine.NewTimer()
+	t := c.Engine.NewTimer(nil) // journaled from Begin on, once the image names the container
 	var m *image.Manifest
 	err := t.Run(engine.PhaseVerify, func() error {
 		var err error
@@ -60,6 +61,11 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 	if id == "" {
 		id = info.ID
 	}
+	op, err := c.Engine.Begin(txn.OpRestore, "container "+id, "container-"+id)
+	if err != nil {
+		return nil, err
+	}
+	defer op.End()
 	if bundle == "" {
 		bundle = info.Bundle
 	}
@@ -74,8 +80,12 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 	if err != nil {
 		return nil, fmt.Errorf("create restore work dir: %w", err)
 	}
+	if err := op.Update(func(rec *txn.Record) { rec.Paths = append(rec.Paths, work) }); err != nil {
+		os.RemoveAll(work)
+		return nil, err
+	}
 	if len(gpus) > 0 {
-		defer c.Engine.TuneHost()() // CRIU and the fill refill the staged memory, the driver copies it back
+		defer c.Engine.TuneHost(op)() // CRIU and the fill refill the staged memory, the driver copies it back
 	}
 	imagesDir, env, err := c.planFill(r, m, work)
 	if err != nil {

@@ -77,6 +77,16 @@ func (r *Runc) Resume(ctx context.Context, id string) error {
 	return err
 }
 
+// Command is the runc command line (binary and global flags) that acts on this runc's
+// containers, for a journal to resume one with.
+func (r *Runc) Command() []string {
+	c := []string{r.Path}
+	if r.Root != "" {
+		c = append(c, "--root", r.Root)
+	}
+	return c
+}
+
 // Delete kills container id's processes, whatever its state, and removes it.
 func (r *Runc) Delete(ctx context.Context, id string) error {
 	_, err := r.run(ctx, nil, "delete", "--force", id)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/amd/plugin"
+	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
@@ -18,6 +19,7 @@ import (
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
 	"github.com/gpucr/gpucr/internal/store/chunked"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // CheckpointRequest is what to checkpoint, where, and how.
@@ -30,6 +32,9 @@ type CheckpointRequest struct {
 	// stores them as they come; Dir then only stages CRIU's other files, and the image is
 	// committed to the store instead of at Dir, which is left absent.
 	Stream *chunked.Stream
+	// Scratch are paths the caller created for this checkpoint alone (a stream's staging),
+	// removed by the rollback if gpucr dies.
+	Scratch []string
 	// CRIUWritesPages lets CRIU write the page files itself instead of sending them to
 	// gpucr's page server: slower, kept to compare the two (GPUCR_CRIU_WRITES_PAGES=1).
 	CRIUWritesPages bool
@@ -43,16 +48,11 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	if err != nil {
 		return nil, err
 	}
-	stage, err := image.Begin(r.Dir)
+	op, err := e.Begin(txn.OpCheckpoint, fmt.Sprintf("PID %d", r.PID), PIDLock(r.PID))
 	if err != nil {
 		return nil, err
 	}
-	defer stage.Abort() // a no-op once committed; a streamed image is never committed here
-	if r.Stream != nil {
-		defer r.Stream.Abort() // after Finish, a no-op
-	}
-
-	t := e.NewTimer()
+	defer op.End()
 	gpus, snaps, err := FindGPUProcs(ctx, e.Backends, proctree.PIDs(tree))
 	if err != nil {
 		return nil, err
@@ -60,6 +60,15 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	if err := safety.Check(tree, gpus.PIDs()); err != nil {
 		return nil, err // before anything is locked: the workload is untouched
 	}
+	stage, err := e.BeginStaging(op, r.Dir, r.Scratch, tree, gpus)
+	if err != nil {
+		return nil, err
+	}
+	defer stage.Abort() // a no-op once committed; a streamed image is never committed here
+	if r.Stream != nil {
+		defer r.Stream.Abort() // after Finish, a no-op
+	}
+	t := e.NewTimer(op)
 	if pid := plugin.UsesKFD(proctree.PIDs(tree)); pid != 0 {
 		if e.AMDPluginDir == "" {
 			return nil, fmt.Errorf("process %d uses an AMD GPU (/dev/kfd): %w", pid, plugin.ErrMissing)
@@ -95,7 +104,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		return cause
 	}
 	if len(gpus) > 0 {
-		defer e.TuneHost()()
+		defer e.TuneHost(op)()
 		if err := t.Run(PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
 			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
 		}
@@ -124,7 +133,7 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 			r.Env = append(slices.Clip(r.Env), memfill.SkipEnv+"="+ranges)
 		}
 	}
-	commit := &committer{ctx: ctx, stage: stage, manifest: m, timer: t, stream: r.Stream, saved: saved}
+	commit := &committer{ctx: ctx, stage: stage, manifest: m, timer: t, stream: r.Stream, saved: saved, op: op}
 	dump := criu.DumpRequest{
 		PID: r.PID, ImagesDir: stage.CRIUDir(), WorkDir: stage.LogsDir(),
 		LeaveRunning: r.LeaveRunning, Options: r.Options,
@@ -144,7 +153,9 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		commit.pages, dump.PageServerPort = srv, srv.Port()
 	}
 	commit.dumpStart = time.Now()
+	op.Phase(PhaseCRIUDump)
 	e.reporter().Start(PhaseCRIUDump)
+	crashpoint.Hit("start " + PhaseCRIUDump)
 	err = e.CRIU.Dump(ctx, dump, commit)
 	if err != nil {
 		if !commit.reached {
@@ -181,6 +192,35 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 	return m, nil
 }
 
+// PIDLock names the lock that keeps two gpucr operations off one process tree.
+func PIDLock(pid int) string { return fmt.Sprintf("pid-%d", pid) }
+
+// BeginStaging journals what the checkpoint will change — the tree, its GPU processes, the
+// staging directory and the caller's scratch — and only then creates the staging directory.
+func (e *Engine) BeginStaging(op *Op, dir string, scratch []string, tree []proctree.Process, gpus GPUSet) (*image.Staging, error) {
+	procs := make([]txn.Proc, 0, len(tree))
+	for _, p := range tree {
+		procs = append(procs, txn.Proc{PID: p.PID, Start: p.Start})
+	}
+	var held []txn.GPUProc
+	for _, g := range gpus {
+		i := slices.IndexFunc(tree, func(p proctree.Process) bool { return p.PID == g.PID })
+		if i < 0 {
+			return nil, fmt.Errorf("GPU process %d is not in the tree", g.PID)
+		}
+		held = append(held, txn.GPUProc{Backend: g.Backend.Name(), Proc: procs[i]})
+	}
+	staging := image.StagingPath(dir, op.ID())
+	err := op.Update(func(r *txn.Record) {
+		r.Tree, r.GPUs = procs, held
+		r.Paths = append(append(r.Paths, scratch...), staging)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return image.BeginAt(dir, staging)
+}
+
 // committer commits the staged image from CRIU's post-dump notification.
 type committer struct {
 	criu.NoNotify
@@ -196,6 +236,7 @@ type committer struct {
 	pages  *pageserver.Server
 	stream *chunked.Stream
 	saved  []memfill.Range // memory gpucr saves itself once CRIU has frozen the tree
+	op     *Op
 }
 
 func (c *committer) PostDump() error {
@@ -203,6 +244,7 @@ func (c *committer) PostDump() error {
 	c.reached = true
 	c.timer.Phases = append(c.timer.Phases, image.Phase{Name: PhaseCRIUDump, Duration: d})
 	c.timer.r.Done(PhaseCRIUDump, d)
+	crashpoint.Hit("end " + PhaseCRIUDump)
 	if err := c.ctx.Err(); err != nil {
 		c.err = fmt.Errorf("checkpoint interrupted: %w", err)
 		return c.err
@@ -214,6 +256,9 @@ func (c *committer) PostDump() error {
 		}
 	}
 	c.err = SaveAndCommit(c.ctx, c.timer, c.stage, c.manifest, c.saved, c.stream)
+	if c.err == nil {
+		c.err = c.op.Update(func(r *txn.Record) { r.Committed = true })
+	}
 	return c.err
 }
 
@@ -307,7 +352,7 @@ func PagesBytes(dir string) (uint64, error) {
 	return total, nil
 }
 
-// keepLog copies a failed dump's CRIU log out of the staging directory, which is about to
+// keepLog copies a failed CRIU run's log out of the staging directory, which is about to
 // be removed, so the error can point at it.
 func keepLog(err error) error {
 	var ce *criu.Error
@@ -318,7 +363,7 @@ func keepLog(err error) error {
 	if rerr != nil {
 		return err
 	}
-	f, ferr := os.CreateTemp("", "gpucr-dump-*.log")
+	f, ferr := os.CreateTemp("", "gpucr-criu-*.log")
 	if ferr != nil {
 		return err
 	}

@@ -7,9 +7,9 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
-	"github.com/gpucr/gpucr/internal/hosttune"
 	"github.com/gpucr/gpucr/internal/image"
 )
 
@@ -38,6 +38,11 @@ type Engine struct {
 	// where this host's KFD topology is read (kfd.DefaultRoot outside tests).
 	AMDPluginDir string
 	KFDTopology  string
+	// JournalRoot is where operations are journaled and locked (txn.DefaultRoot); empty
+	// journals nothing. Guardian is the command that watches an operation for gpucr's death
+	// (its record's ID is appended); empty starts none.
+	JournalRoot string
+	Guardian    []string
 }
 
 // Reporter hears about long phases as they start and end, for progress displays.
@@ -72,24 +77,6 @@ func (e *Engine) reporter() Reporter {
 	return e.Report
 }
 
-// TuneHost sets THP for a GPU operation and returns what puts it back. Failing to set it
-// only costs speed, so it is logged, not returned.
-func (e *Engine) TuneHost() func() {
-	if e.THPSwitch == "" {
-		return func() {}
-	}
-	restore, err := hosttune.THPAlways(e.THPSwitch)
-	if err != nil {
-		e.Logger().Warn("transparent huge pages left as they are", "err", err)
-		return func() {}
-	}
-	return func() {
-		if err := restore(); err != nil {
-			e.Logger().Error("could not put transparent huge pages back", "err", err)
-		}
-	}
-}
-
 // Logger is the engine's logger, or one that discards.
 func (e *Engine) Logger() *slog.Logger {
 	if e.Log == nil {
@@ -101,19 +88,23 @@ func (e *Engine) Logger() *slog.Logger {
 // Timer records the phases of a checkpoint or restore, in order, and reports each.
 type Timer struct {
 	r      Reporter
+	op     *Op // journals each phase as it starts
 	Phases []image.Phase
 }
 
-// NewTimer is a Timer reporting to the engine's reporter.
-func (e *Engine) NewTimer() *Timer { return &Timer{r: e.reporter()} }
+// NewTimer is a Timer reporting to the engine's reporter and journaling to op.
+func (e *Engine) NewTimer(op *Op) *Timer { return &Timer{r: e.reporter(), op: op} }
 
 // Run times f as the phase name.
 func (t *Timer) Run(name string, f func() error) error {
 	t.r.Start(name)
+	t.op.Phase(name)
+	crashpoint.Hit("start " + name)
 	start := time.Now()
 	err := f()
 	d := time.Since(start)
 	t.Phases = append(t.Phases, image.Phase{Name: name, Duration: d})
 	t.r.Done(name, d)
+	crashpoint.Hit("end " + name)
 	return err
 }

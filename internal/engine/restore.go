@@ -12,12 +12,14 @@ import (
 
 	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/amd/plugin"
+	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // RestoreRequest is what to restore and how.
@@ -54,11 +56,16 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
-	t := e.NewTimer()
 	m, err := image.Load(r.Dir)
 	if err != nil {
 		return nil, err
 	}
+	op, err := e.Begin(txn.OpRestore, "image "+r.Dir, PIDLock(m.RootPID))
+	if err != nil {
+		return nil, err
+	}
+	defer op.End()
+	t := e.NewTimer(op)
 	// CRIU only ever parses verified files: sizes and every file but the raw memory are
 	// checked first. The memory, nearly all of the image, is checked while CRIU restores:
 	// no task resumes and nothing is filled until it passed (verifyGate), and CRIU kills the
@@ -73,7 +80,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	}
 	verify := startVerify(r.Dir, memory, time.Since(start))
 	defer verify.wait() // never leave it reading the image after we return
-	if err := pidsFree(m); err != nil {
+	if err := waitPIDsFree(m, pidWait); err != nil {
 		return nil, verify.prefer(err)
 	}
 	if err := filesPresent(image.CRIUPath(r.Dir)); err != nil {
@@ -91,12 +98,19 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		return nil, fmt.Errorf("restore interrupted: %w", err)
 	}
 
+	if err := op.Update(func(rec *txn.Record) { rec.Tree, rec.GPUs, rec.Remap = imageProcs(m, gpus, remap) }); err != nil {
+		return nil, err
+	}
 	if len(gpus) > 0 {
-		defer e.TuneHost()() // CRIU refills the staged GPU memory, then the driver copies it back
+		defer e.TuneHost(op)() // CRIU refills the staged GPU memory, then the driver copies it back
 	}
 	work, err := os.MkdirTemp("", "gpucr-restore-*")
 	if err != nil {
 		return nil, fmt.Errorf("create restore work dir: %w", err)
+	}
+	defer os.RemoveAll(work) // CRIU's log is kept only while the error that names it is built
+	if err := op.Update(func(rec *txn.Record) { rec.Paths = append(rec.Paths, work) }); err != nil {
+		return nil, err
 	}
 	opts := r.Options
 	opts.ShellJob = opts.ShellJob || m.Options.ShellJob
@@ -106,7 +120,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if opts.NetworkLock == "" {
 		opts.NetworkLock = m.Options.NetworkLock // unlock the way the dump locked
 	}
-	gate := &verifyGate{v: verify, t: t}
+	gate := &verifyGate{v: verify, t: t, op: op}
 	imagesDir := image.CRIUPath(r.Dir)
 	// The large runs of memory are gpucr's to restore, on all cores: those it saved itself
 	// at checkpoint always, and those in CRIU's files unless told otherwise or the image
@@ -138,13 +152,12 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	}
 	if err != nil {
 		// A damaged image explains any CRIU failure; CRIU leaves nothing running, its log stays in work.
-		return nil, verify.prefer(explainRestoreFailure(err))
+		return nil, verify.prefer(explainRestoreFailure(keepLog(err)))
 	}
 	stats, err := criuimg.ReadRestoreStats(work)
 	if err != nil {
 		e.Logger().Warn("CRIU's restore statistics are unreadable", "err", err)
 	}
-	os.RemoveAll(work)
 	t.Phases = append(t.Phases, image.Phase{Name: PhaseVerify, Duration: verify.took})
 
 	if len(gpus) > 0 {
@@ -226,16 +239,49 @@ type verifyGate struct {
 	v    *verification
 	fill *memfill.Plan // nil when CRIU restores all memory
 	t    *Timer
+	op   *Op
 }
 
+// PostRestore lets the tasks resume once their image is verified and their memory filled,
+// and journals first that they are whole: if gpucr dies after this, its guardian finishes
+// the restore instead of killing them.
 func (g *verifyGate) PostRestore(int32) error {
+	crashpoint.Hit("in " + PhaseCRIURestore)
 	if err := g.v.wait(); err != nil {
 		return err
 	}
-	if g.fill == nil {
-		return nil
+	if g.fill != nil {
+		if err := g.t.Run(PhaseMemoryFill, func() error { return g.fill.Fill(context.Background()) }); err != nil {
+			return err
+		}
 	}
-	return g.t.Run(PhaseMemoryFill, func() error { return g.fill.Fill(context.Background()) })
+	return g.op.Update(func(r *txn.Record) {
+		for i := range r.Tree {
+			if p, err := proctree.Read(r.Tree[i].PID); err == nil {
+				r.Tree[i].Start = p.Start
+			}
+		}
+		for i := range r.GPUs {
+			if p, err := proctree.Read(r.GPUs[i].PID); err == nil {
+				r.GPUs[i].Start = p.Start
+			}
+		}
+		r.Committed = true
+	})
+}
+
+// imageProcs journals a restore's processes: the image's PIDs (their start times come
+// once CRIU has created them), its GPU processes and their device mapping.
+func imageProcs(m *image.Manifest, gpus GPUSet, remap map[string]map[string]string) ([]txn.Proc, []txn.GPUProc, map[string]map[string]string) {
+	tree := make([]txn.Proc, 0, len(m.Processes))
+	for _, p := range m.Processes {
+		tree = append(tree, txn.Proc{PID: p.PID})
+	}
+	var held []txn.GPUProc
+	for _, g := range gpus {
+		held = append(held, txn.GPUProc{Backend: g.Backend.Name(), Proc: txn.Proc{PID: g.PID}})
+	}
+	return tree, held, remap
 }
 
 // explainRestoreFailure adds what to do to CRIU failures users meet on the same host.
@@ -304,22 +350,73 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, snaps []gpu.Snapshot,
 	return set, remap, nil
 }
 
-// pidsFree fails up front when a PID of the image is taken: CRIU restores the original
-// PIDs, and would otherwise fail halfway.
-func pidsFree(m *image.Manifest) error {
-	for _, p := range m.Processes {
-		if q, err := proctree.Read(p.PID); err == nil {
-			held := fmt.Sprintf("%q", q.Command)
-			if q.Zombie {
-				held = fmt.Sprintf("an exited %q that its parent %d has not reaped", q.Command, q.PPID)
-			}
-			return fmt.Errorf("%w: PID %d (%s in the image) is held by %s; stop it or restore in a fresh PID namespace",
-				ErrPIDInUse, p.PID, p.Command, held)
-		} else if !errors.Is(err, proctree.ErrNoProcess) {
+// pidWait bounds how long a restore waits for the image's PIDs to be let go by processes
+// that are on their way out: a checkpointed tree's exited children, reparented to an init
+// that reaps slowly, hold their PIDs and their session and group IDs until reaped.
+const pidWait = 10 * time.Second
+
+// waitPIDsFree fails up front when a PID of the image is taken: CRIU restores the original
+// PIDs, and would otherwise fail halfway. PIDs held by exited processes are waited for, at
+// most limit; a live holder is named at once.
+func waitPIDsFree(m *image.Manifest, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		taken, err := pidsTaken(m)
+		if err != nil || taken == nil {
 			return err
 		}
+		dying := taken.holder.Zombie || taken.as != "" // a group or session outlives its leader briefly
+		if !dying || time.Now().After(deadline) {
+			return taken.err()
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	return nil
+}
+
+// pidTaken is an image PID in use, and the process that uses it.
+type pidTaken struct {
+	img    image.Process
+	holder proctree.Process
+	as     string // "", "process group", "session"
+}
+
+func (t *pidTaken) err() error {
+	held := fmt.Sprintf("%q (PID %d)", t.holder.Command, t.holder.PID)
+	if t.holder.Zombie {
+		held = fmt.Sprintf("an exited %q (PID %d) that its parent %d has not reaped", t.holder.Command, t.holder.PID, t.holder.PPID)
+	}
+	what := "is held by"
+	if t.as != "" {
+		what = "is the " + t.as + " ID of"
+	}
+	return fmt.Errorf("%w: PID %d (%s in the image) %s %s; stop it or restore in a fresh PID namespace",
+		ErrPIDInUse, t.img.PID, t.img.Command, what, held)
+}
+
+// pidsTaken finds the first image PID that a process, or a process group or session, uses.
+func pidsTaken(m *image.Manifest) (*pidTaken, error) {
+	all, err := proctree.All()
+	if err != nil {
+		return nil, err
+	}
+	want := map[int]image.Process{}
+	for _, p := range m.Processes {
+		want[p.PID] = p
+	}
+	for _, q := range all {
+		if p, ok := want[q.PID]; ok {
+			return &pidTaken{img: p, holder: q}, nil
+		}
+	}
+	for _, q := range all {
+		if p, ok := want[q.Pgrp]; ok {
+			return &pidTaken{img: p, holder: q, as: "process group"}, nil
+		}
+		if p, ok := want[q.Session]; ok {
+			return &pidTaken{img: p, holder: q, as: "session"}, nil
+		}
+	}
+	return nil, nil
 }
 
 // filesPresent checks, before CRIU starts, that the files the image's processes had open

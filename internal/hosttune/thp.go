@@ -30,15 +30,30 @@ func THPAlways(path string) (restore func() error, err error) {
 	if prev == "always" {
 		return func() error { return nil }, nil
 	}
-	if err := os.WriteFile(path, []byte("always"), 0); err != nil {
-		return nil, fmt.Errorf("set THP to always: %w", err)
+	if err := Set(path, "always"); err != nil {
+		return nil, err
 	}
-	return func() error {
-		if err := os.WriteFile(path, []byte(prev), 0); err != nil {
-			return fmt.Errorf("put THP back to %s: %w", prev, err)
-		}
-		return nil
-	}, nil
+	return func() error { return Set(path, prev) }, nil
+}
+
+// Mode returns the selected transparent huge page mode, or "" when the kernel has no switch.
+func Mode(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read THP mode: %w", err)
+	}
+	return selected(string(b))
+}
+
+// Set writes a transparent huge page mode.
+func Set(path, mode string) error {
+	if err := os.WriteFile(path, []byte(mode), 0); err != nil {
+		return fmt.Errorf("set THP to %s: %w", mode, err)
+	}
+	return nil
 }
 
 // selected returns the bracketed mode of a line such as "always [madvise] never".

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/durable"
 )
 
@@ -46,7 +47,21 @@ type Staging struct {
 // Begin checks that final can receive an image and creates its staging directory. The
 // staging directory is created here, not at Commit, so that an unwritable place fails
 // before the process tree is frozen.
-func Begin(final string) (*Staging, error) {
+func Begin(final string) (*Staging, error) { return BeginAt(final, "") }
+
+// StagingPath is where an image for final is staged under the name tag (a journal's
+// record ID), so that the path can be journaled before the directory exists.
+func StagingPath(final, tag string) string {
+	final = filepath.Clean(final)
+	if tag == "" {
+		return ""
+	}
+	return filepath.Join(filepath.Dir(final), "."+filepath.Base(final)+partialMark+tag)
+}
+
+// BeginAt is Begin with the staging directory at staging (from StagingPath), or at a
+// fresh random name when staging is "".
+func BeginAt(final, staging string) (*Staging, error) {
 	final = filepath.Clean(final)
 	parent, base := filepath.Dir(final), filepath.Base(final)
 	switch fi, err := os.Stat(parent); {
@@ -61,7 +76,13 @@ func Begin(final string) (*Staging, error) {
 		return nil, err
 	}
 	// 0700: the image holds the process's memory, secrets included.
-	dir, err := os.MkdirTemp(parent, "."+base+partialMark+"*")
+	var dir string
+	var err error
+	if staging == "" {
+		dir, err = os.MkdirTemp(parent, "."+base+partialMark+"*")
+	} else {
+		dir, err = staging, os.Mkdir(staging, 0o700)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("image directory %s is not writable: %w", final, err)
 	}
@@ -120,6 +141,7 @@ func (s *Staging) CommitWith(m *Manifest, known []File) error {
 	if err := s.Seal(m, known); err != nil {
 		return err
 	}
+	crashpoint.Hit("in commit")
 	// rename(2) itself, not os.Rename: it atomically replaces an empty directory at final
 	// and fails on a non-empty one, with no window in which final is missing or overwritten.
 	if err := syscall.Rename(s.dir, s.final); err != nil {

@@ -19,9 +19,14 @@ var ErrNoProcess = errors.New("no such process")
 type Process struct {
 	PID     int
 	PPID    int
+	Pgrp    int // process group ID
+	Session int // session ID
 	Command string
 	Threads int
 	Zombie  bool // exited, its resources freed, waiting for its parent to reap it
+	// Start is when the process started, in clock ticks since boot: with the PID it names
+	// one process for good, so a PID reused by another is never taken for it.
+	Start uint64
 }
 
 // Tree returns root and all its descendants, root first, then by PID.
@@ -53,6 +58,9 @@ func Tree(root int) ([]Process, error) {
 	}
 	return tree, nil
 }
+
+// All returns every process on the host.
+func All() ([]Process, error) { return scan() }
 
 // Read returns one process, or ErrNoProcess.
 func Read(pid int) (Process, error) {
@@ -95,19 +103,31 @@ func read(pid int) (Process, error) {
 		return Process{}, fmt.Errorf("parse /proc/%d/stat", pid)
 	}
 	fields := strings.Fields(s[end+1:])
-	// After the command: state(0) ppid(1) ... num_threads(17).
-	if len(fields) < 18 {
+	// After the command: state(0) ppid(1) ... num_threads(17) itrealvalue(18) starttime(19).
+	if len(fields) < 20 {
 		return Process{}, fmt.Errorf("parse /proc/%d/stat: %d fields", pid, len(fields))
 	}
 	ppid, err := strconv.Atoi(fields[1])
 	if err != nil {
 		return Process{}, fmt.Errorf("parse /proc/%d/stat ppid: %w", pid, err)
 	}
+	pgrp, err := strconv.Atoi(fields[2])
+	if err != nil {
+		return Process{}, fmt.Errorf("parse /proc/%d/stat pgrp: %w", pid, err)
+	}
+	session, err := strconv.Atoi(fields[3])
+	if err != nil {
+		return Process{}, fmt.Errorf("parse /proc/%d/stat session: %w", pid, err)
+	}
 	threads, err := strconv.Atoi(fields[17])
 	if err != nil {
 		return Process{}, fmt.Errorf("parse /proc/%d/stat threads: %w", pid, err)
 	}
-	return Process{PID: pid, PPID: ppid, Command: s[open+1 : end], Threads: threads, Zombie: fields[0] == "Z"}, nil
+	start, err := strconv.ParseUint(fields[19], 10, 64)
+	if err != nil {
+		return Process{}, fmt.Errorf("parse /proc/%d/stat starttime: %w", pid, err)
+	}
+	return Process{PID: pid, PPID: ppid, Pgrp: pgrp, Session: session, Command: s[open+1 : end], Threads: threads, Zombie: fields[0] == "Z", Start: start}, nil
 }
 
 // PIDs lists the PIDs of ps in order.
@@ -138,4 +158,28 @@ func OpenFiles(procRoot string, pid int) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// Tracer returns the PID of the process tracing pid (CRIU, while it freezes or restores
+// it), or 0.
+func Tracer(pid int) (int, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("process %d: %w", pid, ErrNoProcess)
+	}
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "TracerPid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("no TracerPid in /proc/%d/status", pid)
+}
+
+// Same reports whether pid is still the process that started at start.
+func Same(pid int, start uint64) bool {
+	p, err := read(pid)
+	return err == nil && !p.Zombie && p.Start == start
 }

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/guardian"
+	"github.com/gpucr/gpucr/internal/txn"
+)
+
+// recoverOutput is what `gpucr recover` did, for text and JSON alike.
+type recoverOutput struct {
+	Recovered []txn.Record `json:"recovered"`
+	Resumed   []int        `json:"resumedGpuProcesses,omitempty"`
+}
+
+func (a *app) recoverCmd() *cobra.Command {
+	var pids []int
+	cmd := &cobra.Command{
+		Use:   "recover [--pid PID]...",
+		Short: "Finish the rollback of operations whose gpucr died, and bring stranded GPU processes back",
+		Long: "gpucr journals each checkpoint and restore under " + txn.DefaultRoot + "; a guardian rolls one back at once\n" +
+			"if gpucr dies. recover does it for operations whose guardian died too (every verb does it first).\n" +
+			"--pid brings a process that `gpucr check` lists as stranded on its GPU back to running.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			e, err := a.recoveryEngine()
+			if err != nil {
+				return classify(err)
+			}
+			before, err := txn.List(e.JournalRoot)
+			if err != nil {
+				return err
+			}
+			rerr := e.RecoverStale()
+			after, err := txn.List(e.JournalRoot)
+			if err != nil {
+				return err
+			}
+			out := recoverOutput{Recovered: []txn.Record{}}
+			for _, b := range before {
+				if !b.Held && !containsID(after, b.ID) {
+					out.Recovered = append(out.Recovered, b.Record)
+				}
+			}
+			for _, pid := range pids {
+				if err := resumeStranded(cmd.Context(), e.Backends, pid); err != nil {
+					rerr = errors.Join(rerr, err)
+					continue
+				}
+				out.Resumed = append(out.Resumed, pid)
+			}
+			if err := a.emit(out, func() { printRecover(a, out) }); err != nil {
+				return err
+			}
+			return rerr
+		},
+	}
+	cmd.Flags().IntSliceVar(&pids, "pid", nil, "a process stranded on its GPU (locked or checkpointed) to restore and unlock")
+	return cmd
+}
+
+func containsID(entries []txn.Entry, id string) bool {
+	for _, e := range entries {
+		if e.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func printRecover(a *app, out recoverOutput) {
+	if len(out.Recovered) == 0 && len(out.Resumed) == 0 {
+		fmt.Fprintln(a.stdout, "nothing to recover")
+	}
+	for _, r := range out.Recovered {
+		fmt.Fprintf(a.stdout, "rolled back the %s of %s (gpucr PID %d died in %s)\n", r.Op, r.Target, r.Owner.PID, r.Phase)
+	}
+	for _, pid := range out.Resumed {
+		fmt.Fprintf(a.stdout, "PID %d runs on its GPU again\n", pid)
+	}
+}
+
+// resumeStranded restores and unlocks one process's device state, whichever backend holds it.
+func resumeStranded(ctx context.Context, backends []gpu.Backend, pid int) error {
+	procs, err := stranded(ctx, backends, []int{pid})
+	if err != nil {
+		return err
+	}
+	if len(procs) == 0 {
+		return usageError{fmt.Errorf("PID %d is not stranded on a GPU (not locked or checkpointed)", pid)}
+	}
+	if err := procs.Resume(ctx, nil); err != nil {
+		return fmt.Errorf("resume PID %d: %w", pid, err)
+	}
+	return nil
+}
+
+// stranded finds those of pids whose device state is locked or checkpointed.
+func stranded(ctx context.Context, backends []gpu.Backend, pids []int) (engine.GPUSet, error) {
+	set, _, err := engine.FindGPUProcs(ctx, backends, pids)
+	if err != nil {
+		return nil, err
+	}
+	var out engine.GPUSet
+	for _, p := range set {
+		if st, err := p.Backend.State(ctx, p.PID); err == nil && st != gpu.StateRunning {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// guardCmd is the guardian gpucr starts beside each operation (package guardian): it
+// waits for gpucr to end the operation, and rolls it back if gpucr dies first.
+func (a *app) guardCmd() *cobra.Command {
+	var id string
+	cmd := &cobra.Command{
+		Use:    "guard --id ID",
+		Short:  "Watch one gpucr operation and roll it back if gpucr dies (started by gpucr itself)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			watch := os.NewFile(guardian.WatchFD, "watch")
+			lock := os.NewFile(guardian.JournalFD, "journal-lock")
+			if watch == nil || lock == nil {
+				return usageError{errors.New("gpucr guard is started by gpucr itself")}
+			}
+			if !guardian.Watch(watch) {
+				return nil
+			}
+			e, err := a.recoveryEngine()
+			if err != nil {
+				return err
+			}
+			logf, err := os.OpenFile(filepath.Join(e.JournalRoot, "recovery.log"), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+			if err == nil {
+				defer logf.Close()
+				e.Log = slog.New(slog.NewTextHandler(logf, nil))
+			}
+			j, err := txn.Adopt(e.JournalRoot, id, lock)
+			if errors.Is(err, os.ErrNotExist) {
+				return nil // gpucr died after it ended the operation
+			}
+			if err != nil {
+				e.Logger().Error("guardian", "err", err)
+				return err
+			}
+			return e.Recover(context.Background(), j)
+		},
+	}
+	cmd.Flags().StringVar(&id, "id", "", "the journal record to guard")
+	return cmd
+}
+
+// recoveryEngine is an engine for rolling back: the GPU backends and the journal, and
+// CRIU where it is found (rollback itself never runs CRIU).
+func (a *app) recoveryEngine() (*engine.Engine, error) {
+	if os.Geteuid() != 0 {
+		return nil, engine.ErrNotRoot
+	}
+	backends, _ := gpu.Probe()
+	return &engine.Engine{Backends: backends, Version: version, Log: a.log, JournalRoot: a.runDir}, nil
+}

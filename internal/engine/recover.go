@@ -1,0 +1,174 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"syscall"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/hosttune"
+	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/txn"
+)
+
+// How long recovery waits for CRIU to let go of a tree after gpucr died (CRIU notices at
+// its next message to gpucr and resumes or kills the tree), and keeps retrying a GPU
+// process whose driver call was cut off halfway.
+const (
+	criuLetGoWait = 60 * time.Second
+	gpuRetryWait  = 30 * time.Second
+)
+
+// Recover finishes the rollback of an operation whose gpucr died, from its journal: a
+// checkpoint's workload runs again (container resumed, GPU processes restored and
+// unlocked); a restore's tasks are either finished (once their memory was verified and
+// filled) or killed. Host settings go back and staging is removed. The record is removed
+// once done; an error leaves it for the next try.
+func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
+	rec := j.Record()
+	log := e.Logger().With("txn", rec.ID, "op", rec.Op, "target", rec.Target, "phase", rec.Phase)
+	log.Warn("gpucr died during this operation: rolling it back")
+	waitUntraced(rec.Tree, criuLetGoWait)
+	var errs []error
+	switch rec.Op {
+	case txn.OpCheckpoint:
+		if c := rec.Container; c != nil && c.Paused {
+			if err := resumeContainer(ctx, c); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := e.resumeGPUs(ctx, rec, nil); err != nil {
+			errs = append(errs, err)
+		}
+	case txn.OpRestore:
+		if rec.Committed {
+			if err := e.resumeGPUs(ctx, rec, rec.Remap); err != nil {
+				killRestored(rec)
+				errs = append(errs, fmt.Errorf("%w: %v; the restored processes were killed", ErrGPURestore, err))
+			}
+		} else {
+			killRestored(rec)
+		}
+	default:
+		errs = append(errs, fmt.Errorf("unknown operation %q", rec.Op))
+	}
+	if rec.THP != nil {
+		if err := hosttune.Set(rec.THP.Path, rec.THP.Old); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, p := range rec.Paths {
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		log.Error("rollback incomplete", "err", err)
+		return fmt.Errorf("recover %s of %s: %w", rec.Op, rec.Target, err)
+	}
+	log.Warn("rolled back")
+	return j.End()
+}
+
+// RecoverStale recovers every operation whose gpucr and guardian are both gone. Each verb
+// runs it first, so nothing a dead gpucr left waits for an operator.
+func (e *Engine) RecoverStale() error {
+	if e.JournalRoot == "" {
+		return nil
+	}
+	entries, err := txn.List(e.JournalRoot)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, en := range entries {
+		if en.Held {
+			continue
+		}
+		j, err := txn.Claim(e.JournalRoot, en.ID)
+		if errors.Is(err, txn.ErrBusy) || errors.Is(err, os.ErrNotExist) {
+			continue // someone else recovers it, or just did
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := e.Recover(context.Background(), j); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// resumeGPUs brings every GPU process of rec that is still the process it was back to
+// running; remap is the device mapping of a restore. A driver call that gpucr's death cut
+// off can leave a process briefly between states, so each is retried.
+func (e *Engine) resumeGPUs(ctx context.Context, rec txn.Record, remap map[string]map[string]string) error {
+	var set GPUSet
+	for _, g := range rec.GPUs {
+		if !g.Alive() {
+			continue
+		}
+		b := gpu.Named(e.Backends, g.Backend)
+		if b == nil {
+			return fmt.Errorf("process %d holds %s GPU state and the %s backend is not available here", g.PID, g.Backend, g.Backend)
+		}
+		set = append(set, GPUProc{Backend: b, Process: gpu.Process{PID: g.PID}})
+	}
+	deadline := time.Now().Add(gpuRetryWait)
+	for {
+		err := set.Resume(ctx, remap)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		e.Logger().Info("GPU resume retried", "err", err)
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// waitUntraced waits until CRIU has let go of every process of tree that still lives.
+func waitUntraced(tree []txn.Proc, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		traced := slices.ContainsFunc(tree, func(p txn.Proc) bool {
+			t, err := proctree.Tracer(p.PID)
+			return err == nil && t != 0
+		})
+		if !traced {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// killRestored kills the processes a restore created: those at the image's PIDs that
+// started after the restoring gpucr did, children first.
+func killRestored(rec txn.Record) {
+	var pids []int
+	for i := len(rec.Tree) - 1; i >= 0; i-- {
+		p, err := proctree.Read(rec.Tree[i].PID)
+		if err == nil && p.Start >= rec.Owner.Start {
+			_ = syscall.Kill(p.PID, syscall.SIGKILL)
+			pids = append(pids, p.PID)
+		}
+	}
+	waitExited(pids, 5*time.Second)
+}
+
+// resumeContainer thaws a container a checkpoint paused.
+func resumeContainer(ctx context.Context, c *txn.Container) error {
+	if len(c.Runtime) == 0 {
+		return fmt.Errorf("container %s is left paused: no runtime recorded", c.ID)
+	}
+	args := append(slices.Clone(c.Runtime[1:]), "resume", c.ID)
+	out, err := exec.CommandContext(ctx, c.Runtime[0], args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("container %s is left paused (%s resume): %w: %s", c.ID, c.Runtime[0], err, out)
+	}
+	return nil
+}

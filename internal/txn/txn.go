@@ -1,0 +1,385 @@
+// Package txn is gpucr's journal of operations in flight: a record under /run/gpucr, written
+// before an operation changes anything and removed when it commits or rolls back, that says
+// what it changed, so that a gpucr that dies leaves behind what it takes to undo its work.
+package txn
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/internal/durable"
+	"github.com/gpucr/gpucr/internal/proctree"
+)
+
+// DefaultRoot is where journals and locks live: tmpfs, so a reboot (which ends every
+// operation) clears them, and root's alone.
+const DefaultRoot = "/run/gpucr"
+
+// Operations a record can describe.
+const (
+	OpCheckpoint = "checkpoint"
+	OpRestore    = "restore"
+)
+
+// Record is what an operation has changed so far, and where it got to.
+type Record struct {
+	ID      string    `json:"id"`
+	Op      string    `json:"op"`
+	Target  string    `json:"target"` // for people: "PID 4242", "container web"
+	Owner   Proc      `json:"owner"`  // the gpucr process doing it
+	Started time.Time `json:"started"`
+	Phase   string    `json:"phase"`
+	// Tree is the processes the operation freezes (checkpoint) or creates (restore).
+	Tree []Proc `json:"tree,omitempty"`
+	// GPUs are the processes whose device state the operation locks, moves or restores.
+	GPUs []GPUProc `json:"gpus,omitempty"`
+	// Remap is the device mapping a restore resumes GPU processes with.
+	Remap map[string]map[string]string `json:"remap,omitempty"`
+	// THP is the host setting changed for the operation, with its old value.
+	THP *Setting `json:"thp,omitempty"`
+	// Paths are created by the operation and removed by its rollback (staging directories).
+	Paths []string `json:"paths,omitempty"`
+	// Container is the container a checkpoint pauses, and how to resume it.
+	Container *Container `json:"container,omitempty"`
+	// Committed: a checkpoint's image is in place; a restore's tasks passed their checks
+	// and were filled, so finishing beats killing them.
+	Committed bool `json:"committed,omitempty"`
+}
+
+// Proc names one process for good: a PID and its start time.
+type Proc struct {
+	PID   int    `json:"pid"`
+	Start uint64 `json:"start"`
+}
+
+// Alive reports whether p is still the process it was.
+func (p Proc) Alive() bool { return proctree.Same(p.PID, p.Start) }
+
+// ProcOf names a live process.
+func ProcOf(pid int) (Proc, error) {
+	p, err := proctree.Read(pid)
+	if err != nil {
+		return Proc{}, err
+	}
+	return Proc{PID: pid, Start: p.Start}, nil
+}
+
+// GPUProc is a process with device state of a backend.
+type GPUProc struct {
+	Backend string `json:"backend"`
+	Proc
+}
+
+// Setting is a host setting and the value to put back.
+type Setting struct {
+	Path string `json:"path"`
+	Old  string `json:"old"`
+}
+
+// Container is a paused container and the runtime command that resumes it.
+type Container struct {
+	ID      string   `json:"id"`
+	Runtime []string `json:"runtime"` // e.g. ["runc", "--root", "/run/runc"]
+	Paused  bool     `json:"paused"`
+}
+
+// ErrBusy means another gpucr operation works on the same process or container.
+var ErrBusy = errors.New("another gpucr operation is in progress")
+
+// Journal is one operation's record on disk, held by a lock that its owner (and the
+// guardian it hands the lock to) keeps for as long as either lives.
+type Journal struct {
+	root string
+	mu   sync.Mutex
+	rec  Record
+	lock *Lock
+}
+
+func txnDir(root string) string { return filepath.Join(root, "txn") }
+
+func (j *Journal) path() string { return filepath.Join(txnDir(j.root), j.rec.ID+".json") }
+
+// Begin writes a new record for op on target, owned by this process, and locks it.
+func Begin(root, op, target string) (*Journal, error) {
+	self, err := ProcOf(os.Getpid())
+	if err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	id := make([]byte, 6)
+	if _, err := rand.Read(id); err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	rec := Record{ID: op + "-" + hex.EncodeToString(id), Op: op, Target: target, Owner: self,
+		Started: time.Now().UTC(), Phase: "begin"}
+	if err := os.MkdirAll(txnDir(root), 0o700); err != nil {
+		return nil, fmt.Errorf("journal: create %s: %w", txnDir(root), err)
+	}
+	lock, err := acquire(filepath.Join(txnDir(root), rec.ID+".lock"), "")
+	if err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	j := &Journal{root: root, rec: rec, lock: lock}
+	if err := j.write(); err != nil {
+		lock.Release()
+		return nil, err
+	}
+	return j, nil
+}
+
+// Record is a copy of the record as last written.
+func (j *Journal) Record() Record {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return clone(j.rec)
+}
+
+// ID names the record.
+func (j *Journal) ID() string { return j.rec.ID }
+
+// LockFile is the open lock of the record, for a guardian to share.
+func (j *Journal) LockFile() *os.File { return j.lock.f }
+
+// Update changes the record and makes the change durable before returning: what it
+// describes must be on disk before the change it describes is made.
+func (j *Journal) Update(change func(*Record)) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	change(&j.rec)
+	return j.writeLocked()
+}
+
+// Phase records where the operation has got to.
+func (j *Journal) Phase(name string) error {
+	return j.Update(func(r *Record) { r.Phase = name })
+}
+
+func (j *Journal) write() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.writeLocked()
+}
+
+func (j *Journal) writeLocked() error {
+	b, err := json.MarshalIndent(j.rec, "", "  ")
+	if err != nil {
+		return fmt.Errorf("journal: encode: %w", err)
+	}
+	tmp := j.path() + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	_, werr := f.Write(append(b, '\n'))
+	if werr == nil {
+		werr = f.Sync()
+	}
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(tmp, j.path())
+	}
+	if werr != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("journal: write %s: %w", j.path(), werr)
+	}
+	if err := durable.SyncDir(txnDir(j.root)); err != nil {
+		return fmt.Errorf("journal: %w", err)
+	}
+	return nil
+}
+
+// End removes the record: the operation committed or was rolled back.
+func (j *Journal) End() error {
+	err := os.Remove(j.path())
+	if errors.Is(err, fs.ErrNotExist) {
+		err = nil
+	}
+	if serr := durable.SyncDir(txnDir(j.root)); err == nil && serr != nil {
+		err = serr
+	}
+	j.lock.Release()
+	if err != nil {
+		return fmt.Errorf("journal: remove %s: %w", j.path(), err)
+	}
+	return nil
+}
+
+// Entry is a record on disk, and whether an owner (gpucr or its guardian) still holds it.
+type Entry struct {
+	Record
+	Held bool `json:"held"`
+}
+
+// List reads every record under root. A record whose lock nobody holds is stale: its
+// owner and guardian are gone, and it must be recovered.
+func List(root string) ([]Entry, error) {
+	names, err := filepath.Glob(filepath.Join(txnDir(root), "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	var out []Entry
+	for _, n := range names {
+		rec, err := read(n)
+		if err != nil {
+			return nil, err
+		}
+		held, err := isHeld(filepath.Join(txnDir(root), rec.ID+".lock"))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Entry{Record: rec, Held: held})
+	}
+	slices.SortFunc(out, func(a, b Entry) int { return a.Started.Compare(b.Started) })
+	return out, nil
+}
+
+// Claim takes over the stale record id, for recovery; ErrBusy if its owner or guardian
+// still holds it.
+func Claim(root, id string) (*Journal, error) {
+	lock, err := acquire(filepath.Join(txnDir(root), id+".lock"), "")
+	if err != nil {
+		return nil, err
+	}
+	rec, err := read(filepath.Join(txnDir(root), id+".json"))
+	if err != nil {
+		lock.Release()
+		return nil, err
+	}
+	return &Journal{root: root, rec: rec, lock: lock}, nil
+}
+
+// Adopt takes the record id whose lock an owner handed over as f (a guardian's).
+func Adopt(root, id string, f *os.File) (*Journal, error) {
+	rec, err := read(filepath.Join(txnDir(root), id+".json"))
+	if err != nil {
+		return nil, err
+	}
+	return &Journal{root: root, rec: rec, lock: &Lock{f: f, path: filepath.Join(txnDir(root), id+".lock")}}, nil
+}
+
+func read(path string) (Record, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Record{}, fmt.Errorf("journal: %w", err)
+	}
+	var r Record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return Record{}, fmt.Errorf("journal: read %s: %w", path, err)
+	}
+	if r.ID == "" || !strings.HasSuffix(path, r.ID+".json") {
+		return Record{}, fmt.Errorf("journal: %s does not hold its own record", path)
+	}
+	return r, nil
+}
+
+func clone(r Record) Record {
+	r.Tree = slices.Clone(r.Tree)
+	r.GPUs = slices.Clone(r.GPUs)
+	r.Paths = slices.Clone(r.Paths)
+	if r.THP != nil {
+		t := *r.THP
+		r.THP = &t
+	}
+	if r.Container != nil {
+		c := *r.Container
+		c.Runtime = slices.Clone(c.Runtime)
+		r.Container = &c
+	}
+	return r
+}
+
+// Lock is an exclusive lock on a file under the journal's root. The kernel drops it when
+// every descriptor of it is closed, so a dead holder never keeps it.
+type Lock struct {
+	f    *os.File
+	path string
+}
+
+// LockTarget locks what an operation works on ("pid-4242", "container-web"), refusing with
+// ErrBusy, and the holder's description, if another operation holds it.
+func LockTarget(root, name, holder string) (*Lock, error) {
+	dir := filepath.Join(root, "locks")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("lock %s: %w", name, err)
+	}
+	return acquire(filepath.Join(dir, name+".lock"), holder)
+}
+
+// File is the lock's descriptor, for a guardian to share.
+func (l *Lock) File() *os.File { return l.f }
+
+// acquire locks path, creating it, and writes holder into it. A lock file is removed by
+// its releaser, so one opened just before that removal is locked in vain: the inode under
+// the path is checked after locking, and the lock taken again on a new file.
+func acquire(path, holder string) (*Lock, error) {
+	for {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				b, _ := os.ReadFile(path)
+				if h := strings.TrimSpace(string(b)); h != "" {
+					return nil, fmt.Errorf("%w: %s", ErrBusy, h)
+				}
+				return nil, ErrBusy
+			}
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		var held, named unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) != nil || unix.Stat(path, &named) != nil || held.Ino != named.Ino {
+			f.Close()
+			continue
+		}
+		if holder != "" {
+			_ = f.Truncate(0)
+			_, _ = f.WriteAt([]byte(holder+"\n"), 0)
+		}
+		return &Lock{f: f, path: path}, nil
+	}
+}
+
+// Release removes and unlocks the lock file.
+func (l *Lock) Release() {
+	if l == nil || l.f == nil {
+		return
+	}
+	os.Remove(l.path)
+	l.f.Close()
+	l.f = nil
+}
+
+// isHeld reports whether someone holds the lock at path.
+func isHeld(path string) (bool, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return true, nil
+		}
+		return false, err
+	}
+	_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return false, nil
+}
