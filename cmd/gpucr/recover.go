@@ -154,7 +154,13 @@ func (a *app) guardCmd() *cobra.Command {
 				e.Logger().Error("guardian", "err", err)
 				return err
 			}
-			return e.Recover(context.Background(), j)
+			err = e.Recover(context.Background(), j)
+			for i, name := range j.Record().Locks {
+				if f := os.NewFile(uintptr(guardian.FirstLockFD+i), name); f != nil {
+					txn.AdoptLock(e.JournalRoot, name, f).Release()
+				}
+			}
+			return err
 		},
 	}
 	cmd.Flags().StringVar(&id, "id", "", "the journal record to guard")

@@ -51,6 +51,11 @@ func (e *Engine) Begin(op, what string, targets ...string) (*Op, error) {
 		return nil, err
 	}
 	o.j = j
+	if err := j.Update(func(r *txn.Record) { r.Locks = targets }); err != nil {
+		j.End()
+		o.releaseLocks()
+		return nil, err
+	}
 	if len(e.Guardian) > 0 {
 		args := append(append([]string(nil), e.Guardian...), "--id", j.ID())
 		if o.g, err = guardian.Start(args, j, o.locks); err != nil {

@@ -72,7 +72,13 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 		return fmt.Errorf("recover %s of %s: %w", rec.Op, rec.Target, err)
 	}
 	log.Warn("rolled back")
-	return j.End()
+	if err := j.End(); err != nil {
+		return err
+	}
+	for _, name := range rec.Locks {
+		txn.ClearTarget(e.JournalRoot, name) // held by a guardian still: it removes them itself
+	}
+	return nil
 }
 
 // RecoverStale recovers every operation whose gpucr and guardian are both gone. Each verb

@@ -17,9 +17,9 @@ import (
 // Descriptors the guardian finds open: the watch pipe, the journal's lock, then the target
 // locks, which it holds so that nobody starts on the same process while it recovers.
 const (
-	WatchFD   = 3
-	JournalFD = 4
-	firstLock = 5
+	WatchFD     = 3
+	JournalFD   = 4
+	FirstLockFD = 5
 )
 
 // dismissed is what gpucr writes before it closes the watch pipe on a normal end; EOF

@@ -56,8 +56,12 @@ func Set(path, mode string) error {
 	return nil
 }
 
-// selected returns the bracketed mode of a line such as "always [madvise] never".
+// selected returns the bracketed mode of a line such as "always [madvise] never", or the
+// one word of a line that holds only a mode (a stand-in switch in tests).
 func selected(line string) (string, error) {
+	if f := strings.Fields(line); len(f) == 1 {
+		return strings.Trim(f[0], "[]"), nil
+	}
 	for _, f := range strings.Fields(line) {
 		if strings.HasPrefix(f, "[") && strings.HasSuffix(f, "]") {
 			return strings.Trim(f, "[]"), nil

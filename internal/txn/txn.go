@@ -56,6 +56,8 @@ type Record struct {
 	// Committed: a checkpoint's image is in place; a restore's tasks passed their checks
 	// and were filled, so finishing beats killing them.
 	Committed bool `json:"committed,omitempty"`
+	// Locks name the target locks the operation holds (LockTarget).
+	Locks []string `json:"locks,omitempty"`
 }
 
 // Proc names one process for good: a PID and its start time.
@@ -289,6 +291,7 @@ func clone(r Record) Record {
 	r.Tree = slices.Clone(r.Tree)
 	r.GPUs = slices.Clone(r.GPUs)
 	r.Paths = slices.Clone(r.Paths)
+	r.Locks = slices.Clone(r.Locks)
 	if r.THP != nil {
 		t := *r.THP
 		r.THP = &t
@@ -315,7 +318,19 @@ func LockTarget(root, name, holder string) (*Lock, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("lock %s: %w", name, err)
 	}
-	return acquire(filepath.Join(dir, name+".lock"), holder)
+	return acquire(lockPath(root, name), holder)
+}
+
+func lockPath(root, name string) string { return filepath.Join(root, "locks", name+".lock") }
+
+// AdoptLock takes the target lock name whose descriptor an owner handed over as f.
+func AdoptLock(root, name string, f *os.File) *Lock { return &Lock{f: f, path: lockPath(root, name)} }
+
+// ClearTarget removes the target lock name if nobody holds it: a dead owner's leftover.
+func ClearTarget(root, name string) {
+	if l, err := acquire(lockPath(root, name), ""); err == nil {
+		l.Release()
+	}
 }
 
 // File is the lock's descriptor, for a guardian to share.

@@ -1,10 +1,15 @@
 // A stand-in for libcuda, so internal/cuda's tests run on hosts without a GPU: it keeps
 // each pid's checkpoint state in a table and enforces the driver's transitions.
 // Every call that changes state appends a line to $FAKECUDA_LOG, so tests see what the
-// driver was given. Built by the tests with: cc -shared -fPIC [-DOMIT_CHECKPOINT_API]
+// driver was given. With $FAKEGPU_DIR set, each pid's state lives in the file DIR/PID
+// instead (one digit), so that it outlasts the process that set it, as the driver's does:
+// a gpucr killed halfway leaves its workload's state for the next gpucr to find.
+// $FAKECUDA_CHECKPOINT_MS makes each checkpoint take that long, as a large one does.
+// Built by the tests with: cc -shared -fPIC [-DOMIT_CHECKPOINT_API]
 // [-DOMIT_CORE_API] fakecuda.c -o libfakecuda.so
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,12 +70,56 @@ static int *state(int pid) {
 	return &procs[nprocs++].state;
 }
 
+// stateFile is pid's file under $FAKEGPU_DIR, or NULL when states are kept in memory.
+static const char *stateFile(int pid, char *buf, size_t n) {
+	const char *dir = getenv("FAKEGPU_DIR");
+	if (!dir) return NULL;
+	snprintf(buf, n, "%s/%d", dir, pid);
+	return buf;
+}
+
+// load reads pid's state; a pid never seen is running.
+static int load(int pid, int *st) {
+	char buf[4096];
+	const char *path = stateFile(pid, buf, sizeof buf);
+	if (!path) {
+		int *s = state(pid);
+		if (!s) return -1;
+		*st = *s;
+		return 0;
+	}
+	if (pid <= 0) return -1;
+	FILE *f = fopen(path, "r");
+	*st = RUNNING;
+	if (f) {
+		if (fscanf(f, "%d", st) != 1) *st = RUNNING;
+		fclose(f);
+	}
+	return 0;
+}
+
+// store writes pid's state where load reads it, replacing the file whole.
+static void store(int pid, int st) {
+	char buf[4096], tmp[4200];
+	const char *path = stateFile(pid, buf, sizeof buf);
+	if (!path) {
+		*state(pid) = st;
+		return;
+	}
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	FILE *f = fopen(tmp, "w");
+	if (!f) return;
+	fprintf(f, "%d\n", st);
+	fclose(f);
+	rename(tmp, path);
+}
+
 // move takes pid from state `from` to state `to`, as every checkpoint call does.
 static CUresult move(int pid, int from, int to) {
-	int *st = state(pid);
-	if (!st) return INVALID_VALUE;
-	if (*st != from) return ILLEGAL_STATE;
-	*st = to;
+	int st;
+	if (load(pid, &st) != 0) return INVALID_VALUE;
+	if (st != from) return ILLEGAL_STATE;
+	store(pid, to);
 	return SUCCESS;
 }
 
@@ -140,23 +189,29 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
 
 #ifndef OMIT_CHECKPOINT_API
 CUresult cuCheckpointProcessGetState(int pid, CUprocessState *st) {
-	int *s = state(pid);
-	if (!s || !st) return INVALID_VALUE;
-	*st = *s;
+	int s;
+	if (!st || load(pid, &s) != 0) return INVALID_VALUE;
+	*st = s;
 	return SUCCESS;
 }
 
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *a) {
 	if (a && (a->reserved0 || !zero(a->reserved1, sizeof a->reserved1))) return INVALID_VALUE;
 	record("lock %d timeout=%u\n", pid, a ? a->timeoutMs : 0);
-	int *s = state(pid);
-	if (s && *s == RUNNING && pid == TIMEOUT_PID) return TIMEOUT;
+	int s;
+	if (load(pid, &s) == 0 && s == RUNNING && pid == TIMEOUT_PID) return TIMEOUT;
 	return move(pid, RUNNING, LOCKED);
 }
 
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *a) {
 	if (a && !zero(a, sizeof *a)) return INVALID_VALUE;
 	record("checkpoint %d\n", pid);
+	const char *ms = getenv("FAKECUDA_CHECKPOINT_MS");
+	if (ms) {
+		long n = atol(ms);
+		struct timespec t = {n / 1000, (n % 1000) * 1000000L};
+		nanosleep(&t, NULL);
+	}
 	return move(pid, LOCKED, CHECKPOINTED);
 }
 

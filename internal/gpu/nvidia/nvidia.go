@@ -50,7 +50,12 @@ type Backend struct {
 
 // Open loads NVML and libcuda, or says in one line why NVIDIA GPU support is off here.
 func Open() (gpu.Backend, error) {
-	lib := nvml.New()
+	// $GPUCR_LIBNVML, like $GPUCR_LIBCUDA, lets tests on hosts without a GPU use a fake.
+	var opts []nvml.LibraryOption
+	if p := os.Getenv("GPUCR_LIBNVML"); p != "" {
+		opts = append(opts, nvml.WithLibraryPath(p))
+	}
+	lib := nvml.New(opts...)
 	if r := lib.Init(); r != nvml.SUCCESS {
 		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", initError(r))
 	}

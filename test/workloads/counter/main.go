@@ -33,6 +33,7 @@ func main() {
 	tick := flag.Duration("tick", 100*time.Millisecond, "counting interval")
 	tcp := flag.Bool("tcp", false, "send each count through a loopback TCP connection to itself")
 	shm := flag.Int("shm", 0, "MiB of shared anonymous memory and of memfd memory to fill with the pattern too")
+	gpuState := flag.String("gpu-state", "", "a fake GPU's state directory: count only while DIR/PID says running (0), as a process blocked on its GPU would")
 	flag.Parse()
 	if *isChild {
 		runChild(*dir)
@@ -73,6 +74,10 @@ func main() {
 			write(filepath.Join(*dir, "verify"), fmt.Sprintf("%s %d\n", verdict, n))
 		case <-t.C:
 		}
+		if *gpuState != "" && !gpuRunning(*gpuState) {
+			n--
+			continue
+		}
 		write(filepath.Join(*dir, countFile()), strconv.Itoa(n)+"\n")
 		if conn != nil {
 			conn.roundTrip(n)
@@ -110,6 +115,13 @@ func (t *tcpLoop) roundTrip(n int) {
 	if line != fmt.Sprintf("%d\n", n) {
 		must(fmt.Errorf("tcp: sent %d, got %q", n, line))
 	}
+}
+
+// gpuRunning reads this process's state in a fake GPU's state directory: 0, or no file, is
+// running; 1 locked, 2 checkpointed.
+func gpuRunning(dir string) bool {
+	b, err := os.ReadFile(filepath.Join(dir, strconv.Itoa(os.Getpid())))
+	return err != nil || strings.TrimSpace(string(b)) == "0"
 }
 
 func countFile() string {

@@ -1,0 +1,294 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/txn"
+)
+
+// fakeDriver is the fake NVIDIA driver (fakenvml.c and fakecuda.c, the one hardware edge
+// CI cannot reach): the binary finds as GPU processes the PIDs with a state file in dir,
+// and keeps their checkpoint states there, where they outlive a killed gpucr as the
+// driver's do. The real driver's path is proven on the device (docs/device-runs/).
+type fakeDriver struct {
+	dir string
+	env []string
+}
+
+func newFakeDriver(t *testing.T) *fakeDriver {
+	t.Helper()
+	libs := t.TempDir()
+	build := map[string]string{
+		"libfakecuda.so": "../../internal/cuda/testdata/fakecuda.c",
+		"libfakenvml.so": "../../internal/gpu/nvidia/testdata/fakenvml.c",
+	}
+	for lib, src := range build {
+		if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", filepath.Join(libs, lib), src).CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", lib, err, out)
+		}
+	}
+	d := &fakeDriver{dir: t.TempDir()}
+	d.env = []string{"GPUCR_LIBCUDA=" + filepath.Join(libs, "libfakecuda.so"),
+		"GPUCR_LIBNVML=" + filepath.Join(libs, "libfakenvml.so"), "FAKEGPU_DIR=" + d.dir}
+	return d
+}
+
+// claim makes pid a running GPU process.
+func (d *fakeDriver) claim(t *testing.T, pid int) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(d.dir, strconv.Itoa(pid)), []byte("0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// state is pid's checkpoint state: 0 running, 1 locked, 2 checkpointed.
+func (d *fakeDriver) state(pid int) string {
+	b, err := os.ReadFile(filepath.Join(d.dir, strconv.Itoa(pid)))
+	if err != nil {
+		return "0"
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// crashHost is what a killed gpucr may leave behind: its journal and locks, and a THP
+// switch of its own that starts at madvise.
+type crashHost struct {
+	run, thp string
+}
+
+func newCrashHost(t *testing.T) crashHost {
+	t.Helper()
+	h := crashHost{run: t.TempDir(), thp: filepath.Join(t.TempDir(), "thp")}
+	if err := os.WriteFile(h.thp, []byte("always [madvise] never\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h crashHost) flags() []string { return []string{"--run-dir", h.run, "--thp-switch", h.thp} }
+
+// checkClean waits for the guardian to finish the rollback and fails t if anything of the
+// operation is left: a journal record, a lock, THP changed.
+func (h crashHost) checkClean(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ops, err := txn.List(h.run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks, _ := filepath.Glob(filepath.Join(h.run, "*", "*.lock"))
+		if len(ops) == 0 && len(locks) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(filepath.Join(h.run, "recovery.log"))
+			t.Fatalf("after 30 s the journal holds %+v, locks %v\n%s", ops, locks, b)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if b, _ := os.ReadFile(h.thp); strings.TrimSpace(string(b)) != "madvise" && !strings.Contains(string(b), "[madvise]") {
+		t.Errorf("THP switch is %q, want madvise back", b)
+	}
+}
+
+// untraced fails t if CRIU still holds pid.
+func untraced(t *testing.T, pid int) {
+	t.Helper()
+	if tr, err := proctree.Tracer(pid); err == nil && tr != 0 {
+		t.Errorf("PID %d is still traced by %d", pid, tr)
+	}
+}
+
+// onlyImages fails t if dir's parent holds anything but a complete image at dir.
+func onlyImages(t *testing.T, dir string) {
+	t.Helper()
+	entries, _ := os.ReadDir(filepath.Dir(dir))
+	for _, e := range entries {
+		if e.Name() != filepath.Base(dir) {
+			t.Errorf("left beside the image: %s", e.Name())
+		}
+	}
+	if _, err := os.Stat(dir); err == nil {
+		mustGpucr(t, "verify", dir) // only a committed image may be there, and whole
+	}
+}
+
+// Points in a checkpoint where gpucr is killed: every phase's boundaries, and inside the
+// driver's checkpoint (made slow) and the commit.
+var checkpointCrashes = []string{
+	"begin", "start gpu-lock", "end gpu-lock", "start gpu-checkpoint", "start gpu-checkpoint+150ms", "end gpu-checkpoint",
+	"start criu-dump", "end criu-dump", "start memory-save", "end memory-save", "start commit", "in commit", "end commit",
+}
+
+func TestKilledCheckpointRollsBack(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	for _, point := range checkpointCrashes {
+		t.Run(point, func(t *testing.T) {
+			host := newCrashHost(t)
+			w := startCounter(t, "-mib", "16", "-gpu-state", drv.dir)
+			drv.claim(t, w.pid)
+			dir := filepath.Join(t.TempDir(), "img")
+			env := append([]string{"GPUCR_TEST_CRASH_AT=" + point, "FAKECUDA_CHECKPOINT_MS=400"}, drv.env...)
+			out, errOut, code := gpucrEnv(t, env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
+			if code != -1 {
+				t.Fatalf("gpucr was not killed at %q: exit %d\n%s%s", point, code, out, errOut)
+			}
+			host.checkClean(t)
+			untraced(t, w.pid)
+			if st := drv.state(w.pid); st != "0" {
+				t.Fatalf("GPU state %s after the rollback, want 0 (running)", st)
+			}
+			w.checkRunsOn(t, "gpucr was killed at "+point)
+			onlyImages(t, dir)
+		})
+	}
+}
+
+// Points in a restore where gpucr is killed.
+var restoreCrashes = []string{
+	"begin", "start criu-restore", "in criu-restore", "start memory-fill", "end memory-fill",
+	"end criu-restore", "start gpu-restore", "end gpu-restore",
+}
+
+func TestKilledRestoreLeavesNothingOrAWholeWorkload(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	for _, point := range restoreCrashes {
+		t.Run(point, func(t *testing.T) {
+			host := newCrashHost(t)
+			w := startCounter(t, "-mib", "16", "-gpu-state", drv.dir)
+			drv.claim(t, w.pid)
+			dir := filepath.Join(t.TempDir(), "img")
+			mustGpucrEnv(t, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
+			waitGone(t, w.pid)
+			frozen := w.read(t, "count")
+			env := append([]string{"GPUCR_TEST_CRASH_AT=" + point}, drv.env...)
+			out, errOut, code := gpucrEnv(t, env, append([]string{"restore", "-D", dir}, host.flags()...)...)
+			if code != -1 {
+				t.Fatalf("gpucr was not killed at %q: exit %d\n%s%s", point, code, out, errOut)
+			}
+			host.checkClean(t)
+			t.Cleanup(func() { killAndReap(w.pid) })
+			if !alive(w.pid) {
+				// Nothing running: the image restores as if nothing had happened, once the
+				// killed tasks are reaped (by us: the subreaper they were left to).
+				waitGone(t, w.pid)
+				mustGpucrEnv(t, drv.env, append([]string{"restore", "-D", dir}, host.flags()...)...)
+			}
+			untraced(t, w.pid)
+			if st := drv.state(w.pid); st != "0" {
+				t.Fatalf("restored process's GPU state is %s, want 0 (running)", st)
+			}
+			if c := w.waitCount(t, frozen+3); c < frozen {
+				t.Fatalf("count went back: %d < %d", c, frozen)
+			}
+			if v := w.verify(t, w.pid); v != "ok" {
+				t.Fatalf("memory after the restore: %s", v)
+			}
+		})
+	}
+}
+
+func TestTwoOperationsOnOneProcessExcludeEachOther(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	host := newCrashHost(t)
+	w := startCounter(t, "-mib", "16", "-gpu-state", drv.dir)
+	drv.claim(t, w.pid)
+	// The first checkpoint is held in the driver's (slowed) checkpoint while a second starts.
+	first := exec.Command(bin.gpucr, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "a"), "--leave-running"}, host.flags()...)...)
+	first.Env = append(append(os.Environ(), drv.env...), "FAKECUDA_CHECKPOINT_MS=1500")
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for ops, _ := txn.List(host.run); len(ops) == 0 && time.Now().Before(deadline); ops, _ = txn.List(host.run) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	out, errOut, code := gpucrEnv(t, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "b")}, host.flags()...)...)
+	if code != 1 || !strings.Contains(errOut, "another gpucr operation is in progress") || !strings.Contains(errOut, "checkpoint of PID "+strconv.Itoa(w.pid)) {
+		t.Errorf("second checkpoint: exit %d\n%s%s", code, out, errOut)
+	}
+	if err := first.Wait(); err != nil {
+		t.Fatalf("first checkpoint: %v", err)
+	}
+	host.checkClean(t)
+	w.checkRunsOn(t, "two checkpoints at once")
+}
+
+func TestRecoverFinishesWhatGuardianAndGpucrLeft(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	host := newCrashHost(t)
+	w := startCounter(t, "-gpu-state", drv.dir)
+	drv.claim(t, w.pid)
+	// A gpucr killed together with its guardian leaves a checkpointed process and a stale
+	// record; the record is what a real kill leaves, written here by hand.
+	mustGpucrEnv(t, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "img"), "--leave-running"}, host.flags()...)...)
+	if err := os.WriteFile(filepath.Join(drv.dir, strconv.Itoa(w.pid)), []byte("2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	self, _ := txn.ProcOf(w.pid)
+	rec := txn.Record{ID: "checkpoint-0123456789ab", Op: txn.OpCheckpoint, Target: "PID " + strconv.Itoa(w.pid),
+		Owner: txn.Proc{PID: 999999, Start: 1}, Phase: "gpu-checkpoint", Tree: []txn.Proc{self},
+		GPUs: []txn.GPUProc{{Backend: "nvidia", Proc: self}}, THP: &txn.Setting{Path: host.thp, Old: "madvise"}}
+	if err := os.WriteFile(host.thp, []byte("[always] madvise never\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(rec)
+	if err := os.WriteFile(filepath.Join(host.run, "txn", rec.ID+".json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var check checkReport
+	out, _, _ := gpucrEnv(t, drv.env, append([]string{"check", "--json"}, host.flags()...)...)
+	if err := json.Unmarshal([]byte(out), &check); err != nil {
+		t.Fatalf("check --json: %v\n%s", err, out)
+	}
+	if len(check.Operations) != 1 || check.Operations[0].Held {
+		t.Errorf("check lists operations %+v, want the stale one", check.Operations)
+	}
+	out = mustGpucrEnv(t, drv.env, append([]string{"recover"}, host.flags()...)...)
+	if !strings.Contains(out, "rolled back the checkpoint of PID "+strconv.Itoa(w.pid)) {
+		t.Errorf("recover said: %s", out)
+	}
+	host.checkClean(t)
+	if st := drv.state(w.pid); st != "0" {
+		t.Fatalf("GPU state %s after recover, want 0", st)
+	}
+	w.checkRunsOn(t, "gpucr recover")
+}
+
+func TestCheckListsAndRecoverResumesAStrandedProcess(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	host := newCrashHost(t)
+	w := startCounter(t, "-gpu-state", drv.dir)
+	drv.claim(t, w.pid)
+	// Checkpointed by another tool, or a gpucr older than its journal: no record names it.
+	if err := os.WriteFile(filepath.Join(drv.dir, strconv.Itoa(w.pid)), []byte("2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var check checkReport
+	out, _, _ := gpucrEnv(t, drv.env, append([]string{"check", "--json"}, host.flags()...)...)
+	if err := json.Unmarshal([]byte(out), &check); err != nil {
+		t.Fatalf("check --json: %v\n%s", err, out)
+	}
+	if len(check.Stranded) != 1 || check.Stranded[0] != w.pid {
+		t.Errorf("check lists stranded %v, want [%d]", check.Stranded, w.pid)
+	}
+	mustGpucrEnv(t, drv.env, append([]string{"recover", "--pid", strconv.Itoa(w.pid)}, host.flags()...)...)
+	if st := drv.state(w.pid); st != "0" {
+		t.Fatalf("GPU state %s after recover --pid, want 0", st)
+	}
+	w.checkRunsOn(t, "gpucr recover --pid")
+}
