@@ -78,6 +78,7 @@ func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, r engine
 	}
 	defer sc.close()
 	r.Dir, r.Stream = sc.dir, sc.s
+	r.Scratch = []string{filepath.Dir(sc.dir)} // removed by the guardian if gpucr dies
 	m, err := e.Checkpoint(ctx, r)
 	if err != nil {
 		return nil, nil, classifyStore(err)

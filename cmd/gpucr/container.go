@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -69,6 +70,7 @@ func (a *app) checkpointContainer(cmd *cobra.Command, rf runcFlags, r container.
 		}
 		defer sc.close()
 		r.Dir, r.Stream, to = sc.dir, sc.s, ""
+		r.Scratch = []string{filepath.Dir(sc.dir)} // removed by the guardian if gpucr dies
 	}
 	m, err := c.Checkpoint(ctx, r)
 	if m == nil {

@@ -33,7 +33,9 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 	rec := j.Record()
 	log := e.Logger().With("txn", rec.ID, "op", rec.Op, "target", rec.Target, "phase", rec.Phase)
 	log.Warn("gpucr died during this operation: rolling it back")
+	start := time.Now()
 	waitUntraced(rec.Tree, criuLetGoWait)
+	log.Info("CRIU has let go of the tree", "waited", time.Since(start))
 	var errs []error
 	switch rec.Op {
 	case txn.OpCheckpoint:
@@ -126,9 +128,17 @@ func (e *Engine) resumeGPUs(ctx context.Context, rec txn.Record, remap map[strin
 		}
 		set = append(set, GPUProc{Backend: b, Process: gpu.Process{PID: g.PID}})
 	}
-	deadline := time.Now().Add(gpuRetryWait)
+	for _, p := range set {
+		st, err := p.Backend.State(ctx, p.PID)
+		e.Logger().Info("GPU process found", "pid", p.PID, "state", st, "err", err)
+	}
+	start := time.Now()
+	deadline := start.Add(gpuRetryWait)
 	for {
 		err := set.Resume(ctx, remap)
+		if err == nil {
+			e.Logger().Info("GPU processes resumed", "processes", len(set), "took", time.Since(start))
+		}
 		if err == nil || time.Now().After(deadline) {
 			return err
 		}

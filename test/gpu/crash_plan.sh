@@ -53,7 +53,7 @@ clean() {
 echo "== host"; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
 uname -r; "$G" --version
 
-for at in 1.5 5; do
+for at in ${CHECKPOINT_KILLS:-1.5 5}; do
   echo "== kill -9 of gpucr ${at}s into the checkpoint of a 16 GiB holder"
   holder "k$at" || { bad "holder"; continue; }
   "$G" checkpoint "$HP" -D "$W/img$at" & gp=$!
@@ -65,7 +65,7 @@ for at in 1.5 5; do
   [ -n "$s" ] && python3 -c "import sys; sys.exit(not $s < 10)" && ok "answered within 10 s ($s s)" || bad "answer took ${s:-forever}"
   clean "$W/img$at" && ok "nothing left" || bad "litter"
   [ -e "$W/img$at" ] && "$G" verify "$W/img$at" && echo "(the checkpoint had committed before the kill)"
-  tail -3 /run/gpucr/recovery.log
+  tail -6 /run/gpucr/recovery.log
   kill -9 "$HP"; sleep 0.3; kill $RP; rm -rf "$W/img$at"
 done
 
