@@ -292,3 +292,42 @@ func TestCheckListsAndRecoverResumesAStrandedProcess(t *testing.T) {
 	}
 	w.checkRunsOn(t, "gpucr recover --pid")
 }
+
+// runcPID is the host PID of container id's init.
+func runcPID(t *testing.T, runc, id string) int {
+	t.Helper()
+	out, err := exec.Command(runc, "state", id).Output()
+	if err != nil {
+		t.Fatalf("runc state %s: %v", id, err)
+	}
+	var st struct{ Pid int }
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Pid
+}
+
+func TestKilledContainerCheckpointRollsBack(t *testing.T) {
+	needRunc(t)
+	drv := newFakeDriver(t)
+	for _, point := range []string{"begin", "end gpu-checkpoint", "start criu-dump", "end criu-dump", "in commit", "end commit"} {
+		t.Run(point, func(t *testing.T) {
+			host := newCrashHost(t)
+			runc, bundle, id, _ := counterContainer(t, strings.ReplaceAll(point, " ", "-"))
+			pid := runcPID(t, runc, id)
+			drv.claim(t, pid)
+			dir := filepath.Join(t.TempDir(), "img")
+			env := append([]string{"GPUCR_TEST_CRASH_AT=" + point}, drv.env...)
+			out, errOut, code := gpucrEnv(t, env, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
+			if code != -1 {
+				t.Fatalf("gpucr was not killed at %q: exit %d\n%s%s", point, code, out, errOut)
+			}
+			host.checkClean(t)
+			if st := drv.state(pid); st != "0" {
+				t.Fatalf("GPU state %s after the rollback, want 0 (running)", st)
+			}
+			waitContainerCount(t, bundle, count(t, bundle)+3) // running, not left paused
+			onlyImages(t, dir)
+		})
+	}
+}
