@@ -331,3 +331,43 @@ func TestKilledContainerCheckpointRollsBack(t *testing.T) {
 		})
 	}
 }
+
+// Under plain runc, gpucr runs as CRIU's action script: killed inside its pre-dump step,
+// CRIU aborts the dump, and the GPU processes are given back: by the script's second run
+// (CRIU runs each script twice a step), which finds them locked and rolls back, or by the
+// watcher the script started before locking, once CRIU exits. The container runs on.
+func TestKilledActionScriptRollsBack(t *testing.T) {
+	runc, criuPath := needRunc(t)
+	drv := newFakeDriver(t)
+	tmp := t.TempDir()
+	conf, script, log := filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "criu-action"), filepath.Join(tmp, "action.log")
+	mustGpucr(t, "install-runc-integration", "--config", conf, "--script", script, "--log", log)
+	for _, point := range []string{"end gpu-lock", "end gpu-checkpoint", "end pre-dump"} {
+		t.Run(point, func(t *testing.T) {
+			bundle := counterBundle(t, runc, conf)
+			id := containerID(t, runc, strings.ReplaceAll(point, " ", "-"))
+			runcRun(t, runc, bundle, id)
+			waitContainerCount(t, bundle, 3)
+			pid := runcPID(t, runc, id)
+			drv.claim(t, pid)
+			ck := exec.Command(runc, "--criu", criuPath, "checkpoint", "--image-path", filepath.Join(t.TempDir(), "img"),
+				"--work-path", t.TempDir(), "--leave-running", id)
+			ck.Env = append(append(os.Environ(), drv.env...), "GPUCR_TEST_CRASH_AT="+point)
+			if out, err := ck.CombinedOutput(); err == nil {
+				t.Fatalf("runc checkpoint succeeded though the action script was killed at %q: %s", point, out)
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for drv.state(pid) != "0" && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			b, _ := os.ReadFile(log)
+			if st := drv.state(pid); st != "0" {
+				t.Fatalf("GPU state %s after the dump failed, want 0 (running)\n%s", st, b)
+			}
+			if !strings.Contains(string(b), "gpuProcesses=1") {
+				t.Errorf("the action script found no GPU process; its log:\n%s", b)
+			}
+			waitContainerCount(t, bundle, count(t, bundle)+3)
+		})
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/amd/plugin"
+	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -171,12 +172,15 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) error {
 	if err := gpus.Lock(ctx, a.LockTimeout); err != nil {
 		return rollback(fmt.Errorf("lock GPU processes: %w", err))
 	}
+	crashpoint.Hit("end " + engine.PhaseGPULock)
 	if err := gpus.Checkpoint(ctx); err != nil {
 		return rollback(fmt.Errorf("checkpoint GPU state: %w", err))
 	}
+	crashpoint.Hit("end " + engine.PhaseGPUCheckpoint)
 	if err := os.WriteFile(filepath.Join(imgDir, RecordName), append(rec, '\n'), 0o600); err != nil {
 		return rollback(fmt.Errorf("write %s into the image: %w", RecordName, err))
 	}
+	crashpoint.Hit("end pre-dump")
 	log.Info("GPU state checkpointed", "gpuProcesses", len(gpus))
 	return nil
 }
