@@ -1,0 +1,93 @@
+package txn
+
+import (
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestTargetLockExcludesAndNamesTheHolder(t *testing.T) {
+	root := t.TempDir()
+	a, err := LockTarget(root, "pid-42", "gpucr PID 7 is running a checkpoint of PID 42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = LockTarget(root, "pid-42", "second")
+	if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "checkpoint of PID 42") {
+		t.Fatalf("second lock: %v, want ErrBusy naming the holder", err)
+	}
+	a.Release()
+	if _, err := os.Stat(filepath.Join(root, "locks", "pid-42.lock")); !os.IsNotExist(err) {
+		t.Errorf("released lock file still there: %v", err)
+	}
+	b, err := LockTarget(root, "pid-42", "third")
+	if err != nil {
+		t.Fatalf("lock after release: %v", err)
+	}
+	b.Release()
+}
+
+func TestJournalIsStaleOnlyWhenNobodyHoldsIt(t *testing.T) {
+	root := t.TempDir()
+	j, err := Begin(root, OpCheckpoint, "PID 1234")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Update(func(r *Record) { r.Paths = []string{"/x"}; r.Phase = "criu-dump" }); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := List(root)
+	if err != nil || len(entries) != 1 || !entries[0].Held || entries[0].Phase != "criu-dump" {
+		t.Fatalf("List = %+v, %v: want one held record in criu-dump", entries, err)
+	}
+	if _, err := Claim(root, j.ID()); !errors.Is(err, ErrBusy) {
+		t.Fatalf("Claim of a held record: %v, want ErrBusy", err)
+	}
+	// The owner dies: its descriptor closes, the record stays, and it can be claimed.
+	j.lock.f.Close()
+	entries, _ = List(root)
+	if len(entries) != 1 || entries[0].Held {
+		t.Fatalf("after the owner's death List = %+v, want one stale record", entries)
+	}
+	c, err := Claim(root, j.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Record(); got.Target != "PID 1234" || len(got.Paths) != 1 {
+		t.Errorf("claimed record %+v", got)
+	}
+	if err := c.End(); err != nil {
+		t.Fatal(err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(root, "txn")); len(left) != 0 {
+		t.Errorf("left in the journal: %v", left)
+	}
+}
+
+func TestLockOutlivesOwnerWhileAChildHoldsIt(t *testing.T) {
+	// A guardian holds the journal's lock through an inherited descriptor: the record is
+	// not stale while it lives, though gpucr's own descriptor is gone.
+	root := t.TempDir()
+	j, err := Begin(root, OpRestore, "image /x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	child := exec.Command("sleep", "30")
+	child.ExtraFiles = []*os.File{j.LockFile()}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = child.Process.Kill(); _ = child.Wait() }()
+	j.lock.f.Close()
+	if entries, _ := List(root); len(entries) != 1 || !entries[0].Held {
+		t.Fatalf("List = %+v, want the record held by the child", entries)
+	}
+	_ = child.Process.Kill()
+	_ = child.Wait()
+	if entries, _ := List(root); len(entries) != 1 || entries[0].Held {
+		t.Fatalf("List = %+v, want the record stale once the child died", entries)
+	}
+}
