@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -122,6 +123,25 @@ func onlyImages(t *testing.T, dir string) {
 	}
 }
 
+// crashSetup starts a counter that the fake driver holds as a GPU process, on a host of
+// its own, and names the image directory to use.
+func crashSetup(t *testing.T, drv *fakeDriver) (crashHost, *workload, string) {
+	t.Helper()
+	host := newCrashHost(t)
+	w := startCounter(t, "-mib", "16", "-gpu-state", drv.dir)
+	drv.claim(t, w.pid)
+	return host, w, filepath.Join(t.TempDir(), "img")
+}
+
+// killedAt runs gpucr with args, armed to kill itself at point, and fails t unless it died so.
+func killedAt(t *testing.T, point string, env []string, args ...string) {
+	t.Helper()
+	env = append(slices.Clone(env), "GPUCR_TEST_CRASH_AT="+point)
+	if out, errOut, code := gpucrEnv(t, env, args...); code != -1 {
+		t.Fatalf("gpucr was not killed at %q: exit %d\n%s%s", point, code, out, errOut)
+	}
+}
+
 // Points in a checkpoint where gpucr is killed: every phase's boundaries, and inside the
 // driver's checkpoint (made slow) and the commit.
 var checkpointCrashes = []string{
@@ -134,15 +154,8 @@ func TestKilledCheckpointRollsBack(t *testing.T) {
 	drv := newFakeDriver(t)
 	for _, point := range checkpointCrashes {
 		t.Run(point, func(t *testing.T) {
-			host := newCrashHost(t)
-			w := startCounter(t, "-mib", "16", "-gpu-state", drv.dir)
-			drv.claim(t, w.pid)
-			dir := filepath.Join(t.TempDir(), "img")
-			env := append([]string{"GPUCR_TEST_CRASH_AT=" + point, "FAKECUDA_CHECKPOINT_MS=400"}, drv.env...)
-			out, errOut, code := gpucrEnv(t, env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
-			if code != -1 {
-				t.Fatalf("gpucr was not killed at %q: exit %d\n%s%s", point, code, out, errOut)
-			}
+			host, w, dir := crashSetup(t, drv)
+			killedAt(t, point, append(drv.env, "FAKECUDA_CHECKPOINT_MS=400"), append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
 			host.checkClean(t)
 			untraced(t, w.pid)
 			if st := drv.state(w.pid); st != "0" {
@@ -165,18 +178,11 @@ func TestKilledRestoreLeavesNothingOrAWholeWorkload(t *testing.T) {
 	drv := newFakeDriver(t)
 	for _, point := range restoreCrashes {
 		t.Run(point, func(t *testing.T) {
-			host := newCrashHost(t)
-			w := startCounter(t, "-mib", "16", "-gpu-state", drv.dir)
-			drv.claim(t, w.pid)
-			dir := filepath.Join(t.TempDir(), "img")
+			host, w, dir := crashSetup(t, drv)
 			mustGpucrEnv(t, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
 			waitGone(t, w.pid)
 			frozen := w.read(t, "count")
-			env := append([]string{"GPUCR_TEST_CRASH_AT=" + point}, drv.env...)
-			out, errOut, code := gpucrEnv(t, env, append([]string{"restore", "-D", dir}, host.flags()...)...)
-			if code != -1 {
-				t.Fatalf("gpucr was not killed at %q: exit %d\n%s%s", point, code, out, errOut)
-			}
+			killedAt(t, point, drv.env, append([]string{"restore", "-D", dir}, host.flags()...)...)
 			host.checkClean(t)
 			t.Cleanup(func() { killAndReap(w.pid) })
 			if !alive(w.pid) {
@@ -317,11 +323,7 @@ func TestKilledContainerCheckpointRollsBack(t *testing.T) {
 			pid := runcPID(t, runc, id)
 			drv.claim(t, pid)
 			dir := filepath.Join(t.TempDir(), "img")
-			env := append([]string{"GPUCR_TEST_CRASH_AT=" + point}, drv.env...)
-			out, errOut, code := gpucrEnv(t, env, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
-			if code != -1 {
-				t.Fatalf("gpucr was not killed at %q: exit %d\n%s%s", point, code, out, errOut)
-			}
+			killedAt(t, point, drv.env, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
 			host.checkClean(t)
 			if st := drv.state(pid); st != "0" {
 				t.Fatalf("GPU state %s after the rollback, want 0 (running)", st)

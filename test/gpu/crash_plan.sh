@@ -21,17 +21,9 @@ THP=/sys/kernel/mm/transparent_hugepage/enabled
 thp0=$(cat $THP)
 
 # The holder runs under a subreaper: this machine's PID 1 reaps orphans slowly.
-REAPER='
-import ctypes, os, subprocess, sys, time
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(os.environ["HERR"], "w"), start_new_session=True)
-while True:
-    try: os.waitpid(-1, 0)
-    except ChildProcessError: time.sleep(0.1)
-'
 holder() {
   HD=$W/$1; rm -rf "$HD"; mkdir -p "$HD"
-  HERR=$HD/err python3 -c "$REAPER" python3 "$B/holder.py" 16 "$HD" & RP=$!
+  HERR=$HD/err python3 "$B/reaper.py" python3 "$B/holder.py" 16 "$HD" & RP=$!
   wait_file "$HD/ready" || { echo "holder did not start: $(cat "$HD/err")"; return 1; }
   HP=$(cut -d' ' -f1 "$HD/ready")
 }

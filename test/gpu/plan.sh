@@ -147,19 +147,11 @@ fi
 phases() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print(sys.argv[2], round(j["totalSeconds"],2), "s:", " ".join("%s %.2f" % (p["name"], p["seconds"]) for p in j["phases"]))' "$1" "$2"; }
 # The holder runs under a subreaper that reaps whatever is orphaned below it: CRIU kills the
 # child with its parent, and this machine's PID 1 would leave it a zombie holding its PID.
-REAPER='
-import ctypes, os, subprocess, sys, time
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(os.environ["HERR"], "w"), start_new_session=True)
-while True:
-    try: os.waitpid(-1, 0)
-    except ChildProcessError: time.sleep(0.1)
-'
 with_child() {
   local n=$1 img=$W/img$1
   echo "== $n. holder 16 GiB with a child ($2): checkpoint, kill, restore"
   HD=$W/h$n; rm -rf "$HD"; mkdir -p "$HD"
-  HERR=$HD/err python3 -c "$REAPER" python3 "$B/holder.py" 16 "$HD" "$2" & local rp=$!
+  HERR=$HD/err python3 "$B/reaper.py" python3 "$B/holder.py" 16 "$HD" "$2" & local rp=$!
   wait_file "$HD/ready" && wait_file "$HD/child" || { bad "$n holder with a child did not start: $(cat "$HD/err" 2>/dev/null)"; kill "$rp"; return; }
   HP=$(cut -d' ' -f1 "$HD/ready")
   if "$G" checkpoint "$HP" -D "$img" --json > "$OUTD/ckpt$n.json" 2> "$W/err$n"; then
