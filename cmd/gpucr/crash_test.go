@@ -232,6 +232,17 @@ func TestTwoOperationsOnOneProcessExcludeEachOther(t *testing.T) {
 	w.checkRunsOn(t, "two checkpoints at once")
 }
 
+// checkJSON is what gpucr check --json reports on host, with the fake driver.
+func checkJSON(t *testing.T, drv *fakeDriver, host crashHost) checkReport {
+	t.Helper()
+	var check checkReport
+	out, _, _ := gpucrEnv(t, drv.env, append([]string{"check", "--json"}, host.flags()...)...)
+	if err := json.Unmarshal([]byte(out), &check); err != nil {
+		t.Fatalf("check --json: %v\n%s", err, out)
+	}
+	return check
+}
+
 func TestRecoverFinishesWhatGuardianAndGpucrLeft(t *testing.T) {
 	needCRIU(t)
 	drv := newFakeDriver(t)
@@ -255,15 +266,11 @@ func TestRecoverFinishesWhatGuardianAndGpucrLeft(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(host.run, "txn", rec.ID+".json"), b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var check checkReport
-	out, _, _ := gpucrEnv(t, drv.env, append([]string{"check", "--json"}, host.flags()...)...)
-	if err := json.Unmarshal([]byte(out), &check); err != nil {
-		t.Fatalf("check --json: %v\n%s", err, out)
-	}
+	check := checkJSON(t, drv, host)
 	if len(check.Operations) != 1 || check.Operations[0].Held {
 		t.Errorf("check lists operations %+v, want the stale one", check.Operations)
 	}
-	out = mustGpucrEnv(t, drv.env, append([]string{"recover"}, host.flags()...)...)
+	out := mustGpucrEnv(t, drv.env, append([]string{"recover"}, host.flags()...)...)
 	if !strings.Contains(out, "rolled back the checkpoint of PID "+strconv.Itoa(w.pid)) {
 		t.Errorf("recover said: %s", out)
 	}
@@ -284,11 +291,7 @@ func TestCheckListsAndRecoverResumesAStrandedProcess(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(drv.dir, strconv.Itoa(w.pid)), []byte("2\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var check checkReport
-	out, _, _ := gpucrEnv(t, drv.env, append([]string{"check", "--json"}, host.flags()...)...)
-	if err := json.Unmarshal([]byte(out), &check); err != nil {
-		t.Fatalf("check --json: %v\n%s", err, out)
-	}
+	check := checkJSON(t, drv, host)
 	if len(check.Stranded) != 1 || check.Stranded[0] != w.pid {
 		t.Errorf("check lists stranded %v, want [%d]", check.Stranded, w.pid)
 	}

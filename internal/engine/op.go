@@ -30,8 +30,10 @@ func (e *Engine) Begin(op, what string, targets ...string) (*Op, error) {
 	if e.JournalRoot == "" {
 		return o, nil
 	}
+	// What a dead gpucr left is put right first; what cannot be (a backend missing here,
+	// say) is no reason to refuse other work, and gpucr check keeps listing it.
 	if err := e.RecoverStale(); err != nil {
-		return nil, err
+		o.log.Warn("an operation cut off by gpucr's death could not be rolled back; see gpucr check", "err", err)
 	}
 	holder := fmt.Sprintf("gpucr PID %d is running a %s of %s", os.Getpid(), op, what)
 	for _, t := range targets {
