@@ -155,7 +155,7 @@ func TestKilledCheckpointRollsBack(t *testing.T) {
 	for _, point := range checkpointCrashes {
 		t.Run(point, func(t *testing.T) {
 			host, w, dir := crashSetup(t, drv)
-			killedAt(t, point, append(drv.env, "FAKECUDA_CHECKPOINT_MS=400"), append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
+			killedAt(t, point, append([]string{"FAKECUDA_CHECKPOINT_MS=400"}, drv.env...), append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
 			host.checkClean(t)
 			untraced(t, w.pid)
 			if st := drv.state(w.pid); st != "0" {

@@ -36,21 +36,8 @@ func (a *app) recoverCmd() *cobra.Command {
 			if err != nil {
 				return classify(err)
 			}
-			before, err := txn.List(e.JournalRoot)
-			if err != nil {
-				return err
-			}
-			rerr := e.RecoverStale()
-			after, err := txn.List(e.JournalRoot)
-			if err != nil {
-				return err
-			}
-			out := recoverOutput{Recovered: []txn.Record{}}
-			for _, b := range before {
-				if !b.Held && !containsID(after, b.ID) {
-					out.Recovered = append(out.Recovered, b.Record)
-				}
-			}
+			recovered, rerr := e.RecoverStale()
+			out := recoverOutput{Recovered: append([]txn.Record{}, recovered...)}
 			for _, pid := range pids {
 				if err := resumeStranded(cmd.Context(), e.Backends, pid); err != nil {
 					rerr = errors.Join(rerr, err)
@@ -66,15 +53,6 @@ func (a *app) recoverCmd() *cobra.Command {
 	}
 	cmd.Flags().IntSliceVar(&pids, "pid", nil, "a process stranded on its GPU (locked or checkpointed) to restore and unlock")
 	return cmd
-}
-
-func containsID(entries []txn.Entry, id string) bool {
-	for _, e := range entries {
-		if e.ID == id {
-			return true
-		}
-	}
-	return false
 }
 
 func printRecover(a *app, out recoverOutput) {

@@ -19,6 +19,7 @@ import (
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // What CRIU tells an action script through its environment (criu/action-scripts.c).
@@ -50,12 +51,6 @@ func ReadRecord(dir string) (*Record, error) {
 		return nil, fmt.Errorf("read %s: %w", filepath.Join(dir, RecordName), err)
 	}
 	return &r, nil
-}
-
-// Held is one process whose GPUs a dump locked, by host PID, for the rollback.
-type Held struct {
-	Backend string `json:"backend"`
-	PID     int    `json:"pid"`
 }
 
 // Action is gpucr's CRIU action script: CRIU runs it at each step of a dump or restore,
@@ -149,9 +144,13 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	held := make([]Held, len(gpus))
+	held := make([]txn.GPUProc, len(gpus))
 	for i, p := range gpus {
-		held[i] = Held{Backend: p.Backend.Name(), PID: p.PID}
+		proc, err := txn.ProcOf(p.PID)
+		if err != nil {
+			return err
+		}
+		held[i] = txn.GPUProc{Backend: p.Backend.Name(), Proc: proc}
 	}
 	heldPath := filepath.Join(a.StateDir, fmt.Sprintf("dump-%d.json", a.CRIUPID))
 	if err := writeJSON(heldPath, held); err != nil {
@@ -189,7 +188,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) error {
 // (the dump failed, or left the tree running) gets its GPU state back and is unlocked; a
 // process the dump killed is gone and needs nothing.
 func RollBack(ctx context.Context, backends []gpu.Backend, heldPath string, log *slog.Logger) error {
-	var held []Held
+	var held []txn.GPUProc
 	b, err := os.ReadFile(heldPath)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil // the script rolled back itself before the dump started
@@ -200,16 +199,9 @@ func RollBack(ctx context.Context, backends []gpu.Backend, heldPath string, log 
 	if err := json.Unmarshal(b, &held); err != nil {
 		return fmt.Errorf("read GPU rollback state %s: %w", heldPath, err)
 	}
-	var set engine.GPUSet
-	for _, h := range held {
-		if p, err := proctree.Read(h.PID); err != nil || p.Zombie {
-			continue
-		}
-		be := gpu.Named(backends, h.Backend)
-		if be == nil {
-			return fmt.Errorf("process %d holds %s GPU state and the %s backend is not available", h.PID, h.Backend, h.Backend)
-		}
-		set = append(set, engine.GPUProc{Backend: be, Process: gpu.Process{PID: h.PID}})
+	set, err := engine.HeldSet(backends, held)
+	if err != nil {
+		return err
 	}
 	log.Info("dump over", "gpuProcesses", len(held), "stillRunning", len(set))
 	if err := set.Resume(ctx, nil); err != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // fakeGPU stands in for the GPU driver, the one hardware edge these tests cannot reach: it
@@ -168,7 +169,11 @@ func TestRollBackLeavesKilledTreeAlone(t *testing.T) {
 	p := startSleep(t)
 	f := &fakeGPU{pid: p.Process.Pid, state: gpu.StateCheckpointed}
 	held := filepath.Join(t.TempDir(), "held.json")
-	b, _ := json.Marshal([]Held{{Backend: "fake", PID: p.Process.Pid}})
+	proc, err := txn.ProcOf(p.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal([]txn.GPUProc{{Backend: "fake", Proc: proc}})
 	if err := os.WriteFile(held, b, 0o600); err != nil {
 		t.Fatal(err)
 	}

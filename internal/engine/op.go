@@ -32,7 +32,7 @@ func (e *Engine) Begin(op, what string, targets ...string) (*Op, error) {
 	}
 	// What a dead gpucr left is put right first; what cannot be (a backend missing here,
 	// say) is no reason to refuse other work, and gpucr check keeps listing it.
-	if err := e.RecoverStale(); err != nil {
+	if _, err := e.RecoverStale(); err != nil {
 		o.log.Warn("an operation cut off by gpucr's death could not be rolled back; see gpucr check", "err", err)
 	}
 	holder := fmt.Sprintf("gpucr PID %d is running a %s of %s", os.Getpid(), op, what)
@@ -128,18 +128,9 @@ func (e *Engine) TuneHost(op *Op) func() {
 	if e.THPSwitch == "" {
 		return func() {}
 	}
-	old, err := hosttune.Mode(e.THPSwitch)
-	if err != nil || old == "" || old == "always" {
-		if err != nil {
-			e.Logger().Warn("transparent huge pages left as they are", "err", err)
-		}
-		return func() {}
-	}
-	if err := op.Update(func(r *txn.Record) { r.THP = &txn.Setting{Path: e.THPSwitch, Old: old} }); err != nil {
-		e.Logger().Warn("transparent huge pages left as they are", "err", err)
-		return func() {}
-	}
-	restore, err := hosttune.THPAlways(e.THPSwitch)
+	restore, err := hosttune.THPAlways(e.THPSwitch, func(prev string) error {
+		return op.Update(func(r *txn.Record) { r.THP = &txn.Setting{Path: e.THPSwitch, Old: prev} })
+	})
 	if err != nil {
 		e.Logger().Warn("transparent huge pages left as they are", "err", err)
 		return func() {}

@@ -83,16 +83,17 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 	return nil
 }
 
-// RecoverStale recovers every operation whose gpucr and guardian are both gone. Each verb
-// runs it first, so nothing a dead gpucr left waits for an operator.
-func (e *Engine) RecoverStale() error {
+// RecoverStale recovers every operation whose gpucr and guardian are both gone, and returns
+// their records. Each verb runs it first, so nothing a dead gpucr left waits for an operator.
+func (e *Engine) RecoverStale() ([]txn.Record, error) {
 	if e.JournalRoot == "" {
-		return nil
+		return nil, nil
 	}
 	entries, err := txn.List(e.JournalRoot)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var done []txn.Record
 	var errs []error
 	for _, en := range entries {
 		if en.Held {
@@ -108,25 +109,20 @@ func (e *Engine) RecoverStale() error {
 		}
 		if err := e.Recover(context.Background(), j); err != nil {
 			errs = append(errs, err)
+			continue
 		}
+		done = append(done, en.Record)
 	}
-	return errors.Join(errs...)
+	return done, errors.Join(errs...)
 }
 
 // resumeGPUs brings every GPU process of rec that is still the process it was back to
 // running; remap is the device mapping of a restore. A driver call that gpucr's death cut
 // off can leave a process briefly between states, so each is retried.
 func (e *Engine) resumeGPUs(ctx context.Context, rec txn.Record, remap map[string]map[string]string) error {
-	var set GPUSet
-	for _, g := range rec.GPUs {
-		if !g.Alive() {
-			continue
-		}
-		b := gpu.Named(e.Backends, g.Backend)
-		if b == nil {
-			return fmt.Errorf("process %d holds %s GPU state and the %s backend is not available here", g.PID, g.Backend, g.Backend)
-		}
-		set = append(set, GPUProc{Backend: b, Process: gpu.Process{PID: g.PID}})
+	set, err := HeldSet(e.Backends, rec.GPUs)
+	if err != nil {
+		return err
 	}
 	for _, p := range set {
 		st, err := p.Backend.State(ctx, p.PID)
@@ -145,6 +141,23 @@ func (e *Engine) resumeGPUs(ctx context.Context, rec txn.Record, remap map[strin
 		e.Logger().Info("GPU resume retried", "err", err)
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// HeldSet is the GPU set of the journaled processes held that are still the processes they
+// were: one that exited (a dump that killed its tree) needs nothing.
+func HeldSet(backends []gpu.Backend, held []txn.GPUProc) (GPUSet, error) {
+	var set GPUSet
+	for _, g := range held {
+		if !g.Alive() {
+			continue
+		}
+		b := gpu.Named(backends, g.Backend)
+		if b == nil {
+			return nil, fmt.Errorf("process %d holds %s GPU state and the %s backend is not available here", g.PID, g.Backend, g.Backend)
+		}
+		set = append(set, GPUProc{Backend: b, Process: gpu.Process{PID: g.PID}})
+	}
+	return set, nil
 }
 
 // waitUntraced waits until CRIU has let go of every process of tree that still lives.

@@ -98,7 +98,10 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		return nil, fmt.Errorf("restore interrupted: %w", err)
 	}
 
-	if err := op.Update(func(rec *txn.Record) { rec.Tree, rec.GPUs, rec.Remap = imageProcs(m, gpus, remap) }); err != nil {
+	if err := op.Update(func(rec *txn.Record) {
+		rec.Tree, rec.GPUs = imageProcs(m, gpus)
+		rec.Remap = remap
+	}); err != nil {
 		return nil, err
 	}
 	if len(gpus) > 0 {
@@ -271,8 +274,8 @@ func (g *verifyGate) PostRestore(int32) error {
 }
 
 // imageProcs journals a restore's processes: the image's PIDs (their start times come
-// once CRIU has created them), its GPU processes and their device mapping.
-func imageProcs(m *image.Manifest, gpus GPUSet, remap map[string]map[string]string) ([]txn.Proc, []txn.GPUProc, map[string]map[string]string) {
+// once CRIU has created them) and its GPU processes.
+func imageProcs(m *image.Manifest, gpus GPUSet) ([]txn.Proc, []txn.GPUProc) {
 	tree := make([]txn.Proc, 0, len(m.Processes))
 	for _, p := range m.Processes {
 		tree = append(tree, txn.Proc{PID: p.PID})
@@ -281,7 +284,7 @@ func imageProcs(m *image.Manifest, gpus GPUSet, remap map[string]map[string]stri
 	for _, g := range gpus {
 		held = append(held, txn.GPUProc{Backend: g.Backend.Name(), Proc: txn.Proc{PID: g.PID}})
 	}
-	return tree, held, remap
+	return tree, held
 }
 
 // explainRestoreFailure adds what to do to CRIU failures users meet on the same host.

@@ -13,9 +13,11 @@ import (
 const THPPath = "/sys/kernel/mm/transparent_hugepage/enabled"
 
 // THPAlways sets transparent huge pages to "always" and returns the function that puts the
-// previous mode back; the caller defers it so that failures restore it too. When THP is
+// previous mode back; the caller defers it so that failures restore it too. record, when
+// not nil, is told the previous mode before anything changes (a journal keeps it, so that
+// the mode is put back even if the caller dies); its error leaves THP as it is. When THP is
 // already "always", or the kernel has no THP switch, nothing changes.
-func THPAlways(path string) (restore func() error, err error) {
+func THPAlways(path string, record func(prev string) error) (restore func() error, err error) {
 	b, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
 		return func() error { return nil }, nil
@@ -30,22 +32,15 @@ func THPAlways(path string) (restore func() error, err error) {
 	if prev == "always" {
 		return func() error { return nil }, nil
 	}
+	if record != nil {
+		if err := record(prev); err != nil {
+			return nil, err
+		}
+	}
 	if err := Set(path, "always"); err != nil {
 		return nil, err
 	}
 	return func() error { return Set(path, prev) }, nil
-}
-
-// Mode returns the selected transparent huge page mode, or "" when the kernel has no switch.
-func Mode(path string) (string, error) {
-	b, err := os.ReadFile(path)
-	if os.IsNotExist(err) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("read THP mode: %w", err)
-	}
-	return selected(string(b))
 }
 
 // Set writes a transparent huge page mode.

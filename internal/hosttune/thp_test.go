@@ -17,9 +17,13 @@ func TestTHPAlwaysSetsAndRestores(t *testing.T) {
 		if err := os.WriteFile(p, []byte(c.before), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		restore, err := THPAlways(p)
+		var recorded string
+		restore, err := THPAlways(p, func(prev string) error { recorded = prev; return nil })
 		if err != nil {
 			t.Fatal(err)
+		}
+		if c.during == "always" && recorded != c.after {
+			t.Errorf("%q: recorded %q before the change, want %q", c.before, recorded, c.after)
 		}
 		if b, _ := os.ReadFile(p); string(b) != c.during {
 			t.Errorf("%q: during = %q, want %q", c.before, b, c.during)
@@ -34,13 +38,13 @@ func TestTHPAlwaysSetsAndRestores(t *testing.T) {
 }
 
 func TestTHPMissingOrGarbled(t *testing.T) {
-	restore, err := THPAlways(filepath.Join(t.TempDir(), "absent"))
+	restore, err := THPAlways(filepath.Join(t.TempDir(), "absent"), nil)
 	if err != nil || restore() != nil {
 		t.Fatalf("a kernel without THP must be left alone: %v", err)
 	}
 	p := filepath.Join(t.TempDir(), "enabled")
 	os.WriteFile(p, []byte("always madvise never"), 0o644)
-	if _, err := THPAlways(p); err == nil {
+	if _, err := THPAlways(p, nil); err == nil {
 		t.Fatal("a mode line without a selection must be an error")
 	}
 }
