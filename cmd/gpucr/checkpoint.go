@@ -5,12 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/engine"
@@ -68,10 +66,10 @@ func (a *app) storeAndEmit(ctx context.Context, out checkpointOutput, phases []i
 	})
 }
 
-// checkpointStreamed checkpoints r's tree straight into the store at loc: the memory pages
+// checkpointStreamed checkpoints target straight into the store at loc: the memory pages
 // go from CRIU through gpucr's page server to the store, and only CRIU's other files are
 // staged, in a temporary directory that is removed afterwards.
-func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, r engine.CheckpointRequest, loc string) (*transferOutput, *image.Manifest, error) {
+func checkpointStreamed(ctx context.Context, e *engine.Engine, target engine.Target, r engine.CheckpointRequest, loc string) (*transferOutput, *image.Manifest, error) {
 	sc, err := openStream(ctx, loc)
 	if err != nil {
 		return nil, nil, err
@@ -79,11 +77,11 @@ func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, r engine
 	defer sc.close()
 	r.Dir, r.Stream = sc.dir, sc.s
 	r.Scratch = []string{filepath.Dir(sc.dir)} // removed by the guardian if gpucr dies
-	m, err := e.Checkpoint(ctx, r)
-	if err != nil {
+	m, err := e.Checkpoint(ctx, target, r)
+	if m == nil {
 		return nil, nil, classifyStore(err)
 	}
-	return sc.output(), m, nil
+	return sc.output(), m, err
 }
 
 // streamed is a checkpoint on its way to a store: the stream, and where CRIU's small files
@@ -135,45 +133,33 @@ func (a *app) checkpointCmd() *cobra.Command {
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			r.CRIUWritesPages = os.Getenv("GPUCR_CRIU_WRITES_PAGES") == "1"
-			if ctr != "" {
-				if len(args) > 0 {
-					return usageError{fmt.Errorf("give either a PID or --container ID, not both")}
-				}
-				if r.Dir == "" && to == "" {
-					return usageError{fmt.Errorf("say where the container's image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
-				}
-				return a.checkpointContainer(cmd, rf, container.CheckpointRequest{
-					ID: ctr, Dir: r.Dir, LeaveRunning: r.LeaveRunning, LockTimeout: r.LockTimeout,
-					CRIUWritesPages: r.CRIUWritesPages,
-				}, r.Options, to)
-			}
-			if len(args) == 0 {
-				return usageError{fmt.Errorf("give the PID of the tree to checkpoint, or --container ID")}
-			}
-			pid, err := strconv.Atoi(args[0])
+			target, err := a.checkpointTarget(cmd, args, ctr, rf, r.Options)
 			if err != nil {
-				return usageError{fmt.Errorf("PID %q is not a number", args[0])}
+				return err
 			}
-			r.PID = pid
 			if r.Dir == "" && to == "" {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
 			}
 			start := time.Now()
 			var m *image.Manifest
 			var streamed *transferOutput
+			var released error // the image is written, what became of the tree after failed
 			err = a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
 				if r.Dir == "" {
-					streamed, m, err = a.checkpointStreamed(ctx, e, r, to)
-					return err
+					streamed, m, err = checkpointStreamed(ctx, e, target(e), r, to)
+				} else {
+					m, err = e.Checkpoint(ctx, target(e), r)
 				}
-				m, err = e.Checkpoint(ctx, r)
+				if m != nil {
+					released, err = err, nil
+				}
 				return err
 			})
 			if err != nil {
-				return explainFullDisk(err)
+				return classifyContainer(explainFullDisk(err))
 			}
 			out := checkpointOutput{
-				Dir: r.Dir, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
+				Dir: r.Dir, Container: ctr, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
 				LeftRunning: r.LeaveRunning, Phases: phasesJSON(m.Phases), Total: time.Since(start).Seconds(),
 			}
 			if streamed != nil {
@@ -183,6 +169,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 				// Informational: an unreadable statistics file does not fail a written checkpoint.
 				out.CRIUStats, _ = criuimg.ReadDumpStats(filepath.Join(r.Dir, image.LogsDir))
 			}
+			if released != nil {
+				to = "" // not stored: the error below says what happened
+			}
 			for _, s := range m.GPUs {
 				for _, p := range s.Processes {
 					out.GPUProcesses++
@@ -191,7 +180,10 @@ func (a *app) checkpointCmd() *cobra.Command {
 			}
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
-			return a.storeAndEmit(ctx, out, m.Phases, r.Dir, to)
+			if err := a.storeAndEmit(ctx, out, m.Phases, r.Dir, to); err != nil {
+				return err
+			}
+			return released
 		},
 	}
 	f := cmd.Flags()
@@ -206,14 +198,14 @@ func (a *app) checkpointCmd() *cobra.Command {
 }
 
 func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
-	switch {
-	case out.Streamed:
-		fmt.Fprintf(a.stdout, "checkpointed PID %d (%d processes), streamed to %s in %.2fs\n", out.RootPID, out.Processes, out.Dir, out.Total)
-	case out.Container != "":
-		fmt.Fprintf(a.stdout, "checkpointed container %s (%d processes) to %s in %.2fs\n", out.Container, out.Processes, out.Dir, out.Total)
-	default:
-		fmt.Fprintf(a.stdout, "checkpointed PID %d (%d processes) to %s in %.2fs\n", out.RootPID, out.Processes, out.Dir, out.Total)
+	what, to := fmt.Sprintf("PID %d", out.RootPID), "to"
+	if out.Container != "" {
+		what = "container " + out.Container
 	}
+	if out.Streamed {
+		to = "streamed to"
+	}
+	fmt.Fprintf(a.stdout, "checkpointed %s (%d processes) %s %s in %.2fs\n", what, out.Processes, to, out.Dir, out.Total)
 	fmt.Fprintf(a.stdout, "  memory  %s written\n", bytesHuman(out.MemoryBytes))
 	if out.GPUProcesses > 0 {
 		fmt.Fprintf(a.stdout, "  gpu     %d process(es), %s of GPU memory\n", out.GPUProcesses, bytesHuman(out.GPUBytes))

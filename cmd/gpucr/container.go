@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/interrupt"
 )
 
@@ -38,71 +39,51 @@ func (a *app) containers(f runcFlags) (*container.Containers, error) {
 	return &container.Containers{Engine: e, Runc: &container.Runc{Path: path, Root: f.root, CRIU: e.CRIU.Path}}, nil
 }
 
-// containerCRIUFlags refuses the CRIU options runc does not pass on, and returns the rest.
-func containerCRIUFlags(cmd *cobra.Command, o criu.Options) (container.CRIUFlags, error) {
+// refuseRuncUnpassed refuses the CRIU options runc does not pass on.
+func refuseRuncUnpassed(cmd *cobra.Command) error {
 	for _, name := range []string{"network-lock", "criu-log-level"} {
 		if cmd.Flags().Changed(name) {
-			return container.CRIUFlags{}, usageError{fmt.Errorf("--%s cannot be used with --container: runc does not pass it to CRIU", name)}
+			return usageError{fmt.Errorf("--%s cannot be used with --container: runc does not pass it to CRIU", name)}
 		}
 	}
-	return container.CRIUFlags{ShellJob: o.ShellJob, TCPEstablished: o.TCPEstablished, ExtUnixSk: o.ExtUnixSk, FileLocks: o.FileLocks}, nil
+	return nil
 }
 
-// checkpointContainer is `gpucr checkpoint --container ID`; with to, the image is then
-// stored there, or, without -D, streamed there, as for a process tree.
-func (a *app) checkpointContainer(cmd *cobra.Command, rf runcFlags, r container.CheckpointRequest, o criu.Options, to string) error {
-	flags, err := containerCRIUFlags(cmd, o)
-	if err != nil {
-		return err
-	}
-	r.CRIUFlags = flags
-	c, err := a.containers(rf)
-	if err != nil {
-		return classifyContainer(err)
-	}
-	ctx, stop := interrupt.Context(cmd.Context())
-	defer stop()
-	start := time.Now()
-	var sc *streamed
-	if r.Dir == "" { // --to alone: the memory streams to the store
-		if sc, err = openStream(ctx, to); err != nil {
-			return err
+// checkpointTarget is what `gpucr checkpoint` was asked to checkpoint: the tree of the PID
+// in args, or the runc container ctr; it is built once the engine is.
+func (a *app) checkpointTarget(cmd *cobra.Command, args []string, ctr string, rf runcFlags, o criu.Options) (func(*engine.Engine) engine.Target, error) {
+	if ctr == "" {
+		if len(args) == 0 {
+			return nil, usageError{fmt.Errorf("give the PID of the tree to checkpoint, or --container ID")}
 		}
-		defer sc.close()
-		r.Dir, r.Stream, to = sc.dir, sc.s, ""
-		r.Scratch = []string{filepath.Dir(sc.dir)} // removed by the guardian if gpucr dies
-	}
-	m, err := c.Checkpoint(ctx, r)
-	if m == nil {
-		return classifyContainer(classifyStore(explainFullDisk(err)))
-	}
-	out := checkpointOutput{
-		Dir: r.Dir, Container: r.ID, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
-		LeftRunning: r.LeaveRunning, Phases: phasesJSON(m.Phases), Total: time.Since(start).Seconds(),
-	}
-	if sc != nil {
-		out.Dir, out.Streamed, out.Pushed = sc.url, true, sc.output()
-	}
-	for _, s := range m.GPUs {
-		for _, p := range s.Processes {
-			out.GPUProcesses++
-			out.GPUBytes += p.MemoryBytes
+		pid, err := strconv.Atoi(args[0])
+		if err != nil {
+			return nil, usageError{fmt.Errorf("PID %q is not a number", args[0])}
 		}
+		return func(e *engine.Engine) engine.Target { return e.Tree(pid) }, nil
 	}
+	if len(args) > 0 {
+		return nil, usageError{fmt.Errorf("give either a PID or --container ID, not both")}
+	}
+	if err := refuseRuncUnpassed(cmd); err != nil {
+		return nil, err
+	}
+	runc, err := container.FindRunc(rf.path)
 	if err != nil {
-		to = "" // the image is written, the container's end failed: not stored, said below
+		return nil, classifyContainer(err)
 	}
-	if emitErr := a.storeAndEmit(ctx, out, m.Phases, r.Dir, to); emitErr != nil {
-		return emitErr
-	}
-	return err // the image is written; what became of the container afterwards failed
+	return func(e *engine.Engine) engine.Target {
+		c := &container.Containers{Engine: e, Runc: &container.Runc{Path: runc, Root: rf.root, CRIU: e.CRIU.Path}}
+		return c.Target(ctr)
+	}, nil
 }
 
 // restoreContainer is `gpucr restore --container ID`.
 func (a *app) restoreContainer(ctx context.Context, cmd *cobra.Command, rf runcFlags, id string, r container.RestoreRequest, o criu.Options, pulled *transferOutput) error {
-	if _, err := containerCRIUFlags(cmd, o); err != nil {
+	if err := refuseRuncUnpassed(cmd); err != nil {
 		return err
 	}
+	r.Flags = o.Flags
 	info, err := container.ReadInfo(r.Dir)
 	if err != nil {
 		return usageError{fmt.Errorf("%s does not hold a container (restore it without --container): %w", r.Dir, err)}

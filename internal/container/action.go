@@ -18,7 +18,6 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
-	"github.com/gpucr/gpucr/internal/safety"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -108,7 +107,7 @@ func (a *Action) initPID() (int, error) {
 // preDump locks and checkpoints the GPUs of the tree CRIU is about to freeze, records
 // them in the image, and starts the rollback watcher. Any failure rolls the GPUs back and
 // aborts the dump: the container keeps running.
-func (a *Action) preDump(ctx context.Context, log *slog.Logger) error {
+func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	imgDir := a.Getenv(envImageDir)
 	if _, err := os.Stat(filepath.Join(imgDir, RecordName)); err == nil {
 		log.Info("GPU state already checkpointed by this dump's first run of the script")
@@ -122,16 +121,13 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	gpus, snaps, err := engine.FindGPUProcs(ctx, a.Backends, proctree.PIDs(tree))
+	gpus, snaps, err := engine.Inspect(ctx, a.Backends, tree)
 	if err != nil {
 		return err
 	}
 	log.Info("GPU processes found", "processes", len(tree), "gpuProcesses", len(gpus))
 	if len(gpus) == 0 {
 		return nil
-	}
-	if err := safety.Check(tree, gpus.PIDs()); err != nil {
-		return err
 	}
 	if pid := plugin.UsesKFD(proctree.PIDs(tree)); pid != 0 {
 		return fmt.Errorf("process %d uses an AMD GPU (/dev/kfd): containers with AMD GPUs are not supported yet", pid)
@@ -156,30 +152,23 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) error {
 	if err := writeJSON(heldPath, held); err != nil {
 		return err
 	}
-	rollback := func(cause error) error {
-		if err := gpus.Resume(context.WithoutCancel(ctx), nil); err != nil {
-			return fmt.Errorf("%w; rolling back the GPUs also failed, the workload may be stuck: %v", cause, err)
-		}
-		os.Remove(heldPath)
-		return cause
-	}
-	// The watcher goes first: from the lock on, CRIU's exit, however it ends, rolls back.
+	// The watcher goes first: from the lock on, CRIU's exit, however it ends, rolls back
+	// (again, harmlessly, after the script's own rollback) and removes heldPath.
 	if err := a.Watch(a.CRIUPID, heldPath); err != nil {
 		os.Remove(heldPath)
 		return fmt.Errorf("start the GPU rollback watcher: %w", err)
 	}
-	if err := gpus.Lock(ctx, a.LockTimeout); err != nil {
-		return rollback(fmt.Errorf("lock GPU processes: %w", err))
+	// The same GPU steps and rollback as gpucr's own checkpoints.
+	var undo engine.Undo
+	defer func() { err = undo.Unwind(ctx, err) }()
+	if err := engine.CheckpointGPUs(ctx, new(engine.Timer), gpus, a.LockTimeout, &undo); err != nil {
+		return err
 	}
-	crashpoint.Hit("end " + engine.PhaseGPULock)
-	if err := gpus.Checkpoint(ctx); err != nil {
-		return rollback(fmt.Errorf("checkpoint GPU state: %w", err))
-	}
-	crashpoint.Hit("end " + engine.PhaseGPUCheckpoint)
 	if err := os.WriteFile(filepath.Join(imgDir, RecordName), append(rec, '\n'), 0o600); err != nil {
-		return rollback(fmt.Errorf("write %s into the image: %w", RecordName, err))
+		return fmt.Errorf("write %s into the image: %w", RecordName, err)
 	}
 	crashpoint.Hit("end pre-dump")
+	undo.Commit()
 	log.Info("GPU state checkpointed", "gpuProcesses", len(gpus))
 	return nil
 }

@@ -8,17 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"time"
 
-	"github.com/gpucr/gpucr/internal/amd/plugin"
+	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
-	"github.com/gpucr/gpucr/internal/image"
-	"github.com/gpucr/gpucr/internal/memfill"
-	"github.com/gpucr/gpucr/internal/pageserver"
 	"github.com/gpucr/gpucr/internal/proctree"
-	"github.com/gpucr/gpucr/internal/safety"
-	"github.com/gpucr/gpucr/internal/store/chunked"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -58,234 +52,111 @@ type Containers struct {
 	Gpucr string
 }
 
-// CheckpointRequest is which container to checkpoint, where, and how.
-type CheckpointRequest struct {
-	ID           string
-	Dir          string
-	LeaveRunning bool
-	LockTimeout  time.Duration
-	// CRIUWritesPages has CRIU dump all memory, as the engine's request of that name does.
-	CRIUWritesPages bool
-	// Stream, when set, takes the memory to the store as it is dumped, as the engine's
-	// request of that name does: Dir only stages CRIU's other files.
-	Stream *chunked.Stream
-	// Scratch are paths the caller created for this checkpoint alone, as the engine's
-	// request of that name.
-	Scratch []string
-	CRIUFlags
+// Target is the engine's checkpoint target for runc container id: runc drives CRIU, with
+// the container paused, so that it is killed only once the image is committed.
+func (c *Containers) Target(id string) engine.Target { return &runcTarget{c: c, id: id} }
+
+type runcTarget struct {
+	c      *Containers
+	id     string
+	state  State
+	tree   []proctree.Process
+	inside map[int]bool
 }
 
-// Checkpoint writes an image of container r.ID to r.Dir. The order is the engine's: GPUs
-// locked and checkpointed first, then the dump. runc dumps a paused container and leaves
-// it paused, so that the container is killed only once the image is committed: any failure
-// before that thaws it and rolls its GPUs back, and it keeps running as before.
-func (c *Containers) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Manifest, error) {
-	if os.Geteuid() != 0 {
-		return nil, engine.ErrNotRoot
-	}
-	st, err := c.Runc.State(ctx, r.ID)
+func (t *runcTarget) What() string      { return "container " + t.id }
+func (t *runcTarget) CRIUPlugins() bool { return false }
+
+func (t *runcTarget) Open(ctx context.Context) ([]proctree.Process, error) {
+	st, err := t.c.Runc.State(ctx, t.id)
 	if err != nil {
 		return nil, err
 	}
 	if st.Status != "running" {
-		return nil, fmt.Errorf("%w: %s is %s", ErrNotRunning, r.ID, st.Status)
+		return nil, fmt.Errorf("%w: %s is %s", ErrNotRunning, t.id, st.Status)
 	}
 	tree, err := proctree.Tree(st.PID)
 	if err != nil {
 		return nil, err
 	}
-	if pid := plugin.UsesKFD(proctree.PIDs(tree)); pid != 0 {
-		return nil, fmt.Errorf("process %d of container %s uses an AMD GPU (/dev/kfd): containers with AMD GPUs are not supported yet", pid, r.ID)
+	t.state, t.tree, t.inside = st, tree, map[int]bool{}
+	for _, p := range tree {
+		t.inside[p.PID] = true
 	}
-	gpus, snaps, err := engine.FindGPUProcs(ctx, c.Engine.Backends, proctree.PIDs(tree))
-	if err != nil {
-		return nil, err
-	}
-	if err := safety.Check(tree, gpus.PIDs()); err != nil {
-		return nil, err
-	}
-	m, err := c.manifest(tree, gpus, snaps, r)
-	if err != nil {
-		return nil, err
-	}
-	op, err := c.Engine.Begin(txn.OpCheckpoint, "container "+r.ID, "container-"+r.ID, engine.PIDLock(st.PID))
-	if err != nil {
-		return nil, err
-	}
-	defer op.End()
-	stage, err := c.Engine.BeginStaging(op, r.Dir, r.Scratch, tree, gpus)
-	if err != nil {
-		return nil, err
-	}
-	defer stage.Abort() // a no-op once committed
+	return tree, nil
+}
 
-	t := c.Engine.NewTimer(op)
-	paused := false
-	rollback := func(cause error) error {
-		ctx := context.WithoutCancel(ctx) // rollback runs even when the caller gave up
-		var errs []error
-		if paused {
-			if err := c.Runc.Resume(ctx, r.ID); err != nil {
-				errs = append(errs, fmt.Errorf("container %s is left paused (runc resume %s): %w", r.ID, r.ID, err))
-			} else if err := op.Update(func(r *txn.Record) { r.Container.Paused = false }); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		if err := gpus.Resume(ctx, nil); err != nil {
-			errs = append(errs, fmt.Errorf("rolling back the GPUs failed, the workload may be stuck: %w", err))
-		}
-		return errors.Join(append([]error{cause}, errs...)...)
+// Locks keep other gpucr operations off the container, under its ID and under its init's
+// PID (a checkpoint of that process tree would race this one).
+func (t *runcTarget) Locks() []string {
+	return []string{engine.ContainerLock(t.id), engine.PIDLock(t.state.PID)}
+}
+
+// ImagePID is the container's own number for pid; a process outside the container (its
+// init's parent) has none, 0.
+func (t *runcTarget) ImagePID(pid int) (int, error) {
+	if !t.inside[pid] {
+		return 0, nil
 	}
-	if len(gpus) > 0 {
-		defer c.Engine.TuneHost(op)() // as for a process tree: the driver stages into huge pages
-		if err := t.Run(engine.PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
-			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
-		}
-		if err := t.Run(engine.PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {
-			return nil, rollback(fmt.Errorf("checkpoint GPU state: %w", err))
-		}
-	}
-	// Journaled as paused before the pause: resuming a running container is harmless.
+	return innerPID(pid)
+}
+
+// Freeze pauses the container, journaled as paused first (resuming a running container is
+// harmless): runc dumps a paused container and leaves it paused.
+func (t *runcTarget) Freeze(ctx context.Context, op *engine.Op, undo *engine.Undo) error {
 	if err := op.Update(func(rec *txn.Record) {
-		rec.Container = &txn.Container{ID: r.ID, Runtime: c.Runc.Command(), Paused: true}
+		rec.Container = &txn.Container{ID: t.id, Runtime: t.c.Runc.Command(), Paused: true}
 	}); err != nil {
-		return nil, rollback(err)
-	}
-	if err := c.Runc.Pause(ctx, r.ID); err != nil {
-		return nil, rollback(err)
-	}
-	paused = true
-	if err := ctx.Err(); err != nil {
-		return nil, rollback(fmt.Errorf("checkpoint interrupted: %w", err))
-	}
-	// As for a process tree, gpucr saves the large runs of the processes' memory
-	// itself, on all cores, and CRIU leaves them out: the container stays paused after
-	// runc's dump, so they are read from frozen processes.
-	var saved []memfill.Range
-	var env []string
-	if !r.CRIUWritesPages {
-		if saved, err = selectMemory(tree, m); err != nil {
-			return nil, rollback(err)
-		}
-		if len(saved) > 0 {
-			ranges := filepath.Join(stage.LogsDir(), "gpucr-skip-ranges")
-			if err := memfill.WriteRanges(ranges, saved); err != nil {
-				return nil, rollback(err)
-			}
-			env = []string{memfill.SkipEnv + "=" + ranges}
-		}
-	}
-	var pages *pageserver.Server
-	pageServer := ""
-	if r.Stream != nil {
-		// CRIU sends the pages through gpucr's page server, which stores them as they come.
-		if pages, err = pageserver.Start(stage.CRIUDir(), engine.StoreSink(r.Stream)); err != nil {
-			return nil, rollback(err)
-		}
-		defer pages.Close()
-		pageServer = fmt.Sprintf("127.0.0.1:%d", pages.Port())
-	}
-	err = t.Run(engine.PhaseCRIUDump, func() error {
-		err := c.Runc.Checkpoint(ctx, r.ID, stage.CRIUDir(), stage.LogsDir(), r.CRIUFlags, env, pageServer)
-		switch {
-		case pages == nil:
-			return err
-		case err != nil && pages.Err() != nil:
-			return pages.Err() // the page server failed first; CRIU saw it hang up
-		case err != nil:
-			return err
-		}
-		_, err = pages.Wait(ctx)
 		return err
+	}
+	if err := t.c.Runc.Pause(ctx, t.id); err != nil {
+		return err
+	}
+	undo.OnFail("resume container "+t.id+", it is left paused", func(ctx context.Context) error {
+		if err := t.c.Runc.Resume(ctx, t.id); err != nil {
+			return fmt.Errorf("runc resume %s: %w", t.id, err)
+		}
+		return op.Update(func(r *txn.Record) { r.Container.Paused = false })
 	})
-	if err != nil {
-		return nil, rollback(err)
-	}
-	info, err := json.MarshalIndent(Info{ID: r.ID, Bundle: st.Bundle}, "", "  ")
-	if err != nil {
-		return nil, rollback(err)
-	}
-	if err := os.WriteFile(filepath.Join(stage.Dir(), InfoName), append(info, '\n'), 0o600); err != nil {
-		return nil, rollback(fmt.Errorf("write container description: %w", err))
-	}
-	if err := engine.SaveAndCommit(ctx, t, stage, m, saved, r.Stream); err != nil {
-		return nil, rollback(err)
-	}
-	if err := op.Update(func(r *txn.Record) { r.Committed = true }); err != nil {
-		return nil, rollback(err)
-	}
-
-	// The image is safe: now the container goes or carries on.
-	where := r.Dir
-	if r.Stream != nil {
-		where = "the store"
-	}
-	if !r.LeaveRunning {
-		if err := c.Runc.Delete(context.WithoutCancel(ctx), r.ID); err != nil {
-			return m, fmt.Errorf("image written to %s, but removing container %s failed: %w", where, r.ID, err)
-		}
-		m.Phases = t.Phases
-		return m, nil
-	}
-	if err := c.Runc.Resume(context.WithoutCancel(ctx), r.ID); err != nil {
-		return m, fmt.Errorf("image written to %s, but container %s is left paused: %w", where, r.ID, err)
-	}
-	if len(gpus) > 0 {
-		if err := t.Run(engine.PhaseGPUResume, func() error { return gpus.Resume(context.WithoutCancel(ctx), nil) }); err != nil {
-			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", where, err)
-		}
-	}
-	m.Phases = t.Phases
-	return m, nil
+	return nil
 }
 
-// selectMemory picks the memory gpucr saves itself from the container's processes, numbered
-// in the image as the container numbers them. m describes tree, process by process.
-func selectMemory(tree []proctree.Process, m *image.Manifest) ([]memfill.Range, error) {
-	rs, err := memfill.Select(tree)
-	if err != nil {
-		return nil, err
+// Dump has runc dump the paused container, which it leaves paused, and then commits.
+func (t *runcTarget) Dump(ctx context.Context, d criu.DumpRequest, commit func() error) error {
+	pageServer := ""
+	if d.PageServerPort != 0 {
+		pageServer = fmt.Sprintf("127.0.0.1:%d", d.PageServerPort)
 	}
-	inner := map[int]int{}
-	for i, p := range tree {
-		inner[p.PID] = m.Processes[i].PID
+	if err := t.c.Runc.Checkpoint(ctx, t.id, d.ImagesDir, d.WorkDir, d.Flags, d.Env, pageServer); err != nil {
+		return err
 	}
-	for i := range rs {
-		rs[i].ImagePID = inner[rs[i].PID]
-	}
-	return rs, nil
+	return commit()
 }
 
-// manifest describes the container's tree in its own PID namespace, as the image holds it.
-func (c *Containers) manifest(tree []proctree.Process, gpus engine.GPUSet, snaps []gpu.Snapshot, r CheckpointRequest) (*image.Manifest, error) {
-	inner, err := toInner(gpus)
+// Describe records which container the image holds and where its bundle was.
+func (t *runcTarget) Describe(dir string) error {
+	info, err := json.MarshalIndent(Info{ID: t.id, Bundle: t.state.Bundle}, "", "  ")
 	if err != nil {
-		return nil, err
+		return err
 	}
-	m := &image.Manifest{
-		GpucrVersion: c.Engine.Version,
-		CRIUVersion:  c.Engine.CRIU.VersionString(),
-		Created:      time.Now().UTC(),
-		Host:         engine.HostInfo(),
-		Options: image.Options{
-			LeaveRunning: r.LeaveRunning, ShellJob: r.ShellJob, TCPEstablished: r.TCPEstablished,
-			ExtUnixSk: r.ExtUnixSk, FileLocks: r.FileLocks,
-		},
-		GPUs: innerSnapshots(snaps, inner),
+	if err := os.WriteFile(filepath.Join(dir, InfoName), append(info, '\n'), 0o600); err != nil {
+		return fmt.Errorf("write container description: %w", err)
 	}
-	outer := map[int]int{}
-	for i, p := range tree {
-		in, err := innerPID(p.PID)
-		if err != nil {
-			return nil, err
+	return nil
+}
+
+// Release removes the checkpointed container, or lets it run on.
+func (t *runcTarget) Release(ctx context.Context, leaveRunning bool) error {
+	if !leaveRunning {
+		if err := t.c.Runc.Delete(ctx, t.id); err != nil {
+			return fmt.Errorf("removing container %s failed: %w", t.id, err)
 		}
-		outer[p.PID] = in
-		if i == 0 {
-			m.RootPID = in
-		}
-		m.Processes = append(m.Processes, image.Process{PID: in, PPID: outer[p.PPID], Command: p.Command, Threads: p.Threads})
+		return nil
 	}
-	return m, nil
+	if err := t.c.Runc.Resume(ctx, t.id); err != nil {
+		return fmt.Errorf("container %s is left paused: %w", t.id, err)
+	}
+	return nil
 }
 
 // innerSnapshots returns snaps with each process numbered as in inner, which holds the

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
@@ -25,6 +26,8 @@ type RestoreRequest struct {
 	// CRIURestoresPages leaves the memory in CRIU's files to CRIU, as the engine's request
 	// of that name does.
 	CRIURestoresPages bool
+	// Flags are the user's CRIU flags, added to those the image was dumped with.
+	Flags criu.Flags
 }
 
 // RestoreResult says what came back.
@@ -92,7 +95,7 @@ func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreRes
 		os.RemoveAll(work)
 		return nil, err
 	}
-	flags := CRIUFlags{ShellJob: m.Options.ShellJob, TCPEstablished: m.Options.TCPEstablished, ExtUnixSk: m.Options.ExtUnixSk, FileLocks: m.Options.FileLocks}
+	flags := m.Options.ForRestore(r.Flags)
 	err = t.Run(engine.PhaseCRIURestore, func() error {
 		return c.Runc.Restore(ctx, id, bundle, imagesDir, work, flags, env)
 	})

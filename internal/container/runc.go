@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+
+	"github.com/gpucr/gpucr/internal/criu"
 )
 
 // SkipEnv, in CRIU's environment, tells gpucr's CRIU action script that gpucr itself moves
@@ -93,12 +95,9 @@ func (r *Runc) Delete(ctx context.Context, id string) error {
 	return err
 }
 
-// CRIUFlags are the CRIU options runc passes on, shared by checkpoint and restore.
-type CRIUFlags struct {
-	ShellJob, TCPEstablished, ExtUnixSk, FileLocks bool
-}
-
-func (f CRIUFlags) args() []string {
+// runcFlags are f as runc's flags; runc passes no network lock on (gpucr refuses one for
+// a container).
+func runcFlags(f criu.Flags) []string {
 	var a []string
 	for _, o := range []struct {
 		on   bool
@@ -115,8 +114,8 @@ func (f CRIUFlags) args() []string {
 // paused): gpucr decides what becomes of the container once the image is committed. env is
 // added to runc's environment, which CRIU inherits; with pageServer (ADDRESS:PORT) CRIU
 // sends the memory pages there instead of writing them.
-func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f CRIUFlags, env []string, pageServer string) error {
-	args := append([]string{"checkpoint", "--leave-running", "--image-path", imageDir, "--work-path", workDir}, f.args()...)
+func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f criu.Flags, env []string, pageServer string) error {
+	args := append([]string{"checkpoint", "--leave-running", "--image-path", imageDir, "--work-path", workDir}, runcFlags(f)...)
 	if pageServer != "" {
 		args = append(args, "--page-server", pageServer)
 	}
@@ -126,8 +125,8 @@ func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f C
 
 // Restore has runc restore imageDir as container id, detached, from bundle, with env added
 // to runc's (and so CRIU's) environment.
-func (r *Runc) Restore(ctx context.Context, id, bundle, imageDir, workDir string, f CRIUFlags, env []string) error {
-	args := append([]string{"restore", "--detach", "--image-path", imageDir, "--work-path", workDir, "--bundle", bundle}, f.args()...)
+func (r *Runc) Restore(ctx context.Context, id, bundle, imageDir, workDir string, f criu.Flags, env []string) error {
+	args := append([]string{"restore", "--detach", "--image-path", imageDir, "--work-path", workDir, "--bundle", bundle}, runcFlags(f)...)
 	_, err := r.run(ctx, env, append(args, id)...)
 	return err
 }

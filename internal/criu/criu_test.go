@@ -68,3 +68,17 @@ func TestValidateNetworkLock(t *testing.T) {
 		t.Error("ufw accepted")
 	}
 }
+
+// A restore runs with what the dump needed plus what the user adds, for process trees and
+// containers alike; the network is unlocked as the dump locked it unless the user says.
+func TestFlagsForRestore(t *testing.T) {
+	dumped := Flags{TCPEstablished: true, NetworkLock: "iptables"}
+	if got := dumped.ForRestore(Flags{}); got != dumped {
+		t.Fatalf("restore with no flags of its own = %+v, want the dump's %+v", got, dumped)
+	}
+	got := dumped.ForRestore(Flags{ShellJob: true, NetworkLock: "skip"})
+	want := Flags{ShellJob: true, TCPEstablished: true, NetworkLock: "skip"}
+	if got != want {
+		t.Fatalf("ForRestore = %+v, want %+v", got, want)
+	}
+}

@@ -30,17 +30,41 @@ const DefaultLogLevel = 2
 // is 1 MiB): NCCL keeps tens of MiB in unlinked /dev/shm files that a job cannot restore without.
 const ghostLimit = 1 << 30
 
-// Options are the CRIU behaviours users choose, shared by dump and restore.
-type Options struct {
-	ShellJob       bool // the tree is attached to a terminal
-	TCPEstablished bool // checkpoint established TCP connections
-	ExtUnixSk      bool // allow unix sockets connected outside the tree
-	FileLocks      bool // checkpoint file locks
+// Flags are the CRIU behaviours a user chooses for a checkpoint. An image stores them as
+// they were (its manifest embeds them) and its restore uses them, whichever way CRIU is
+// driven: over RPC for a process tree, through a container runtime's flags for a container.
+type Flags struct {
+	ShellJob       bool `json:"shellJob"`       // the tree is attached to a terminal
+	TCPEstablished bool `json:"tcpEstablished"` // checkpoint established TCP connections
+	ExtUnixSk      bool `json:"extUnixSk"`      // allow unix sockets connected outside the tree
+	FileLocks      bool `json:"fileLocks"`      // checkpoint file locks
 	// NetworkLock is how CRIU keeps TCP peers quiet while the tree is frozen: "nftables"
 	// (gpucr's default: through libnftables, no binary needed), "iptables" (CRIU's own
 	// default, needs iptables-restore), or "skip" when every peer is inside the tree.
-	NetworkLock string
-	LogLevel    int // CRIU's log verbosity, 1-4; 0 means DefaultLogLevel
+	NetworkLock string `json:"networkLock,omitempty"`
+}
+
+// ForRestore is what a restore of an image dumped with f runs with, the user's restore
+// flags u added: what the dump needed the restore needs too, and the network is unlocked
+// the way the dump locked it unless the user says otherwise.
+func (f Flags) ForRestore(u Flags) Flags {
+	out := Flags{
+		ShellJob:       f.ShellJob || u.ShellJob,
+		TCPEstablished: f.TCPEstablished || u.TCPEstablished,
+		ExtUnixSk:      f.ExtUnixSk || u.ExtUnixSk,
+		FileLocks:      f.FileLocks || u.FileLocks,
+		NetworkLock:    u.NetworkLock,
+	}
+	if out.NetworkLock == "" {
+		out.NetworkLock = f.NetworkLock
+	}
+	return out
+}
+
+// Options are the flags and how gpucr runs CRIU with them, shared by dump and restore.
+type Options struct {
+	Flags
+	LogLevel int // CRIU's log verbosity, 1-4; 0 means DefaultLogLevel
 	// PluginDir, when set, is the directory CRIU loads plugins from (CRIU_LIBS_DIR).
 	PluginDir string
 	// Env holds settings for CRIU's plugins, such as KFD_FW_VER_CHECK=0.

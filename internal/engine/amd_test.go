@@ -21,7 +21,7 @@ func amdImage(t *testing.T, e *Engine) string {
 	t.Helper()
 	pid := startSleeper(t)
 	dir := filepath.Join(t.TempDir(), "img")
-	if _, err := e.Checkpoint(context.Background(), CheckpointRequest{PID: pid, Dir: dir, LockTimeout: time.Second}); err != nil {
+	if _, err := e.Checkpoint(context.Background(), e.Tree(pid), CheckpointRequest{Dir: dir, LockTimeout: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	var ws syscall.WaitStatus

@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/pageserver"
@@ -22,9 +23,8 @@ import (
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
-// CheckpointRequest is what to checkpoint, where, and how.
+// CheckpointRequest is where and how to checkpoint a target.
 type CheckpointRequest struct {
-	PID          int
 	Dir          string
 	LeaveRunning bool
 	LockTimeout  time.Duration // how long a GPU lock waits for work in flight
@@ -41,103 +41,92 @@ type CheckpointRequest struct {
 	criu.Options
 }
 
-// Checkpoint writes an image of the tree rooted at r.PID to r.Dir. On any failure the tree
-// keeps running with its GPUs unlocked, and nothing appears at r.Dir.
-func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Manifest, error) {
-	tree, err := e.target(r.PID)
+// Checkpoint writes an image of target to r.Dir (or r.Stream). Every target — a process
+// tree, a container — goes through this one sequence: GPUs locked and checkpointed, the
+// tree frozen and dumped, the memory saved, the image committed while the tree is still
+// frozen, and only then the tree released (killed, or resumed with r.LeaveRunning). Each
+// change is journaled before it is made and pushed on one undo stack: on any failure the
+// tree keeps running with its GPUs unlocked, and nothing appears at r.Dir.
+func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequest) (m *image.Manifest, err error) {
+	if os.Geteuid() != 0 {
+		return nil, ErrNotRoot
+	}
+	tree, err := target.Open(ctx)
 	if err != nil {
 		return nil, err
 	}
-	op, err := e.Begin(txn.OpCheckpoint, fmt.Sprintf("PID %d", r.PID), PIDLock(r.PID))
+	op, err := e.Begin(txn.OpCheckpoint, target.What(), target.Locks()...)
 	if err != nil {
 		return nil, err
 	}
 	defer op.End()
-	gpus, snaps, err := FindGPUProcs(ctx, e.Backends, proctree.PIDs(tree))
+	gpus, snaps, err := Inspect(ctx, e.Backends, tree)
 	if err != nil {
 		return nil, err
 	}
-	if err := safety.Check(tree, gpus.PIDs()); err != nil {
-		return nil, err // before anything is locked: the workload is untouched
-	}
-	stage, err := e.BeginStaging(op, r.Dir, r.Scratch, tree, gpus)
-	if err != nil {
-		return nil, err
-	}
-	defer stage.Abort() // a no-op once committed; a streamed image is never committed here
-	if r.Stream != nil {
-		defer r.Stream.Abort() // after Finish, a no-op
-	}
-	t := e.NewTimer(op)
 	if pid := plugin.UsesKFD(proctree.PIDs(tree)); pid != 0 {
-		if e.AMDPluginDir == "" {
+		switch {
+		case !target.CRIUPlugins():
+			return nil, fmt.Errorf("process %d of %s uses an AMD GPU (/dev/kfd): AMD GPUs are not supported there yet", pid, target.What())
+		case e.AMDPluginDir == "":
 			return nil, fmt.Errorf("process %d uses an AMD GPU (/dev/kfd): %w", pid, plugin.ErrMissing)
 		}
 		r.PluginDir = e.AMDPluginDir // CRIU's plugin saves the /dev/kfd state within the dump
 	}
-	m := &image.Manifest{
-		GpucrVersion: e.Version,
-		CRIUVersion:  e.CRIU.VersionString(),
-		Created:      time.Now().UTC(),
-		Host:         HostInfo(),
-		RootPID:      r.PID,
-		Options: image.Options{
-			LeaveRunning: r.LeaveRunning, ShellJob: r.ShellJob, TCPEstablished: r.TCPEstablished,
-			ExtUnixSk: r.ExtUnixSk, FileLocks: r.FileLocks, NetworkLock: r.NetworkLock,
-		},
-		GPUs: snaps,
+	ids, err := imagePIDs(target, tree)
+	if err != nil {
+		return nil, err
 	}
-	for _, p := range tree {
-		m.Processes = append(m.Processes, image.Process{PID: p.PID, PPID: p.PPID, Command: p.Command, Threads: p.Threads})
-	}
+	m = newManifest(e, tree, ids, snaps, r)
 
-	// From here on the GPUs may be locked: every failure path resumes them.
-	rollback := func(cause error) error {
-		if len(gpus) == 0 {
-			return cause
-		}
-		// The caller's context may be the cancelled one; rollback must still run.
-		if err := gpus.Resume(context.WithoutCancel(ctx), nil); err != nil {
-			return fmt.Errorf("%w; rolling back the GPUs also failed, the workload may be stuck: %v", cause, err)
-		}
-		e.Logger().Info("rolled back: GPU processes resumed", "processes", len(gpus))
-		return cause
+	var undo Undo
+	defer func() { err = undo.Unwind(ctx, err) }()
+	stage, err := e.BeginStaging(op, r.Dir, r.Scratch, tree, gpus)
+	if err != nil {
+		return nil, err
 	}
+	undo.Always("remove the staged image", func(context.Context) error { stage.Abort(); return nil })
+	if r.Stream != nil {
+		undo.Always("abort the stream", func(context.Context) error { r.Stream.Abort(); return nil })
+	}
+	t := e.NewTimer(op)
 	if len(gpus) > 0 {
-		defer e.TuneHost(op)()
-		if err := t.Run(PhaseGPULock, func() error { return gpus.Lock(ctx, r.LockTimeout) }); err != nil {
-			return nil, rollback(fmt.Errorf("lock GPU processes: %w", err))
+		restoreTHP := e.TuneHost(op) // the driver stages device memory into huge pages
+		undo.Always("put transparent huge pages back", func(context.Context) error { restoreTHP(); return nil })
+		if err := CheckpointGPUs(ctx, t, gpus, r.LockTimeout, &undo); err != nil {
+			return nil, err
 		}
-		if err := t.Run(PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {
-			return nil, rollback(fmt.Errorf("checkpoint GPU state: %w", err))
-		}
+	}
+	if err := target.Freeze(ctx, op, &undo); err != nil {
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, rollback(fmt.Errorf("checkpoint interrupted: %w", err))
+		return nil, fmt.Errorf("checkpoint interrupted: %w", err)
 	}
 
-	// The image is committed while CRIU still holds the tree frozen (post-dump): if the
-	// commit fails, CRIU resumes the tree instead of killing it, so nothing is lost.
-	// The large runs of the processes' memory (a GPU process's staged device memory)
-	// are gpucr's to save, on all cores, once CRIU has frozen the tree; CRIU leaves them out.
+	// The large runs of the processes' memory (a GPU process's staged device memory) are
+	// gpucr's to save, on all cores, once CRIU has frozen the tree; CRIU leaves them out.
 	var saved []memfill.Range
 	if !r.CRIUWritesPages && r.PluginDir == "" {
 		if saved, err = memfill.Select(tree); err != nil {
-			return nil, rollback(err)
+			return nil, err
+		}
+		for i := range saved {
+			saved[i].ImagePID = ids[saved[i].PID]
 		}
 		if len(saved) > 0 {
 			ranges := filepath.Join(stage.LogsDir(), "gpucr-skip-ranges")
 			if err := memfill.WriteRanges(ranges, saved); err != nil {
-				return nil, rollback(err)
+				return nil, err
 			}
 			r.Env = append(slices.Clip(r.Env), memfill.SkipEnv+"="+ranges)
 		}
 	}
-	commit := &committer{ctx: ctx, stage: stage, manifest: m, timer: t, stream: r.Stream, saved: saved, op: op}
 	dump := criu.DumpRequest{
-		PID: r.PID, ImagesDir: stage.CRIUDir(), WorkDir: stage.LogsDir(),
+		ImagesDir: stage.CRIUDir(), WorkDir: stage.LogsDir(),
 		LeaveRunning: r.LeaveRunning, Options: r.Options,
 	}
+	var pages *pageserver.Server
 	if !r.CRIUWritesPages || r.Stream != nil {
 		// CRIU sends the pages to gpucr, which writes (or stores) and checksums them on all
 		// cores while CRIU's one thread keeps sending.
@@ -145,55 +134,153 @@ func (e *Engine) Checkpoint(ctx context.Context, r CheckpointRequest) (*image.Ma
 		if r.Stream != nil {
 			sink = storeSink{r.Stream}
 		}
-		srv, err := pageserver.Start(stage.CRIUDir(), sink)
-		if err != nil {
-			return nil, rollback(err)
+		if pages, err = pageserver.Start(stage.CRIUDir(), sink); err != nil {
+			return nil, err
 		}
-		defer srv.Close()
-		commit.pages, dump.PageServerPort = srv, srv.Port()
+		undo.Always("stop the page server", func(context.Context) error { pages.Close(); return nil })
+		dump.PageServerPort = pages.Port()
 	}
-	commit.dumpStart = time.Now()
+
+	// The image is committed while the tree is still frozen: if the commit fails, the tree
+	// is resumed instead of killed, so nothing is lost.
+	dumpStart := time.Now()
 	op.Phase(PhaseCRIUDump)
 	e.reporter().Start(PhaseCRIUDump)
 	crashpoint.Hit("start " + PhaseCRIUDump)
-	err = e.CRIU.Dump(ctx, dump, commit)
-	if err != nil {
-		if !commit.reached {
-			e.reporter().Done(PhaseCRIUDump, time.Since(commit.dumpStart))
+	dumped, commitErr := false, error(nil)
+	commit := func() error {
+		d := time.Since(dumpStart)
+		dumped = true
+		t.Phases = append(t.Phases, image.Phase{Name: PhaseCRIUDump, Duration: d})
+		e.reporter().Done(PhaseCRIUDump, d)
+		crashpoint.Hit("end " + PhaseCRIUDump)
+		commitErr = e.commitFrozen(ctx, op, t, target, stage, m, pages, saved, r.Stream)
+		return commitErr
+	}
+	if err := target.Dump(ctx, dump, commit); err != nil {
+		if !dumped {
+			e.reporter().Done(PhaseCRIUDump, time.Since(dumpStart))
 		}
 		switch {
-		case commit.err != nil:
-			err = commit.err
+		case commitErr != nil:
+			return nil, commitErr
 		case r.Stream != nil && r.Stream.Err() != nil:
 			// The store failed first; CRIU only saw its page server hang up.
-			err = fmt.Errorf("store memory pages: %w", r.Stream.Err())
-		case commit.pages != nil && commit.pages.Err() != nil:
+			return nil, fmt.Errorf("store memory pages: %w", r.Stream.Err())
+		case pages != nil && pages.Err() != nil:
 			// gpucr's page server failed first (a full disk, say); CRIU saw it hang up.
-			err = commit.pages.Err()
-		default:
-			err = keepLog(err)
+			return nil, pages.Err()
 		}
-		return nil, rollback(err)
+		return nil, keepLog(err)
 	}
+	undo.Commit()
 
-	if !r.LeaveRunning {
-		// CRIU has killed the tree; return only once its PIDs and sockets are free, so that
-		// a restore right after this one does not find them taken.
-		if left := waitExited(proctree.PIDs(tree), exitWait); len(left) > 0 {
-			e.Logger().Warn("checkpointed processes are still exiting", "pids", left)
-		}
+	// The image is safe: now the tree goes, or carries on.
+	where := r.Dir
+	if r.Stream != nil {
+		where = "the store"
+	}
+	if err := target.Release(context.WithoutCancel(ctx), r.LeaveRunning); err != nil {
+		return m, fmt.Errorf("image written to %s, but %w", where, err)
 	}
 	if r.LeaveRunning && len(gpus) > 0 {
 		if err := t.Run(PhaseGPUResume, func() error { return gpus.Resume(context.WithoutCancel(ctx), nil) }); err != nil {
-			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", r.Dir, err)
+			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", where, err)
 		}
 	}
 	m.Phases = t.Phases
 	return m, nil
 }
 
-// PIDLock names the lock that keeps two gpucr operations off one process tree.
-func PIDLock(pid int) string { return fmt.Sprintf("pid-%d", pid) }
+// Inspect finds the GPU processes of tree and refuses, before anything is locked, a tree
+// whose checkpoint could not be restored: the workload is untouched either way.
+func Inspect(ctx context.Context, backends []gpu.Backend, tree []proctree.Process) (GPUSet, []gpu.Snapshot, error) {
+	gpus, snaps, err := FindGPUProcs(ctx, backends, proctree.PIDs(tree))
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := safety.Check(tree, gpus.PIDs()); err != nil {
+		return nil, nil, err
+	}
+	return gpus, snaps, nil
+}
+
+// CheckpointGPUs locks gpus, waiting at most timeout for work in flight, and checkpoints
+// their device state into host memory; their resume is on undo before the first lock.
+func CheckpointGPUs(ctx context.Context, t *Timer, gpus GPUSet, timeout time.Duration, undo *Undo) error {
+	undo.OnFail("resume the GPU processes, the workload may be stuck", func(ctx context.Context) error {
+		return gpus.Resume(ctx, nil)
+	})
+	if err := t.Run(PhaseGPULock, func() error { return gpus.Lock(ctx, timeout) }); err != nil {
+		return fmt.Errorf("lock GPU processes: %w", err)
+	}
+	if err := t.Run(PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {
+		return fmt.Errorf("checkpoint GPU state: %w", err)
+	}
+	return nil
+}
+
+// commitFrozen finishes a checkpoint whose tree has been dumped and is still frozen: the
+// page server has received everything, the target's own files join the image, the memory
+// gpucr saves itself is saved, and the image is committed and journaled as such.
+func (e *Engine) commitFrozen(ctx context.Context, op *Op, t *Timer, target Target, stage *image.Staging, m *image.Manifest,
+	pages *pageserver.Server, saved []memfill.Range, s *chunked.Stream) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("checkpoint interrupted: %w", err)
+	}
+	if pages != nil {
+		if _, err := pages.Wait(ctx); err != nil {
+			return err
+		}
+	}
+	if err := target.Describe(stage.Dir()); err != nil {
+		return err
+	}
+	if err := SaveAndCommit(ctx, t, stage, m, saved, s); err != nil {
+		return err
+	}
+	return op.Update(func(r *txn.Record) { r.Committed = true })
+}
+
+// newManifest describes tree, numbered as ids says, and its GPU state for an image.
+func newManifest(e *Engine, tree []proctree.Process, ids map[int]int, snaps []gpu.Snapshot, r CheckpointRequest) *image.Manifest {
+	m := &image.Manifest{
+		GpucrVersion: e.Version,
+		CRIUVersion:  e.CRIU.VersionString(),
+		Created:      time.Now().UTC(),
+		Host:         HostInfo(),
+		RootPID:      ids[tree[0].PID],
+		Options:      image.Options{LeaveRunning: r.LeaveRunning, Flags: r.Flags},
+		GPUs:         slices.Clone(snaps),
+	}
+	for _, p := range tree {
+		ppid, ok := ids[p.PPID]
+		if !ok && ids[p.PID] == p.PID {
+			ppid = p.PPID // the tree is numbered as the host numbers it: so is its parent
+		}
+		m.Processes = append(m.Processes, image.Process{PID: ids[p.PID], PPID: ppid, Command: p.Command, Threads: p.Threads})
+	}
+	for s := range m.GPUs {
+		m.GPUs[s].Processes = slices.Clone(m.GPUs[s].Processes)
+		for i := range m.GPUs[s].Processes {
+			m.GPUs[s].Processes[i].PID = ids[m.GPUs[s].Processes[i].PID]
+		}
+	}
+	return m
+}
+
+// imagePIDs numbers each process of tree as the image will.
+func imagePIDs(target Target, tree []proctree.Process) (map[int]int, error) {
+	ids := make(map[int]int, len(tree))
+	for _, p := range tree {
+		id, err := target.ImagePID(p.PID)
+		if err != nil {
+			return nil, err
+		}
+		ids[p.PID] = id
+	}
+	return ids, nil
+}
 
 // BeginStaging journals what the checkpoint will change — the tree, its GPU processes, the
 // staging directory and the caller's scratch — and only then creates the staging directory.
@@ -219,47 +306,6 @@ func (e *Engine) BeginStaging(op *Op, dir string, scratch []string, tree []proct
 		return nil, err
 	}
 	return image.BeginAt(dir, staging)
-}
-
-// committer commits the staged image from CRIU's post-dump notification.
-type committer struct {
-	criu.NoNotify
-	ctx       context.Context
-	stage     *image.Staging
-	manifest  *image.Manifest
-	timer     *Timer
-	dumpStart time.Time
-	reached   bool // CRIU finished writing and called PostDump
-	err       error
-	// pages is the page server CRIU sends the pages to; stream, the store it passes them
-	// on to for a streamed checkpoint.
-	pages  *pageserver.Server
-	stream *chunked.Stream
-	saved  []memfill.Range // memory gpucr saves itself once CRIU has frozen the tree
-	op     *Op
-}
-
-func (c *committer) PostDump() error {
-	d := time.Since(c.dumpStart)
-	c.reached = true
-	c.timer.Phases = append(c.timer.Phases, image.Phase{Name: PhaseCRIUDump, Duration: d})
-	c.timer.r.Done(PhaseCRIUDump, d)
-	crashpoint.Hit("end " + PhaseCRIUDump)
-	if err := c.ctx.Err(); err != nil {
-		c.err = fmt.Errorf("checkpoint interrupted: %w", err)
-		return c.err
-	}
-	if c.pages != nil {
-		if _, err := c.pages.Wait(c.ctx); err != nil {
-			c.err = err
-			return err
-		}
-	}
-	c.err = SaveAndCommit(c.ctx, c.timer, c.stage, c.manifest, c.saved, c.stream)
-	if c.err == nil {
-		c.err = c.op.Update(func(r *txn.Record) { r.Committed = true })
-	}
-	return c.err
 }
 
 // SaveAndCommit finishes a checkpoint whose tree CRIU has dumped and still holds frozen: the
@@ -393,29 +439,6 @@ func waitExited(pids []int, limit time.Duration) []int {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// target checks that pid may be checkpointed and returns its tree.
-func (e *Engine) target(pid int) ([]proctree.Process, error) {
-	if os.Geteuid() != 0 {
-		return nil, ErrNotRoot
-	}
-	switch {
-	case pid <= 0:
-		return nil, fmt.Errorf("%w: %d is not a valid PID", ErrBadTarget, pid)
-	case pid == 1:
-		return nil, fmt.Errorf("%w: PID 1 is the init process", ErrBadTarget)
-	case pid == os.Getpid():
-		return nil, fmt.Errorf("%w: PID %d is gpucr itself", ErrBadTarget, pid)
-	}
-	tree, err := proctree.Tree(pid)
-	if err != nil {
-		return nil, err
-	}
-	if slices.Contains(proctree.PIDs(tree), os.Getpid()) {
-		return nil, fmt.Errorf("%w: gpucr itself runs inside the tree of PID %d", ErrBadTarget, pid)
-	}
-	return tree, nil
 }
 
 // HostInfo identifies this machine for a manifest.

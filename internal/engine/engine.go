@@ -95,8 +95,11 @@ type Timer struct {
 // NewTimer is a Timer reporting to the engine's reporter and journaling to op.
 func (e *Engine) NewTimer(op *Op) *Timer { return &Timer{r: e.reporter(), op: op} }
 
-// Run times f as the phase name.
+// Run times f as the phase name. A zero Timer reports to no one and journals nothing.
 func (t *Timer) Run(name string, f func() error) error {
+	if t.r == nil {
+		t.r = noReport{}
+	}
 	t.r.Start(name)
 	t.op.Phase(name)
 	crashpoint.Hit("start " + name)

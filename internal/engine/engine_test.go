@@ -125,7 +125,7 @@ func TestFailedDumpRollsBackGPUAndLeavesNothing(t *testing.T) {
 	}
 	e.THPSwitch = fake.thp
 
-	_, err := e.Checkpoint(context.Background(), CheckpointRequest{PID: fake.pid, Dir: dir, LockTimeout: time.Second})
+	_, err := e.Checkpoint(context.Background(), e.Tree(fake.pid), CheckpointRequest{Dir: dir, LockTimeout: time.Second})
 	if !errors.Is(err, syscall.ENOSPC) {
 		t.Fatalf("checkpoint onto a full disk: %v, want the disk's error", err)
 	}
@@ -151,7 +151,7 @@ func TestInterruptedCheckpointRollsBack(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // Ctrl-C arrived while the GPUs were being locked
 	dir := filepath.Join(t.TempDir(), "img")
-	_, err := e.Checkpoint(ctx, CheckpointRequest{PID: fake.pid, Dir: dir, LockTimeout: time.Second})
+	_, err := e.Checkpoint(ctx, e.Tree(fake.pid), CheckpointRequest{Dir: dir, LockTimeout: time.Second})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("err = %v, want cancellation", err)
 	}
@@ -168,7 +168,7 @@ func TestGPUProcessRoundTrip(t *testing.T) {
 	e := newEngine(t, fake)
 	fake.pid = startSleeper(t)
 	dir := filepath.Join(t.TempDir(), "img")
-	m, err := e.Checkpoint(context.Background(), CheckpointRequest{PID: fake.pid, Dir: dir, LockTimeout: time.Second})
+	m, err := e.Checkpoint(context.Background(), e.Tree(fake.pid), CheckpointRequest{Dir: dir, LockTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,13 +116,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 		return nil, err
 	}
 	opts := r.Options
-	opts.ShellJob = opts.ShellJob || m.Options.ShellJob
-	opts.TCPEstablished = opts.TCPEstablished || m.Options.TCPEstablished
-	opts.ExtUnixSk = opts.ExtUnixSk || m.Options.ExtUnixSk
-	opts.FileLocks = opts.FileLocks || m.Options.FileLocks
-	if opts.NetworkLock == "" {
-		opts.NetworkLock = m.Options.NetworkLock // unlock the way the dump locked
-	}
+	opts.Flags = m.Options.ForRestore(r.Flags)
 	gate := &verifyGate{v: verify, t: t, op: op}
 	imagesDir := image.CRIUPath(r.Dir)
 	// The large runs of memory are gpucr's to restore, on all cores: those it saved itself

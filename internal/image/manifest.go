@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
 )
 
@@ -56,12 +57,8 @@ type HostInfo struct {
 
 // Options are the checkpoint options that restore must repeat.
 type Options struct {
-	LeaveRunning   bool   `json:"leaveRunning"`
-	ShellJob       bool   `json:"shellJob"`
-	TCPEstablished bool   `json:"tcpEstablished"`
-	ExtUnixSk      bool   `json:"extUnixSk"`
-	FileLocks      bool   `json:"fileLocks"`
-	NetworkLock    string `json:"networkLock,omitempty"`
+	LeaveRunning bool `json:"leaveRunning"`
+	criu.Flags
 }
 
 // Process is one process of the checkpointed tree.

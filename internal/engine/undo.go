@@ -1,0 +1,60 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Undo is what an operation has changed so far, each change with what reverses it: the one
+// rollback of a checkpoint, whatever its target. Steps are undone last first. A step pushed
+// with OnFail is undone only if the operation fails before commit; one pushed with Always
+// also when it succeeds (a setting held for the operation's length, a server, scratch).
+type Undo struct {
+	steps     []undoStep
+	committed bool
+}
+
+type undoStep struct {
+	what   string
+	always bool
+	undo   func(context.Context) error
+}
+
+func (s *Undo) OnFail(what string, undo func(context.Context) error) {
+	s.steps = append(s.steps, undoStep{what: what, undo: undo})
+}
+
+func (s *Undo) Always(what string, undo func(context.Context) error) {
+	s.steps = append(s.steps, undoStep{what: what, always: true, undo: undo})
+}
+
+// Commit marks the operation done: from now on only the always-steps are undone.
+func (s *Undo) Commit() { s.committed = true }
+
+// Unwind undoes the steps, last first, and returns cause joined with every undo that
+// failed. It runs with ctx's values but never its cancellation: a rollback interrupted
+// halfway is what loses a job.
+func (s *Undo) Unwind(ctx context.Context, cause error) error {
+	ctx = context.WithoutCancel(ctx)
+	failed := cause != nil || !s.committed
+	var also []string
+	for i := len(s.steps) - 1; i >= 0; i-- {
+		st := s.steps[i]
+		if !st.always && !failed {
+			continue
+		}
+		if err := st.undo(ctx); err != nil {
+			also = append(also, fmt.Sprintf("%s also failed: %v", st.what, err))
+		}
+	}
+	s.steps = nil
+	switch {
+	case len(also) == 0:
+		return cause
+	case cause == nil:
+		return errors.New(strings.Join(also, "; "))
+	}
+	return fmt.Errorf("%w; %s", cause, strings.Join(also, "; "))
+}
