@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // actionStateDir holds what the CRIU action script passes from one step to a later one.
@@ -20,7 +21,7 @@ const actionStateDir = "/run/gpucr/criu-action"
 // criuActionCmd is the CRIU action script of the runc integration (hidden: CRIU runs it,
 // people do not). With --rollback-after it is instead the watcher that pre-dump starts.
 func (a *app) criuActionCmd() *cobra.Command {
-	var logPath, heldPath, fillPlan string
+	var logPath, heldPath, work, owner string
 	var lockTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:    "criu-action",
@@ -43,8 +44,12 @@ func (a *app) criuActionCmd() *cobra.Command {
 				}
 				return nil
 			}
-			if fillPlan != "" {
-				return container.Fill(cmd.Context(), os.Getenv, fillPlan, log)
+			if work != "" {
+				var o txn.Proc
+				if _, err := fmt.Sscanf(owner, "%d:%d", &o.PID, &o.Start); err != nil {
+					return fmt.Errorf("--owner %q: want PID:START", owner)
+				}
+				return container.PostRestore(cmd.Context(), os.Getenv, work, o, log)
 			}
 			var backends []gpu.Backend
 			if os.Getenv(container.SkipEnv) != "skip" { // probing the driver costs time
@@ -73,8 +78,10 @@ func (a *app) criuActionCmd() *cobra.Command {
 	f.DurationVar(&lockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
 	f.StringVar(&heldPath, "rollback-after", "", "wait for the CRIU on descriptor 3 to exit, then resume the GPU processes listed in this file")
 	_ = f.MarkHidden("rollback-after")
-	f.StringVar(&fillPlan, "fill", "", "at post-restore, write the memory of this plan into the restored processes (gpucr restore --container)")
-	_ = f.MarkHidden("fill")
+	f.StringVar(&work, "post-restore", "", "at post-restore, wait for the verdict on the image in this restore work directory and fill the memory it plans (gpucr restore --container)")
+	f.StringVar(&owner, "owner", "", "with --post-restore: PID:START of the gpucr that runs the restore")
+	_ = f.MarkHidden("post-restore")
+	_ = f.MarkHidden("owner")
 	return cmd
 }
 

@@ -1,18 +1,15 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
-	"github.com/gpucr/gpucr/internal/interrupt"
 )
 
 // runcFlags binds where runc is and where it keeps its state, for --container.
@@ -25,18 +22,10 @@ func (f *runcFlags) bind(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.root, "runc-root", "", "with --container: runc's state directory (default: runc's own, /run/runc)")
 }
 
-// containers builds the container driver: the engine's CRIU and GPU backends, and runc
-// told to use that CRIU.
-func (a *app) containers(f runcFlags) (*container.Containers, error) {
-	e, err := a.engine()
-	if err != nil {
-		return nil, err
-	}
-	path, err := container.FindRunc(f.path)
-	if err != nil {
-		return nil, err
-	}
-	return &container.Containers{Engine: e, Runc: &container.Runc{Path: path, Root: f.root, CRIU: e.CRIU.Path}}, nil
+// containers is the container driver over e: its CRIU and GPU backends, and the runc at
+// path told to use that CRIU.
+func containers(e *engine.Engine, path string, f runcFlags) *container.Containers {
+	return &container.Containers{Engine: e, Runc: &container.Runc{Path: path, Root: f.root, CRIU: e.CRIU.Path}}
 }
 
 // refuseRuncUnpassed refuses the CRIU options runc does not pass on.
@@ -72,43 +61,33 @@ func (a *app) checkpointTarget(cmd *cobra.Command, args []string, ctr string, rf
 	if err != nil {
 		return nil, classifyContainer(err)
 	}
-	return func(e *engine.Engine) engine.Target {
-		c := &container.Containers{Engine: e, Runc: &container.Runc{Path: runc, Root: rf.root, CRIU: e.CRIU.Path}}
-		return c.Target(ctr)
-	}, nil
+	return func(e *engine.Engine) engine.Target { return containers(e, runc, rf).Target(ctr) }, nil
 }
 
-// restoreContainer is `gpucr restore --container ID`.
-func (a *app) restoreContainer(ctx context.Context, cmd *cobra.Command, rf runcFlags, id string, r container.RestoreRequest, o criu.Options, pulled *transferOutput) error {
-	if err := refuseRuncUnpassed(cmd); err != nil {
-		return err
-	}
-	r.Flags = o.Flags
-	info, err := container.ReadInfo(r.Dir)
-	if err != nil {
-		return usageError{fmt.Errorf("%s does not hold a container (restore it without --container): %w", r.Dir, err)}
-	}
-	if info.ID != id {
-		return usageError{fmt.Errorf("%s holds container %s, not %s (use --new-id to restore it under another name)", r.Dir, info.ID, id)}
-	}
-	c, err := a.containers(rf)
-	if err != nil {
-		return classifyContainer(err)
-	}
-	ctx, stop := interrupt.Context(ctx)
-	defer stop()
-	start := time.Now()
-	res, err := c.Restore(ctx, r)
-	if err != nil {
-		return classifyContainer(err)
-	}
-	out := restoreOutput{Dir: r.Dir, Container: res.ID, RootPID: res.RootPID, GPUMap: res.GPUMap, Pulled: pulled, Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds()}
-	return a.emit(out, func() {
-		if pulled != nil {
-			printPull(a, *pulled)
+// restoreTarget is what `gpucr restore` restores the image at dir as: the process tree it
+// holds, or, with --container ctr, the container (under newID and from bundle when given).
+func (a *app) restoreTarget(cmd *cobra.Command, rf runcFlags, dir, ctr, newID, bundle string) (func(*engine.Engine) engine.RestoreTarget, error) {
+	if ctr == "" {
+		if newID != "" || bundle != "" {
+			return nil, usageError{fmt.Errorf("--new-id and --bundle need --container")}
 		}
-		printRestore(a, out, res.Phases)
-	})
+		return func(e *engine.Engine) engine.RestoreTarget { return e.TreeImage() }, nil
+	}
+	if err := refuseRuncUnpassed(cmd); err != nil {
+		return nil, err
+	}
+	info, err := container.ReadInfo(dir)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("%s does not hold a container (restore it without --container): %w", dir, err)}
+	}
+	if info.ID != ctr {
+		return nil, usageError{fmt.Errorf("%s holds container %s, not %s (use --new-id to restore it under another name)", dir, info.ID, ctr)}
+	}
+	runc, err := container.FindRunc(rf.path)
+	if err != nil {
+		return nil, classifyContainer(err)
+	}
+	return func(e *engine.Engine) engine.RestoreTarget { return containers(e, runc, rf).Image(newID, bundle) }, nil
 }
 
 // classifyContainer gives the container errors users act on their exit code.

@@ -376,3 +376,33 @@ func TestKilledActionScriptRollsBack(t *testing.T) {
 		})
 	}
 }
+
+// gpucr restore --container killed at each phase: afterwards the container runs whole (its
+// memory verified and filled, counting on) or does not exist and the image restores again;
+// no runc, CRIU or hook waits on, and nothing of the restore is left.
+func TestKilledContainerRestoreLeavesNothingOrAWholeContainer(t *testing.T) {
+	needRunc(t)
+	for _, point := range []string{"begin", "start criu-restore", "start criu-restore+120ms", "end criu-restore", "end"} {
+		t.Run(point, func(t *testing.T) {
+			host := newCrashHost(t)
+			tmp := t.TempDir()
+			env := []string{"TMPDIR=" + tmp}
+			runc, bundle, id, _ := counterContainer(t, strings.NewReplacer(" ", "-", "+", "-").Replace(point), "-mib", "32")
+			dir := filepath.Join(t.TempDir(), "img")
+			mustGpucr(t, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
+			frozen := count(t, bundle)
+			killedAt(t, point, env, append([]string{"restore", "--container", id, "-D", dir}, host.flags()...)...)
+			host.checkClean(t)
+			if gone(runc, id) {
+				mustGpucrEnv(t, env, append([]string{"restore", "--container", id, "-D", dir}, host.flags()...)...)
+			}
+			checkCountsOn(t, bundle, frozen)
+			if left, _ := filepath.Glob(filepath.Join(tmp, "gpucr-*")); len(left) > 0 {
+				t.Errorf("left in TMPDIR: %v", left)
+			}
+			if out, _ := exec.Command("pgrep", "-f", "criu-action --post-restore").Output(); len(out) > 0 {
+				t.Errorf("post-restore hooks still running: %s", out)
+			}
+		})
+	}
+}

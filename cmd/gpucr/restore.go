@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -12,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/amd"
-	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -58,26 +58,24 @@ func (a *app) restoreCmd() *cobra.Command {
 				}
 				pulled = &p
 			}
-			if ctr != "" {
-				return a.restoreContainer(cmd.Context(), cmd, rf, ctr, container.RestoreRequest{
-					Dir: r.Dir, ID: newID, Bundle: bundle, GPUMap: r.GPUMap, Skips: r.Skips,
-					CRIURestoresPages: r.CRIURestoresPages,
-				}, r.Options, pulled)
-			}
-			if newID != "" || bundle != "" {
-				return usageError{fmt.Errorf("--new-id and --bundle need --container")}
+			target, err := a.restoreTarget(cmd, rf, r.Dir, ctr, newID, bundle)
+			if err != nil {
+				return err
 			}
 			start := time.Now()
 			var res *engine.RestoreResult
 			err = a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
-				res, err = e.Restore(ctx, r)
+				res, err = e.Restore(ctx, target(e), r)
 				return err
 			})
 			if err != nil {
-				return err
+				return classifyContainer(err)
 			}
 			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Pulled: pulled,
 				Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds(), CRIUStats: res.CRIUStats}
+			if ctr != "" {
+				out.Container = cmp.Or(newID, ctr)
+			}
 			return a.emit(out, func() {
 				if pulled != nil {
 					printPull(a, *pulled)

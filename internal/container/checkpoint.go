@@ -43,6 +43,9 @@ func ReadInfo(dir string) (*Info, error) {
 // ErrNotRunning means the container is not running, so there is nothing to checkpoint.
 var ErrNotRunning = errors.New("container is not running")
 
+// ErrExists means a restore would take the ID of a container runc already has.
+var ErrExists = errors.New("a container with that ID exists")
+
 // Containers checkpoints and restores runc containers with the engine's CRIU and GPU
 // backends.
 type Containers struct {

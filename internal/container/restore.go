@@ -5,169 +5,110 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
-	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
-	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
-// RestoreRequest is which image to restore, as which container, and how.
-type RestoreRequest struct {
-	Dir string
-	// ID names the restored container; "" restores it under the ID it was checkpointed as.
-	ID string
-	// Bundle is the OCI bundle to restore with; "" uses the one recorded at checkpoint.
-	Bundle string
-	GPUMap string
-	Skips  gpu.Skips
-	// CRIURestoresPages leaves the memory in CRIU's files to CRIU, as the engine's request
-	// of that name does.
-	CRIURestoresPages bool
-	// Flags are the user's CRIU flags, added to those the image was dumped with.
-	Flags criu.Flags
+// Image is the engine's restore target for a container image: runc restores it as
+// container id (its recorded ID when "") from bundle (the recorded bundle when ""), and
+// gpucr's post-restore hook holds its tasks until the engine has verified the image and
+// the hook has filled their memory.
+func (c *Containers) Image(id, bundle string) engine.RestoreTarget {
+	return &runcImage{c: c, id: id, bundle: bundle}
 }
 
-// RestoreResult says what came back.
-type RestoreResult struct {
-	ID       string                       `json:"id"`
-	RootPID  int                          `json:"rootPid"` // host PID of the container's init
-	Manifest *image.Manifest              `json:"-"`
-	GPUMap   map[string]map[string]string `json:"gpuMap,omitempty"`
-	Phases   []image.Phase                `json:"phases"`
+type runcImage struct {
+	c          *Containers
+	id, bundle string
 }
 
-// Restore verifies the image and checks this host's GPUs before runc touches anything,
-// then has runc restore the container and brings its device state back. If that fails the
-// restored container is removed: nothing is left half-running.
-func (c *Containers) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult, error) {
-	if os.Geteuid() != 0 {
-		return nil, engine.ErrNotRoot
+func (ri *runcImage) Open(_ context.Context, dir string, _ *image.Manifest) error {
+	info, err := ReadInfo(dir)
+	if err != nil {
+		return fmt.Errorf("%s does not hold a container (restore it without --container): %w", dir, err)
 	}
-	t := c.Engine.NewTimer(nil) // journaled from Begin on, once the image names the container
-	var m *image.Manifest
-	err := t.Run(engine.PhaseVerify, func() error {
+	if ri.id == "" {
+		ri.id = info.ID
+	}
+	if ri.bundle == "" {
+		ri.bundle = info.Bundle
+	}
+	return nil
+}
+
+func (ri *runcImage) What() string      { return "container " + ri.id }
+func (ri *runcImage) Locks() []string   { return []string{engine.ContainerLock(ri.id)} }
+func (ri *runcImage) CRIUPlugins() bool { return false }
+
+// Check refuses an ID runc already knows: the restore would fail, and its rollback must
+// never remove a container it did not create.
+func (ri *runcImage) Check(string, *image.Manifest) error {
+	if st, err := ri.c.Runc.State(context.Background(), ri.id); err == nil {
+		return fmt.Errorf("%w: container %s exists (%s); remove it or restore with --new-id", ErrExists, ri.id, st.Status)
+	}
+	return nil
+}
+
+func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.RestoreSpec) (*engine.Restored, error) {
+	self := ri.c.Gpucr
+	if self == "" {
 		var err error
-		m, err = image.Open(r.Dir)
-		return err
-	})
+		if self, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("find gpucr's own binary: %w", err)
+		}
+	}
+	owner, err := txn.ProcOf(os.Getpid())
 	if err != nil {
 		return nil, err
 	}
-	info, err := ReadInfo(r.Dir)
-	if err != nil {
-		return nil, fmt.Errorf("%s does not hold a container (restore it without --container): %w", r.Dir, err)
-	}
-	id, bundle := r.ID, r.Bundle
-	if id == "" {
-		id = info.ID
-	}
-	op, err := c.Engine.Begin(txn.OpRestore, "container "+id, "container-"+id)
+	env, err := postRestoreHook(s.WorkDir, self, s.Fill, owner)
 	if err != nil {
 		return nil, err
 	}
-	defer op.End()
-	if bundle == "" {
-		bundle = info.Bundle
-	}
-	gpus, remap, err := engine.PlanGPUs(ctx, c.Engine.Backends, m.GPUs, r.GPUMap, r.Skips)
-	if err != nil {
+	// The verdict reaches the hook as a file: written once the memory is verified, while
+	// runc and CRIU restore.
+	go writeVerdict(s.WorkDir, s.Verified())
+	if err := op.Update(func(rec *txn.Record) {
+		rec.Container = &txn.Container{ID: ri.id, Runtime: ri.c.Runc.Command(), StateDir: ri.c.Runc.StateDir(ri.id)}
+	}); err != nil {
 		return nil, err
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("restore interrupted: %w", err)
-	}
-	work, err := os.MkdirTemp("", "gpucr-restore-*")
+	err = ri.c.Runc.Restore(ctx, ri.id, ri.bundle, s.ImagesDir, s.WorkDir, s.Flags, env)
 	if err != nil {
-		return nil, fmt.Errorf("create restore work dir: %w", err)
-	}
-	if err := op.Update(func(rec *txn.Record) { rec.Paths = append(rec.Paths, work) }); err != nil {
-		os.RemoveAll(work)
-		return nil, err
-	}
-	if len(gpus) > 0 {
-		defer c.Engine.TuneHost(op)() // CRIU and the fill refill the staged memory, the driver copies it back
-	}
-	imagesDir, env, err := c.planFill(r, m, work)
-	if err != nil {
-		os.RemoveAll(work)
-		return nil, err
-	}
-	flags := m.Options.ForRestore(r.Flags)
-	err = t.Run(engine.PhaseCRIURestore, func() error {
-		return c.Runc.Restore(ctx, id, bundle, imagesDir, work, flags, env)
-	})
-	if err != nil {
-		if why := fillFailure(work); why != "" {
+		if why := hookFailure(s.WorkDir); why != "" {
 			err = fmt.Errorf("%w: %s", err, why) // runc only says that CRIU's script failed
 		}
-		return nil, fmt.Errorf("%w (logs in %s)", err, work)
+		return nil, ri.Remove(context.WithoutCancel(ctx), err)
 	}
 	// From here on a restored container exists: it must come back whole or go.
 	gctx := context.WithoutCancel(ctx)
-	took, filled := fillTook(work)
-	os.RemoveAll(work)
-	if env != nil && !filled {
-		return nil, c.remove(gctx, id, errors.New("CRIU did not run gpucr's memory fill (its CRIU_CONFIG_FILE was not read), so the container's memory is incomplete"))
+	took, ran := hookTook(s.WorkDir)
+	if !ran {
+		return nil, ri.Remove(gctx, errors.New("CRIU did not run gpucr's post-restore hook (its CRIU_CONFIG_FILE was not read), so the container's memory is unverified"))
 	}
-	if filled {
-		t.Phases = append(t.Phases, image.Phase{Name: engine.PhaseMemoryFill, Duration: took})
-	}
-	st, err := c.Runc.State(gctx, id)
+	st, err := ri.c.Runc.State(gctx, ri.id)
 	if err != nil {
-		return nil, c.remove(gctx, id, err)
+		return nil, ri.Remove(gctx, err)
 	}
-	if len(gpus) > 0 {
-		host, err := hostPIDs(st.PID)
-		if err != nil {
-			return nil, c.remove(gctx, id, err)
-		}
-		if gpus, err = toHost(gpus, host); err != nil {
-			return nil, c.remove(gctx, id, err)
-		}
-		if err := t.Run(engine.PhaseGPURestore, func() error { return gpus.Resume(gctx, remap) }); err != nil {
-			return nil, c.remove(gctx, id, fmt.Errorf("%w: %v", engine.ErrGPURestore, err))
-		}
+	host, err := hostPIDs(st.PID)
+	if err != nil {
+		return nil, ri.Remove(gctx, err)
 	}
-	return &RestoreResult{ID: id, RootPID: st.PID, Manifest: m, GPUMap: remap, Phases: t.Phases}, nil
+	if err := s.Whole(host); err != nil {
+		return nil, ri.Remove(gctx, err)
+	}
+	return &engine.Restored{Root: st.PID, Host: host, Filled: took}, nil
 }
 
-// planFill divides the image's memory between CRIU and gpucr as a process tree's restore
-// does: gpucr writes the ranges it saved and the large runs of the leaf processes, from the
-// action script it hands CRIU. It returns the CRIU image directory runc restores from and
-// the environment that hands CRIU the script.
-func (c *Containers) planFill(r RestoreRequest, m *image.Manifest, work string) (string, []string, error) {
-	imagesDir := filepath.Join(r.Dir, image.CRIUDir)
-	var split []int
-	if !r.CRIURestoresPages {
-		split = m.Leaves()
+// Remove deletes the half-restored container after cause.
+func (ri *runcImage) Remove(ctx context.Context, cause error) error {
+	if _, err := ri.c.Runc.State(ctx, ri.id); err != nil {
+		return cause // runc created nothing
 	}
-	fill, err := c.Engine.PlanFill(r.Dir, work, split)
-	if err != nil {
-		return "", nil, err
+	if err := ri.c.Runc.Delete(ctx, ri.id); err != nil {
+		return fmt.Errorf("%w; removing the restored container %s also failed: %v", cause, ri.id, err)
 	}
-	if fill.Dir != "" {
-		imagesDir = fill.Dir
-	}
-	if fill.Bytes() == 0 {
-		return imagesDir, nil, nil
-	}
-	self := c.Gpucr
-	if self == "" {
-		if self, err = os.Executable(); err != nil {
-			return "", nil, fmt.Errorf("memory fill: find gpucr's own binary: %w", err)
-		}
-	}
-	env, err := fillHook(work, self, fill)
-	return imagesDir, env, err
-}
-
-// remove deletes the half-restored container id after cause.
-func (c *Containers) remove(ctx context.Context, id string, cause error) error {
-	if err := c.Runc.Delete(ctx, id); err != nil {
-		return fmt.Errorf("%w; removing the restored container %s also failed: %v", cause, id, err)
-	}
-	return fmt.Errorf("%w; the restored container %s was removed, the image is unchanged", cause, id)
+	return fmt.Errorf("%w; the restored container %s was removed, the image is unchanged", cause, ri.id)
 }

@@ -13,7 +13,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
+	"syscall"
 
 	"github.com/gpucr/gpucr/internal/criu"
 )
@@ -57,7 +60,7 @@ type State struct {
 // State reads the state of container id.
 func (r *Runc) State(ctx context.Context, id string) (State, error) {
 	var st State
-	out, err := r.run(ctx, nil, "state", id)
+	out, err := r.run(ctx, "", nil, "state", id)
 	if err != nil {
 		return st, err
 	}
@@ -69,13 +72,13 @@ func (r *Runc) State(ctx context.Context, id string) (State, error) {
 
 // Pause freezes every process of container id through its cgroup.
 func (r *Runc) Pause(ctx context.Context, id string) error {
-	_, err := r.run(ctx, nil, "pause", id)
+	_, err := r.run(ctx, "", nil, "pause", id)
 	return err
 }
 
 // Resume thaws a paused container.
 func (r *Runc) Resume(ctx context.Context, id string) error {
-	_, err := r.run(ctx, nil, "resume", id)
+	_, err := r.run(ctx, "", nil, "resume", id)
 	return err
 }
 
@@ -89,9 +92,18 @@ func (r *Runc) Command() []string {
 	return c
 }
 
+// StateDir is where this runc keeps container id's state (runc run as root).
+func (r *Runc) StateDir(id string) string {
+	root := r.Root
+	if root == "" {
+		root = "/run/runc"
+	}
+	return filepath.Join(root, id)
+}
+
 // Delete kills container id's processes, whatever its state, and removes it.
 func (r *Runc) Delete(ctx context.Context, id string) error {
-	_, err := r.run(ctx, nil, "delete", "--force", id)
+	_, err := r.run(ctx, "", nil, "delete", "--force", id)
 	return err
 }
 
@@ -119,7 +131,7 @@ func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f c
 	if pageServer != "" {
 		args = append(args, "--page-server", pageServer)
 	}
-	_, err := r.run(ctx, env, append(args, id)...)
+	_, err := r.run(ctx, workDir, env, append(args, id)...)
 	return err
 }
 
@@ -127,15 +139,17 @@ func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f c
 // to runc's (and so CRIU's) environment.
 func (r *Runc) Restore(ctx context.Context, id, bundle, imageDir, workDir string, f criu.Flags, env []string) error {
 	args := append([]string{"restore", "--detach", "--image-path", imageDir, "--work-path", workDir, "--bundle", bundle}, runcFlags(f)...)
-	_, err := r.run(ctx, env, append(args, id)...)
+	_, err := r.run(ctx, workDir, env, append(args, id)...)
 	return err
 }
 
-// run runs runc with args, env added to its environment, and returns its stdout. Its stdin and stderr are /dev/null: a
+// run runs runc with args, env added to its environment, and returns its stdout. Its log
+// goes to a file in logDir ("" is TMPDIR), which a long call puts in its journaled work
+// directory: a killed gpucr's rollback removes it. Its stdin and stderr are /dev/null: a
 // restored container inherits runc's stdio where its own was pipes, and must not hold
 // gpucr's. runc's errors are read from its --log file instead.
-func (r *Runc) run(ctx context.Context, env []string, args ...string) ([]byte, error) {
-	logf, err := os.CreateTemp("", "gpucr-runc-*.log")
+func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...string) ([]byte, error) {
+	logf, err := os.CreateTemp(logDir, "gpucr-runc-*.log")
 	if err != nil {
 		return nil, fmt.Errorf("runc log file: %w", err)
 	}
@@ -150,6 +164,14 @@ func (r *Runc) run(ctx context.Context, env []string, args ...string) ([]byte, e
 	}
 	cmd := exec.CommandContext(ctx, r.Path, append(global, args...)...)
 	cmd.Env = append(append(os.Environ(), SkipEnv+"=skip"), env...)
+	if args[0] == "restore" {
+		// runc dies with gpucr, so that a killed gpucr's rollback never races a restore
+		// still creating the container. The signal follows the thread that started runc:
+		// it is kept until runc exits.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+	}
 	var out bytes.Buffer
 	if args[0] == "state" {
 		cmd.Stdout = &out // state starts no process that could hold the pipe

@@ -51,19 +51,19 @@ func TestAMDImageIsCheckedBeforeRestore(t *testing.T) {
 	dir := amdImage(t, e)
 
 	e.KFDTopology = topology("mi210") // one GPU cannot take four
-	_, err := e.Restore(context.Background(), RestoreRequest{Dir: dir})
+	_, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir})
 	if !errors.Is(err, amd.ErrIncompatible) {
 		t.Fatalf("restore of a 4-GPU image on a 1-GPU host: %v, want ErrIncompatible", err)
 	}
 
 	e.KFDTopology = topology("xgmi-hive4") // PCIe peers must not land in an xGMI hive
-	if _, err := e.Restore(context.Background(), RestoreRequest{Dir: dir}); !errors.Is(err, amd.ErrIncompatible) {
+	if _, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir}); !errors.Is(err, amd.ErrIncompatible) {
 		t.Fatalf("restore of PCIe GPUs onto an xGMI hive: %v, want ErrIncompatible", err)
 	}
 
 	e.AMDPluginDir = ""
 	e.KFDTopology = topology("pcie4-numa2")
-	if _, err := e.Restore(context.Background(), RestoreRequest{Dir: dir}); !errors.Is(err, plugin.ErrMissing) {
+	if _, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir}); !errors.Is(err, plugin.ErrMissing) {
 		t.Fatalf("restore without the plugin: %v, want ErrMissing", err)
 	}
 }
@@ -83,7 +83,7 @@ func TestAMDImageRestoresThroughThePlugin(t *testing.T) {
 	}
 	dir := amdImage(t, e)
 	e.KFDTopology = topology("pcie4-numa2") // the host the image was taken on
-	res, err := e.Restore(context.Background(), RestoreRequest{Dir: dir, AMDSkips: amd.Skips{amd.CheckFW: true}})
+	res, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir, AMDSkips: amd.Skips{amd.CheckFW: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

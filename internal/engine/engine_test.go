@@ -181,7 +181,7 @@ func TestGPUProcessRoundTrip(t *testing.T) {
 		_, _ = syscall.Wait4(fake.pid, &ws, syscall.WNOHANG, nil)
 	}
 	fake.calls = nil
-	res, err := e.Restore(context.Background(), RestoreRequest{Dir: dir})
+	res, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir})
 	if err != nil {
 		t.Fatal(err)
 	}

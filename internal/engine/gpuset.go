@@ -107,3 +107,21 @@ func (s GPUSet) Resume(ctx context.Context, remap map[string]map[string]string) 
 		return nil
 	})
 }
+
+// renumber returns s with each process at its host PID (host maps image PIDs to them;
+// nil: the same PIDs).
+func (s GPUSet) renumber(host map[int]int) (GPUSet, error) {
+	if host == nil {
+		return s, nil
+	}
+	out := make(GPUSet, len(s))
+	for i, p := range s {
+		h, ok := host[p.PID]
+		if !ok {
+			return nil, fmt.Errorf("GPU process %d of the image was not restored", p.PID)
+		}
+		out[i] = p
+		out[i].PID = h
+	}
+	return out, nil
+}

@@ -7,9 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/hosttune"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -48,13 +50,21 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 			errs = append(errs, err)
 		}
 	case txn.OpRestore:
+		// What the restore created goes unless it is whole: its tasks (at their journaled
+		// PIDs) and the container a runtime created for them.
+		remove := func() error {
+			killRestored(rec)
+			if rec.Container != nil {
+				return removeContainer(ctx, rec.Container)
+			}
+			return nil
+		}
 		if rec.Committed {
 			if err := e.resumeGPUs(ctx, rec, rec.Remap); err != nil {
-				killRestored(rec)
-				errs = append(errs, fmt.Errorf("%w: %v; the restored processes were killed", ErrGPURestore, err))
+				errs = append(errs, fmt.Errorf("%w: %v; the restored processes were killed", ErrGPURestore, err), remove())
 			}
-		} else {
-			killRestored(rec)
+		} else if err := remove(); err != nil {
+			errs = append(errs, err)
 		}
 	default:
 		errs = append(errs, fmt.Errorf("unknown operation %q", rec.Op))
@@ -65,7 +75,7 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 		}
 	}
 	for _, p := range rec.Paths {
-		if err := os.RemoveAll(p); err != nil {
+		if err := removeAll(p); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", p, err))
 		}
 	}
@@ -198,6 +208,73 @@ func resumeContainer(ctx context.Context, c *txn.Container) error {
 	out, err := exec.CommandContext(ctx, c.Runtime[0], args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("container %s is left paused (%s resume): %w: %s", c.ID, c.Runtime[0], err, out)
+	}
+	return nil
+}
+
+// removeContainer deletes a container a restore created. The runtime that created it died
+// with gpucr, and CRIU, its child, may still be winding down: deletion is retried until the
+// runtime no longer knows the container.
+func removeContainer(ctx context.Context, c *txn.Container) error {
+	if len(c.Runtime) == 0 {
+		return fmt.Errorf("container %s may be left: no runtime recorded", c.ID)
+	}
+	run := func(args ...string) ([]byte, error) {
+		return exec.CommandContext(ctx, c.Runtime[0], append(slices.Clone(c.Runtime[1:]), args...)...).CombinedOutput()
+	}
+	deadline := time.Now().Add(criuLetGoWait)
+	for {
+		// A runtime killed halfway through a restore leaves the container's root file
+		// system bound inside its state directory, and runc's delete of a container it
+		// cannot load removes that directory recursively: unbound first, or the root file
+		// system is emptied.
+		if c.StateDir != "" {
+			if err := detachMounts(c.StateDir); err != nil {
+				return err
+			}
+		}
+		out, err := run("delete", "--force", c.ID)
+		if _, serr := run("state", c.ID); serr != nil {
+			if c.StateDir == "" {
+				return nil // gone, or never created
+			}
+			return removeAll(c.StateDir)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("container %s is left (%s delete --force): %v: %s", c.ID, c.Runtime[0], err, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// removeAll removes path, first detaching whatever is mounted beneath it (a CRIU killed
+// halfway leaves its cgroup yard there), and never descending through a mount it could not
+// detach.
+func removeAll(path string) error {
+	if err := detachMounts(path); err != nil {
+		return err
+	}
+	return beneath.RemoveAll(path)
+}
+
+// detachMounts lazily unmounts path and every mount beneath it, deepest first.
+func detachMounts(path string) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	var under []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && (f[4] == path || strings.HasPrefix(f[4], path+"/")) {
+			under = append(under, f[4])
+		}
+	}
+	slices.SortFunc(under, func(a, b string) int { return len(b) - len(a) })
+	for _, m := range under {
+		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
+			return fmt.Errorf("unmount %s: %w", m, err)
+		}
 	}
 	return nil
 }

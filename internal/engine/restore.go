@@ -12,7 +12,6 @@ import (
 
 	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/amd/plugin"
-	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -49,10 +48,12 @@ type RestoreResult struct {
 	CRIUStats *criuimg.RestoreStats `json:"criuRestoreStats,omitempty"`
 }
 
-// Restore validates the image and this host before touching anything, then restores the
-// tree and its device state. If device restore fails, the restored tree is killed: nothing
-// is left half-running.
-func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult, error) {
+// Restore restores the image at r.Dir as target. Every target — a process tree, a
+// container — goes through this one sequence: the image and this host checked before
+// anything changes, CRIU's files verified before CRIU parses them, the memory verified
+// while CRIU restores and filled before any task resumes, then the device state. A restore
+// that cannot finish is removed: nothing is left half-running.
+func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreRequest) (*RestoreResult, error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
@@ -60,7 +61,10 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if err != nil {
 		return nil, err
 	}
-	op, err := e.Begin(txn.OpRestore, "image "+r.Dir, PIDLock(m.RootPID))
+	if err := target.Open(ctx, r.Dir, m); err != nil {
+		return nil, err
+	}
+	op, err := e.Begin(txn.OpRestore, target.What(), target.Locks()...)
 	if err != nil {
 		return nil, err
 	}
@@ -68,8 +72,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	t := e.NewTimer(op)
 	// CRIU only ever parses verified files: sizes and every file but the raw memory are
 	// checked first. The memory, nearly all of the image, is checked while CRIU restores:
-	// no task resumes and nothing is filled until it passed (verifyGate), and CRIU kills the
-	// tasks if not.
+	// no task resumes and nothing is filled until it passed, and CRIU kills the tasks if not.
 	start := time.Now()
 	meta, memory := splitMemory(m.Files)
 	if err := image.CheckSizes(r.Dir, m.Files); err != nil {
@@ -80,10 +83,7 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	}
 	verify := startVerify(r.Dir, memory, time.Since(start))
 	defer verify.wait() // never leave it reading the image after we return
-	if err := waitPIDsFree(m, pidWait); err != nil {
-		return nil, verify.prefer(err)
-	}
-	if err := filesPresent(image.CRIUPath(r.Dir)); err != nil {
+	if err := target.Check(r.Dir, m); err != nil {
 		return nil, verify.prefer(err)
 	}
 	gpus, remap, err := PlanGPUs(ctx, e.Backends, m.GPUs, r.GPUMap, r.Skips)
@@ -94,14 +94,14 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if err != nil {
 		return nil, err
 	}
+	if amdMap != nil && !target.CRIUPlugins() {
+		return nil, fmt.Errorf("the image holds AMD GPU state: restoring it into %s is not supported yet", target.What())
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("restore interrupted: %w", err)
 	}
 
-	if err := op.Update(func(rec *txn.Record) {
-		rec.Tree, rec.GPUs = imageProcs(m, gpus)
-		rec.Remap = remap
-	}); err != nil {
+	if err := op.Update(func(rec *txn.Record) { rec.Remap = remap }); err != nil {
 		return nil, err
 	}
 	if len(gpus) > 0 {
@@ -117,8 +117,6 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	}
 	opts := r.Options
 	opts.Flags = m.Options.ForRestore(r.Flags)
-	gate := &verifyGate{v: verify, t: t, op: op}
-	imagesDir := image.CRIUPath(r.Dir)
 	// The large runs of memory are gpucr's to restore, on all cores: those it saved itself
 	// at checkpoint always, and those in CRIU's files unless told otherwise or the image
 	// holds AMD state (its plugin restores memory of its own).
@@ -130,42 +128,76 @@ func (e *Engine) Restore(ctx context.Context, r RestoreRequest) (*RestoreResult,
 	if err != nil {
 		return nil, verify.prefer(err)
 	}
+	spec := RestoreSpec{
+		RestoreRequest: criu.RestoreRequest{ImagesDir: image.CRIUPath(r.Dir), WorkDir: work, Options: opts},
+		Timer:          t,
+		Verified:       verify.wait,
+		Procs:          func() ([]txn.Proc, []txn.GPUProc) { return imageProcs(m, gpus) },
+		Whole: func(host map[int]int) error {
+			return op.Update(func(rec *txn.Record) {
+				rec.Tree, rec.GPUs = imageProcs(m, gpus)
+				journalWhole(rec, host)
+			})
+		},
+	}
 	if fill.Dir != "" {
-		imagesDir = fill.Dir
+		spec.ImagesDir = fill.Dir
 	}
 	if fill.Bytes() > 0 {
-		gate.fill = fill
+		spec.Fill = fill
 	}
-	var pid int
-	err = t.Run(PhaseCRIURestore, func() error {
-		var err error
-		pid, err = e.CRIU.Restore(ctx, criu.RestoreRequest{
-			ImagesDir: imagesDir, WorkDir: work, Options: opts,
-		}, gate)
+	var restored *Restored
+	err = t.Run(PhaseCRIURestore, func() (err error) {
+		restored, err = target.Restore(ctx, op, spec)
 		return err
 	})
 	if fill.Dir != "" {
 		os.RemoveAll(fill.Dir) // the view of the image; CRIU's log stays in work
 	}
 	if err != nil {
-		// A damaged image explains any CRIU failure; CRIU leaves nothing running, its log stays in work.
+		// A damaged image explains any failure; CRIU leaves nothing running.
 		return nil, verify.prefer(explainRestoreFailure(keepLog(err)))
 	}
-	stats, err := criuimg.ReadRestoreStats(work)
-	if err != nil {
-		e.Logger().Warn("CRIU's restore statistics are unreadable", "err", err)
+	if restored.Filled > 0 {
+		t.Phases = append(t.Phases, image.Phase{Name: PhaseMemoryFill, Duration: restored.Filled})
 	}
 	t.Phases = append(t.Phases, image.Phase{Name: PhaseVerify, Duration: verify.took})
 
 	if len(gpus) > 0 {
 		// Restore must not be abandoned halfway, even on Ctrl-C: finish, then report.
 		gctx := context.WithoutCancel(ctx)
-		if err := t.Run(PhaseGPURestore, func() error { return gpus.Resume(gctx, remap) }); err != nil {
-			killTree(m)
-			return nil, fmt.Errorf("%w: %v; the restored processes were killed, the image is unchanged", ErrGPURestore, err)
+		err := func() error {
+			host, err := gpus.renumber(restored.Host)
+			if err != nil {
+				return err
+			}
+			return t.Run(PhaseGPURestore, func() error { return host.Resume(gctx, remap) })
+		}()
+		if err != nil {
+			return nil, target.Remove(gctx, fmt.Errorf("%w: %v", ErrGPURestore, err))
 		}
 	}
-	return &RestoreResult{RootPID: pid, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.Phases, CRIUStats: stats}, nil
+	return &RestoreResult{RootPID: restored.Root, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.Phases, CRIUStats: restored.Stats}, nil
+}
+
+// journalWhole records that a restore's tasks are whole (verified, filled) under the host
+// PIDs they got: from now on the guardian finishes the restore instead of removing it.
+func journalWhole(rec *txn.Record, host map[int]int) {
+	renumber := func(p *txn.Proc) {
+		if h, ok := host[p.PID]; ok {
+			p.PID = h
+		}
+		if q, err := proctree.Read(p.PID); err == nil {
+			p.Start = q.Start
+		}
+	}
+	for i := range rec.Tree {
+		renumber(&rec.Tree[i])
+	}
+	for i := range rec.GPUs {
+		renumber(&rec.GPUs[i].Proc)
+	}
+	rec.Committed = true
 }
 
 // PlanFill is memfill.Prepare, falling back to leaving CRIU's files whole when splitting
@@ -226,45 +258,6 @@ func (v *verification) prefer(err error) error {
 		return verr
 	}
 	return err
-}
-
-// verifyGate holds CRIU at post-restore, with every task restored and none resumed, until
-// the image is verified and the memory gpucr restores itself is written; a failure makes
-// CRIU kill the tasks.
-type verifyGate struct {
-	criu.NoNotify
-	v    *verification
-	fill *memfill.Plan // nil when CRIU restores all memory
-	t    *Timer
-	op   *Op
-}
-
-// PostRestore lets the tasks resume once their image is verified and their memory filled,
-// and journals first that they are whole: if gpucr dies after this, its guardian finishes
-// the restore instead of killing them.
-func (g *verifyGate) PostRestore(int32) error {
-	crashpoint.Hit("in " + PhaseCRIURestore)
-	if err := g.v.wait(); err != nil {
-		return err
-	}
-	if g.fill != nil {
-		if err := g.t.Run(PhaseMemoryFill, func() error { return g.fill.Fill(context.Background()) }); err != nil {
-			return err
-		}
-	}
-	return g.op.Update(func(r *txn.Record) {
-		for i := range r.Tree {
-			if p, err := proctree.Read(r.Tree[i].PID); err == nil {
-				r.Tree[i].Start = p.Start
-			}
-		}
-		for i := range r.GPUs {
-			if p, err := proctree.Read(r.GPUs[i].PID); err == nil {
-				r.GPUs[i].Start = p.Start
-			}
-		}
-		r.Committed = true
-	})
 }
 
 // imageProcs journals a restore's processes: the image's PIDs (their start times come

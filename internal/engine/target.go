@@ -5,9 +5,15 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"time"
 
+	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // A Target is what a checkpoint acts on, and how CRIU reaches it: a process tree that
@@ -112,3 +118,117 @@ func PIDLock(pid int) string { return fmt.Sprintf("pid-%d", pid) }
 
 // ContainerLock names the lock that keeps two gpucr operations off one container.
 func ContainerLock(id string) string { return "container-" + id }
+
+// A RestoreTarget is what an image is restored as, and how CRIU is driven to do it: a
+// process tree through CRIU's RPC, or a container through its runtime. The checks, the
+// journal, verification, memory plan and device state around it are the engine's.
+type RestoreTarget interface {
+	// Open reads what the target needs of the image at dir, before anything is locked.
+	Open(ctx context.Context, dir string, m *image.Manifest) error
+	// What names it in messages and the journal; Locks keep other operations off it.
+	What() string
+	Locks() []string
+	// Check refuses, before anything changes, a restore that would fail halfway here (a
+	// PID or file the image needs taken or missing).
+	Check(dir string, m *image.Manifest) error
+	// CRIUPlugins says whether CRIU plugins (AMD's, for /dev/kfd) can be loaded for it.
+	CRIUPlugins() bool
+	// Restore has CRIU restore s.ImagesDir, holding every task before it resumes until
+	// s.Verified passed and s.Fill is written, then calling s.Whole. It journals in op what
+	// it creates before creating it.
+	Restore(ctx context.Context, op *Op, s RestoreSpec) (*Restored, error)
+	// Remove kills what Restore created after cause, and says so in the error it returns.
+	Remove(ctx context.Context, cause error) error
+}
+
+// RestoreSpec is how a target's CRIU restores an image.
+type RestoreSpec struct {
+	criu.RestoreRequest
+	Timer *Timer
+	// Fill is the memory gpucr writes itself into the held tasks; nil when CRIU restores all.
+	Fill *memfill.Plan
+	// Procs are the image's processes and GPU processes, as the image numbers them, for a
+	// target that restores them at those PIDs to journal before CRIU creates them.
+	Procs func() ([]txn.Proc, []txn.GPUProc)
+	// Verified blocks until the image's memory is verified and says whether it is whole.
+	Verified func() error
+	// Whole journals that the tasks are verified and filled, under their host PIDs (host
+	// maps image PIDs to them; nil when the image's PIDs are the host's).
+	Whole func(host map[int]int) error
+}
+
+// Restored is what a target's restore created.
+type Restored struct {
+	Root   int         // host PID of the root task
+	Host   map[int]int // image PID -> host PID; nil when they are the same
+	Filled time.Duration
+	Stats  *criuimg.RestoreStats // CRIU's own account, when it could be read
+}
+
+// TreeImage is the restore target of an image of a process tree, restored at the PIDs it
+// had through CRIU's RPC.
+func (e *Engine) TreeImage() RestoreTarget { return &treeImage{e: e} }
+
+type treeImage struct {
+	e   *Engine
+	dir string
+	m   *image.Manifest
+}
+
+func (ti *treeImage) Open(_ context.Context, dir string, m *image.Manifest) error {
+	ti.dir, ti.m = dir, m
+	return nil
+}
+
+func (ti *treeImage) What() string      { return "image " + ti.dir }
+func (ti *treeImage) Locks() []string   { return []string{PIDLock(ti.m.RootPID)} }
+func (ti *treeImage) CRIUPlugins() bool { return true }
+
+func (ti *treeImage) Check(dir string, m *image.Manifest) error {
+	if err := waitPIDsFree(m, pidWait); err != nil {
+		return err
+	}
+	return filesPresent(image.CRIUPath(dir))
+}
+
+func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Restored, error) {
+	if err := op.Update(func(rec *txn.Record) { rec.Tree, rec.GPUs = s.Procs() }); err != nil {
+		return nil, err
+	}
+	pid, err := ti.e.CRIU.Restore(ctx, s.RestoreRequest, &gate{s: s})
+	if err != nil {
+		return nil, err
+	}
+	stats, err := criuimg.ReadRestoreStats(s.WorkDir)
+	if err != nil {
+		ti.e.Logger().Warn("CRIU's restore statistics are unreadable", "err", err)
+	}
+	return &Restored{Root: pid, Stats: stats}, nil
+}
+
+func (ti *treeImage) Remove(_ context.Context, cause error) error {
+	killTree(ti.m)
+	return fmt.Errorf("%w; the restored processes were killed, the image is unchanged", cause)
+}
+
+// gate holds CRIU at post-restore, with every task restored and none resumed, until the
+// image is verified and the memory gpucr restores itself is written; a failure makes CRIU
+// kill the tasks. It journals that they are whole before letting them go: if gpucr dies
+// after this, its guardian finishes the restore instead of killing them.
+type gate struct {
+	criu.NoNotify
+	s RestoreSpec
+}
+
+func (g *gate) PostRestore(int32) error {
+	crashpoint.Hit("in " + PhaseCRIURestore)
+	if err := g.s.Verified(); err != nil {
+		return err
+	}
+	if g.s.Fill != nil {
+		if err := g.s.Timer.Run(PhaseMemoryFill, func() error { return g.s.Fill.Fill(context.Background()) }); err != nil {
+			return err
+		}
+	}
+	return g.s.Whole(nil)
+}

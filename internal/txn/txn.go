@@ -95,6 +95,9 @@ type Container struct {
 	ID      string   `json:"id"`
 	Runtime []string `json:"runtime"` // e.g. ["runc", "--root", "/run/runc"]
 	Paused  bool     `json:"paused"`
+	// StateDir is the runtime's own directory for a container a restore creates: a runtime
+	// killed halfway leaves it behind, with CRIU's root still mounted in it.
+	StateDir string `json:"stateDir,omitempty"`
 }
 
 // ErrBusy means another gpucr operation works on the same process or container.

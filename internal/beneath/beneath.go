@@ -1,0 +1,75 @@
+// Package beneath works on a directory tree without ever leaving it: no symlink followed,
+// no mount point crossed (bind mounts included), whatever the tree's contents. gpucr runs as
+// root on paths that others (CRIU, a container runtime, an image's author) filled.
+package beneath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrMount means a removal met a mount point and left it, with what is beneath it.
+var ErrMount = errors.New("a mount point is in the way")
+
+const resolve = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_XDEV | unix.RESOLVE_NO_MAGICLINKS
+
+// RemoveAll removes path and everything beneath it, like os.RemoveAll, but never descends
+// through a mount point (a recursive bind of a container's root file system, left by a
+// runtime killed halfway, would otherwise be emptied): one found fails the removal with
+// ErrMount and is left whole. A missing path is not an error.
+func RemoveAll(path string) error {
+	parent, err := unix.Open(filepath.Dir(path), unix.O_DIRECTORY|unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("open %s: %w", filepath.Dir(path), err)
+	}
+	defer unix.Close(parent)
+	return removeAt(parent, filepath.Base(path), path)
+}
+
+// removeAt removes name in directory dir (shown as full in errors).
+func removeAt(dir int, name, full string) error {
+	err := unix.Unlinkat(dir, name, 0)
+	switch {
+	case err == nil || errors.Is(err, unix.ENOENT):
+		return nil
+	case !errors.Is(err, unix.EISDIR) && !errors.Is(err, unix.EPERM):
+		return fmt.Errorf("remove %s: %w", full, err)
+	}
+	fd, err := unix.Openat2(dir, name, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolve})
+	switch {
+	case errors.Is(err, unix.EXDEV):
+		return fmt.Errorf("remove %s: %w", full, ErrMount)
+	case errors.Is(err, unix.ENOENT):
+		return nil
+	case err != nil:
+		return fmt.Errorf("open %s: %w", full, err)
+	}
+	d := os.NewFile(uintptr(fd), full)
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		d.Close()
+		return fmt.Errorf("read %s: %w", full, err)
+	}
+	var errs []error
+	for _, n := range names {
+		errs = append(errs, removeAt(fd, n, filepath.Join(full, n)))
+	}
+	d.Close()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := unix.Unlinkat(dir, name, unix.AT_REMOVEDIR); err != nil && !errors.Is(err, unix.ENOENT) {
+		if errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("remove %s: %w", full, ErrMount)
+		}
+		return fmt.Errorf("remove %s: %w", full, err)
+	}
+	return nil
+}

@@ -1,0 +1,60 @@
+package beneath
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// A removal never empties what is mounted beneath it, a bind mount of the same file system
+// included (what a container runtime killed halfway leaves), nor follows a symlink out.
+func TestRemoveAllStopsAtMountsAndSymlinks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("bind mounts need root")
+	}
+	precious := t.TempDir()
+	keep := filepath.Join(precious, "rootfs-file")
+	if err := os.WriteFile(keep, []byte("data"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	work := filepath.Join(t.TempDir(), "work")
+	mnt := filepath.Join(work, "state", "criu-root")
+	if err := os.MkdirAll(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(precious, filepath.Join(work, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(work, "state", "log"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount(precious, mnt, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		t.Fatalf("bind mount: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+
+	if err := RemoveAll(work); !errors.Is(err, ErrMount) {
+		t.Fatalf("RemoveAll over a bind mount = %v, want ErrMount", err)
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Fatalf("the mounted tree was touched: %v", err)
+	}
+	if _, err := os.Lstat(filepath.Join(work, "link")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the symlink itself should be removed: %v", err)
+	}
+	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+		t.Fatal(err)
+	}
+	if err := RemoveAll(work); err != nil {
+		t.Fatalf("RemoveAll once unmounted = %v", err)
+	}
+	if _, err := os.Stat(work); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("work is left: %v", err)
+	}
+	if err := RemoveAll(work); err != nil {
+		t.Fatalf("RemoveAll of a missing path = %v", err)
+	}
+}
