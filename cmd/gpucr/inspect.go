@@ -54,7 +54,7 @@ func (a *app) inspectCmd() *cobra.Command {
 					return err
 				}
 				// Memory gpucr saved itself belongs to its process as much as CRIU's pages.
-				saved, err := memfill.SavedBytes(args[0])
+				saved, err := memfill.SavedBytes(args[0], out.Manifest)
 				if err != nil {
 					return err
 				}

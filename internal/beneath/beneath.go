@@ -73,3 +73,22 @@ func removeAt(dir int, name, full string) error {
 	}
 	return nil
 }
+
+// Open opens rel, a path inside dir, for reading, refusing a symlink anywhere on the way,
+// a ".." that leaves dir, and a mount crossed: a file an image lists is read from the
+// image and nowhere else.
+func Open(dir, rel string) (*os.File, error) {
+	d, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer unix.Close(d)
+	fd, err := unix.Openat2(d, rel, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolve})
+	if err != nil {
+		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+			err = fmt.Errorf("%w: a symlink or mount leads out of %s", err, dir)
+		}
+		return nil, &os.PathError{Op: "open", Path: filepath.Join(dir, rel), Err: err}
+	}
+	return os.NewFile(uintptr(fd), filepath.Join(dir, rel)), nil
+}

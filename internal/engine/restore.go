@@ -75,6 +75,9 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	// no task resumes and nothing is filled until it passed, and CRIU kills the tasks if not.
 	start := time.Now()
 	meta, memory := splitMemory(m.Files)
+	if err := image.CheckListed(r.Dir, m); err != nil {
+		return nil, err
+	}
 	if err := image.CheckSizes(r.Dir, m.Files); err != nil {
 		return nil, err
 	}
@@ -124,7 +127,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if !r.CRIURestoresPages && opts.PluginDir == "" {
 		split = m.Leaves()
 	}
-	fill, err := e.PlanFill(r.Dir, work, split)
+	fill, err := e.planFill(r.Dir, work, m, split)
 	if err != nil {
 		return nil, verify.prefer(err)
 	}
@@ -200,13 +203,13 @@ func journalWhole(rec *txn.Record, host map[int]int) {
 	rec.Committed = true
 }
 
-// PlanFill is memfill.Prepare, falling back to leaving CRIU's files whole when splitting
+// planFill is memfill.Prepare, falling back to leaving CRIU's files whole when splitting
 // them fails: that only wins speed (a full /tmp fails it, say).
-func (e *Engine) PlanFill(imageDir, work string, split []int) (*memfill.Plan, error) {
-	fill, err := memfill.Prepare(imageDir, work, split)
+func (e *Engine) planFill(imageDir, work string, m *image.Manifest, split []int) (*memfill.Plan, error) {
+	fill, err := memfill.Prepare(imageDir, work, m, split)
 	if err != nil && split != nil {
 		e.Logger().Warn("CRIU restores the memory in its files itself", "err", err)
-		fill, err = memfill.Prepare(imageDir, work, nil)
+		fill, err = memfill.Prepare(imageDir, work, m, nil)
 	}
 	return fill, err
 }

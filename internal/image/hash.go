@@ -1,6 +1,8 @@
 package image
 
 import (
+	"github.com/gpucr/gpucr/internal/beneath"
+
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -38,7 +40,7 @@ func sumFiles(dir string, paths []string, durable bool) ([]File, error) {
 	var chunks []chunk
 	digests := make([][]uint64, len(paths))
 	for i, p := range paths {
-		f, err := os.Open(filepath.Join(dir, filepath.FromSlash(p)))
+		f, err := beneath.Open(dir, filepath.FromSlash(p))
 		if err != nil {
 			return nil, fmt.Errorf("checksum %s: %w", p, err)
 		}

@@ -365,6 +365,18 @@ func TestLoadRejects(t *testing.T) {
 		{name: "seal missing", raw: "no seal", sentinel: ErrCorrupt, msg: "image file manifest.sha256: missing"},
 		{name: "bad checksum field", edit: func(m map[string]any) { m["files"].([]any)[0].(map[string]any)["xxh64"] = "zz" },
 			sentinel: ErrCorrupt, msg: "has an invalid size or checksum"},
+		// PIDs a rollback would signal and a fill would write into: only the tree's own.
+		{name: "PID 0", edit: func(m map[string]any) { procs(m)[0]["pid"] = 0; m["rootPid"] = 0 },
+			sentinel: ErrCorrupt, msg: "no root PID"},
+		{name: "PID -1", edit: func(m map[string]any) { m["processes"] = append(m["processes"].([]any), map[string]any{"pid": -1}) },
+			sentinel: ErrCorrupt, msg: "process PID -1 is not a PID"},
+		{name: "PID twice", edit: func(m map[string]any) { m["processes"] = append(m["processes"].([]any), map[string]any{"pid": 42}) },
+			sentinel: ErrCorrupt, msg: "process 42 is listed twice"},
+		{name: "root not in tree", edit: func(m map[string]any) { m["rootPid"] = 7 },
+			sentinel: ErrCorrupt, msg: "root PID 7 is not among the image's processes"},
+		{name: "GPU process not in tree", edit: func(m map[string]any) {
+			m["gpus"] = []any{map[string]any{"backend": "nvidia", "processes": []any{map[string]any{"pid": 1}}}}
+		}, sentinel: ErrCorrupt, msg: "GPU process 1 is not among the image's processes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -428,6 +440,14 @@ func TestLoadRefusesStagingDir(t *testing.T) {
 	}
 }
 
+func procs(m map[string]any) []map[string]any {
+	var out []map[string]any
+	for _, p := range m["processes"].([]any) {
+		out = append(out, p.(map[string]any))
+	}
+	return out
+}
+
 func setPath(m map[string]any, p string) {
 	m["files"].([]any)[0].(map[string]any)["path"] = p
 }
@@ -475,4 +495,50 @@ func chunkedSum(content string) uint64 {
 		digests = binary.LittleEndian.AppendUint64(digests, d)
 	}
 	return xxhash.Sum64(digests)
+}
+
+// An image holds what its manifest lists and nothing else: an extra file (memory for
+// another process, say) or a symlink out of the image is refused before anything reads it.
+func TestOpenRefusesWhatIsNotListed(t *testing.T) {
+	for name, add := range map[string]func(dir string) error{
+		"extra file": func(dir string) error {
+			if err := os.MkdirAll(filepath.Join(dir, "mem"), 0o700); err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(dir, "mem", "1-1000.img"), []byte("x"), 0o600)
+		},
+		"symlink": func(dir string) error { return os.Symlink("/etc/shadow", filepath.Join(dir, "criu", "shadow")) },
+		"listed file swapped for a symlink": func(dir string) error {
+			p := filepath.Join(dir, "criu", "pages-1.img")
+			if err := os.Rename(p, p+".orig"); err != nil {
+				return err
+			}
+			return os.Symlink("pages-1.img.orig", p)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := commitImage(t)
+			if err := add(dir); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := Open(dir); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Open = %v, want ErrCorrupt", err)
+			}
+		})
+	}
+	// Reading a listed file never follows a symlink on its way, whatever the listing says.
+	dir := commitImage(t)
+	if err := os.Rename(filepath.Join(dir, "criu"), filepath.Join(dir, "criu.real")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("criu.real", filepath.Join(dir, "criu")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckSums(dir, m.Files); err == nil {
+		t.Fatal("CheckSums read files through a symlinked directory")
+	}
 }

@@ -122,6 +122,9 @@ func (m *Manifest) problem() string {
 	case len(m.Files) == 0:
 		return "no files listed"
 	}
+	if reason := m.processProblem(); reason != "" {
+		return reason
+	}
 	seen := make(map[string]bool, len(m.Files))
 	for _, f := range m.Files {
 		switch {
@@ -135,6 +138,63 @@ func (m *Manifest) problem() string {
 		seen[f.Path] = true
 	}
 	return ""
+}
+
+// processProblem checks the PIDs an image names: a restore signals, fills and restores
+// processes by them, so each must be a real PID of the image's own tree, named once.
+func (m *Manifest) processProblem() string {
+	pids := make(map[int]bool, len(m.Processes))
+	for _, p := range m.Processes {
+		switch {
+		case p.PID <= 0:
+			return fmt.Sprintf("process PID %d is not a PID", p.PID)
+		case pids[p.PID]:
+			return fmt.Sprintf("process %d is listed twice", p.PID)
+		}
+		pids[p.PID] = true
+	}
+	if !pids[m.RootPID] {
+		return fmt.Sprintf("root PID %d is not among the image's processes", m.RootPID)
+	}
+	for _, s := range m.GPUs {
+		for _, p := range s.Processes {
+			if !pids[p.PID] {
+				return fmt.Sprintf("GPU process %d is not among the image's processes", p.PID)
+			}
+		}
+	}
+	return ""
+}
+
+// CheckListed refuses an image directory that holds anything its manifest does not list
+// (beside the manifest, its seal and CRIU's logs): an extra file, a symlink, a device. Restore reads only
+// listed files, and an image with more in it was changed after its checkpoint.
+func CheckListed(dir string, m *Manifest) error {
+	listed := make(map[string]bool, len(m.Files))
+	for _, f := range m.Files {
+		listed[f.Path] = true
+	}
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("list %s: %w", dir, err)
+		}
+		rel, err := filepath.Rel(dir, p)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		switch {
+		case d.IsDir():
+			return nil
+		case !d.Type().IsRegular():
+			return &CorruptError{rel, "not a regular file: an image holds only regular files and directories"}
+		case rel == ManifestName || rel == SealName || listed[rel]:
+			return nil
+		case path.Dir(rel) == LogsDir:
+			return nil // CRIU's logs: for people, never read by a restore
+		}
+		return &CorruptError{rel, "not listed in the manifest: the image was changed after its checkpoint"}
+	})
 }
 
 func isXXH64(s string) bool {
@@ -201,6 +261,9 @@ func sortedFiles(files []File) []File {
 func Open(dir string) (*Manifest, error) {
 	m, err := Load(dir)
 	if err != nil {
+		return nil, err
+	}
+	if err := CheckListed(dir, m); err != nil {
 		return nil, err
 	}
 	if err := Verify(dir, m); err != nil {

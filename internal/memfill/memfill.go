@@ -10,6 +10,8 @@
 package memfill
 
 import (
+	"github.com/gpucr/gpucr/internal/beneath"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,6 +20,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
@@ -128,13 +132,13 @@ func (p *Plan) Bytes() int64 {
 	return n
 }
 
-// Prepare plans the memory gpucr restores itself from the image in imageDir: the ranges it
-// saved at checkpoint (MemDir), and, from the processes in split, the large runs it takes
+// Prepare plans the memory gpucr restores itself from the image in imageDir, which m
+// describes: the ranges it saved at checkpoint (MemDir, as m lists them), and, from the processes in split, the large runs it takes
 // out of the view of the CRIU image that CRIU then restores from (Plan.Dir, under work; ""
 // when CRIU can use the image as it is). Only processes without children may be split:
 // CRIU must restore itself the memory a child shares copy-on-write.
-func Prepare(imageDir, work string, split []int) (*Plan, error) {
-	saved, err := savedRuns(imageDir)
+func Prepare(imageDir, work string, m *image.Manifest, split []int) (*Plan, error) {
+	saved, err := savedRuns(imageDir, m)
 	if err != nil {
 		return nil, fmt.Errorf("memory fill: %w", err)
 	}
@@ -344,6 +348,9 @@ func (p *Plan) Fill(ctx context.Context) error {
 		at  int64 // offset within the run
 		len int64
 	}
+	if err := checkMapped(p.runs); err != nil {
+		return err
+	}
 	files := map[string]*os.File{}
 	defer func() {
 		for _, f := range files {
@@ -353,7 +360,7 @@ func (p *Plan) Fill(ctx context.Context) error {
 	var jobs []job
 	for _, r := range p.runs {
 		if files[r.file] == nil {
-			f, err := os.Open(r.file)
+			f, err := beneath.Open(filepath.Dir(r.file), filepath.Base(r.file))
 			if err != nil {
 				return fmt.Errorf("memory fill: %w", err)
 			}
@@ -371,6 +378,65 @@ func (p *Plan) Fill(ctx context.Context) error {
 			}
 			return moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, j.r.addr+uint64(j.at), data)
 		})
+}
+
+// checkMapped refuses runs that are not wholly inside writable memory of their process as
+// CRIU restored it: an image names addresses, and gpucr writes nowhere else.
+func checkMapped(runs []run) error {
+	maps := map[int][]mapping{}
+	for _, r := range runs {
+		ms, ok := maps[r.pid]
+		if !ok {
+			var err error
+			if ms, err = writableMappings(r.pid); err != nil {
+				return fmt.Errorf("memory fill: %w", err)
+			}
+			maps[r.pid] = ms
+		}
+		if !covered(ms, r.addr, r.addr+uint64(r.size)) {
+			return fmt.Errorf("memory fill: process %d has no writable memory at %#x-%#x, which the image fills", r.pid, r.addr, r.addr+uint64(r.size))
+		}
+	}
+	return nil
+}
+
+// mapping is one writable mapping of a process, [start, end).
+type mapping struct{ start, end uint64 }
+
+func writableMappings(pid int) ([]mapping, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		return nil, fmt.Errorf("read mappings of process %d: %w", pid, err)
+	}
+	var out []mapping
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 || len(f[1]) < 2 || f[1][1] != 'w' {
+			continue
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		s, err1 := strconv.ParseUint(lo, 16, 64)
+		e, err2 := strconv.ParseUint(hi, 16, 64)
+		if ok && err1 == nil && err2 == nil {
+			out = append(out, mapping{s, e})
+		}
+	}
+	return out, nil
+}
+
+// covered says whether [start, end) lies in ms, contiguous mappings joined (ms is sorted,
+// as /proc lists them).
+func covered(ms []mapping, start, end uint64) bool {
+	at := start
+	for _, m := range ms {
+		if m.start <= at && at < m.end {
+			at = m.end
+			if at >= end {
+				return true
+			}
+		}
+	}
+	return start == end
 }
 
 // vmOp is process_vm_readv or process_vm_writev.

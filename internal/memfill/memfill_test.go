@@ -106,7 +106,7 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p, err := Prepare(imageDir, t.TempDir(), []int{pid})
+	p, err := Prepare(imageDir, t.TempDir(), &image.Manifest{Processes: []image.Process{{PID: pid}}}, []int{pid})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,8 @@ func TestSaveOwnMemory(t *testing.T) {
 	if err := image.CheckSums(dir, files); err != nil {
 		t.Fatalf("the checksum computed while saving is not the file's: %v", err)
 	}
-	runs, err := savedRuns(dir)
+	m := &image.Manifest{Processes: []image.Process{{PID: os.Getpid()}}, Files: files}
+	runs, err := savedRuns(dir, m)
 	if err != nil || len(runs) != len(files) {
 		t.Fatalf("savedRuns = %+v, %v", runs, err)
 	}
@@ -350,4 +351,49 @@ func TestPlanFileAndRenumber(t *testing.T) {
 	if err := q.Renumber(map[int]int{5: 50}); err != nil || q.runs[0].pid != 50 {
 		t.Errorf("Renumber: %v, runs %+v", err, q.runs)
 	}
+}
+
+// A restore writes only what the manifest lists, into processes of the image's tree, at
+// memory the process has: a crafted image naming another process, or an address the
+// restored process does not map, is refused before anything is written.
+func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
+	mem, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	dir := t.TempDir()
+	files, err := Save(context.Background(), dir, []Range{{PID: os.Getpid(), Start: start, End: start + pageSize}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &image.Manifest{Processes: []image.Process{{PID: os.Getpid() + 1}}, Files: files}
+	if _, err := savedRuns(dir, other); err == nil || !strings.Contains(err.Error(), "not in the image's tree") {
+		t.Fatalf("a range of a process outside the tree: savedRuns = %v", err)
+	}
+	// A file in mem/ that the manifest does not list is never read.
+	if err := os.WriteFile(filepath.Join(dir, MemDir, "1-1000.img"), make([]byte, pageSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	own := &image.Manifest{Processes: []image.Process{{PID: os.Getpid()}}, Files: files}
+	runs, err := savedRuns(dir, own)
+	if err != nil || len(runs) != 1 {
+		t.Fatalf("savedRuns = %+v, %v; want the one listed range", runs, err)
+	}
+	if err := (&Plan{runs: runs}).Fill(context.Background()); err != nil {
+		t.Fatalf("a mapped range: %v", err)
+	}
+	if err := unix.Mprotect(mem, unix.PROT_READ); err != nil {
+		t.Fatal(err)
+	}
+	err = (&Plan{runs: runs}).Fill(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "no writable memory") {
+		t.Fatalf("a read-only range: Fill = %v", err)
+	}
+	runs[0].addr = 4096 // nothing is mapped at the second page of the address space
+	err = (&Plan{runs: runs}).Fill(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "no writable memory") {
+		t.Fatalf("an unmapped range: Fill = %v", err)
+	}
+	unix.Munmap(mem)
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -332,9 +333,9 @@ func segments(rs []Range, size uint64) []Range {
 
 func rangeName(r Range) string { return fmt.Sprintf("%d-%x.img", r.imagePID(), r.Start) }
 
-// SavedBytes is, per process, how much memory gpucr saved itself in the image in imageDir.
-func SavedBytes(imageDir string) (map[int]int64, error) {
-	runs, err := savedRuns(imageDir)
+// SavedBytes is, per process, how much memory gpucr saved itself in the image m describes.
+func SavedBytes(imageDir string, m *image.Manifest) (map[int]int64, error) {
+	runs, err := savedRuns(imageDir, m)
 	if err != nil {
 		return nil, err
 	}
@@ -345,25 +346,31 @@ func SavedBytes(imageDir string) (map[int]int64, error) {
 	return out, nil
 }
 
-// savedRuns lists the ranges saved in imageDir/MemDir as runs for Fill.
-func savedRuns(imageDir string) ([]run, error) {
-	entries, err := os.ReadDir(filepath.Join(imageDir, MemDir))
-	if os.IsNotExist(err) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
+// savedRuns are the ranges gpucr saved in the image m describes, as runs for Fill: only the
+// files its manifest lists under MemDir, each into a process of the image's tree.
+func savedRuns(imageDir string, m *image.Manifest) ([]run, error) {
+	procs := map[int]bool{}
+	for _, p := range m.Processes {
+		procs[p.PID] = true
 	}
 	var out []run
-	for _, e := range entries {
-		pidS, rest, ok := strings.Cut(strings.TrimSuffix(e.Name(), ".img"), "-")
+	for _, f := range m.Files {
+		if path.Dir(f.Path) != MemDir {
+			continue
+		}
+		name := path.Base(f.Path)
+		pidS, rest, ok := strings.Cut(strings.TrimSuffix(name, ".img"), "-")
 		pid, err1 := strconv.Atoi(pidS)
 		start, err2 := strconv.ParseUint(rest, 16, 64)
-		info, err3 := e.Info()
-		if !ok || err1 != nil || err2 != nil || err3 != nil {
-			return nil, fmt.Errorf("%s/%s is not a memory range gpucr saved", MemDir, e.Name())
+		switch {
+		case !ok || err1 != nil || err2 != nil || !strings.HasSuffix(name, ".img"):
+			return nil, fmt.Errorf("%s is not a memory range gpucr saved", f.Path)
+		case !procs[pid]:
+			return nil, fmt.Errorf("%s names process %d, which is not in the image's tree", f.Path, pid)
+		case start+uint64(f.Size) < start:
+			return nil, fmt.Errorf("%s: range past the end of the address space", f.Path)
 		}
-		out = append(out, run{pid: pid, addr: start, size: info.Size(), file: filepath.Join(imageDir, MemDir, e.Name())})
+		out = append(out, run{pid: pid, addr: start, size: f.Size, file: filepath.Join(imageDir, filepath.FromSlash(f.Path))})
 	}
 	return out, nil
 }

@@ -61,7 +61,7 @@ func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(stage.CRIUDir(), "pagemap-42.img"), []byte("pagemap"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42}
+			m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42, Processes: []image.Process{{PID: 42}}}
 			if err := stage.Seal(m, streamed); err != nil {
 				t.Fatal(err)
 			}
