@@ -232,6 +232,47 @@ func TestTwoOperationsOnOneProcessExcludeEachOther(t *testing.T) {
 	w.checkRunsOn(t, "two checkpoints at once")
 }
 
+// One lock per process: while a checkpoint of a tree runs, an operation on any process
+// of it (here its child, the GPU process) is refused, not interleaved.
+func TestOperationOnAProcessOfABusyTreeIsRefused(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	host := newCrashHost(t)
+	w := startCounter(t, "-mib", "16", "-child")
+	var child int
+	for deadline := time.Now().Add(5 * time.Second); child == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if tree, err := proctree.Tree(w.pid); err == nil && len(tree) > 1 {
+			child = tree[1].PID
+		}
+	}
+	if child == 0 {
+		t.Fatal("the counter's child did not start")
+	}
+	drv.claim(t, child)
+	first := exec.Command(bin.gpucr, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "a"), "--leave-running"}, host.flags()...)...)
+	first.Env = append(append(os.Environ(), drv.env...), "FAKECUDA_CHECKPOINT_MS=1500")
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if drv.state(child) != "0" {
+			break // the first checkpoint holds the child's GPU
+		}
+	}
+	out, errOut, code := gpucrEnv(t, drv.env, append([]string{"checkpoint", strconv.Itoa(child), "-D", filepath.Join(t.TempDir(), "b")}, host.flags()...)...)
+	if code != 1 || !strings.Contains(errOut, "another gpucr operation is in progress") || !strings.Contains(errOut, "checkpoint of PID "+strconv.Itoa(w.pid)) {
+		t.Errorf("checkpoint of the child: exit %d\n%s%s", code, out, errOut)
+	}
+	if err := first.Wait(); err != nil {
+		t.Fatalf("first checkpoint: %v", err)
+	}
+	host.checkClean(t)
+	if st := drv.state(child); st != "0" {
+		t.Fatalf("child's GPU state %s, want 0", st)
+	}
+	w.checkRunsOn(t, "a checkpoint of its child refused")
+}
+
 // checkJSON is what gpucr check --json reports on host, with the fake driver.
 func checkJSON(t *testing.T, drv *fakeDriver, host crashHost) checkReport {
 	t.Helper()

@@ -89,10 +89,14 @@ func (t *runcTarget) Open(ctx context.Context) ([]proctree.Process, error) {
 	return tree, nil
 }
 
-// Locks keep other gpucr operations off the container, under its ID and under its init's
-// PID (a checkpoint of that process tree would race this one).
+// Locks keep other gpucr operations off the container, under its ID and under each of its
+// processes' PIDs (a checkpoint of a process tree inside it would race this one).
 func (t *runcTarget) Locks() []string {
-	return []string{engine.ContainerLock(t.id), engine.PIDLock(t.state.PID)}
+	locks := []string{engine.ContainerLock(t.id)}
+	for _, p := range t.tree {
+		locks = append(locks, engine.PIDLock(p.PID))
+	}
+	return locks
 }
 
 // ImagePID is the container's own number for pid; a process outside the container (its

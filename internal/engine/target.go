@@ -56,7 +56,7 @@ type processTree struct {
 }
 
 func (p *processTree) What() string                  { return fmt.Sprintf("PID %d", p.pid) }
-func (p *processTree) Locks() []string               { return []string{PIDLock(p.pid)} }
+func (p *processTree) Locks() []string { return treeLocks(proctree.PIDs(p.tree)) }
 func (p *processTree) ImagePID(pid int) (int, error) { return pid, nil }
 func (p *processTree) CRIUPlugins() bool             { return true }
 func (p *processTree) Describe(string) error         { return nil }
@@ -115,6 +115,17 @@ func (p *processTree) Release(_ context.Context, leaveRunning bool) error {
 
 // PIDLock names the lock that keeps two gpucr operations off one process tree.
 func PIDLock(pid int) string { return fmt.Sprintf("pid-%d", pid) }
+
+// treeLocks are the locks of every process of a tree: an operation on any process of it,
+// or on a tree that shares one (a child checkpointed while its parent's tree is restored),
+// waits for this one.
+func treeLocks(pids []int) []string {
+	out := make([]string, len(pids))
+	for i, pid := range pids {
+		out[i] = PIDLock(pid)
+	}
+	return out
+}
 
 // ContainerLock names the lock that keeps two gpucr operations off one container.
 func ContainerLock(id string) string { return "container-" + id }
@@ -181,7 +192,13 @@ func (ti *treeImage) Open(_ context.Context, dir string, m *image.Manifest) erro
 }
 
 func (ti *treeImage) What() string      { return "image " + ti.dir }
-func (ti *treeImage) Locks() []string   { return []string{PIDLock(ti.m.RootPID)} }
+func (ti *treeImage) Locks() []string {
+	pids := make([]int, len(ti.m.Processes))
+	for i, p := range ti.m.Processes {
+		pids[i] = p.PID
+	}
+	return treeLocks(pids)
+}
 func (ti *treeImage) CRIUPlugins() bool { return true }
 
 func (ti *treeImage) Check(dir string, m *image.Manifest) error {
