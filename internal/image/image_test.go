@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -540,5 +541,45 @@ func TestOpenRefusesWhatIsNotListed(t *testing.T) {
 	}
 	if err := CheckSums(dir, m.Files); err == nil {
 		t.Fatal("CheckSums read files through a symlinked directory")
+	}
+}
+
+// Every file of an image is 0600 and every directory 0700, whoever wrote them and how:
+// CRIU writes its own files (ghost files, pipe data) 0644.
+func TestCommitLocksModesDown(t *testing.T) {
+	final := filepath.Join(t.TempDir(), "img")
+	s, err := Begin(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeStaged(t, s, stagedFiles)
+	if err := os.Chmod(filepath.Join(s.Dir(), "criu", "pages-1.img"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(s.Dir(), "criu", "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Commit(testManifest()); err != nil {
+		t.Fatal(err)
+	}
+	err = filepath.WalkDir(final, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		want := fs.FileMode(0o600)
+		if d.IsDir() {
+			want = 0o700
+		}
+		if fi.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", p, fi.Mode().Perm(), want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

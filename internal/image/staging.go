@@ -225,7 +225,7 @@ func (s *Staging) Abort() error {
 // stagedTree lists the regular files under dir as sorted slash paths, the manifest and the
 // logs excluded, and every directory, dir included. Anything else is refused: restore could
 // not trust it. Logs are not checksummed: CRIU goes on writing them after the commit, and
-// restore does not read them.
+// restore does not read them. It makes every file 0600 and every directory 0700.
 func stagedTree(dir string) (files, dirs []string, err error) {
 	err = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -235,15 +235,18 @@ func stagedTree(dir string) (files, dirs []string, err error) {
 		if err != nil {
 			return err
 		}
+		// An image holds a process's memory, deleted files and pipe data: only root reads
+		// it, whichever writer (CRIU included) created a file and with what mode.
 		switch {
 		case d.IsDir():
 			dirs = append(dirs, p)
+			return os.Chmod(p, 0o700)
 		case !d.Type().IsRegular():
 			return fmt.Errorf("%s is not a regular file", filepath.ToSlash(rel))
 		case rel != ManifestName && rel != SealName && filepath.Dir(rel) != LogsDir:
 			files = append(files, filepath.ToSlash(rel))
 		}
-		return nil
+		return os.Chmod(p, 0o600)
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("list image files in %s: %w", dir, err)
