@@ -96,7 +96,8 @@ type Server struct {
 	mu    sync.Mutex
 }
 
-// Start listens on a free loopback port and serves the first connection: CRIU's dump.
+// Start listens on a free loopback port and serves the first connection from gpucr's own
+// CRIU: its dump.
 // Pagemap images are written into dir, pages go to sink.
 func Start(dir string, sink Sink) (*Server, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -147,7 +148,7 @@ func (s *Server) Close() {
 }
 
 func (s *Server) acceptOne() {
-	c, err := s.ln.Accept()
+	c, err := s.accept()
 	s.ln.Close() // one dump, one connection
 	if err != nil {
 		s.err = fmt.Errorf("page server: CRIU never connected: %w", err)
@@ -161,6 +162,25 @@ func (s *Server) acceptOne() {
 	// Done before the hang-up: once CRIU has seen the connection end, Err has the reason.
 	close(s.done)
 	c.Close()
+}
+
+// accept returns the first connection that comes from gpucr's own CRIU; others (another
+// local user's, say, to block or feed the dump) are closed unread.
+func (s *Server) accept() (net.Conn, error) {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return nil, err
+		}
+		ok, err := fromOwnTree(c)
+		if ok {
+			return c, nil
+		}
+		c.Close()
+		if err != nil {
+			return nil, err
+		}
+	}
 }
 
 // serve runs the protocol on one connection until CRIU's CLOSE and hang-up.

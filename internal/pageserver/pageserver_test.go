@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
@@ -176,5 +179,47 @@ func TestServerRefusesUnflushedHangUp(t *testing.T) {
 	conn.Close()
 	if _, err := s.Wait(context.Background()); err == nil || !strings.Contains(err.Error(), "pages at 0x1000") {
 		t.Fatalf("Wait = %v, want the short run named", err)
+	}
+}
+
+// Another local process that connects first (a user's loop, racing every dump) neither
+// blocks the dump nor feeds it: its connection is closed unread, and gpucr's own CRIU (here,
+// this process) is served.
+func TestServerServesOnlyItsOwnCRIU(t *testing.T) {
+	bash, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("no bash to play the other process")
+	}
+	s, err := Start(t.TempDir(), &memSink{files: map[string]*memFile{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// An orphan, not a descendant of this process: the outer shell exits at once.
+	ready := filepath.Join(t.TempDir(), "connected")
+	script := fmt.Sprintf(`exec 3<>/dev/tcp/127.0.0.1/%d && touch %s && sleep 5`, s.Port(), ready)
+	if out, err := exec.Command("sh", "-c", `"$0" -c "$1" >/dev/null 2>&1 &`, bash, script).CombinedOutput(); err != nil {
+		t.Fatalf("start the other process: %v %s", err, out)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the other process never connected")
+		}
+	}
+	conn, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(s.Port()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &client{t, conn}
+	c.send(cmdClose, 0, 0, 0, nil)
+	if got := c.answer(4); !bytes.Equal(got, []byte{0, 0, 0, 0}) {
+		t.Fatalf("close answer %v", got)
+	}
+	conn.Close()
+	if _, err := s.Wait(context.Background()); err != nil {
+		t.Fatalf("the dump's own connection: %v", err)
 	}
 }
