@@ -12,6 +12,7 @@ import (
 	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/image/imagetest"
 )
 
 // There is no AMD GPU here: these tests restore a real CRIU image that carries the amdgpu
@@ -32,41 +33,11 @@ func amdImage(t *testing.T, e *Engine) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return withFile(t, dir, filepath.Join(image.CRIUDir, "amdgpu-kfd-7.img"), b)
-}
-
-// withFile commits a copy of the image in dir with one more file, name, listed and sealed
-// as if the checkpoint had written it.
-func withFile(t *testing.T, dir, name string, data []byte) string {
-	t.Helper()
-	m, err := image.Load(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(t.TempDir(), "img")
-	s, err := image.Begin(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range m.Files {
-		b, err := os.ReadFile(filepath.Join(dir, f.Path))
-		if err != nil {
+	return imagetest.Recommit(t, dir, func(staged string) {
+		if err := os.WriteFile(filepath.Join(staged, image.CRIUDir, "amdgpu-kfd-7.img"), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.MkdirAll(filepath.Dir(filepath.Join(s.Dir(), f.Path)), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(s.Dir(), f.Path), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.WriteFile(filepath.Join(s.Dir(), name), data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Commit(m); err != nil {
-		t.Fatal(err)
-	}
-	return out
+	})
 }
 
 func topology(name string) string {

@@ -84,6 +84,9 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err := image.CheckSums(r.Dir, meta); err != nil {
 		return nil, err
 	}
+	if err := memfill.CheckPages(image.CRIUPath(r.Dir)); err != nil {
+		return nil, err
+	}
 	verify := startVerify(r.Dir, memory, time.Since(start))
 	defer verify.wait() // never leave it reading the image after we return
 	if err := target.Check(r.Dir, m); err != nil {
@@ -207,7 +210,7 @@ func journalWhole(rec *txn.Record, host map[int]int) {
 // them fails: that only wins speed (a full /tmp fails it, say).
 func (e *Engine) planFill(imageDir, work string, m *image.Manifest, split []int) (*memfill.Plan, error) {
 	fill, err := memfill.Prepare(imageDir, work, m, split)
-	if err != nil && split != nil {
+	if err != nil && split != nil && !errors.Is(err, image.ErrCorrupt) {
 		e.Logger().Warn("CRIU restores the memory in its files itself", "err", err)
 		fill, err = memfill.Prepare(imageDir, work, m, nil)
 	}

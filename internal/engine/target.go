@@ -56,7 +56,7 @@ type processTree struct {
 }
 
 func (p *processTree) What() string                  { return fmt.Sprintf("PID %d", p.pid) }
-func (p *processTree) Locks() []string { return treeLocks(proctree.PIDs(p.tree)) }
+func (p *processTree) Locks() []string               { return treeLocks(proctree.PIDs(p.tree)) }
 func (p *processTree) ImagePID(pid int) (int, error) { return pid, nil }
 func (p *processTree) CRIUPlugins() bool             { return true }
 func (p *processTree) Describe(string) error         { return nil }
@@ -191,7 +191,7 @@ func (ti *treeImage) Open(_ context.Context, dir string, m *image.Manifest) erro
 	return nil
 }
 
-func (ti *treeImage) What() string      { return "image " + ti.dir }
+func (ti *treeImage) What() string { return "image " + ti.dir }
 func (ti *treeImage) Locks() []string {
 	pids := make([]int, len(ti.m.Processes))
 	for i, p := range ti.m.Processes {

@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -140,7 +141,7 @@ func (p *Plan) Bytes() int64 {
 func Prepare(imageDir, work string, m *image.Manifest, split []int) (*Plan, error) {
 	saved, err := savedRuns(imageDir, m)
 	if err != nil {
-		return nil, fmt.Errorf("memory fill: %w", err)
+		return nil, err
 	}
 	if len(split) == 0 {
 		return &Plan{runs: saved}, nil
@@ -457,6 +458,41 @@ func moveRemote(op vmOp, what string, pid int, addr uint64, data []byte) error {
 			return fmt.Errorf("%s process %d at %#x: no bytes moved", what, pid, addr)
 		}
 		data, addr = data[n:], addr+uint64(n)
+	}
+	return nil
+}
+
+// CheckPages checks, before CRIU reads them, that each pages file in criuDir holds exactly
+// the pages its pagemap says are there: CRIU's restorer spins forever on a pages file
+// shorter than its pagemap, and an image whose manifest was rewritten to match a truncated
+// file passes every checksum.
+func CheckPages(criuDir string) error {
+	maps, err := filepath.Glob(filepath.Join(criuDir, "pagemap-*.img"))
+	if err != nil {
+		return err
+	}
+	for _, pm := range maps {
+		head, entries, err := readPagemap(pm)
+		if err != nil {
+			return err
+		}
+		var want uint64
+		for _, e := range entries {
+			if e.GetFlags()&pePresent != 0 {
+				want += uint64(e.GetNrPages()) * pageSize
+			}
+		}
+		pages := filepath.Join(criuDir, fmt.Sprintf("pages-%d.img", head.GetPagesId()))
+		fi, err := os.Lstat(pages)
+		switch {
+		case errors.Is(err, fs.ErrNotExist) && want == 0:
+			continue
+		case err != nil:
+			return fmt.Errorf("%s: its pages file: %w", filepath.Base(pm), err)
+		case uint64(fi.Size()) != want:
+			return &image.CorruptError{Path: image.CRIUDir + "/" + filepath.Base(pages),
+				Reason: fmt.Sprintf("%d bytes where %s lists %d: damaged, or changed with its manifest", fi.Size(), filepath.Base(pm), want)}
+		}
 	}
 	return nil
 }

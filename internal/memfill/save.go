@@ -364,11 +364,11 @@ func savedRuns(imageDir string, m *image.Manifest) ([]run, error) {
 		start, err2 := strconv.ParseUint(rest, 16, 64)
 		switch {
 		case !ok || err1 != nil || err2 != nil || !strings.HasSuffix(name, ".img"):
-			return nil, fmt.Errorf("%s is not a memory range gpucr saved", f.Path)
+			return nil, &image.CorruptError{Path: f.Path, Reason: "not a memory range gpucr saved"}
 		case !procs[pid]:
-			return nil, fmt.Errorf("%s names process %d, which is not in the image's tree", f.Path, pid)
+			return nil, &image.CorruptError{Path: f.Path, Reason: fmt.Sprintf("names process %d, which is not in the image's tree", pid)}
 		case start+uint64(f.Size) < start:
-			return nil, fmt.Errorf("%s: range past the end of the address space", f.Path)
+			return nil, &image.CorruptError{Path: f.Path, Reason: "range past the end of the address space"}
 		}
 		out = append(out, run{pid: pid, addr: start, size: f.Size, file: filepath.Join(imageDir, filepath.FromSlash(f.Path))})
 	}

@@ -1,0 +1,45 @@
+// Package imagetest builds images for tests: in particular images changed after their
+// checkpoint and sealed again, as someone who can write an image would.
+package imagetest
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/gpucr/gpucr/internal/image"
+)
+
+// Recommit copies the image in dir into a new staging directory, lets change edit the
+// staged files, and commits them under the same manifest, every file listed, checksummed
+// and sealed again. It returns the new image's directory.
+func Recommit(t *testing.T, dir string, change func(staged string)) string {
+	t.Helper()
+	m, err := image.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "img")
+	s, err := image.Begin(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range m.Files {
+		b, err := os.ReadFile(filepath.Join(dir, f.Path))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(s.Dir(), f.Path)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	change(s.Dir())
+	if err := s.Commit(m); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
