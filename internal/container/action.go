@@ -252,7 +252,7 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return fail(err)
 	}
-	if gpus, err = toHost(gpus, host); err != nil {
+	if gpus, err = gpus.Renumber(host); err != nil {
 		return fail(err)
 	}
 	if err := gpus.Resume(context.WithoutCancel(ctx), remap); err != nil {

@@ -50,8 +50,8 @@ func hostPIDs(root int) (map[int]int, error) {
 	return m, nil
 }
 
-// toInner renumbers set from host PIDs to container PIDs; toHost does the reverse with the
-// map hostPIDs made. Backends work on host PIDs, images keep container PIDs.
+// toInner renumbers set from host PIDs to container PIDs; GPUSet.Renumber does the reverse
+// with the map hostPIDs made. Backends work on host PIDs, images keep container PIDs.
 func toInner(set engine.GPUSet) (engine.GPUSet, error) {
 	out := make(engine.GPUSet, len(set))
 	for i, p := range set {
@@ -61,19 +61,6 @@ func toInner(set engine.GPUSet) (engine.GPUSet, error) {
 		}
 		out[i] = p
 		out[i].PID = in
-	}
-	return out, nil
-}
-
-func toHost(set engine.GPUSet, host map[int]int) (engine.GPUSet, error) {
-	out := make(engine.GPUSet, len(set))
-	for i, p := range set {
-		h, ok := host[p.PID]
-		if !ok {
-			return nil, fmt.Errorf("GPU process %d of the image is not in the restored container", p.PID)
-		}
-		out[i] = p
-		out[i].PID = h
 	}
 	return out, nil
 }

@@ -69,7 +69,7 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	}
 	// The verdict reaches the hook as a file: written once the memory is verified, while
 	// runc and CRIU restore.
-	go writeVerdict(s.WorkDir, s.Verified())
+	go func() { writeVerdict(s.WorkDir, s.Verified()) }()
 	if err := op.Update(func(rec *txn.Record) {
 		rec.Container = &txn.Container{ID: ri.id, Runtime: ri.c.Runc.Command(), StateDir: ri.c.Runc.StateDir(ri.id)}
 	}); err != nil {

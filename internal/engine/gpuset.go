@@ -108,9 +108,9 @@ func (s GPUSet) Resume(ctx context.Context, remap map[string]map[string]string) 
 	})
 }
 
-// renumber returns s with each process at its host PID (host maps image PIDs to them;
-// nil: the same PIDs).
-func (s GPUSet) renumber(host map[int]int) (GPUSet, error) {
+// Renumber returns s with each process at its host PID (host maps image PIDs to them;
+// nil: the same PIDs). Backends work on host PIDs; images keep their own.
+func (s GPUSet) Renumber(host map[int]int) (GPUSet, error) {
 	if host == nil {
 		return s, nil
 	}

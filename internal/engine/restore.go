@@ -173,7 +173,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 		// Restore must not be abandoned halfway, even on Ctrl-C: finish, then report.
 		gctx := context.WithoutCancel(ctx)
 		err := func() error {
-			host, err := gpus.renumber(restored.Host)
+			host, err := gpus.Renumber(restored.Host)
 			if err != nil {
 				return err
 			}
