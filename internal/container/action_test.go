@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -289,7 +290,7 @@ func TestWatcherWaitsForCRIU(t *testing.T) {
 func TestInstallKeepsOtherLinesAndRemoves(t *testing.T) {
 	dir := t.TempDir()
 	in := Integration{Config: filepath.Join(dir, "criu", "runc.conf"), Script: filepath.Join(dir, "bin", "criu-action"),
-		Log: filepath.Join(dir, "action.log"), Gpucr: "/usr/bin/gpucr"}
+		Log: filepath.Join(dir, "action.log"), Gpucr: fakeGpucr(t, filepath.Join(dir, "ran"))}
 	if err := os.MkdirAll(filepath.Dir(in.Config), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -308,8 +309,14 @@ func TestInstallKeepsOtherLinesAndRemoves(t *testing.T) {
 	if fi, err := os.Stat(in.Script); err != nil || fi.Mode()&0o111 == 0 {
 		t.Fatalf("script not executable: %v", err)
 	}
+	if _, err := os.Stat(in.Binary()); err != nil {
+		t.Fatalf("no copy of gpucr beside the script: %v", err)
+	}
 	if err := in.Remove(); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(in.Binary()); !os.IsNotExist(err) {
+		t.Fatalf("gpucr's copy left: %v", err)
 	}
 	b, _ = os.ReadFile(in.Config)
 	if string(b) != "tcp-established\n" {
@@ -317,5 +324,55 @@ func TestInstallKeepsOtherLinesAndRemoves(t *testing.T) {
 	}
 	if _, err := os.Stat(in.Script); !os.IsNotExist(err) {
 		t.Fatalf("script left: %v", err)
+	}
+}
+
+// fakeGpucr is a stand-in for the gpucr binary that records in ran that it ran.
+func fakeGpucr(t *testing.T, ran string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "gpucr")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\necho \"$@\" > "+ran+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The action script runs as root on every CRIU run of runc: it runs gpucr's own copy, in a
+// directory only root can change, and refuses to run it once someone else could have
+// replaced it. Installing into such a directory is refused.
+func TestIntegrationRunsOnlyARootOwnedCopy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the copy must be root's")
+	}
+	dir := t.TempDir()
+	ran := filepath.Join(dir, "ran")
+	in := Integration{Config: filepath.Join(dir, "runc.conf"), Script: filepath.Join(dir, "lib", "criu-action"),
+		Log: filepath.Join(dir, "action.log"), Gpucr: fakeGpucr(t, ran)}
+	if err := in.Install(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(in.Gpucr); err != nil { // the installed binary moves away: no matter
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(in.Script).CombinedOutput(); err != nil {
+		t.Fatalf("action script: %v: %s", err, out)
+	}
+	if b, err := os.ReadFile(ran); err != nil || !strings.HasPrefix(string(b), "criu-action") {
+		t.Fatalf("the copy did not run: %q %v", b, err)
+	}
+	os.Remove(ran)
+	if err := os.Chmod(filepath.Dir(in.Script), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(in.Script).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "refusing to run") {
+		t.Fatalf("script under a world-writable directory: %v: %s", err, out)
+	}
+	if _, err := os.Stat(ran); !os.IsNotExist(err) {
+		t.Fatal("the binary ran from a directory others can write")
+	}
+	in.Gpucr = fakeGpucr(t, ran)
+	if err := in.Install(); err == nil || !strings.Contains(err.Error(), "writable by users other than root") {
+		t.Fatalf("install into a world-writable directory: %v", err)
 	}
 }
