@@ -44,7 +44,7 @@ func (ri *runcImage) CRIUPlugins() bool { return false }
 
 // Check refuses an ID runc already knows: the restore would fail, and its rollback must
 // never remove a container it did not create.
-func (ri *runcImage) Check(string, *image.Manifest) error {
+func (ri *runcImage) Check() error {
 	if st, err := ri.c.Runc.State(context.Background(), ri.id); err == nil {
 		return fmt.Errorf("%w: container %s exists (%s); remove it or restore with --new-id", ErrExists, ri.id, st.Status)
 	}

@@ -204,12 +204,15 @@ func resumeContainer(ctx context.Context, c *txn.Container) error {
 	if len(c.Runtime) == 0 {
 		return fmt.Errorf("container %s is left paused: no runtime recorded", c.ID)
 	}
-	args := append(slices.Clone(c.Runtime[1:]), "resume", c.ID)
-	out, err := exec.CommandContext(ctx, c.Runtime[0], args...).CombinedOutput()
-	if err != nil {
+	if out, err := runRuntime(ctx, c, "resume", c.ID); err != nil {
 		return fmt.Errorf("container %s is left paused (%s resume): %w: %s", c.ID, c.Runtime[0], err, out)
 	}
 	return nil
+}
+
+// runRuntime runs the journaled runtime command of c (binary and global flags) with args.
+func runRuntime(ctx context.Context, c *txn.Container, args ...string) ([]byte, error) {
+	return exec.CommandContext(ctx, c.Runtime[0], append(slices.Clone(c.Runtime[1:]), args...)...).CombinedOutput()
 }
 
 // removeContainer deletes a container a restore created. The runtime that created it died
@@ -218,9 +221,6 @@ func resumeContainer(ctx context.Context, c *txn.Container) error {
 func removeContainer(ctx context.Context, c *txn.Container) error {
 	if len(c.Runtime) == 0 {
 		return fmt.Errorf("container %s may be left: no runtime recorded", c.ID)
-	}
-	run := func(args ...string) ([]byte, error) {
-		return exec.CommandContext(ctx, c.Runtime[0], append(slices.Clone(c.Runtime[1:]), args...)...).CombinedOutput()
 	}
 	deadline := time.Now().Add(criuLetGoWait)
 	for {
@@ -233,8 +233,8 @@ func removeContainer(ctx context.Context, c *txn.Container) error {
 				return err
 			}
 		}
-		out, err := run("delete", "--force", c.ID)
-		if _, serr := run("state", c.ID); serr != nil {
+		out, err := runRuntime(ctx, c, "delete", "--force", c.ID)
+		if _, serr := runRuntime(ctx, c, "state", c.ID); serr != nil {
 			if c.StateDir == "" {
 				return nil // gone, or never created
 			}

@@ -89,7 +89,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	}
 	verify := startVerify(r.Dir, memory, time.Since(start))
 	defer verify.wait() // never leave it reading the image after we return
-	if err := target.Check(r.Dir, m); err != nil {
+	if err := target.Check(); err != nil {
 		return nil, verify.prefer(err)
 	}
 	gpus, remap, err := PlanGPUs(ctx, e.Backends, m.GPUs, r.GPUMap, r.Skips)

@@ -141,7 +141,7 @@ type RestoreTarget interface {
 	Locks() []string
 	// Check refuses, before anything changes, a restore that would fail halfway here (a
 	// PID or file the image needs taken or missing).
-	Check(dir string, m *image.Manifest) error
+	Check() error
 	// CRIUPlugins says whether CRIU plugins (AMD's, for /dev/kfd) can be loaded for it.
 	CRIUPlugins() bool
 	// Restore has CRIU restore s.ImagesDir, holding every task before it resumes until
@@ -201,11 +201,11 @@ func (ti *treeImage) Locks() []string {
 }
 func (ti *treeImage) CRIUPlugins() bool { return true }
 
-func (ti *treeImage) Check(dir string, m *image.Manifest) error {
-	if err := waitPIDsFree(m, pidWait); err != nil {
+func (ti *treeImage) Check() error {
+	if err := waitPIDsFree(ti.m, pidWait); err != nil {
 		return err
 	}
-	return filesPresent(image.CRIUPath(dir))
+	return filesPresent(image.CRIUPath(ti.dir))
 }
 
 func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Restored, error) {
