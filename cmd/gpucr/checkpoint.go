@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
 )
@@ -33,6 +35,7 @@ func criuFlags(cmd *cobra.Command, o *criu.Options) {
 type checkpointOutput struct {
 	Dir          string      `json:"dir"`
 	Container    string      `json:"container,omitempty"`
+	SignedBy     string      `json:"signedBy,omitempty"`
 	RootPID      int         `json:"rootPid"`
 	Processes    int         `json:"processes"`
 	MemoryBytes  uint64      `json:"memoryBytes"`
@@ -127,6 +130,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 	var to string
 	var ctr string
 	var rf runcFlags
+	var signPath string
 	cmd := &cobra.Command{
 		Use:   "checkpoint {PID | --container ID} {-D DIR | --to LOCATION | -D DIR --to LOCATION}",
 		Short: "Checkpoint a running process tree or runc container (and its GPU state) to an image directory",
@@ -139,6 +143,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 			}
 			if r.Dir == "" && to == "" {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
+			}
+			if r.Sign, err = loadSigningKey(signPath); err != nil {
+				return err
 			}
 			start := time.Now()
 			var m *image.Manifest
@@ -161,6 +168,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 			out := checkpointOutput{
 				Dir: r.Dir, Container: ctr, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
 				LeftRunning: r.LeaveRunning, Phases: phasesJSON(m.Phases), Total: time.Since(start).Seconds(),
+			}
+			if r.Sign != nil {
+				out.SignedBy = signing.ID(r.Sign.Public().(ed25519.PublicKey))
 			}
 			if streamed != nil {
 				out.Dir, out.Streamed, out.Pushed = streamed.URL, true, streamed
@@ -192,6 +202,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 	f.BoolVarP(&r.LeaveRunning, "leave-running", "R", false, "leave the process tree running after the checkpoint")
 	f.DurationVar(&r.LockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
 	f.StringVar(&ctr, "container", "", "checkpoint the runc container with this ID instead of a PID's tree")
+	f.StringVar(&signPath, "sign", "", "sign the image's manifest with this ed25519 private key (see gpucr keygen)")
 	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
 	return cmd
@@ -209,6 +220,9 @@ func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
 	fmt.Fprintf(a.stdout, "  memory  %s written\n", bytesHuman(out.MemoryBytes))
 	if out.GPUProcesses > 0 {
 		fmt.Fprintf(a.stdout, "  gpu     %d process(es), %s of GPU memory\n", out.GPUProcesses, bytesHuman(out.GPUBytes))
+	}
+	if out.SignedBy != "" {
+		fmt.Fprintf(a.stdout, "  signed  by key %s\n", out.SignedBy)
 	}
 	fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(phases))
 	switch {

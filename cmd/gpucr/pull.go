@@ -8,12 +8,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
 )
 
 func (a *app) pullCmd() *cobra.Command {
-	return &cobra.Command{
+	var trust []string
+	cmd := &cobra.Command{
 		Use:   "pull s3://BUCKET/PREFIX|PATH DIR",
 		Short: "Fetch a stored checkpoint into an image directory, checking every chunk and file",
 		Long: "pull fetches the checkpoint into DIR, which must not exist or be empty. Every chunk's sha256 is\n" +
@@ -23,24 +25,30 @@ func (a *app) pullCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
-			out, err := a.pull(ctx, args[0], args[1])
+			keys, err := loadTrust(trust)
+			if err != nil {
+				return err
+			}
+			out, err := a.pull(ctx, args[0], args[1], keys)
 			if err != nil {
 				return err
 			}
 			return a.emit(out, func() { printPull(a, out) })
 		},
 	}
+	trustFlag(cmd, &trust)
+	return cmd
 }
 
 // pull fetches the checkpoint at loc into dir; restore --from shares it.
-func (a *app) pull(ctx context.Context, loc, dir string) (transferOutput, error) {
+func (a *app) pull(ctx context.Context, loc, dir string, trust signing.Keys) (transferOutput, error) {
 	st, prefix, err := store.Open(ctx, loc)
 	if err != nil {
 		return transferOutput{}, classifyStore(err)
 	}
 	bar := newBarProgress(a.stderr, "pull")
 	start := time.Now()
-	_, stats, err := chunked.Pull(ctx, st, prefix, dir, chunked.Options{Progress: bar.update})
+	_, stats, err := chunked.Pull(ctx, st, prefix, dir, chunked.Options{Progress: bar.update, Trust: trust})
 	bar.finish()
 	if err != nil {
 		return transferOutput{}, classifyStore(err)

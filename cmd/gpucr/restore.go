@@ -28,6 +28,7 @@ type restoreOutput struct {
 	GPUMap    map[string]map[string]string `json:"gpuMap,omitempty"`
 	AMDMap    map[string]map[uint32]uint32 `json:"amdGpuMap,omitempty"`
 	Pulled    *transferOutput              `json:"pulled,omitempty"` // the fetch of --from
+	SignedBy  string                       `json:"signedBy,omitempty"`
 	Phases    []phaseJSON                  `json:"phases"`
 	Total     float64                      `json:"totalSeconds"`
 	CRIUStats *criuimg.RestoreStats        `json:"criuRestoreStats,omitempty"`
@@ -39,6 +40,7 @@ func (a *app) restoreCmd() *cobra.Command {
 	var ctr, newID, bundle, from string
 	var pulled *transferOutput
 	var rf runcFlags
+	var trust []string
 	cmd := &cobra.Command{
 		Use:   "restore [--container ID] -D DIR",
 		Short: "Restore a process tree or runc container (and its GPU state) from an image directory, detached",
@@ -49,9 +51,12 @@ func (a *app) restoreCmd() *cobra.Command {
 			if r.Skips, r.AMDSkips, err = splitSkips(skips); err != nil {
 				return usageError{err}
 			}
+			if r.Trust, err = loadTrust(trust); err != nil {
+				return err
+			}
 			if from != "" {
 				ctx, stop := interrupt.Context(cmd.Context())
-				p, err := a.pull(ctx, from, r.Dir)
+				p, err := a.pull(ctx, from, r.Dir, r.Trust)
 				stop()
 				if err != nil {
 					return err
@@ -71,7 +76,7 @@ func (a *app) restoreCmd() *cobra.Command {
 			if err != nil {
 				return classifyContainer(err)
 			}
-			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Pulled: pulled,
+			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Pulled: pulled, SignedBy: res.SignedBy,
 				Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds(), CRIUStats: res.CRIUStats}
 			if ctr != "" {
 				out.Container = cmp.Or(newID, ctr)
@@ -92,6 +97,7 @@ func (a *app) restoreCmd() *cobra.Command {
 	f.StringVar(&ctr, "container", "", "restore the runc container the image holds, checkpointed with this ID")
 	f.StringVar(&newID, "new-id", "", "with --container: restore the container under this ID instead")
 	f.StringVar(&bundle, "bundle", "", "with --container: the OCI bundle to restore with (default: the one it was checkpointed from)")
+	trustFlag(cmd, &trust)
 	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
 	_ = cmd.MarkFlagRequired("images-dir")
@@ -103,6 +109,9 @@ func printRestore(a *app, out restoreOutput, phases []image.Phase) {
 		fmt.Fprintf(a.stdout, "restored container %s (init PID %d) from %s in %.2fs\n", out.Container, out.RootPID, out.Dir, out.Total)
 	} else {
 		fmt.Fprintf(a.stdout, "restored PID %d from %s in %.2fs\n", out.RootPID, out.Dir, out.Total)
+	}
+	if out.SignedBy != "" {
+		fmt.Fprintf(a.stdout, "  signed  by trusted key %s\n", out.SignedBy)
 	}
 	for backend, m := range out.GPUMap {
 		olds := make([]string, 0, len(m))

@@ -13,25 +13,41 @@ type verifyOutput struct {
 	OK    bool   `json:"ok"`
 	Files int    `json:"files"`
 	Bytes int64  `json:"bytes"`
+	// SignedBy is the trusted key that signed the image, with --trust.
+	SignedBy string `json:"signedBy,omitempty"`
 }
 
 func (a *app) verifyCmd() *cobra.Command {
-	return &cobra.Command{
+	var trust []string
+	cmd := &cobra.Command{
 		Use:   "verify DIR",
 		Short: "Recompute every checksum of an image and name any file that is wrong",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
+			keys, err := loadTrust(trust)
+			if err != nil {
+				return err
+			}
 			m, err := image.Open(args[0])
 			if err != nil {
 				return err
 			}
-			out := verifyOutput{Dir: args[0], OK: true, Files: len(m.Files)}
+			signer, err := image.CheckSigned(args[0], m, keys)
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			out := verifyOutput{Dir: args[0], OK: true, Files: len(m.Files), SignedBy: signer}
 			for _, f := range m.Files {
 				out.Bytes += f.Size
 			}
 			return a.emit(out, func() {
 				fmt.Fprintf(a.stdout, "ok: %s: %d files, %s verified\n", out.Dir, out.Files, bytesHuman(uint64(out.Bytes)))
+				if out.SignedBy != "" {
+					fmt.Fprintf(a.stdout, "  signed by trusted key %s\n", out.SignedBy)
+				}
 			})
 		},
 	}
+	trustFlag(cmd, &trust)
+	return cmd
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"os"
@@ -38,6 +39,8 @@ type CheckpointRequest struct {
 	// CRIUWritesPages lets CRIU write the page files itself instead of sending them to
 	// gpucr's page server: slower, kept to compare the two (GPUCR_CRIU_WRITES_PAGES=1).
 	CRIUWritesPages bool
+	// Sign, when set, signs the image's manifest (gpucr checkpoint --sign).
+	Sign ed25519.PrivateKey
 	criu.Options
 }
 
@@ -85,6 +88,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	if err != nil {
 		return nil, err
 	}
+	stage.SignWith = r.Sign
 	undo.Always("remove the staged image", func(context.Context) error { stage.Abort(); return nil })
 	if r.Stream != nil {
 		undo.Always("abort the stream", func(context.Context) error { r.Stream.Abort(); return nil })

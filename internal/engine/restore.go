@@ -18,6 +18,7 @@ import (
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -33,12 +34,15 @@ type RestoreRequest struct {
 	// the large runs itself: slower, kept to compare the two (GPUCR_CRIU_RESTORES_PAGES=1).
 	// Memory gpucr saved itself at checkpoint is always gpucr's to write.
 	CRIURestoresPages bool
+	// Trust, when not empty, refuses an image not signed by one of its keys.
+	Trust signing.Keys
 	criu.Options
 }
 
 // RestoreResult says what came back.
 type RestoreResult struct {
 	RootPID  int                          `json:"rootPid"`
+	SignedBy string                       `json:"signedBy,omitempty"` // the trusted key that signed the image
 	Manifest *image.Manifest              `json:"-"`
 	GPUMap   map[string]map[string]string `json:"gpuMap,omitempty"` // backend -> image UUID -> host UUID
 	// AMDMap is, per amdgpu-kfd image, where each image gpu_id goes on this host.
@@ -60,6 +64,10 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	m, err := image.Load(r.Dir)
 	if err != nil {
 		return nil, err
+	}
+	signer, err := image.CheckSigned(r.Dir, m, r.Trust)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", r.Dir, err)
 	}
 	if err := target.Open(ctx, r.Dir, m); err != nil {
 		return nil, err
@@ -183,7 +191,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 			return nil, target.Remove(gctx, fmt.Errorf("%w: %v", ErrGPURestore, err))
 		}
 	}
-	return &RestoreResult{RootPID: restored.Root, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.Phases, CRIUStats: restored.Stats}, nil
+	return &RestoreResult{RootPID: restored.Root, SignedBy: signer, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.Phases, CRIUStats: restored.Stats}, nil
 }
 
 // journalWhole records that a restore's tasks are whole (verified, filled) under the host

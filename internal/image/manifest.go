@@ -15,10 +15,12 @@ const FormatVersion = 1
 
 // ManifestName is the manifest's file name inside an image directory. SealName holds the
 // SHA-256 of the manifest's bytes: the manifest checksums every other file, the seal
-// checksums the manifest, so no byte of an image goes unchecked.
+// checksums the manifest, so no byte of an image goes unchecked. SigName, when present,
+// holds ed25519 signatures of the manifest's bytes (package signing).
 const (
 	ManifestName = "manifest.json"
 	SealName     = "manifest.sha256"
+	SigName      = "manifest.sig"
 )
 
 // CRIUDir holds CRIU's image files, LogsDir CRIU's logs, inside an image directory.
@@ -46,6 +48,9 @@ type Manifest struct {
 	// GPUs is per-backend device state; empty for CPU-only process trees.
 	GPUs  []gpu.Snapshot `json:"gpus,omitempty"`
 	Files []File         `json:"files"`
+
+	// raw is the manifest's bytes as Load read and sealed them: what a signature covers.
+	raw []byte
 }
 
 // HostInfo identifies the machine an image was taken on.

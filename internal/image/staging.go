@@ -1,6 +1,7 @@
 package image
 
 import (
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/durable"
+	"github.com/gpucr/gpucr/internal/signing"
 )
 
 // Errors Begin and Commit refuse an image directory for.
@@ -36,6 +38,8 @@ const partialMark = ".partial-"
 type Staging struct {
 	dir, final string
 	committed  bool
+	// SignWith, when set, signs the manifest as it is sealed.
+	SignWith ed25519.PrivateKey
 
 	// Page files written through CreatePages, checksummed as they were written.
 	mu         sync.Mutex
@@ -195,6 +199,11 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 	if err := writeSynced(filepath.Join(s.dir, SealName), []byte(seal(b)+"\n")); err != nil {
 		return err
 	}
+	if s.SignWith != nil {
+		if err := writeSynced(filepath.Join(s.dir, SigName), signing.Sign(s.SignWith, b)); err != nil {
+			return err
+		}
+	}
 	for _, d := range dirs {
 		if err := durable.SyncDir(d); err != nil {
 			return err
@@ -243,7 +252,7 @@ func stagedTree(dir string) (files, dirs []string, err error) {
 			return os.Chmod(p, 0o700)
 		case !d.Type().IsRegular():
 			return fmt.Errorf("%s is not a regular file", filepath.ToSlash(rel))
-		case rel != ManifestName && rel != SealName && filepath.Dir(rel) != LogsDir:
+		case rel != ManifestName && rel != SealName && rel != SigName && filepath.Dir(rel) != LogsDir:
 			files = append(files, filepath.ToSlash(rel))
 		}
 		return os.Chmod(p, 0o600)

@@ -1,11 +1,14 @@
 package image
 
 import (
+	"bytes"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -13,6 +16,10 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+
+	"github.com/gpucr/gpucr/internal/beneath"
+	"github.com/gpucr/gpucr/internal/durable"
+	"github.com/gpucr/gpucr/internal/signing"
 )
 
 // Errors a restore refuses an image for.
@@ -86,6 +93,7 @@ func Load(dir string) (*Manifest, error) {
 	if reason := m.problem(); reason != "" {
 		return nil, &CorruptError{ManifestName, reason}
 	}
+	m.raw = b
 	return &m, nil
 }
 
@@ -167,7 +175,7 @@ func (m *Manifest) processProblem() string {
 }
 
 // CheckListed refuses an image directory that holds anything its manifest does not list
-// (beside the manifest, its seal and CRIU's logs): an extra file, a symlink, a device. Restore reads only
+// (beside the manifest, its seal, its signatures and CRIU's logs): an extra file, a symlink, a device. Restore reads only
 // listed files, and an image with more in it was changed after its checkpoint.
 func CheckListed(dir string, m *Manifest) error {
 	listed := make(map[string]bool, len(m.Files))
@@ -188,7 +196,7 @@ func CheckListed(dir string, m *Manifest) error {
 			return nil
 		case !d.Type().IsRegular():
 			return &CorruptError{rel, "not a regular file: an image holds only regular files and directories"}
-		case rel == ManifestName || rel == SealName || listed[rel]:
+		case rel == ManifestName || rel == SealName || rel == SigName || listed[rel]:
 			return nil
 		case path.Dir(rel) == LogsDir:
 			return nil // CRIU's logs: for people, never read by a restore
@@ -270,4 +278,51 @@ func Open(dir string) (*Manifest, error) {
 		return nil, err
 	}
 	return m, nil
+}
+
+// CheckSigned refuses m, loaded from dir, unless it carries a signature of its manifest
+// by one of trusted, and returns the signer's key ID. With no trusted keys it asks nothing.
+func CheckSigned(dir string, m *Manifest, trusted signing.Keys) (string, error) {
+	if len(trusted) == 0 {
+		return "", nil
+	}
+	f, err := beneath.Open(dir, SigName)
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", fmt.Errorf("%w: it is not signed", signing.ErrUntrusted)
+	}
+	if err != nil {
+		return "", fmt.Errorf("read %s of %s: %w", SigName, dir, err)
+	}
+	defer f.Close()
+	sig, err := io.ReadAll(io.LimitReader(f, 64<<10))
+	if err != nil {
+		return "", fmt.Errorf("read %s of %s: %w", SigName, dir, err)
+	}
+	return trusted.Check(m.raw, sig)
+}
+
+// Sign adds a signature by key to the image at dir, whose manifest m was loaded from it,
+// keeping other keys' signatures. The file is replaced atomically.
+func Sign(dir string, m *Manifest, key ed25519.PrivateKey) error {
+	path := filepath.Join(dir, SigName)
+	old, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("read %s of %s: %w", SigName, dir, err)
+	}
+	id := signing.ID(key.Public().(ed25519.PublicKey))
+	var kept []byte
+	for _, line := range bytes.SplitAfter(old, []byte("\n")) {
+		if f := strings.Fields(string(line)); len(f) > 1 && f[1] != id {
+			kept = append(append(kept, bytes.TrimRight(line, "\n")...), '\n')
+		}
+	}
+	tmp := path + ".new"
+	if err := writeSynced(tmp, append(kept, signing.Sign(key, m.raw)...)); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("sign %s: %w", dir, err)
+	}
+	return durable.SyncDir(dir)
 }

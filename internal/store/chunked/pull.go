@@ -65,6 +65,9 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	if err != nil {
 		return nil, nil, fmt.Errorf("pulled image failed verification: %w", err)
 	}
+	if _, err := image.CheckSigned(img, im, o.Trust); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", st.URL(prefix), err)
+	}
 	// rename(2) replaces an empty directory and fails on a non-empty one, atomically.
 	if err := syscall.Rename(img, dir); err != nil {
 		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {

@@ -19,6 +19,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 )
 
@@ -29,6 +30,9 @@ type Options struct {
 	Progress func(done, total int64)
 	// Workers is how many chunks are in flight at once; 0 means workers().
 	Workers int
+	// Trust, when not empty, makes a pull refuse an image not signed by one of its keys
+	// before the image appears at its destination.
+	Trust signing.Keys
 }
 
 // Stats count what a push or pull moved.
@@ -136,6 +140,12 @@ func absent(ctx context.Context, st store.Store, prefix string) error {
 // which are not checksummed by the image but are what one reads when a restore fails.
 func pushPaths(dir string, m *image.Manifest) ([]string, error) {
 	paths := []string{image.ManifestName, image.SealName}
+	switch _, err := os.Lstat(filepath.Join(dir, image.SigName)); {
+	case err == nil:
+		paths = append(paths, image.SigName)
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("read signatures of %s: %w", dir, err)
+	}
 	for _, f := range m.Files {
 		paths = append(paths, f.Path)
 	}

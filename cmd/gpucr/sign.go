@@ -1,0 +1,105 @@
+package main
+
+import (
+	"crypto/ed25519"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/signing"
+)
+
+// trustFlag adds --trust to cmd, read by loadTrust.
+func trustFlag(cmd *cobra.Command, paths *[]string) {
+	cmd.Flags().StringSliceVar(paths, "trust", nil,
+		"refuse an image not signed by one of these ed25519 public keys (PEM files, or directories of *.pub; repeatable)")
+}
+
+// loadTrust reads the keys of --trust; none means unsigned images are accepted.
+func loadTrust(paths []string) (signing.Keys, error) {
+	if len(paths) == 0 {
+		return nil, nil
+	}
+	keys, err := signing.LoadTrusted(paths)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return keys, nil
+}
+
+// loadSigningKey reads the key of --sign, before anything is touched.
+func loadSigningKey(path string) (ed25519.PrivateKey, error) {
+	if path == "" {
+		return nil, nil
+	}
+	key, err := signing.LoadPrivate(path)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	return key, nil
+}
+
+type keygenOutput struct {
+	Private string `json:"private"`
+	Public  string `json:"public"`
+	KeyID   string `json:"keyId"`
+}
+
+func (a *app) keygenCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "keygen PATH",
+		Short: "Create an ed25519 key pair for signing images: PATH (private, 0600) and PATH.pub",
+		Long: "keygen writes a new private key to PATH, which must not exist, and its public key to PATH.pub.\n" +
+			"Sign with `gpucr checkpoint --sign PATH` or `gpucr sign DIR --key PATH`; restore, pull and\n" +
+			"verify with `--trust PATH.pub` refuse images not signed by it. The files are the PEM formats\n" +
+			"OpenSSL reads and writes (openssl genpkey -algorithm ed25519 makes a key gpucr accepts).",
+		Args: cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			pub, err := signing.Generate(args[0])
+			if err != nil {
+				return err
+			}
+			out := keygenOutput{Private: args[0], Public: args[0] + signing.PublicSuffix, KeyID: signing.ID(pub)}
+			return a.emit(out, func() {
+				fmt.Fprintf(a.stdout, "key %s: private %s, public %s\n", out.KeyID, out.Private, out.Public)
+			})
+		},
+	}
+}
+
+type signOutput struct {
+	Dir   string `json:"dir"`
+	KeyID string `json:"keyId"`
+}
+
+func (a *app) signCmd() *cobra.Command {
+	var keyPath string
+	cmd := &cobra.Command{
+		Use:   "sign DIR --key KEY",
+		Short: "Verify an image and add an ed25519 signature of its manifest",
+		Long: "sign verifies every file of the image at DIR, then signs its manifest with KEY (which covers\n" +
+			"every file, through their checksums). Signatures by other keys are kept.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			if keyPath == "" {
+				return usageError{fmt.Errorf("say which key signs: --key KEY")}
+			}
+			key, err := loadSigningKey(keyPath)
+			if err != nil {
+				return err
+			}
+			m, err := image.Open(args[0])
+			if err != nil {
+				return err
+			}
+			if err := image.Sign(args[0], m, key); err != nil {
+				return err
+			}
+			out := signOutput{Dir: args[0], KeyID: signing.ID(key.Public().(ed25519.PublicKey))}
+			return a.emit(out, func() { fmt.Fprintf(a.stdout, "signed %s with key %s\n", out.Dir, out.KeyID) })
+		},
+	}
+	cmd.Flags().StringVar(&keyPath, "key", "", "the ed25519 private key (PEM, from gpucr keygen or openssl genpkey)")
+	return cmd
+}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/image/imagetest"
+)
+
+// A signed image restores, pulls and verifies only under a key the user trusts; an image
+// changed after signing, signed by another key or not signed at all is refused with one
+// line, before anything runs; without --trust unsigned images keep working.
+func TestSignedImages(t *testing.T) {
+	needCRIU(t)
+	keys := t.TempDir()
+	alice, mallory := filepath.Join(keys, "alice"), filepath.Join(keys, "mallory")
+	var kg keygenOutput
+	if err := json.Unmarshal([]byte(mustGpucr(t, "keygen", alice, "--json")), &kg); err != nil || len(kg.KeyID) != 16 {
+		t.Fatalf("keygen: %v %+v", err, kg)
+	}
+	mustGpucr(t, "keygen", mallory)
+	if out, code := gpucr(t, "keygen", alice); code == 0 {
+		t.Fatalf("keygen over an existing key: exit 0\n%s", out)
+	}
+
+	// A key others can read signs nothing, and the workload is not touched.
+	w := startCounter(t, "-mib", "4")
+	w.waitCount(t, 2)
+	loose := filepath.Join(keys, "loose")
+	mustGpucr(t, "keygen", loose)
+	if err := os.Chmod(loose, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "x"), "--sign", loose); code != exitUsage || !strings.Contains(out, "chmod 600") {
+		t.Fatalf("--sign with a key others can read: exit %d\n%s", code, out)
+	}
+	w.checkRunsOn(t, "a refused --sign")
+
+	store := t.TempDir()
+	loc := filepath.Join(store, "job", "signed")
+	dir := filepath.Join(t.TempDir(), "img")
+	var ck checkpointOutput
+	out := mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--to", loc, "--sign", alice, "--json")
+	if err := json.Unmarshal([]byte(out), &ck); err != nil || ck.SignedBy != kg.KeyID {
+		t.Fatalf("checkpoint --sign: %v\n%s", err, out)
+	}
+	waitGone(t, w.pid)
+	at := w.read(t, "count")
+
+	var v verifyOutput
+	if err := json.Unmarshal([]byte(mustGpucr(t, "verify", dir, "--trust", alice+".pub", "--json")), &v); err != nil || v.SignedBy != kg.KeyID {
+		t.Fatalf("verify --trust: %v %+v", err, v)
+	}
+	refused := func(what, want string, args ...string) {
+		t.Helper()
+		out, code := gpucr(t, args...)
+		if code != exitFailed || !strings.Contains(out, want) || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+			t.Fatalf("%s: exit %d, want one line naming %q:\n%s", what, code, want, out)
+		}
+		if alive(w.pid) {
+			t.Fatalf("%s: a process of the refused image runs", what)
+		}
+	}
+	refused("verify under another key", "not among the 1 trusted", "verify", dir, "--trust", mallory+".pub")
+	refused("restore under another key", "not among the 1 trusted", "restore", "-D", dir, "--trust", mallory+".pub")
+
+	// Someone who can write the image changes it and seals it again: the old signature
+	// no longer matches, and no signature is not trusted either.
+	changed := imagetest.Recommit(t, dir, func(string) {})
+	refused("unsigned image", "not signed", "restore", "-D", changed, "--trust", alice+".pub")
+	changed = imagetest.Recommit(t, dir, func(staged string) {
+		p := largestPagesFile(t, staged)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[len(b)/2] ^= 0xff
+		write(t, p, b)
+	})
+	sig, err := os.ReadFile(filepath.Join(dir, image.SigName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(changed, image.SigName), sig)
+	refused("changed image", "does not match its manifest", "restore", "-D", changed, "--trust", alice+".pub")
+
+	// The signature travels with the image through a store; a pull under the wrong key
+	// leaves nothing behind.
+	pulled := filepath.Join(t.TempDir(), "pulled")
+	refused("pull under another key", "not among the 1 trusted", "pull", loc, pulled, "--trust", mallory+".pub")
+	if _, err := os.Stat(pulled); !os.IsNotExist(err) {
+		t.Fatalf("a refused pull left %s: %v", pulled, err)
+	}
+	var rs restoreOutput
+	out = mustGpucr(t, "restore", "-D", pulled, "--from", loc, "--trust", keys, "--json") // a directory of keys
+	if err := json.Unmarshal([]byte(out), &rs); err != nil || rs.SignedBy != kg.KeyID {
+		t.Fatalf("restore --from --trust: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { killAndReap(rs.RootPID) })
+	w.waitCount(t, at+3)
+	if v := w.verify(t, rs.RootPID); v != "ok" {
+		t.Fatalf("memory after a trusted restore: %s", v)
+	}
+}
+
+// A streamed checkpoint (no local image) is signed as it is stored, and `gpucr sign` adds
+// a second signature to an image, keeping the first.
+func TestSignStreamedAndCosign(t *testing.T) {
+	needCRIU(t)
+	keys := t.TempDir()
+	alice, bob := filepath.Join(keys, "alice"), filepath.Join(keys, "bob")
+	mustGpucr(t, "keygen", alice)
+	mustGpucr(t, "keygen", bob)
+	w := startCounter(t, "-mib", "4")
+	w.waitCount(t, 2)
+	loc := filepath.Join(t.TempDir(), "store", "streamed")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "--to", loc, "--sign", alice, "-R")
+	dir := filepath.Join(t.TempDir(), "pulled")
+	mustGpucr(t, "pull", loc, dir, "--trust", alice+".pub")
+	if out, code := gpucr(t, "verify", dir, "--trust", bob+".pub"); code == 0 {
+		t.Fatalf("verify under a key that has not signed: exit 0\n%s", out)
+	}
+	mustGpucr(t, "sign", dir, "--key", bob)
+	for _, k := range []string{alice, bob} {
+		mustGpucr(t, "verify", dir, "--trust", k+".pub")
+	}
+	w.checkRunsOn(t, "a checkpoint with -R")
+}

@@ -1,0 +1,205 @@
+// Package signing signs an image's manifest with an ed25519 key and checks a signature
+// against the keys a user trusts. The manifest checksums every file of the image, so a
+// signature over its bytes vouches for the whole image; the plain seal beside it only finds
+// damage, since whoever can write an image can recompute it.
+//
+// Keys are PEM files in the formats OpenSSL writes (`openssl genpkey -algorithm ed25519`
+// and `openssl pkey -pubout`): PKCS #8 for the private key, PKIX for the public one.
+package signing
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// ErrUntrusted is returned for an image whose signature is missing, made by a key not
+// trusted, or does not match its manifest.
+var ErrUntrusted = errors.New("image not trusted")
+
+// Algorithm names the only signature scheme, first on a signature line.
+const Algorithm = "ed25519"
+
+// PublicSuffix is appended to a private key's path for its public half by Generate, and is
+// what LoadTrusted reads from a directory.
+const PublicSuffix = ".pub"
+
+// ID names a public key in signatures and messages: the first 16 hex digits of the SHA-256
+// of its raw 32 bytes.
+func ID(pub ed25519.PublicKey) string {
+	sum := sha256.Sum256(pub)
+	return hex.EncodeToString(sum[:8])
+}
+
+// Generate writes a new key pair: the private key at path (0600, never over an existing
+// file) and the public key at path+PublicSuffix.
+func Generate(path string) (ed25519.PublicKey, error) {
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate key: %w", err)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(priv)
+	if err != nil {
+		return nil, fmt.Errorf("encode private key: %w", err)
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, fmt.Errorf("encode public key: %w", err)
+	}
+	if err := writeNew(path, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		return nil, err
+	}
+	if err := writeNew(path+PublicSuffix, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o644); err != nil {
+		os.Remove(path)
+		return nil, err
+	}
+	return pub, nil
+}
+
+func writeNew(path string, b []byte, mode os.FileMode) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	if err != nil {
+		return fmt.Errorf("write key: %w", err)
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		os.Remove(path)
+		return fmt.Errorf("write key %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(path)
+		return fmt.Errorf("write key %s: %w", path, err)
+	}
+	return nil
+}
+
+// LoadPrivate reads an ed25519 private key. A key others can read is refused: it would let
+// them sign images this host trusts.
+func LoadPrivate(path string) (ed25519.PrivateKey, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("signing key: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("signing key %s is readable by others (mode %04o): chmod 600 it", path, fi.Mode().Perm())
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("signing key: %w", err)
+	}
+	key, err := parsePEM(b, "PRIVATE KEY", x509.ParsePKCS8PrivateKey)
+	if err != nil {
+		return nil, fmt.Errorf("signing key %s: %w", path, err)
+	}
+	priv, ok := key.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("signing key %s is not an ed25519 key", path)
+	}
+	return priv, nil
+}
+
+// Keys are trusted public keys by ID. An empty set trusts nothing and asks for nothing.
+type Keys map[string]ed25519.PublicKey
+
+// LoadTrusted reads public keys from each path: a PEM file, or a directory whose *.pub
+// files are read.
+func LoadTrusted(paths []string) (Keys, error) {
+	keys := Keys{}
+	for _, p := range paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return nil, fmt.Errorf("trusted key: %w", err)
+		}
+		files := []string{p}
+		if fi.IsDir() {
+			if files, err = filepath.Glob(filepath.Join(p, "*"+PublicSuffix)); err != nil {
+				return nil, fmt.Errorf("trusted keys in %s: %w", p, err)
+			}
+			if len(files) == 0 {
+				return nil, fmt.Errorf("trusted keys: no *%s file in %s", PublicSuffix, p)
+			}
+		}
+		for _, f := range files {
+			pub, err := LoadPublic(f)
+			if err != nil {
+				return nil, err
+			}
+			keys[ID(pub)] = pub
+		}
+	}
+	return keys, nil
+}
+
+// LoadPublic reads one ed25519 public key.
+func LoadPublic(path string) (ed25519.PublicKey, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("trusted key: %w", err)
+	}
+	key, err := parsePEM(b, "PUBLIC KEY", x509.ParsePKIXPublicKey)
+	if err != nil {
+		return nil, fmt.Errorf("trusted key %s: %w", path, err)
+	}
+	pub, ok := key.(ed25519.PublicKey)
+	if !ok {
+		return nil, fmt.Errorf("trusted key %s is not an ed25519 key", path)
+	}
+	return pub, nil
+}
+
+func parsePEM(b []byte, typ string, parse func([]byte) (any, error)) (any, error) {
+	block, _ := pem.Decode(b)
+	if block == nil || block.Type != typ {
+		return nil, fmt.Errorf("not a PEM %q block", typ)
+	}
+	return parse(block.Bytes)
+}
+
+// Sign returns the signature file for manifest: one line naming the scheme, the key and the
+// signature.
+func Sign(key ed25519.PrivateKey, manifest []byte) []byte {
+	pub := key.Public().(ed25519.PublicKey)
+	sig := ed25519.Sign(key, manifest)
+	return []byte(fmt.Sprintf("%s %s %s\n", Algorithm, ID(pub), base64.StdEncoding.EncodeToString(sig)))
+}
+
+// Check verifies that sigFile holds a signature of manifest by one of k, and returns that
+// key's ID. Lines naming other keys are skipped, so an image may carry several signatures.
+func (k Keys) Check(manifest, sigFile []byte) (string, error) {
+	var signers []string
+	for _, line := range bytes.Split(sigFile, []byte("\n")) {
+		f := strings.Fields(string(line))
+		if len(f) == 0 {
+			continue
+		}
+		if len(f) != 3 || f[0] != Algorithm {
+			return "", fmt.Errorf("%w: malformed signature line", ErrUntrusted)
+		}
+		signers = append(signers, f[1])
+		pub, ok := k[f[1]]
+		if !ok {
+			continue
+		}
+		sig, err := base64.StdEncoding.DecodeString(f[2])
+		if err != nil || !ed25519.Verify(pub, manifest, sig) {
+			return "", fmt.Errorf("%w: its signature by key %s does not match its manifest", ErrUntrusted, f[1])
+		}
+		return f[1], nil
+	}
+	if len(signers) == 0 {
+		return "", fmt.Errorf("%w: it is not signed", ErrUntrusted)
+	}
+	sort.Strings(signers)
+	return "", fmt.Errorf("%w: signed by key %s, which is not among the %d trusted", ErrUntrusted, strings.Join(signers, ", "), len(k))
+}

@@ -1,0 +1,141 @@
+package signing
+
+import (
+	"crypto/ed25519"
+	"encoding/base64"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestSignAndCheck(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	if _, err := Generate(a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Generate(b); err != nil {
+		t.Fatal(err)
+	}
+	key, err := LoadPrivate(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	onlyA, err := LoadTrusted([]string{a + PublicSuffix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	onlyB, err := LoadTrusted([]string{b + PublicSuffix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	both, err := LoadTrusted([]string{dir})
+	if err != nil || len(both) != 2 {
+		t.Fatalf("a directory of keys: %v, %d keys", err, len(both))
+	}
+	manifest := []byte(`{"files":[]}`)
+	sig := Sign(key, manifest)
+	for name, keys := range map[string]Keys{"its key": onlyA, "a directory": both} {
+		if id, err := keys.Check(manifest, sig); err != nil || id != ID(key.Public().(ed25519.PublicKey)) {
+			t.Errorf("%s: %q, %v", name, id, err)
+		}
+	}
+	cases := map[string]struct {
+		keys     Keys
+		manifest []byte
+		sig      []byte
+		want     string
+	}{
+		"another key":       {onlyB, manifest, sig, "not among the 1 trusted"},
+		"changed manifest":  {onlyA, []byte(`{"files":[1]}`), sig, "does not match"},
+		"no signature":      {onlyA, manifest, nil, "not signed"},
+		"malformed":         {onlyA, manifest, []byte("rsa x y\n"), "malformed"},
+		"bad base64":        {onlyA, manifest, []byte("ed25519 " + ID(key.Public().(ed25519.PublicKey)) + " !!!\n"), "does not match"},
+		"signature swapped": {onlyA, manifest, Sign(mustKey(t, b), manifest), "not among"},
+	}
+	for name, c := range cases {
+		_, err := c.keys.Check(c.manifest, c.sig)
+		if !errors.Is(err, ErrUntrusted) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+	}
+	// A second signature by another key is skipped, not a failure.
+	if _, err := onlyA.Check(manifest, append(Sign(mustKey(t, b), manifest), sig...)); err != nil {
+		t.Errorf("two signatures: %v", err)
+	}
+}
+
+func TestKeysOthersCanReadAreRefused(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "k")
+	if _, err := Generate(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(p, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadPrivate(p); err == nil || !strings.Contains(err.Error(), "readable by others") {
+		t.Fatalf("LoadPrivate of a 0640 key: %v", err)
+	}
+	if _, err := Generate(p); err == nil {
+		t.Fatal("Generate overwrote an existing key")
+	}
+}
+
+// Keys made by OpenSSL are accepted, and a signature gpucr makes verifies with OpenSSL: the
+// formats are the common ones, not gpucr's own.
+func TestOpenSSLKeys(t *testing.T) {
+	openssl, err := exec.LookPath("openssl")
+	if err != nil {
+		t.Skip("openssl is not installed")
+	}
+	dir := t.TempDir()
+	priv, pub := filepath.Join(dir, "k.pem"), filepath.Join(dir, "k.pub")
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(openssl, args...).CombinedOutput(); err != nil {
+			t.Fatalf("openssl %v: %v\n%s", args, err, out)
+		}
+	}
+	run("genpkey", "-algorithm", "ed25519", "-out", priv)
+	run("pkey", "-in", priv, "-pubout", "-out", pub)
+	if err := os.Chmod(priv, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	key := mustKey(t, priv)
+	keys, err := LoadTrusted([]string{pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest := []byte("manifest bytes\n")
+	sig := Sign(key, manifest)
+	if _, err := keys.Check(manifest, sig); err != nil {
+		t.Fatal(err)
+	}
+	// OpenSSL checks the raw signature gpucr wrote against the same bytes.
+	raw := filepath.Join(dir, "sig")
+	msg := filepath.Join(dir, "msg")
+	b64 := strings.Fields(string(sig))[2]
+	if err := os.WriteFile(msg, manifest, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	decoded, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(raw, decoded, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	run("pkeyutl", "-verify", "-pubin", "-inkey", pub, "-rawin", "-in", msg, "-sigfile", raw)
+}
+
+func mustKey(t *testing.T, path string) ed25519.PrivateKey {
+	t.Helper()
+	k, err := LoadPrivate(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
