@@ -3,12 +3,16 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/image/imagetest"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // Images changed after their checkpoint and sealed again, as whoever can write an image (an
@@ -89,4 +93,77 @@ func write(t *testing.T, path string, b []byte) {
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A CRIU that hangs — before it creates the tasks, or with them restored but never resumed
+// (here an action script that sleeps, read from CRIU's config file) — does not hang gpucr:
+// SIGTERM ends the restore with one line, CRIU is killed, nothing of the restore is left
+// running, the image is unchanged and restores once CRIU behaves.
+func TestInterruptedRestoreOfAHungCRIU(t *testing.T) {
+	needCRIU(t)
+	dir, w := sharedImage(t)
+	tmp := t.TempDir()
+	script := filepath.Join(tmp, "hang.sh")
+	write(t, script, []byte("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = \"$HANG_AT\" ] || exit 0\necho $$ > \"$CRIU_PID.script\"\necho $PPID > \"$CRIU_PID\"\nexec sleep 1000\n"))
+	if err := os.Chmod(script, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(tmp, "criu.conf")
+	write(t, conf, []byte("action-script "+script+"\n"))
+	for _, at := range []string{"pre-restore", "post-restore"} {
+		t.Run(at, func(t *testing.T) {
+			criuPID := filepath.Join(tmp, at+".pid")
+			cmd := exec.Command(bin.gpucr, "restore", "-D", dir)
+			cmd.Env = append(os.Environ(), "CRIU_CONFIG_FILE="+conf, "HANG_AT="+at, "CRIU_PID="+criuPID)
+			var out strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			criu := waitPIDFile(t, criuPID)
+			t.Cleanup(func() { killAndReap(waitPIDFile(t, criuPID+".script")) })
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				t.Fatalf("gpucr did not end within 30 s of SIGTERM:\n%s", out.String())
+			}
+			if err == nil || strings.Count(strings.TrimSpace(out.String()), "\n") > 0 || !strings.Contains(out.String(), "CRIU was stopped") {
+				t.Fatalf("restore: %v, want one line saying CRIU was stopped:\n%s", err, out.String())
+			}
+			if p, err := proctree.Read(criu); err == nil && !p.Zombie {
+				t.Fatalf("CRIU %d still runs after the restore ended", criu)
+			}
+			if p, err := proctree.Read(w.pid); err == nil && !p.Zombie {
+				t.Fatal("a restored process runs after the restore ended")
+			}
+			mustGpucr(t, "verify", dir)
+		})
+	}
+	waitGone(t, w.pid)
+	mustGpucr(t, "restore", "-D", dir)
+	t.Cleanup(func() { killAndReap(w.pid) })
+	if v := w.verify(t, w.pid); v != "ok" {
+		t.Fatalf("memory after the restore: %s", v)
+	}
+}
+
+// waitPIDFile waits for a PID written to path.
+func waitPIDFile(t *testing.T, path string) int {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if b, err := os.ReadFile(path); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("nothing wrote a PID to %s", path)
+	return 0
 }

@@ -89,11 +89,10 @@ func (a *app) signCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			m, err := image.Open(args[0])
-			if err != nil {
+			if _, err := image.Open(args[0]); err != nil {
 				return err
 			}
-			if err := image.Sign(args[0], m, key); err != nil {
+			if err := image.Sign(args[0], key); err != nil {
 				return err
 			}
 			out := signOutput{Dir: args[0], KeyID: signing.ID(key.Public().(ed25519.PublicKey))}

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/signing"
 )
 
 type verifyOutput struct {
@@ -28,13 +30,12 @@ func (a *app) verifyCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			m, err := image.Open(args[0])
+			m, signer, err := image.OpenTrusted(args[0], keys)
+			if errors.Is(err, signing.ErrUntrusted) {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
 			if err != nil {
 				return err
-			}
-			signer, err := image.CheckSigned(args[0], m, keys)
-			if err != nil {
-				return fmt.Errorf("%s: %w", args[0], err)
 			}
 			out := verifyOutput{Dir: args[0], OK: true, Files: len(m.Files), SignedBy: signer}
 			for _, f := range m.Files {

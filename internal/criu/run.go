@@ -8,12 +8,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	gocriu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // Log file names CRIU writes into the work directory.
@@ -142,13 +144,16 @@ func (d *Driver) Dump(ctx context.Context, r DumpRequest, n Notify) error {
 	if r.PageServerPort != 0 {
 		opts.Ps = &rpc.CriuPageServerInfo{Address: proto.String("127.0.0.1"), Port: proto.Int32(int32(r.PageServerPort))}
 	}
-	return d.run(ctx, "dump", r.ImagesDir, r.WorkDir, opts, r.childEnv(), func(c *gocriu.Criu) error {
+	return d.run(context.WithoutCancel(ctx), "dump", r.ImagesDir, r.WorkDir, opts, r.childEnv(), func(c *gocriu.Criu) error {
 		return c.Dump(opts, n)
 	})
 }
 
 // Restore restores the tree in r.ImagesDir, detached: when CRIU exits the tree is
 // re-parented to the init process (or the caller's subreaper). It returns the root PID.
+// Cancelling ctx kills CRIU wherever it is, stuck or not; the tasks it had created are the
+// caller's to kill. (A dump is never cut short this way: CRIU resumes the tree itself when
+// the dump fails, which a killed CRIU could not.)
 func (d *Driver) Restore(ctx context.Context, r RestoreRequest, n Notify) (int, error) {
 	opts := r.Options.rpc()
 	opts.LogFile = proto.String(RestoreLog)
@@ -196,7 +201,9 @@ func (o Options) rpc() *rpc.CriuOpts {
 
 // run opens the directories CRIU works in, starts criu swrk with env added to its
 // environment and shielded from the terminal's Ctrl-C, and calls do. CRIU reads the
-// directories through our descriptors.
+// directories through our descriptors. If ctx is cancelled before do returns, CRIU is
+// killed: go-criu waits on its socket with no deadline, and only CRIU's death ends that
+// wait when CRIU hangs.
 func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *rpc.CriuOpts, env []string, do func(*gocriu.Criu) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("criu %s: %w", op, err)
@@ -216,10 +223,27 @@ func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *r
 
 	c := gocriu.MakeCriu()
 	c.SetCriuPath(d.Path)
-	if err := interrupt.StartImmune(withEnv(env, c.Prepare)); err != nil {
+	var swrk int
+	err = interrupt.StartImmune(withEnv(env, func() error {
+		before := children()
+		if err := c.Prepare(); err != nil {
+			return err
+		}
+		swrk = d.newSwrk(before)
+		return nil
+	}))
+	if err != nil {
 		return fmt.Errorf("criu %s: start %s: %w", op, d.Path, err)
 	}
+	// swrk is our child, unwaited until Cleanup: its PID cannot be reused before then.
+	killed := make(chan bool, 1)
+	stop := context.AfterFunc(ctx, func() {
+		killed <- swrk > 0 && syscall.Kill(swrk, syscall.SIGKILL) == nil
+	})
 	runErr := do(c)
+	if !stop() && <-killed {
+		runErr = fmt.Errorf("%w (CRIU was killed)", ctx.Err())
+	}
 	cleanupErr := c.Cleanup()
 	if runErr == nil {
 		runErr = cleanupErr
@@ -229,6 +253,38 @@ func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *r
 		return &Error{Op: op, LogPath: logPath, Lines: errorLines(logPath), Err: runErr}
 	}
 	return nil
+}
+
+// children lists the PIDs of gpucr's children. (/proc/PID/task/*/children would be
+// cheaper, but kernels built without CONFIG_PROC_CHILDREN lack it.)
+func children() map[int]bool {
+	pids := map[int]bool{}
+	all, _ := proctree.All()
+	for _, p := range all {
+		if p.PPID == os.Getpid() {
+			pids[p.PID] = true
+		}
+	}
+	return pids
+}
+
+// newSwrk finds the criu swrk that go-criu just started, which it does not expose: the one
+// child not in before whose executable is CRIU (CRIU rewrites its command line). Starts are
+// serialized (interrupt's lock), so no other CRIU can be mistaken for it. 0 if none is found.
+func (d *Driver) newSwrk(before map[int]bool) int {
+	criu, err := os.Stat(d.Path)
+	if err != nil {
+		return 0
+	}
+	for pid := range children() {
+		if before[pid] {
+			continue
+		}
+		if exe, err := os.Stat(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && os.SameFile(exe, criu) {
+			return pid
+		}
+	}
+	return 0
 }
 
 // withEnv wraps start so that the child it forks sees env: go-criu starts CRIU with

@@ -53,7 +53,7 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 		// What the restore created goes unless it is whole: its tasks (at their journaled
 		// PIDs) and the container a runtime created for them.
 		remove := func() error {
-			killRestored(rec)
+			killCreated(rec.Tree, rec.Owner.Start)
 			if rec.Container != nil {
 				return removeContainer(ctx, rec.Container)
 			}
@@ -185,13 +185,14 @@ func waitUntraced(tree []txn.Proc, limit time.Duration) {
 	}
 }
 
-// killRestored kills the processes a restore created: those at the image's PIDs that
-// started after the restoring gpucr did, children first.
-func killRestored(rec txn.Record) {
+// killCreated kills the processes a restore created: those at the image's PIDs (tree) that
+// started no earlier than the restoring gpucr (since, its start time), children first. A
+// process that took one of the PIDs before CRIU could is not the restore's, and lives.
+func killCreated(tree []txn.Proc, since uint64) {
 	var pids []int
-	for i := len(rec.Tree) - 1; i >= 0; i-- {
-		p, err := proctree.Read(rec.Tree[i].PID)
-		if err == nil && p.Start >= rec.Owner.Start {
+	for i := len(tree) - 1; i >= 0; i-- {
+		p, err := proctree.Read(tree[i].PID)
+		if err == nil && p.Start >= since {
 			_ = syscall.Kill(p.PID, syscall.SIGKILL)
 			pids = append(pids, p.PID)
 		}

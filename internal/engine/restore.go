@@ -7,7 +7,7 @@ import (
 	"os"
 	"path"
 	"strings"
-	"syscall"
+	"sync"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/amd"
@@ -61,13 +61,12 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
-	m, err := image.Load(r.Dir)
+	m, signer, err := image.LoadTrusted(r.Dir, r.Trust)
+	if errors.Is(err, signing.ErrUntrusted) {
+		return nil, fmt.Errorf("%s: %w", r.Dir, err)
+	}
 	if err != nil {
 		return nil, err
-	}
-	signer, err := image.CheckSigned(r.Dir, m, r.Trust)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", r.Dir, err)
 	}
 	if err := target.Open(ctx, r.Dir, m); err != nil {
 		return nil, err
@@ -442,16 +441,95 @@ func filesPresent(criuDir string) error {
 
 // killTree kills the restored processes of m, children first, and waits briefly for them.
 func killTree(m *image.Manifest) {
-	for i := len(m.Processes) - 1; i >= 0; i-- {
-		_ = syscall.Kill(m.Processes[i].PID, syscall.SIGKILL)
+	tree, _ := imageProcs(m, nil)
+	killCreated(tree, selfStart())
+}
+
+// selfStart is gpucr's own start time, in proctree's units: whatever a restore created
+// started no earlier.
+func selfStart() uint64 {
+	p, err := proctree.Read(os.Getpid())
+	if err != nil {
+		return 0 // unreadable /proc/self: kill by PID alone, as the image's PIDs are locked
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for _, p := range m.Processes {
-		for time.Now().Before(deadline) {
-			if _, err := proctree.Read(p.PID); err != nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
+	return p.Start
+}
+
+// How long CRIU may take to resume a restore's tasks once they are whole, and how much
+// longer an interrupt then waits for it, before CRIU and the tasks are killed: resuming
+// takes milliseconds, and only a hung CRIU (or a hung action script of the user's) runs out.
+const (
+	resumeLimit    = 60 * time.Second
+	resumeLimitCut = 10 * time.Second
+)
+
+// cutoff decides when a restore running under CRIU is abandoned: at once when ctx is
+// cancelled before the tasks are journaled whole; after that only if CRIU does not finish
+// in time, since a whole restore is finished rather than thrown away. Abandoning cancels
+// the context CRIU runs under, which kills CRIU.
+type cutoff struct {
+	mu     sync.Mutex
+	whole  bool
+	reason error // why the restore was abandoned; nil while it was not
+	cancel context.CancelFunc
+	timer  *time.Timer
+	unhook func() bool // stops listening to the caller's context
+}
+
+// newCutoff wraps s.Whole and returns the context to run CRIU under.
+func newCutoff(ctx context.Context, s *RestoreSpec) (*cutoff, context.Context) {
+	run, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c := &cutoff{cancel: cancel}
+	c.unhook = context.AfterFunc(ctx, func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if !c.whole {
+			c.abandon(errors.New("restore interrupted"))
+		} else if c.timer.Stop() {
+			c.timer = time.AfterFunc(resumeLimitCut, func() {
+				c.expire(fmt.Sprintf("restore interrupted, and CRIU did not resume the restored tasks within %v", resumeLimitCut))
+			})
 		}
+	})
+	journal := s.Whole
+	s.Whole = func(host map[int]int) error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.reason != nil {
+			return c.reason
+		}
+		if err := journal(host); err != nil {
+			return err
+		}
+		c.whole = true
+		c.timer = time.AfterFunc(resumeLimit, func() {
+			c.expire(fmt.Sprintf("CRIU did not resume the restored tasks within %v", resumeLimit))
+		})
+		return nil
 	}
+	return c, run
+}
+
+func (c *cutoff) expire(reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.abandon(errors.New(reason))
+}
+
+func (c *cutoff) abandon(reason error) {
+	if c.reason == nil {
+		c.reason = reason
+		c.cancel()
+	}
+}
+
+// done stops the clock and says why the restore was abandoned, or nil.
+func (c *cutoff) done() error {
+	c.unhook()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	return c.reason
 }

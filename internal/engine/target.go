@@ -212,7 +212,13 @@ func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Resto
 	if err := op.Update(func(rec *txn.Record) { rec.Tree, rec.GPUs = s.Procs() }); err != nil {
 		return nil, err
 	}
-	pid, err := ti.e.CRIU.Restore(ctx, s.RestoreRequest, &gate{s: s})
+	cut, run := newCutoff(ctx, &s)
+	pid, err := ti.e.CRIU.Restore(run, s.RestoreRequest, &gate{ctx: run, s: s})
+	if reason := cut.done(); reason != nil && err != nil {
+		// CRIU was killed wherever it was: what it had created goes too.
+		killTree(ti.m)
+		return nil, fmt.Errorf("%w: CRIU was stopped and the restored processes killed; the image is unchanged", reason)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +240,8 @@ func (ti *treeImage) Remove(_ context.Context, cause error) error {
 // after this, its guardian finishes the restore instead of killing them.
 type gate struct {
 	criu.NoNotify
-	s RestoreSpec
+	ctx context.Context // cancelled when the restore is interrupted before its tasks are whole
+	s   RestoreSpec
 }
 
 func (g *gate) PostRestore(int32) error {
@@ -242,8 +249,11 @@ func (g *gate) PostRestore(int32) error {
 	if err := g.s.Verified(); err != nil {
 		return err
 	}
+	if err := g.ctx.Err(); err != nil {
+		return fmt.Errorf("restore interrupted: %w", err)
+	}
 	if g.s.Fill != nil {
-		if err := g.s.Timer.Run(PhaseMemoryFill, func() error { return g.s.Fill.Fill(context.Background()) }); err != nil {
+		if err := g.s.Timer.Run(PhaseMemoryFill, func() error { return g.s.Fill.Fill(g.ctx) }); err != nil {
 			return err
 		}
 	}

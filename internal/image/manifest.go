@@ -48,9 +48,6 @@ type Manifest struct {
 	// GPUs is per-backend device state; empty for CPU-only process trees.
 	GPUs  []gpu.Snapshot `json:"gpus,omitempty"`
 	Files []File         `json:"files"`
-
-	// raw is the manifest's bytes as Load read and sealed them: what a signature covers.
-	raw []byte
 }
 
 // HostInfo identifies the machine an image was taken on.

@@ -58,6 +58,34 @@ func sentinelf(sentinel error, format string, args ...any) error {
 
 // Load reads and checks an image's manifest, not its files.
 func Load(dir string) (*Manifest, error) {
+	m, _, err := LoadTrusted(dir, nil)
+	return m, err
+}
+
+// LoadTrusted is Load that also refuses, with trusted keys, an image whose manifest is not
+// signed by one of them, and returns the signer's key ID. The bytes checked are the bytes
+// decoded: the manifest is read once.
+func LoadTrusted(dir string, trusted signing.Keys) (*Manifest, string, error) {
+	b, err := readSealed(dir)
+	if err != nil {
+		return nil, "", err
+	}
+	signer, err := checkSigned(dir, b, trusted)
+	if err != nil {
+		return nil, "", err
+	}
+	var m Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, "", &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
+	}
+	if reason := m.problem(); reason != "" {
+		return nil, "", &CorruptError{ManifestName, reason}
+	}
+	return &m, signer, nil
+}
+
+// readSealed reads the manifest's bytes of the image at dir and checks them against the seal.
+func readSealed(dir string) ([]byte, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("resolve %s: %w", dir, err)
@@ -86,15 +114,7 @@ func Load(dir string) (*Manifest, error) {
 	if err := checkSeal(dir, b); err != nil {
 		return nil, err
 	}
-	var m Manifest
-	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
-	}
-	if reason := m.problem(); reason != "" {
-		return nil, &CorruptError{ManifestName, reason}
-	}
-	m.raw = b
-	return &m, nil
+	return b, nil
 }
 
 // seal is the hex SHA-256 of a manifest's bytes.
@@ -267,22 +287,28 @@ func sortedFiles(files []File) []File {
 
 // Open loads an image and verifies all its files: what restore accepts.
 func Open(dir string) (*Manifest, error) {
-	m, err := Load(dir)
-	if err != nil {
-		return nil, err
-	}
-	if err := CheckListed(dir, m); err != nil {
-		return nil, err
-	}
-	if err := Verify(dir, m); err != nil {
-		return nil, err
-	}
-	return m, nil
+	m, _, err := OpenTrusted(dir, nil)
+	return m, err
 }
 
-// CheckSigned refuses m, loaded from dir, unless it carries a signature of its manifest
+// OpenTrusted is Open that also checks the image's signature as LoadTrusted does.
+func OpenTrusted(dir string, trusted signing.Keys) (*Manifest, string, error) {
+	m, signer, err := LoadTrusted(dir, trusted)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := CheckListed(dir, m); err != nil {
+		return nil, "", err
+	}
+	if err := Verify(dir, m); err != nil {
+		return nil, "", err
+	}
+	return m, signer, nil
+}
+
+// checkSigned refuses the manifest bytes of the image at dir unless they carry a signature
 // by one of trusted, and returns the signer's key ID. With no trusted keys it asks nothing.
-func CheckSigned(dir string, m *Manifest, trusted signing.Keys) (string, error) {
+func checkSigned(dir string, manifest []byte, trusted signing.Keys) (string, error) {
 	if len(trusted) == 0 {
 		return "", nil
 	}
@@ -298,12 +324,16 @@ func CheckSigned(dir string, m *Manifest, trusted signing.Keys) (string, error) 
 	if err != nil {
 		return "", fmt.Errorf("read %s of %s: %w", SigName, dir, err)
 	}
-	return trusted.Check(m.raw, sig)
+	return trusted.Check(manifest, sig)
 }
 
-// Sign adds a signature by key to the image at dir, whose manifest m was loaded from it,
-// keeping other keys' signatures. The file is replaced atomically.
-func Sign(dir string, m *Manifest, key ed25519.PrivateKey) error {
+// Sign adds a signature by key to the image at dir, keeping other keys' signatures. The
+// file is replaced atomically. The caller verifies the image first.
+func Sign(dir string, key ed25519.PrivateKey) error {
+	manifest, err := readSealed(dir)
+	if err != nil {
+		return err
+	}
 	path := filepath.Join(dir, SigName)
 	old, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -317,7 +347,7 @@ func Sign(dir string, m *Manifest, key ed25519.PrivateKey) error {
 		}
 	}
 	tmp := path + ".new"
-	if err := writeSynced(tmp, append(kept, signing.Sign(key, m.raw)...)); err != nil {
+	if err := writeSynced(tmp, append(kept, signing.Sign(key, manifest)...)); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {

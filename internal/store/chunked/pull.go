@@ -18,6 +18,7 @@ import (
 	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/parallel"
+	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 )
 
@@ -61,12 +62,12 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	if err := p.sync(img); err != nil {
 		return nil, nil, err
 	}
-	im, err := image.Open(img)
+	im, _, err := image.OpenTrusted(img, o.Trust)
+	if errors.Is(err, signing.ErrUntrusted) {
+		return nil, nil, fmt.Errorf("%s: %w", st.URL(prefix), err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("pulled image failed verification: %w", err)
-	}
-	if _, err := image.CheckSigned(img, im, o.Trust); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", st.URL(prefix), err)
 	}
 	// rename(2) replaces an empty directory and fails on a non-empty one, atomically.
 	if err := syscall.Rename(img, dir); err != nil {
