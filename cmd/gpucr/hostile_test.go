@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/store/chunked"
 )
 
 // Images changed after their checkpoint and sealed again, as whoever can write an image (an
@@ -166,4 +168,51 @@ func waitPIDFile(t *testing.T, path string) int {
 	}
 	t.Fatalf("nothing wrote a PID to %s", path)
 	return 0
+}
+
+// A pushed checkpoint whose object manifest gained a file — here a zero-chunk memory file
+// aimed at a bystander, the smallest addition a store's writer can make — is refused by pull
+// and by restore --from, nothing is left at the destination and the bystander is untouched.
+func TestTamperedStoreManifestIsRefused(t *testing.T) {
+	needCRIU(t)
+	good, w := sharedImage(t)
+	bystander := startCounter(t, "-mib", "4")
+	loc := filepath.Join(t.TempDir(), "store", "ckpt")
+	mustGpucr(t, "push", good, loc)
+	obj := filepath.Join(loc, chunked.ManifestObject)
+	b, err := os.ReadFile(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m chunked.Manifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	m.Files = append(m.Files, chunked.File{Path: fmt.Sprintf("mem/%d-10000.img", bystander.pid), Size: 4096,
+		Chunks: []chunked.Chunk{{Size: 4096, Zero: true}}})
+	if b, err = json.Marshal(m); err != nil {
+		t.Fatal(err)
+	}
+	write(t, obj, b)
+	for name, args := range map[string][]string{
+		"pull":           {"pull", loc, filepath.Join(t.TempDir(), "pulled")},
+		"restore --from": {"restore", "--from", loc, "-D", filepath.Join(t.TempDir(), "pulled")},
+	} {
+		out, code := gpucr(t, args...)
+		if code == 0 || !strings.Contains(out, "not listed in the manifest") || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+			t.Fatalf("%s: exit %d, want one line naming the unlisted file:\n%s", name, code, out)
+		}
+		if dest := args[len(args)-1]; name == "pull" {
+			if _, err := os.Stat(dest); !os.IsNotExist(err) {
+				t.Fatalf("%s left %s: %v", name, dest, err)
+			}
+		}
+		if alive(w.pid) {
+			t.Fatalf("%s: a process of the refused image runs", name)
+		}
+	}
+	bystander.checkRunsOn(t, "a tampered store manifest")
+	if v := bystander.verify(t, bystander.pid); v != "ok" {
+		t.Fatalf("the bystander's memory: %s", v)
+	}
 }
