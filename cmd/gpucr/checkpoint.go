@@ -131,6 +131,8 @@ func (a *app) checkpointCmd() *cobra.Command {
 	var ctr string
 	var rf runcFlags
 	var signPath string
+	var skips []string
+	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "checkpoint {PID | --container ID} {-D DIR | --to LOCATION | -D DIR --to LOCATION}",
 		Short: "Checkpoint a running process tree or runc container (and its GPU state) to an image directory",
@@ -140,6 +142,12 @@ func (a *app) checkpointCmd() *cobra.Command {
 			target, err := a.checkpointTarget(cmd, args, ctr, rf, r.Options)
 			if err != nil {
 				return err
+			}
+			if r.SkipChecks, err = checkpointSkips(skips); err != nil {
+				return err
+			}
+			if dryRun {
+				return a.dryRun(cmd, target, r)
 			}
 			if r.Dir == "" && to == "" {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
@@ -203,6 +211,8 @@ func (a *app) checkpointCmd() *cobra.Command {
 	f.DurationVar(&r.LockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
 	f.StringVar(&ctr, "container", "", "checkpoint the runc container with this ID instead of a PID's tree")
 	f.StringVar(&signPath, "sign", "", "sign the image's manifest with this ed25519 private key (see gpucr keygen)")
+	f.BoolVar(&dryRun, "dry-run", false, "only run the restorability analysis and print every finding; nothing is locked, frozen or written")
+	f.StringSliceVar(&skips, "skip-check", nil, "switch off a restorability check by name (repeatable): "+skippableChecks())
 	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
 	return cmd

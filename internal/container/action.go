@@ -121,7 +121,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
-	gpus, snaps, err := engine.Inspect(ctx, a.Backends, tree)
+	gpus, snaps, err := engine.Inspect(ctx, a.Backends, tree, nil)
 	if err != nil {
 		return err
 	}

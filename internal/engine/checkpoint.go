@@ -41,6 +41,8 @@ type CheckpointRequest struct {
 	CRIUWritesPages bool
 	// Sign, when set, signs the image's manifest (gpucr checkpoint --sign).
 	Sign ed25519.PrivateKey
+	// SkipChecks switches off restorability checks by name (--skip-check).
+	SkipChecks safety.Skips
 	criu.Options
 }
 
@@ -63,7 +65,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, err
 	}
 	defer op.End()
-	gpus, snaps, err := Inspect(ctx, e.Backends, tree)
+	gpus, snaps, err := Inspect(ctx, e.Backends, tree, r.SkipChecks)
 	if err != nil {
 		return nil, err
 	}
@@ -198,12 +200,12 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 
 // Inspect finds the GPU processes of tree and refuses, before anything is locked, a tree
 // whose checkpoint could not be restored: the workload is untouched either way.
-func Inspect(ctx context.Context, backends []gpu.Backend, tree []proctree.Process) (GPUSet, []gpu.Snapshot, error) {
+func Inspect(ctx context.Context, backends []gpu.Backend, tree []proctree.Process, skips safety.Skips) (GPUSet, []gpu.Snapshot, error) {
 	gpus, snaps, err := FindGPUProcs(ctx, backends, proctree.PIDs(tree))
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := safety.Check(tree, gpus.PIDs()); err != nil {
+	if err := safety.Check(tree, gpus.safetyView(), skips); err != nil {
 		return nil, nil, err
 	}
 	return gpus, snaps, nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/safety"
 )
 
 // GPUProc is one process holding device state, with the backend that owns that state.
@@ -45,6 +46,15 @@ func FindGPUProcs(ctx context.Context, backends []gpu.Backend, pids []int) (GPUS
 		}
 	}
 	return set, snaps, nil
+}
+
+// safetyView is the set as the restorability analysis sees it.
+func (s GPUSet) safetyView() []safety.GPUProcess {
+	out := make([]safety.GPUProcess, len(s))
+	for i, p := range s {
+		out[i] = safety.GPUProcess{PID: p.PID, Devices: p.Devices}
+	}
+	return out
 }
 
 // PIDs lists the processes of the set.

@@ -1,5 +1,7 @@
 // Package safety finds, before any GPU is locked, what would make a checkpoint fail or,
 // worse, succeed and never restore: a checkpoint that cannot be restored is data loss.
+// Each finding names its check, the measured cause and what the user can do; the checks
+// whose signal is a proxy can be switched off by name, like the GPU compatibility checks.
 package safety
 
 import (
@@ -18,12 +20,62 @@ import (
 // ErrUnsafe marks a tree gpucr refuses to checkpoint.
 var ErrUnsafe = errors.New("cannot checkpoint safely")
 
+// Names of the checks. The first three can be switched off (--skip-check NAME).
+const (
+	CheckNCCL        = "nccl-transports"
+	CheckCUDAIPC     = "cuda-ipc"
+	CheckMultiGPU    = "multi-gpu-process"
+	CheckIOURing     = "io-uring"
+	CheckNoCUDAState = "no-cuda-state"
+)
+
+// Rule is one check of the analysis and what it is about, for --skip-check's help.
+type Rule struct {
+	Name      string
+	About     string
+	Skippable bool
+}
+
+var rules = []Rule{
+	{CheckNCCL, "GPU processes of one tree using NCCL's P2P or SHM transports", true},
+	{CheckCUDAIPC, "a GPU process sharing its GPU memory through CUDA IPC", true},
+	{CheckMultiGPU, "one process holding CUDA contexts on more than one GPU (peer access cannot be seen from outside)", true},
+	{CheckIOURing, "a process holding an io_uring instance", false},
+	{CheckNoCUDAState, "a process holding NVIDIA device files without CUDA state of its own", false},
+}
+
+// Rules lists the analysis's checks.
+func Rules() []Rule { return slices.Clone(rules) }
+
+// Skips are the checks switched off by name.
+type Skips map[string]bool
+
+// SkipsFrom keeps the names of names that are this package's skippable checks; the others
+// are left for other packages. An unskippable check named is an error.
+func SkipsFrom(names []string) (Skips, []string, error) {
+	s := Skips{}
+	var rest []string
+	for _, n := range names {
+		i := slices.IndexFunc(rules, func(r Rule) bool { return r.Name == n })
+		switch {
+		case i < 0:
+			rest = append(rest, n)
+		case !rules[i].Skippable:
+			return nil, nil, fmt.Errorf("check %q cannot be switched off: CRIU cannot checkpoint what it finds", n)
+		default:
+			s[n] = true
+		}
+	}
+	return s, rest, nil
+}
+
 // Finding is one reason a tree cannot be checkpointed, with what the user can do about it.
 type Finding struct {
-	PID     int
-	Command string
-	Reason  string
-	Fix     string
+	Check   string `json:"check"`
+	PID     int    `json:"pid"`
+	Command string `json:"command"`
+	Reason  string `json:"reason"`
+	Fix     string `json:"fix"`
 }
 
 func (f *Finding) Error() string {
@@ -41,57 +93,119 @@ var ncclSafeEnv = []string{"NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"}
 // NCCLSafeEnv returns the environment settings that make an NCCL job checkpointable.
 func NCCLSafeEnv() []string { return append([]string(nil), ncclSafeEnv...) }
 
-// Check inspects the tree; gpuPIDs are its processes that hold GPU state. It returns the
-// first finding, or nil.
-func Check(tree []proctree.Process, gpuPIDs []int) error {
-	if err := checkNCCL(gpuPIDs); err != nil {
-		return err
-	}
+// GPUProcess is a process of the tree holding GPU state, and the GPUs it holds contexts on.
+type GPUProcess struct {
+	PID     int
+	Devices []string
+}
+
+// proc is what the analysis reads of one process, once.
+type proc struct {
+	proctree.Process
+	gpu     *GPUProcess
+	files   []string // what its descriptors point to
+	maps    []byte
+	env     []byte
+	threads []string // thread names
+}
+
+// Analyze reads every process of tree once and returns every finding, checks in skip
+// excepted. procRoot is /proc outside tests.
+func Analyze(procRoot string, tree []proctree.Process, gpus []GPUProcess, skip Skips) []Finding {
+	procs := make([]*proc, 0, len(tree))
 	for _, p := range tree {
-		if has, err := holdsIOURing(p.PID); err == nil && has {
-			return &Finding{p.PID, p.Command, "holds an io_uring instance, which CRIU cannot checkpoint",
-				"stop the program from using io_uring (torchrun's agent does; launch the job with gpucr run instead)"}
+		r := read(procRoot, p)
+		if i := slices.IndexFunc(gpus, func(g GPUProcess) bool { return g.PID == p.PID }); i >= 0 {
+			r.gpu = &gpus[i]
 		}
+		procs = append(procs, r)
+	}
+	var out []Finding
+	add := func(check string, p *proc, reason, fix string) {
+		if !skip[check] {
+			out = append(out, Finding{check, p.PID, p.Command, reason, fix})
+		}
+	}
+	nGPU := len(gpus)
+	for _, p := range procs {
+		if slices.Contains(p.files, "anon_inode:[io_uring]") {
+			add(CheckIOURing, p, "holds an io_uring instance, which CRIU cannot checkpoint",
+				"stop the program from using io_uring (torchrun's agent does; launch the job with gpucr run instead)")
+		}
+		if p.gpu == nil {
+			continue
+		}
+		if len(p.gpu.Devices) > 1 {
+			add(CheckMultiGPU, p, fmt.Sprintf("holds CUDA contexts on %d GPUs; if it ever enabled peer access between them "+
+				"(PyTorch does on a device-to-device copy), the driver checkpoints it and then cannot restore it "+
+				"(measured on driver 580: CUDA_ERROR_INVALID_VALUE, the process lost), and peer access cannot be seen from outside",
+				len(p.gpu.Devices)),
+				"run one process per GPU, or, if this process copies between its GPUs only through host memory, --skip-check "+CheckMultiGPU)
+		}
+		if shm := cudaIPCExport(p.files); shm != "" {
+			add(CheckCUDAIPC, p, "exports GPU memory through CUDA IPC (it holds the driver's "+shm+"); the driver cannot "+
+				"restore memory shared between processes (measured on driver 580)",
+				"pass tensors between processes through host memory, or let one process own the GPU memory")
+		}
+		if nGPU > 1 && usesNCCLTransports(p) {
+			add(CheckNCCL, p, "is one of several GPU processes using NCCL with its P2P/SHM transports, whose shared GPU "+
+				"memory the CUDA driver cannot restore (measured on driver 580: error 801 on restore)",
+				"start the job with "+strings.Join(ncclSafeEnv, " ")+" (gpucr run -- CMD does this)")
+		}
+	}
+	return out
+}
+
+// Check returns the first finding of Analyze as an error, or nil.
+func Check(tree []proctree.Process, gpus []GPUProcess, skip Skips) error {
+	if f := Analyze("/proc", tree, gpus, skip); len(f) > 0 {
+		return &f[0]
 	}
 	return nil
 }
 
-// checkNCCL refuses several GPU processes that use NCCL without its socket-only settings:
-// one GPU process alone cannot share device memory with another in the tree.
-func checkNCCL(gpuPIDs []int) error {
-	if len(gpuPIDs) < 2 {
-		return nil
-	}
-	for _, pid := range gpuPIDs {
-		nccl, err := mapsLibrary(pid, "libnccl")
-		if err != nil || !nccl {
-			continue
-		}
-		env, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "environ"))
-		if err != nil {
-			continue
-		}
-		if missing := missingEnv(env, ncclSafeEnv); len(missing) > 0 {
-			p, _ := proctree.Read(pid)
-			return &Finding{pid, p.Command,
-				"is one of several GPU processes using NCCL with its P2P/SHM transports, whose shared GPU memory the CUDA driver cannot restore",
-				"start the job with " + strings.Join(ncclSafeEnv, " ") + " (gpucr run -- CMD does this)"}
+func read(procRoot string, p proctree.Process) *proc {
+	dir := filepath.Join(procRoot, strconv.Itoa(p.PID))
+	r := &proc{Process: p}
+	r.files, _ = proctree.OpenFiles(procRoot, p.PID)
+	r.maps, _ = os.ReadFile(filepath.Join(dir, "maps"))
+	r.env, _ = os.ReadFile(filepath.Join(dir, "environ"))
+	tasks, _ := os.ReadDir(filepath.Join(dir, "task"))
+	for _, t := range tasks {
+		if b, err := os.ReadFile(filepath.Join(dir, "task", t.Name(), "comm")); err == nil {
+			r.threads = append(r.threads, strings.TrimSpace(string(b)))
 		}
 	}
-	return nil
+	return r
 }
 
-func holdsIOURing(pid int) (bool, error) {
-	files, err := proctree.OpenFiles("/proc", pid)
-	return slices.Contains(files, "anon_inode:[io_uring]"), err
+// cudaIPCExport returns the CUDA driver's IPC file among files, or "". Measured on driver
+// 580 (docs/restorability.md): a process that exports GPU memory through CUDA IPC — legacy
+// handles and cuMem shareable handles alike, as torch.multiprocessing does — holds
+// /dev/shm/cuda.shm.<uid>.<pid in hex>.<n>; no other process did.
+func cudaIPCExport(files []string) string {
+	for _, f := range files {
+		if strings.HasPrefix(f, "/dev/shm/cuda.shm.") {
+			return f
+		}
+	}
+	return ""
 }
 
-func mapsLibrary(pid int, name string) (bool, error) {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "maps"))
-	if err != nil {
-		return false, err
+// usesNCCLTransports reports whether a GPU process maps NCCL without its socket-only
+// settings and may have a communicator. Ranks on P2P/SHM look like ranks on sockets from
+// outside (measured); what is seen is whether NCCL could be in use. A PyTorch process has
+// a communicator only once its NCCL process group runs its watchdog thread, so a PyTorch
+// process without one shares nothing through NCCL; for other programs gpucr cannot tell and
+// assumes it may.
+func usesNCCLTransports(p *proc) bool {
+	if !bytes.Contains(p.maps, []byte("/libnccl")) || len(missingEnv(p.env, ncclSafeEnv)) == 0 {
+		return false
 	}
-	return bytes.Contains(b, []byte("/"+name)), nil
+	if bytes.Contains(p.maps, []byte("/libtorch_cuda")) {
+		return slices.ContainsFunc(p.threads, func(t string) bool { return strings.HasPrefix(t, "pt_nccl_") })
+	}
+	return true
 }
 
 // missingEnv returns the settings of want that the NUL-separated environment env lacks.

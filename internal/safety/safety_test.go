@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,17 +16,138 @@ import (
 	"github.com/gpucr/gpucr/internal/proctree"
 )
 
-func self(t *testing.T) []proctree.Process {
+// fake is one process of a fixture /proc: what its descriptors point to, the paths it
+// maps, its environment and its thread names — what the probes of docs/restorability.md
+// found to differ between the cases.
+type fake struct {
+	pid     int
+	files   []string
+	maps    []string
+	env     []string
+	threads []string
+}
+
+const (
+	torch = "/opt/torch/lib/libtorch_cuda.so"
+	nccl  = "/opt/torch/nvidia/nccl/lib/libnccl.so.2"
+)
+
+// fixture writes procs into a new /proc-like directory and returns it with their tree.
+func fixture(t *testing.T, procs ...fake) (string, []proctree.Process) {
 	t.Helper()
-	p, err := proctree.Read(os.Getpid())
+	root := t.TempDir()
+	var tree []proctree.Process
+	for _, p := range procs {
+		dir := filepath.Join(root, strconv.Itoa(p.pid))
+		for i, f := range p.files {
+			if err := os.MkdirAll(filepath.Join(dir, "fd"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(f, filepath.Join(dir, "fd", strconv.Itoa(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var maps strings.Builder
+		for _, m := range p.maps {
+			maps.WriteString("7f0000000000-7f0000001000 r-xp 00000000 08:01 42 " + m + "\n")
+		}
+		write(t, filepath.Join(dir, "maps"), maps.String())
+		write(t, filepath.Join(dir, "environ"), strings.Join(p.env, "\x00")+"\x00")
+		for i, th := range append([]string{"python3"}, p.threads...) {
+			write(t, filepath.Join(dir, "task", strconv.Itoa(p.pid+i), "comm"), th+"\n")
+		}
+		tree = append(tree, proctree.Process{PID: p.pid, Command: "python3"})
+	}
+	return root, tree
+}
+
+func write(t *testing.T, path, s string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func checksOf(fs []Finding) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, f.Check+":"+strconv.Itoa(f.PID))
+	}
+	return out
+}
+
+func TestAnalyzeFixtures(t *testing.T) {
+	gpu0, gpu1 := "GPU-0", "GPU-1"
+	sockets := []string{"NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"}
+	worker := func(pid int, threads ...string) fake {
+		return fake{pid: pid, files: []string{"/dev/nvidiactl", "/dev/nvidia0"}, maps: []string{torch, nccl}, threads: threads}
+	}
+	cases := []struct {
+		name  string
+		procs []fake
+		gpus  []GPUProcess
+		skip  Skips
+		want  []string
+	}{
+		{"one process on one GPU", []fake{worker(10)}, []GPUProcess{{10, []string{gpu0}}}, nil, nil},
+		{"one process on two GPUs", []fake{worker(10)}, []GPUProcess{{10, []string{gpu0, gpu1}}}, nil,
+			[]string{"multi-gpu-process:10"}},
+		{"one process on two GPUs, check off", []fake{worker(10)}, []GPUProcess{{10, []string{gpu0, gpu1}}},
+			Skips{CheckMultiGPU: true}, nil},
+		{"CUDA IPC exporter and importer", []fake{
+			{pid: 10, files: []string{"/dev/nvidiactl", "/dev/shm/cuda.shm.0.a.1"}, maps: []string{torch, nccl}}, worker(11)},
+			[]GPUProcess{{10, []string{gpu0}}, {11, []string{gpu0}}}, nil, []string{"cuda-ipc:10"}},
+		{"two independent PyTorch workers", []fake{worker(10), worker(11)},
+			[]GPUProcess{{10, []string{gpu0}}, {11, []string{gpu0}}}, nil, nil},
+		{"PyTorch ranks with an NCCL process group", []fake{worker(10, "pt_nccl_watchdg"), worker(11, "pt_nccl_watchdg")},
+			[]GPUProcess{{10, []string{gpu0}}, {11, []string{gpu1}}}, nil, []string{"nccl-transports:10", "nccl-transports:11"}},
+		{"PyTorch ranks with NCCL over sockets", []fake{
+			{pid: 10, maps: []string{torch, nccl}, env: sockets, threads: []string{"pt_nccl_watchdg"}},
+			{pid: 11, maps: []string{torch, nccl}, env: sockets, threads: []string{"pt_nccl_watchdg"}}},
+			[]GPUProcess{{10, []string{gpu0}}, {11, []string{gpu1}}}, nil, nil},
+		{"a rank alone", []fake{worker(10, "pt_nccl_watchdg")}, []GPUProcess{{10, []string{gpu0}}}, nil, nil},
+		{"other NCCL programs, which cannot be told apart", []fake{{pid: 10, maps: []string{nccl}}, {pid: 11, maps: []string{nccl}}},
+			[]GPUProcess{{10, []string{gpu0}}, {11, []string{gpu1}}}, nil, []string{"nccl-transports:10", "nccl-transports:11"}},
+		{"io_uring in a CPU process", []fake{worker(10), {pid: 12, files: []string{"anon_inode:[io_uring]"}}},
+			[]GPUProcess{{10, []string{gpu0}}}, nil, []string{"io-uring:12"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			root, tree := fixture(t, c.procs...)
+			got := Analyze(root, tree, c.gpus, c.skip)
+			if !slices.Equal(checksOf(got), c.want) {
+				t.Fatalf("findings %v, want %v", checksOf(got), c.want)
+			}
+			for _, f := range got {
+				if f.Reason == "" || f.Fix == "" || !errors.Is(&f, ErrUnsafe) {
+					t.Errorf("finding without cause or fix: %+v", f)
+				}
+			}
+		})
+	}
+}
+
+func TestSkipsFrom(t *testing.T) {
+	s, rest, err := SkipsFrom([]string{"cuda-ipc", "driver-version"})
+	if err != nil || !s[CheckCUDAIPC] || !slices.Equal(rest, []string{"driver-version"}) {
+		t.Fatalf("SkipsFrom: %v %v %v", s, rest, err)
+	}
+	if _, _, err := SkipsFrom([]string{CheckIOURing}); err == nil {
+		t.Fatal("io-uring was switched off: CRIU cannot dump it anyway")
+	}
+}
+
+// The real /proc: this process holds an io_uring.
+func TestIOURingIsRefused(t *testing.T) {
+	self, err := proctree.Read(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	return []proctree.Process{p}
-}
-
-func TestIOURingIsRefused(t *testing.T) {
-	if err := Check(self(t), nil); err != nil {
+	tree := []proctree.Process{self}
+	if err := Check(tree, nil, nil); err != nil {
 		t.Fatalf("before io_uring: %v", err)
 	}
 	var params [120]byte // struct io_uring_params; the kernel fills it in
@@ -34,41 +156,9 @@ func TestIOURingIsRefused(t *testing.T) {
 		t.Skipf("io_uring_setup: %v", errno)
 	}
 	defer syscall.Close(int(fd))
-	err := Check(self(t), nil)
+	err = Check(tree, nil, nil)
 	if !errors.Is(err, ErrUnsafe) || !strings.Contains(err.Error(), "io_uring") {
 		t.Fatalf("with io_uring: %v", err)
-	}
-}
-
-// The NCCL rule reads a process's mappings and environment: this test maps a file named
-// like NCCL's library into itself, so the process it inspects is this one.
-func TestNCCLWithoutSocketTransportIsRefused(t *testing.T) {
-	lib := filepath.Join(t.TempDir(), "libnccl.so.2")
-	if err := os.WriteFile(lib, make([]byte, 4096), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(lib)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	m, err := syscall.Mmap(int(f.Fd()), 0, 4096, syscall.PROT_READ, syscall.MAP_SHARED)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Munmap(m)
-
-	me := os.Getpid()
-	if err := Check(self(t), []int{me}); err != nil {
-		t.Fatalf("one GPU process cannot share GPU memory, got %v", err)
-	}
-	env, _ := os.ReadFile("/proc/self/environ")
-	if len(missingEnv(env, ncclSafeEnv)) == 0 {
-		t.Skip("this test process already runs with NCCL over sockets")
-	}
-	err = Check(self(t), []int{me, me})
-	if !errors.Is(err, ErrUnsafe) || !strings.Contains(err.Error(), "NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1") {
-		t.Fatalf("NCCL job on default transports: %v", err)
 	}
 }
 

@@ -299,7 +299,7 @@ func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error
 func noCUDAState(proc string, pid int, cause error) error {
 	comm, _ := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "comm"))
 	return &safety.Finding{
-		PID: pid, Command: strings.TrimSpace(string(comm)),
+		Check: safety.CheckNoCUDAState, PID: pid, Command: strings.TrimSpace(string(comm)),
 		Reason: fmt.Sprintf("holds NVIDIA device files but has no CUDA state the driver can checkpoint (%v), and CRIU cannot dump those files", cause),
 		Fix: "a child forked after its parent started CUDA is such a process, as PyTorch DataLoader workers are by default: " +
 			"start them with the spawn or forkserver method (multiprocessing_context=\"spawn\")",

@@ -1,0 +1,40 @@
+package engine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/safety"
+)
+
+// Analysis is what a checkpoint of a target would refuse, found without touching it.
+type Analysis struct {
+	Processes    int              `json:"processes"`
+	GPUProcesses []gpu.Process    `json:"gpuProcesses"`
+	Findings     []safety.Finding `json:"findings"`
+}
+
+// Analyze runs the checks a checkpoint runs before it locks anything, and reports every
+// finding instead of stopping at the first: nothing is locked, frozen or written.
+func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips) (*Analysis, error) {
+	tree, err := target.Open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	a := &Analysis{Processes: len(tree), Findings: []safety.Finding{}}
+	gpus, _, err := FindGPUProcs(ctx, e.Backends, proctree.PIDs(tree))
+	var refused *safety.Finding
+	switch {
+	case errors.As(err, &refused):
+		a.Findings = append(a.Findings, *refused) // a backend's own refusal
+	case err != nil:
+		return nil, err
+	}
+	for _, g := range gpus {
+		a.GPUProcesses = append(a.GPUProcesses, g.Process)
+	}
+	a.Findings = append(a.Findings, safety.Analyze("/proc", tree, gpus.safetyView(), skips)...)
+	return a, nil
+}
