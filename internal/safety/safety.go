@@ -79,7 +79,7 @@ type Finding struct {
 }
 
 func (f *Finding) Error() string {
-	return fmt.Sprintf("process %d (%s) %s; %s", f.PID, f.Command, f.Reason, f.Fix)
+	return fmt.Sprintf("process %d (%s) %s; %s (check %s)", f.PID, f.Command, f.Reason, f.Fix, f.Check)
 }
 
 func (f *Finding) Is(target error) bool { return target == ErrUnsafe }

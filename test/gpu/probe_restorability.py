@@ -15,12 +15,20 @@ if mode == "ipc-cumem":
 import torch
 
 
-def ready(pids):
+def ready(pids, check=lambda: True):
+    """Announces pids, then answers each DIR/verify with DIR/resultK: same=CHECK() pid=PID."""
     with open(os.path.join(d, "ready.tmp"), "w") as f:
         f.write(" ".join(str(p) for p in pids))
     os.rename(os.path.join(d, "ready.tmp"), os.path.join(d, "ready"))
+    k = 0
     while True:
-        time.sleep(1)
+        v = os.path.join(d, "verify")
+        if os.path.exists(v):
+            os.remove(v)
+            k += 1
+            with open(os.path.join(d, "result%d" % k), "w") as f:
+                f.write("same=%s pid=%d" % (check(), os.getpid()))
+        time.sleep(0.1)
 
 
 def child_ipc(q, done):
@@ -33,8 +41,9 @@ def child_ipc(q, done):
 
 if __name__ == "__main__":
     if mode == "one":
-        x = torch.ones(1 << 20, device="cuda:0"); torch.cuda.synchronize()
-        ready([os.getpid()])
+        x = torch.arange(1 << 20, device="cuda:0", dtype=torch.float32); torch.cuda.synchronize()
+        want = float(x.sum().item())
+        ready([os.getpid()], lambda: float(x.sum().item()) == want)
     elif mode in ("host2", "peer2"):
         a = torch.arange(1 << 20, device="cuda:0", dtype=torch.float32)
         if mode == "peer2":
@@ -43,8 +52,10 @@ if __name__ == "__main__":
         else:
             b = a.cpu().to("cuda:1")
         torch.cuda.synchronize()
-        assert int(b.sum().item()) == int(a.sum().item())
-        ready([os.getpid()])
+        want = float(a.sum().item())
+        assert float(b.sum().item()) == want
+        ready([os.getpid()], lambda: float(a.sum().item()) == want and float(b.sum().item()) == want and
+              float((b + 1).sum().item()) == want + b.numel())
     elif mode in ("ipc", "ipc-cumem"):
         import torch.multiprocessing as mp
         ctx = mp.get_context("spawn")
@@ -57,13 +68,14 @@ if __name__ == "__main__":
             time.sleep(0.1)
         ready([os.getpid(), p.pid])
     elif mode == "indep":
-        x = torch.ones(1 << 20, device="cuda:0"); torch.cuda.synchronize()
+        x = torch.arange(1 << 20, device="cuda:0", dtype=torch.float32); torch.cuda.synchronize()
+        want = float(x.sum().item())
         c = subprocess.Popen([sys.executable, "-c",
                               "import torch,time,sys; x=torch.ones(1<<20,device='cuda:0'); torch.cuda.synchronize();"
                               "open(sys.argv[1],'w').write('1'); time.sleep(1e6)", os.path.join(d, "child")])
         while not os.path.exists(os.path.join(d, "child")):
             time.sleep(0.1)
-        ready([os.getpid(), c.pid])
+        ready([os.getpid(), c.pid], lambda: float(x.sum().item()) == want and c.poll() is None)
     elif mode == "allreduce":
         import torch.distributed as dist
         dist.init_process_group("nccl")
