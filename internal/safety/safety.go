@@ -153,15 +153,35 @@ func Analyze(procRoot string, tree []proctree.Process, gpus []GPUProcess, skip S
 				"start the job with "+strings.Join(ncclSafeEnv, " ")+" (gpucr run -- CMD does this)")
 		}
 	}
+	// The checks' order, then the tree's: the first finding is the one to fix first (a
+	// job under gpucr run fixes its NCCL transports and its launcher's io_uring at once).
+	rank := func(f Finding) int { return slices.IndexFunc(rules, func(r Rule) bool { return r.Name == f.Check }) }
+	slices.SortStableFunc(out, func(a, b Finding) int { return rank(a) - rank(b) })
 	return out
 }
 
 // Check returns the first finding of Analyze as an error, or nil.
 func Check(tree []proctree.Process, gpus []GPUProcess, skip Skips) error {
-	if f := Analyze("/proc", tree, gpus, skip); len(f) > 0 {
+	f := Analyze("/proc", tree, gpus, skip)
+	switch len(f) {
+	case 0:
+		return nil
+	case 1:
 		return &f[0]
 	}
-	return nil
+	return &moreFindings{Finding: &f[0], more: len(f) - 1}
+}
+
+// moreFindings is the first of several findings, saying how many more there are.
+type moreFindings struct {
+	*Finding
+	more int
+}
+
+func (m *moreFindings) Unwrap() error { return m.Finding }
+
+func (m *moreFindings) Error() string {
+	return fmt.Sprintf("%s; and %d more finding(s): gpucr checkpoint --dry-run lists them", m.Finding.Error(), m.more)
 }
 
 func read(procRoot string, p proctree.Process) *proc {

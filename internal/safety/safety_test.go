@@ -111,6 +111,9 @@ func TestAnalyzeFixtures(t *testing.T) {
 		{"a rank alone", []fake{worker(10, "pt_nccl_watchdg")}, []GPUProcess{{10, []string{gpu0}}}, nil, nil},
 		{"other NCCL programs, which cannot be told apart", []fake{{pid: 10, maps: []string{nccl}}, {pid: 11, maps: []string{nccl}}},
 			[]GPUProcess{{10, []string{gpu0}}, {11, []string{gpu1}}}, nil, []string{"nccl-transports:10", "nccl-transports:11"}},
+		{"torchrun: an agent with io_uring, ranks on NCCL: NCCL first", []fake{{pid: 9, files: []string{"anon_inode:[io_uring]"}},
+			worker(10, "pt_nccl_watchdg"), worker(11, "pt_nccl_watchdg")},
+			[]GPUProcess{{10, []string{gpu0}}, {11, []string{gpu1}}}, nil, []string{"nccl-transports:10", "nccl-transports:11", "io-uring:9"}},
 		{"io_uring in a CPU process", []fake{worker(10), {pid: 12, files: []string{"anon_inode:[io_uring]"}}},
 			[]GPUProcess{{10, []string{gpu0}}}, nil, []string{"io-uring:12"}},
 	}

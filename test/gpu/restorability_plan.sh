@@ -64,6 +64,26 @@ if wait_file "$D/paused.0"; then
   if [ $code != 0 ] && [[ "$out" == *"nccl-transports: process"* ]] && ! [ -e "$D/img" ]; then ok "torchrun refused, nccl-transports among the findings"; else bad "torchrun not refused for nccl-transports (exit $code)"; fi
 else bad "torchrun did not start: $(tail -5 "$D/err")"; fi
 pkill -9 -f ddp_train.py; pkill -9 -f "master-port 29531"; sleep 1
+# JAX opens a CUDA context on every GPU it sees: on a host with several, the process is on
+# all of them (refused by multi-gpu-process); pinned to one GPU, it restores.
+jax() { # TAG [ENV...]
+  D=$W/jax-$1; mkdir -p "$D"
+  env HERR="$D/err" XLA_PYTHON_CLIENT_PREALLOCATE=false "${@:2}" python3 "$B/reaper.py" python3 "$B/jax_holder.py" "$D" &
+  wait_file "$D/ready" || { bad "JAX $1 did not start: $(tail -5 "$D/err")"; return 1; }
+  P=$(cat "$D/ready")
+}
+echo "== JAX, all GPUs visible: expected refused by multi-gpu-process"
+if jax all; then
+  out=$("$G" checkpoint "$P" -D "$D/img" 2>&1); code=$?; echo "$out"
+  if [ $code != 0 ] && [[ "$out" == *"check multi-gpu-process"* ]]; then ok "JAX on all GPUs refused"; else bad "JAX on all GPUs (exit $code)"; fi
+  check_data "JAX untouched"
+fi
+pkill -9 -f jax_holder.py; sleep 1
+echo "== JAX, CUDA_VISIBLE_DEVICES=0: expected restored"
+if jax one CUDA_VISIBLE_DEVICES=0; then
+  if "$G" checkpoint "$P" -D "$D/img" && sleep 0.5 && "$G" restore -D "$D/img"; then check_data "JAX restored"; else bad "JAX checkpoint/restore"; fi
+fi
+pkill -9 -f jax_holder.py; sleep 1
 echo "== forked and spawned children (plan.sh 8 9)"
 bash "$B/plan.sh" 8 9 2>&1 | grep -E "^(PASS|FAIL|==)" | sed 's/^/  /'
 echo "RESULT: $pass passed, $fail failed"
