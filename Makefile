@@ -5,7 +5,7 @@ LDFLAGS := -X main.version=$(VERSION)
 # go-nvml's cgo bindings use NVML calls that its header marks deprecated: keep builds quiet.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 
-.PHONY: all deps build test demo bundle clean
+.PHONY: all deps build test fuzz demo bundle clean
 
 all: build
 
@@ -21,6 +21,11 @@ test: build
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 20m ./...
+	GO=$(GO) bash scripts/fuzz.sh
+
+# fuzz: every fuzz target for FUZZTIME each (make test runs them for 4s).
+fuzz:
+	GO=$(GO) FUZZTIME=$${FUZZTIME:-30s} bash scripts/fuzz.sh
 
 demo: build
 	bash scripts/demo.sh

@@ -8,8 +8,11 @@
 package criuimg
 
 import (
+	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -151,6 +154,9 @@ func decode[M proto.Message](dir, name string, entry M) ([]M, error) {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
 	defer f.Close()
+	if err := CheckFrames(f); err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
 	img, err := crit.New(f, nil, "", false, true).Decode(entry)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
@@ -163,6 +169,62 @@ func decode[M proto.Message](dir, name string, entry M) ([]M, error) {
 	}
 	return out, nil
 }
+
+// CheckFrames checks, before crit decodes the image f, that every entry the image's size
+// headers announce fits in the file: crit allocates (and parses) each entry at the size its
+// header claims before it reads it, so a few bytes claiming 4 GiB would cost 4 GiB. It
+// reads f through its own reader, leaving f's offset alone. Images whose entries carry
+// data after them (pipe data, socket queues) are not among those gpucr reads and are not
+// framed so.
+func CheckFrames(f *os.File) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
+	r := bufio.NewReaderSize(io.NewSectionReader(f, 0, size), 64<<10)
+	var b [4]byte
+	var off int64
+	next := func() (uint32, error) {
+		if _, err := io.ReadFull(r, b[:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, fmt.Errorf("at offset %d: %w", off, err)
+		}
+		off += 4
+		return binary.LittleEndian.Uint32(b[:]), nil
+	}
+	m, err := next()
+	if err != nil {
+		return err
+	}
+	if m == imgCommonMagic || m == imgServiceMagic {
+		if _, err := next(); err != nil {
+			return err
+		}
+	}
+	for off < size {
+		n, err := next()
+		if err != nil {
+			return err
+		}
+		if int64(n) > size-off {
+			return fmt.Errorf("entry at offset %d claims %d bytes, %d follow: %w", off-4, n, size-off, io.ErrUnexpectedEOF)
+		}
+		if _, err := r.Discard(int(n)); err != nil {
+			return fmt.Errorf("at offset %d: %w", off, err)
+		}
+		off += int64(n)
+	}
+	return nil
+}
+
+// The magics that may come before an image's own (criu/include/magic.h).
+const (
+	imgCommonMagic  = 0x54564319
+	imgServiceMagic = 0x55105940
+)
 
 // MissingFiles lists the regular files the image's processes had open or mapped that do not
 // exist on this host, sorted. Files CRIU carried inside the image (deleted or unlinked files,

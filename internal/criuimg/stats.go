@@ -2,10 +2,12 @@ package criuimg
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/stats"
 )
 
 // DumpStats is what CRIU measured of one dump (its stats-dump file): where a dump's time
@@ -29,13 +31,14 @@ type RestoreStats struct {
 
 // ReadDumpStats reads CRIU's stats-dump in workDir; nil, nil if CRIU left none.
 func ReadDumpStats(workDir string) (*DumpStats, error) {
-	s, err := crit.GetDumpStats(workDir)
+	e, err := readStats(workDir, crit.StatsDump)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
+	s := e.GetDump()
 	return &DumpStats{
 		Freezing: us(s.GetFreezingTime()), Frozen: us(s.GetFrozenTime()),
 		MemDump: us(s.GetMemdumpTime()), MemWrite: us(s.GetMemwriteTime()),
@@ -45,14 +48,29 @@ func ReadDumpStats(workDir string) (*DumpStats, error) {
 
 // ReadRestoreStats reads CRIU's stats-restore in workDir; nil, nil if CRIU left none.
 func ReadRestoreStats(workDir string) (*RestoreStats, error) {
-	s, err := crit.GetRestoreStats(workDir)
+	e, err := readStats(workDir, crit.StatsRestore)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
+	s := e.GetRestore()
 	return &RestoreStats{Forking: us(s.GetForkingTime()), Restore: us(s.GetRestoreTime()), PagesRestored: s.GetPagesRestored()}, nil
+}
+
+// readStats reads the stats file name in workDir. crit's own GetDumpStats and
+// GetRestoreStats panic on a file that holds no entry, and the stats inspect reads are in
+// an image's logs/, which no checksum covers.
+func readStats(workDir, name string) (*stats.StatsEntry, error) {
+	entries, err := decode(workDir, name, &stats.StatsEntry{})
+	if err != nil {
+		return nil, err
+	}
+	if len(entries) == 0 {
+		return nil, fmt.Errorf("read %s: no entries", name)
+	}
+	return entries[0], nil
 }
 
 // us converts CRIU's microseconds.

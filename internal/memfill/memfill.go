@@ -29,6 +29,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/parallel"
 )
@@ -279,6 +280,9 @@ func readPagemap(path string) (*pagemap.PagemapHead, []*pagemap.PagemapEntry, er
 		return nil, nil, err
 	}
 	defer f.Close()
+	if err := criuimg.CheckFrames(f); err != nil {
+		return nil, nil, fmt.Errorf("read %s: %w", filepath.Base(path), err)
+	}
 	img, err := crit.New(f, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
 	if err != nil {
 		return nil, nil, fmt.Errorf("read %s: %w", filepath.Base(path), err)
@@ -326,12 +330,22 @@ func writableAnon(path string) (func(addr, size uint64) bool, error) {
 		return nil, err
 	}
 	defer f.Close()
+	if err := criuimg.CheckFrames(f); err != nil {
+		return nil, fmt.Errorf("read %s: %w", filepath.Base(path), err)
+	}
 	img, err := crit.New(f, nil, "", false, true).Decode(&mm.MmEntry{})
 	if err != nil || len(img.Entries) != 1 {
 		return nil, fmt.Errorf("read %s: %v", filepath.Base(path), err)
 	}
-	vmas := img.Entries[0].Message.(*mm.MmEntry).GetVmas()
+	e, ok := img.Entries[0].Message.(*mm.MmEntry)
+	if !ok {
+		return nil, fmt.Errorf("read %s: not an mm image", filepath.Base(path))
+	}
+	vmas := e.GetVmas()
 	return func(addr, size uint64) bool {
+		if addr+size < addr {
+			return false // past the end of the address space
+		}
 		for _, v := range vmas {
 			if addr >= v.GetStart() && addr+size <= v.GetEnd() {
 				return v.GetStatus()&vmaAnonPrivate != 0 && v.GetProt()&unix.PROT_WRITE != 0

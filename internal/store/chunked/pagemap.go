@@ -8,6 +8,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 )
 
@@ -27,13 +28,15 @@ const pePresent = 1 << 2
 // for the file's size exactly, are left out and get fixed-size chunks.
 func pageCuts(dir string, files []File) map[string][]int64 {
 	sizes := map[string]int64{}
+	var largest int64
 	for _, f := range files {
 		sizes[f.Path] = f.Size
+		largest = max(largest, f.Size)
 	}
 	maps, _ := filepath.Glob(filepath.Join(dir, image.CRIUDir, "pagemap-*.img"))
 	cuts := map[string][]int64{}
 	for _, m := range maps {
-		id, ends, err := readPagemap(m)
+		id, ends, err := readPagemap(m, largest)
 		if err != nil {
 			continue
 		}
@@ -46,13 +49,18 @@ func pageCuts(dir string, files []File) map[string][]int64 {
 }
 
 // readPagemap returns the pages id of a pagemap image and the file offsets at which the
-// chunks of its pages file end.
-func readPagemap(path string) (uint32, []int64, error) {
+// chunks of its pages file end. The present pages must add up to limit bytes at most: the
+// pagemap comes from the image, and each of its entries can claim 16 TiB of pages, which
+// would otherwise be walked page by page.
+func readPagemap(path string, limit int64) (uint32, []int64, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, nil, err
 	}
 	defer f.Close()
+	if err := criuimg.CheckFrames(f); err != nil {
+		return 0, nil, fmt.Errorf("%s: %w", path, err)
+	}
 	img, err := crit.New(f, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
 	if err != nil {
 		return 0, nil, err
@@ -75,6 +83,9 @@ func readPagemap(path string) (uint32, []int64, error) {
 			}
 			if !present {
 				continue
+			}
+			if int64(m.GetNrPages())*pageSize > limit-off {
+				return 0, nil, fmt.Errorf("%s: its pages add up to more than %d bytes", path, limit)
 			}
 			for p := range int64(m.GetNrPages()) {
 				w := (int64(m.GetVaddr()) + p*pageSize) / ChunkSize

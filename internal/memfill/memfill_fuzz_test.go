@@ -1,0 +1,411 @@
+package memfill
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"os"
+	"path/filepath"
+	"runtime/metrics"
+	"slices"
+	"testing"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/internal/image"
+)
+
+// allocated is how many heap bytes fn allocates. Large allocations are counted exactly,
+// small ones when their span is refilled, which may count what was allocated before fn:
+// checks allow allocSlack besides what the input explains. That is enough to catch an
+// allocation sized by a length field instead of by the input.
+func allocated(fn func()) uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	before := s[0].Value.Uint64()
+	fn()
+	metrics.Read(s)
+	return s[0].Value.Uint64() - before
+}
+
+const allocSlack = 32 << 20
+
+// critBytes is the image crit's encoder (and CRIU) writes for msgs with magic.
+func critBytes(t testing.TB, magic string, msgs ...proto.Message) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "x.img")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img := &crit.CriuImage{Magic: magic}
+	for _, m := range msgs {
+		img.Entries = append(img.Entries, &crit.CriuEntry{Message: m})
+	}
+	if err := crit.New(nil, f, "", false, false).Encode(img); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func pagemapBytes(t testing.TB, pagesID uint32, entries ...*pagemap.PagemapEntry) []byte {
+	msgs := []proto.Message{&pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}}
+	for _, e := range entries {
+		msgs = append(msgs, e)
+	}
+	return critBytes(t, "PAGEMAP", msgs...)
+}
+
+func vmaEntry(start, end uint64, prot, status uint32) *vma.VmaEntry {
+	return &vma.VmaEntry{Start: proto.Uint64(start), End: proto.Uint64(end), Pgoff: proto.Uint64(0), Shmid: proto.Uint64(0),
+		Prot: proto.Uint32(prot), Flags: proto.Uint32(0x22), Status: proto.Uint32(status), Fd: proto.Int64(-1)}
+}
+
+func mmBytes(t testing.TB, vmas ...*vma.VmaEntry) []byte {
+	zero := proto.Uint64(0)
+	return critBytes(t, "MM", &mm.MmEntry{
+		MmStartCode: zero, MmEndCode: zero, MmStartData: zero, MmEndData: zero, MmStartStack: zero, MmStartBrk: zero,
+		MmBrk: zero, MmArgStart: zero, MmArgEnd: zero, MmEnvStart: zero, MmEnvEnd: zero, ExeFileId: proto.Uint32(1), Vmas: vmas})
+}
+
+// presentBytes is how many bytes of pages file entries account for; ok is false when the
+// sum does not fit in 64 bits.
+func presentBytes(entries []*pagemap.PagemapEntry) (total uint64, ok bool) {
+	for _, e := range entries {
+		if e.GetFlags()&pePresent == 0 {
+			continue
+		}
+		var carry uint64
+		total, carry = bits.Add64(total, uint64(e.GetNrPages())*pageSize, 0)
+		if carry != 0 {
+			return 0, false
+		}
+	}
+	return total, true
+}
+
+// sampleEntries is a pagemap as CRIU writes one: present runs, a run CRIU left in the
+// parent image, a lazy run.
+func sampleEntries() []*pagemap.PagemapEntry {
+	return []*pagemap.PagemapEntry{
+		entry(0x400000, 4, pePresent),
+		entry(0x600000, 2, 1),
+		entry(0x7f0000000000, 512, pePresent),
+		entry(0x7f0000200000, 512, pePresent),
+		entry(0x7fff00000000, 8, 2),
+	}
+}
+
+// A pagemap comes from the image. readPagemap returns it or an error, allocating in
+// proportion to the file; what it returns survives writePagemap unchanged; and CheckPages
+// accepts a pages file exactly as long as the pagemap's present pages, no other.
+func FuzzReadPagemap(f *testing.F) {
+	good := pagemapBytes(f, 3, sampleEntries()...)
+	f.Add(good)
+	f.Add(pagemapBytes(f, 1))
+	f.Add(pagemapBytes(f, 7, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1)})) // no flags
+	f.Add(pagemapBytes(f, 1, entry(0x1000, math.MaxUint32, pePresent)))
+	f.Add(good[:8])
+	f.Add(good[:len(good)-2])
+	f.Add(append(slices.Clone(good[:8]), 0xfe, 0xff, 0xff, 0xff, 8, 1))
+	f.Add([]byte{})
+	dir := f.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "good.img"), good, 0o600); err != nil {
+		f.Fatal(err)
+	}
+	if head, entries, err := readPagemap(filepath.Join(dir, "good.img")); err != nil || head.GetPagesId() != 3 || len(entries) != len(sampleEntries()) {
+		f.Fatalf("the sample pagemap reads as %v, %d entries, %v", head, len(entries), err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		criuDir := filepath.Join(dir, "criu")
+		if err := os.RemoveAll(criuDir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(criuDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(criuDir, "pagemap-1.img")
+		if err := os.WriteFile(path, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		var head *pagemap.PagemapHead
+		var entries []*pagemap.PagemapEntry
+		var err error
+		if n := allocated(func() { head, entries, err = readPagemap(path) }); n > allocSlack+uint64(512*len(data)) {
+			t.Fatalf("readPagemap allocated %d bytes for a %d-byte pagemap", n, len(data))
+		}
+		if err != nil {
+			if CheckPages(criuDir) == nil {
+				t.Fatalf("CheckPages accepted a pagemap readPagemap refuses (%v)", err)
+			}
+			return
+		}
+		if head == nil {
+			t.Fatal("readPagemap returned no head and no error")
+		}
+
+		again := filepath.Join(dir, "again.img")
+		os.Remove(again)
+		if err := writePagemap(again, head, entries); err != nil {
+			t.Fatalf("writePagemap of what readPagemap read: %v", err)
+		}
+		head2, entries2, err := readPagemap(again)
+		if err != nil || !proto.Equal(head, head2) || len(entries) != len(entries2) {
+			t.Fatalf("read back %v, %d entries, %v; wrote %v, %d entries", head2, len(entries2), err, head, len(entries))
+		}
+		for i := range entries {
+			if !proto.Equal(entries[i], entries2[i]) {
+				t.Fatalf("entry %d read back as %v, wrote %v", i, entries2[i], entries[i])
+			}
+		}
+
+		want, ok := presentBytes(entries)
+		if !ok || want > 1<<40 {
+			return // no file that long to try
+		}
+		pages := filepath.Join(criuDir, fmt.Sprintf("pages-%d.img", head.GetPagesId()))
+		if want == 0 {
+			if err := CheckPages(criuDir); err != nil {
+				t.Fatalf("no present pages and no pages file: %v", err)
+			}
+		}
+		for _, size := range []int64{int64(want), int64(want) + pageSize, int64(want) - 1} {
+			if size < 0 {
+				continue
+			}
+			if err := os.WriteFile(pages, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(pages, size); err != nil {
+				t.Fatal(err)
+			}
+			err := CheckPages(criuDir)
+			switch {
+			case size == int64(want) && err != nil:
+				t.Fatalf("a pages file of the %d bytes the pagemap lists: %v", want, err)
+			case size != int64(want) && !errors.Is(err, image.ErrCorrupt):
+				t.Fatalf("a pages file of %d bytes where the pagemap lists %d: %v", size, want, err)
+			}
+		}
+	})
+}
+
+// splitLimit bounds the pages file FuzzSplit gives split to cut: the kept pages are copied.
+const splitLimit = 24 << 20
+
+// split rewrites CRIU's view of a process's memory from the image's pagemap and mm. Whatever
+// those hold, it fails or leaves a view that adds up: every run it takes is at least MinRun
+// bytes, inside one writable private anonymous mapping, and out of the pages file; the
+// rewritten pagemap lists exactly the other entries, in order, and accounts for the
+// rewritten pages file exactly (what CheckPages demands), whose pages are the kept ones.
+func FuzzSplit(f *testing.F) {
+	const rw, ro, anon = 3, 1, vmaAnonPrivate | 1
+	var big []*pagemap.PagemapEntry
+	big = append(big, entry(0x1000, 4, pePresent))
+	for off := uintptr(0); off < 20<<20; off += 512 * pageSize {
+		big = append(big, entry(0x10000000+off, 512, pePresent))
+	}
+	big = append(big, entry(0x7000000, 16, 1))
+	bigMM := mmBytes(f, vmaEntry(0x1000, 0x5000, rw, anon), vmaEntry(0x10000000, 0x10000000+24<<20, rw, anon))
+	f.Add(pagemapBytes(f, 3, big...), bigMM)
+	f.Add(pagemapBytes(f, 3, big...), mmBytes(f, vmaEntry(0x10000000, 0x10000000+24<<20, ro, anon)))
+	f.Add(pagemapBytes(f, 3, entry(0x10000000, 4096, pePresent), entry(0x10000000+16<<20, 1, pePresent)), bigMM)
+	f.Add(pagemapBytes(f, 3, entry(0xfffffffffffff000, 4096, pePresent)), mmBytes(f, vmaEntry(0xffffffffff000000, math.MaxUint64, rw, anon)))
+	f.Add(pagemapBytes(f, 3, sampleEntries()...), mmBytes(f))
+	f.Add(pagemapBytes(f, 3, big...), pagemapBytes(f, 1))
+	f.Add([]byte{}, []byte{})
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, pm, mmData []byte) {
+		criuDir := filepath.Join(dir, "criu")
+		if err := os.RemoveAll(criuDir); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(criuDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(criuDir, "pagemap-1.img"), pm, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(criuDir, "mm-1.img"), mmData, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		head, entries, err := readPagemap(filepath.Join(criuDir, "pagemap-1.img"))
+		total, ok := presentBytes(entries)
+		if err == nil && (!ok || total > splitLimit) {
+			return
+		}
+		// The pages file: holes, and at the start of each entry's pages its index, so that
+		// the rewritten file shows which pages it kept.
+		offsets := make([]int64, len(entries))
+		pagesName := fmt.Sprintf("pages-%d.img", head.GetPagesId())
+		if err == nil {
+			pf, err := os.Create(filepath.Join(criuDir, pagesName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var off int64
+			for i, e := range entries {
+				offsets[i] = off
+				if e.GetFlags()&pePresent == 0 || e.GetNrPages() == 0 {
+					continue
+				}
+				if _, err := pf.WriteAt(binary.LittleEndian.AppendUint64(nil, uint64(i+1)), off); err != nil {
+					t.Fatal(err)
+				}
+				off += int64(e.GetNrPages()) * pageSize
+			}
+			if err := pf.Truncate(int64(total)); err != nil {
+				t.Fatal(err)
+			}
+			pf.Close()
+		}
+
+		out := t.TempDir()
+		p := &Plan{Dir: out}
+		runs, files, err := p.split(criuDir, out, 1)
+		if err != nil {
+			return
+		}
+		if len(runs) == 0 {
+			if files != nil {
+				t.Fatalf("no runs taken, yet %v rewritten", files)
+			}
+			return
+		}
+		if !slices.Equal(files, []string{"pagemap-1.img", pagesName}) {
+			t.Fatalf("rewrote %v", files)
+		}
+		writable, err := writableAnon(filepath.Join(criuDir, "mm-1.img"))
+		if err != nil {
+			t.Fatalf("split took runs, but the mm image does not read: %v", err)
+		}
+		var taken uint64
+		for _, r := range runs {
+			switch {
+			case r.pid != 1 || r.file != filepath.Join(criuDir, pagesName):
+				t.Fatalf("run %+v: not of process 1's pages file", r)
+			case r.size < MinRun || r.size%pageSize != 0 || r.off < 0 || r.off%pageSize != 0 || uint64(r.off+r.size) > total:
+				t.Fatalf("run %+v: not whole pages of at least MinRun in a %d-byte pages file", r, total)
+			case r.addr+uint64(r.size) < r.addr:
+				t.Fatalf("run %+v: past the end of the address space", r)
+			case !writable(r.addr, uint64(r.size)):
+				t.Fatalf("run %+v: not in one writable private anonymous mapping", r)
+			}
+			taken += uint64(r.size)
+		}
+		// Entries with pages in a run leave the pagemap, the others stay in order; a present
+		// entry of no pages may go either way, with the run it borders.
+		inRun := func(i int) bool {
+			return slices.ContainsFunc(runs, func(r run) bool { return offsets[i] >= r.off && offsets[i] < r.off+r.size })
+		}
+		head2, entries2, err := readPagemap(filepath.Join(out, "pagemap-1.img"))
+		if err != nil || !proto.Equal(head, head2) {
+			t.Fatalf("rewritten pagemap: head %v, %v; want %v", head2, err, head)
+		}
+		view, err := os.ReadFile(filepath.Join(out, pagesName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var j int
+		var off int64
+		for i, e := range entries {
+			present := e.GetFlags()&pePresent != 0
+			switch {
+			case present && e.GetNrPages() > 0 && inRun(i):
+				continue
+			case present && e.GetNrPages() == 0:
+				if j < len(entries2) && proto.Equal(entries2[j], e) {
+					j++
+				}
+				continue
+			}
+			if j >= len(entries2) || !proto.Equal(entries2[j], e) {
+				t.Fatalf("entry %d, %v, is outside the runs %+v but not next in the rewritten pagemap", i, e, runs)
+			}
+			j++
+			if !present {
+				continue
+			}
+			if off+8 > int64(len(view)) || binary.LittleEndian.Uint64(view[off:]) != uint64(i+1) {
+				t.Fatalf("the rewritten pages file at %d does not hold entry %d's pages", off, i)
+			}
+			off += int64(e.GetNrPages()) * pageSize
+		}
+		if j != len(entries2) {
+			t.Fatalf("the rewritten pagemap has %d entries more than the image's outside the runs", len(entries2)-j)
+		}
+		if off != int64(len(view)) || uint64(off)+taken != total {
+			t.Fatalf("rewritten pages file: %d bytes, its pagemap lists %d; runs take %d of %d", len(view), off, taken, total)
+		}
+		if err := CheckPages(out); err != nil {
+			t.Fatalf("CheckPages refuses the rewritten view: %v", err)
+		}
+	})
+}
+
+// The names of the files in mem/ come from the image's manifest: savedRuns turns each into a
+// run of one of the image's processes, inside the address space, or refuses it; and every
+// name Save gives a range reads back as that range.
+func FuzzSavedRuns(f *testing.F) {
+	f.Add("42-7f0000000000.img", int64(16<<20), 42, uint64(0x7f0000000000))
+	f.Add("42-0.img", int64(0), 42, uint64(0))
+	f.Add("43-1000.img", int64(4096), 42, uint64(0x1000))
+	f.Add("42-ffffffffffffffff.img", int64(1), 42, uint64(math.MaxUint64))
+	f.Add("42-1000", int64(4096), 42, uint64(0x1000))
+	f.Add("+42-1000.img", int64(4096), 42, uint64(0x1000))
+	f.Add("42-0x1000.img", int64(4096), 42, uint64(0x1000))
+	f.Add("sub/42-1000.img", int64(4096), 42, uint64(0x1000))
+	f.Add("-1000.img", int64(4096), 42, uint64(0x1000))
+	f.Fuzz(func(t *testing.T, name string, size int64, pid int, start uint64) {
+		// image.Load refuses negative sizes and PIDs before a restore reads the files.
+		if size < 0 || pid <= 0 {
+			return
+		}
+		imageDir := "/img"
+		m := &image.Manifest{Processes: []image.Process{{PID: pid}}, Files: []image.File{{Path: MemDir + "/" + name, Size: size}}}
+		runs, err := savedRuns(imageDir, m)
+		if err != nil {
+			if !errors.Is(err, image.ErrCorrupt) {
+				t.Fatalf("savedRuns(%q) = %v, not an ErrCorrupt", name, err)
+			}
+		} else {
+			for _, r := range runs {
+				switch {
+				case r.pid != pid:
+					t.Fatalf("%q: a run of process %d, which is not in the image", name, r.pid)
+				case r.size != size || r.addr+uint64(r.size) < r.addr:
+					t.Fatalf("%q of %d bytes: run %+v", name, size, r)
+				case r.file != filepath.Join(imageDir, MemDir, name):
+					t.Fatalf("%q: run reads %s", name, r.file)
+				}
+				back, err := savedRuns(imageDir, &image.Manifest{Processes: m.Processes,
+					Files: []image.File{{Path: MemDir + "/" + rangeName(Range{PID: r.pid, Start: r.addr}), Size: size}}})
+				if err != nil || len(back) != 1 || back[0].pid != r.pid || back[0].addr != r.addr {
+					t.Fatalf("%q: the run's own name reads back as %+v, %v", name, back, err)
+				}
+			}
+		}
+
+		// The name Save gives the range (pid, start).
+		own := rangeName(Range{PID: pid, Start: start})
+		runs, err = savedRuns(imageDir, &image.Manifest{Processes: m.Processes, Files: []image.File{{Path: MemDir + "/" + own, Size: size}}})
+		fits := start+uint64(size) >= start
+		if fits != (err == nil) {
+			t.Fatalf("%s of %d bytes: savedRuns = %v", own, size, err)
+		}
+		if fits && (len(runs) != 1 || runs[0].pid != pid || runs[0].addr != start || runs[0].size != size) {
+			t.Fatalf("%s of %d bytes read back as %+v", own, size, runs)
+		}
+	})
+}
