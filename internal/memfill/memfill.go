@@ -476,6 +476,10 @@ func moveRemote(op vmOp, what string, pid int, addr uint64, data []byte) error {
 	return nil
 }
 
+// maxPagesFile bounds the pages a pagemap may list: beyond it no file exists, and a sum
+// that went on could wrap around to match a short pages file.
+const maxPagesFile = 1 << 62
+
 // CheckPages checks, before CRIU reads them, that each pages file in criuDir holds exactly
 // the pages its pagemap says are there: CRIU's restorer spins forever on a pages file
 // shorter than its pagemap, and an image whose manifest was rewritten to match a truncated
@@ -493,7 +497,11 @@ func CheckPages(criuDir string) error {
 		var want uint64
 		for _, e := range entries {
 			if e.GetFlags()&pePresent != 0 {
-				want += uint64(e.GetNrPages()) * pageSize
+				want += uint64(e.GetNrPages()) * pageSize // at most 2^44 a time: checked before it can wrap
+				if want > maxPagesFile {
+					return &image.CorruptError{Path: image.CRIUDir + "/" + filepath.Base(pm),
+						Reason: "lists more pages than any file holds: damaged, or crafted to pass this check"}
+				}
 			}
 		}
 		pages := filepath.Join(criuDir, fmt.Sprintf("pages-%d.img", head.GetPagesId()))

@@ -4,8 +4,9 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
-	"github.com/gpucr/gpucr/internal/proctree"
+	"math"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -23,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 func encode(t *testing.T, path, magic string, msgs ...proto.Message) {
@@ -396,4 +398,26 @@ func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
 		t.Fatalf("an unmapped range: Fill = %v", err)
 	}
 	unix.Munmap(mem)
+}
+
+// A pagemap listing so many pages that their byte count wraps around to exactly 2^64 —
+// and so matches an empty pages file — is refused, not summed: 2^20 entries of 2^32-1
+// pages and one of 2^20 pages make 2^64 bytes.
+func TestCheckPagesRefusesAWrappingSum(t *testing.T) {
+	dir := t.TempDir()
+	entries := make([]*pagemap.PagemapEntry, 1<<20, 1<<20+1)
+	for i := range entries {
+		entries[i] = entry(0, math.MaxUint32, pePresent)
+	}
+	entries = append(entries, entry(0, 1<<20, pePresent))
+	if err := writePagemap(filepath.Join(dir, "pagemap-1.img"), &pagemap.PagemapHead{PagesId: proto.Uint32(1)}, entries); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := CheckPages(dir)
+	if !errors.Is(err, image.ErrCorrupt) || !strings.Contains(err.Error(), "more pages than any file holds") {
+		t.Fatalf("CheckPages: %v", err)
+	}
 }
