@@ -25,9 +25,18 @@ while read -r pkg dir; do
 	names=$(sed -nE 's/^func (Fuzz[A-Za-z0-9_]*)\(f \*testing\.F\).*/\1/p' "${tests[@]}" | sort -u)
 	for name in $names; do
 		echo "fuzz: $pkg $name ($FUZZTIME)"
-		if ! "$GO" test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime "$FUZZMINIMIZETIME" "$pkg" </dev/null; then
-			failed+=("$pkg $name")
-		fi
+		# Go's fuzzer can end a run with "context deadline exceeded" when the time runs out
+		# while it minimizes a new input, with no failing input found: such a run is tried
+		# once more, and counts as failed only if it fails again or writes a failing input.
+		for try in 1 2; do
+			out=$("$GO" test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime "$FUZZMINIMIZETIME" "$pkg" </dev/null 2>&1) && { echo "$out" | tail -1; break; }
+			echo "$out"
+			if [ "$try" = 2 ] || ! grep -q "context deadline exceeded" <<<"$out" || grep -q "Failing input written" <<<"$out"; then
+				failed+=("$pkg $name")
+				break
+			fi
+			echo "fuzz: $name stopped at the deadline with no failing input; trying once more"
+		done
 	done
 done < <("$GO" list -f '{{.ImportPath}} {{.Dir}}' "${@:-./...}")
 
