@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"runtime/metrics"
 	"slices"
 	"strings"
 	"testing"
@@ -24,45 +23,9 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/stats"
 	"github.com/checkpoint-restore/go-criu/v7/magic"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/internal/fuzzcheck"
 )
-
-// allocated is how many heap bytes fn allocates. Large allocations are counted exactly,
-// small ones when their span is refilled, which may count what was allocated before fn:
-// checks allow allocSlack besides what the input explains. That is enough to catch an
-// allocation sized by a length field instead of by the input.
-func allocated(fn func()) uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	metrics.Read(s)
-	before := s[0].Value.Uint64()
-	fn()
-	metrics.Read(s)
-	return s[0].Value.Uint64() - before
-}
-
-const allocSlack = 32 << 20
-
-// imageBytes is what CRIU (and crit's encoder) writes for an image of msgs with magic.
-func imageBytes(t testing.TB, magicName string, msgs ...proto.Message) []byte {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "x.img")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img := &crit.CriuImage{Magic: magicName}
-	for _, m := range msgs {
-		img.Entries = append(img.Entries, &crit.CriuEntry{Message: m})
-	}
-	if err := crit.New(nil, f, "", false, false).Encode(img); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
 
 func owner() *fown.FownEntry {
 	return &fown.FownEntry{Uid: proto.Uint32(0), Euid: proto.Uint32(0), Signum: proto.Uint32(0), PidType: proto.Uint32(0), Pid: proto.Uint32(0)}
@@ -76,23 +39,23 @@ var imageFiles = []string{"pstree.img", "core-1.img", "pagemap-1.img", "ids-1.im
 // socket open, two runs of pages and a hole.
 func sampleImage(t testing.TB) [][]byte {
 	u32 := proto.Uint32
-	tree := imageBytes(t, "PSTREE", &pstree.PstreeEntry{Pid: u32(1), Ppid: u32(0), Pgid: u32(1), Sid: u32(1), Threads: []uint32{1, 2}})
-	core := imageBytes(t, "CORE", &criu_core.CoreEntry{
+	tree := fuzzcheck.Image(t, "PSTREE", &pstree.PstreeEntry{Pid: u32(1), Ppid: u32(0), Pgid: u32(1), Sid: u32(1), Threads: []uint32{1, 2}})
+	core := fuzzcheck.Image(t, "CORE", &criu_core.CoreEntry{
 		Mtype: criu_core.CoreEntry_X86_64.Enum(),
 		Tc: &criu_core.TaskCoreEntry{TaskState: u32(1), ExitCode: u32(0), Personality: u32(0), Flags: u32(0),
 			BlkSigset: proto.Uint64(0), Comm: proto.String("sleep")},
 	})
-	pm := imageBytes(t, "PAGEMAP", &pagemap.PagemapHead{PagesId: u32(1)},
+	pm := fuzzcheck.Image(t, "PAGEMAP", &pagemap.PagemapHead{PagesId: u32(1)},
 		&pagemap.PagemapEntry{Vaddr: proto.Uint64(0x400000), NrPages: u32(3), Flags: u32(4)},
 		&pagemap.PagemapEntry{Vaddr: proto.Uint64(0x7f0000000000), NrPages: u32(1), Flags: u32(1)},
 		&pagemap.PagemapEntry{Vaddr: proto.Uint64(0x7f0000400000), NrPages: u32(512), Flags: u32(4)})
-	ids := imageBytes(t, "IDS", &criu_core.TaskKobjIdsEntry{VmId: u32(1), FilesId: u32(1), FsId: u32(1), SighandId: u32(1)})
-	fds := imageBytes(t, "FDINFO",
+	ids := fuzzcheck.Image(t, "IDS", &criu_core.TaskKobjIdsEntry{VmId: u32(1), FilesId: u32(1), FsId: u32(1), SighandId: u32(1)})
+	fds := fuzzcheck.Image(t, "FDINFO",
 		&fdinfo.FdinfoEntry{Id: u32(1), Flags: u32(0), Type: fdinfo.FdTypes_REG.Enum(), Fd: u32(0)},
 		&fdinfo.FdinfoEntry{Id: u32(2), Flags: u32(0), Type: fdinfo.FdTypes_PIPE.Enum(), Fd: u32(1)},
 		&fdinfo.FdinfoEntry{Id: u32(3), Flags: u32(0), Type: fdinfo.FdTypes_UNIXSK.Enum(), Fd: u32(2)},
 		&fdinfo.FdinfoEntry{Id: u32(9), Flags: u32(0), Type: fdinfo.FdTypes_UND.Enum(), Fd: u32(3)})
-	files := imageBytes(t, "FILES",
+	files := fuzzcheck.Image(t, "FILES",
 		&fdinfo.FileEntry{Type: fdinfo.FdTypes_REG.Enum(), Id: u32(1), Reg: &regfile.RegFileEntry{
 			Id: u32(1), Flags: u32(0), Pos: proto.Uint64(0), Fown: owner(), Name: proto.String("/dev/null")}},
 		&fdinfo.FileEntry{Type: fdinfo.FdTypes_PIPE.Enum(), Id: u32(2), Pipe: &pipe.PipeEntry{
@@ -145,7 +108,7 @@ func FuzzRead(f *testing.F) {
 		}
 		var s *Summary
 		var err error
-		if n := allocated(func() { s, err = Read(dir) }); n > allocSlack+uint64(1024*size) {
+		if n := fuzzcheck.Allocated(func() { s, err = Read(dir) }); n > fuzzcheck.AllocSlack+uint64(1024*size) {
 			t.Fatalf("Read allocated %d bytes for %d bytes of images", n, size)
 		}
 		if err != nil {
@@ -237,7 +200,7 @@ func FuzzReadStats(f *testing.F) {
 		var d *DumpStats
 		var r *RestoreStats
 		var derr, rerr error
-		if n := allocated(func() { d, derr = ReadDumpStats(dir); r, rerr = ReadRestoreStats(dir) }); n > allocSlack+uint64(1024*len(data)) {
+		if n := fuzzcheck.Allocated(func() { d, derr = ReadDumpStats(dir); r, rerr = ReadRestoreStats(dir) }); n > fuzzcheck.AllocSlack+uint64(1024*len(data)) {
 			t.Fatalf("reading %d bytes of stats allocated %d bytes", len(data), n)
 		}
 		// CRIU counts in microseconds, in 32 bits.

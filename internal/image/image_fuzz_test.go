@@ -6,27 +6,12 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"runtime/metrics"
 	"slices"
 	"testing"
 
+	"github.com/gpucr/gpucr/internal/fuzzcheck"
 	"github.com/gpucr/gpucr/internal/gpu"
 )
-
-// allocated is how many heap bytes fn allocates. Large allocations are counted exactly,
-// small ones when their span is refilled, which may count what was allocated before fn:
-// checks allow allocSlack besides what the input explains. That is enough to catch an
-// allocation sized by a length field instead of by the input.
-func allocated(fn func()) uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	metrics.Read(s)
-	before := s[0].Value.Uint64()
-	fn()
-	metrics.Read(s)
-	return s[0].Value.Uint64() - before
-}
-
-const allocSlack = 32 << 20
 
 // Seal modes of FuzzLoad: how the seal beside the manifest relates to it.
 const (
@@ -144,7 +129,7 @@ func FuzzLoad(f *testing.F) {
 		writeManifest(t, dir, data, mode)
 		var m *Manifest
 		var err error
-		if n := allocated(func() { m, err = Load(dir) }); n > allocSlack+uint64(256*len(data)) {
+		if n := fuzzcheck.Allocated(func() { m, err = Load(dir) }); n > fuzzcheck.AllocSlack+uint64(256*len(data)) {
 			t.Fatalf("Load allocated %d bytes for a %d-byte manifest", n, len(data))
 		}
 		if err != nil {

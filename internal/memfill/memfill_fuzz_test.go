@@ -8,63 +8,24 @@ import (
 	"math/bits"
 	"os"
 	"path/filepath"
-	"runtime/metrics"
 	"slices"
 	"testing"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/internal/fuzzcheck"
 	"github.com/gpucr/gpucr/internal/image"
 )
-
-// allocated is how many heap bytes fn allocates. Large allocations are counted exactly,
-// small ones when their span is refilled, which may count what was allocated before fn:
-// checks allow allocSlack besides what the input explains. That is enough to catch an
-// allocation sized by a length field instead of by the input.
-func allocated(fn func()) uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	metrics.Read(s)
-	before := s[0].Value.Uint64()
-	fn()
-	metrics.Read(s)
-	return s[0].Value.Uint64() - before
-}
-
-const allocSlack = 32 << 20
-
-// critBytes is the image crit's encoder (and CRIU) writes for msgs with magic.
-func critBytes(t testing.TB, magic string, msgs ...proto.Message) []byte {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "x.img")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img := &crit.CriuImage{Magic: magic}
-	for _, m := range msgs {
-		img.Entries = append(img.Entries, &crit.CriuEntry{Message: m})
-	}
-	if err := crit.New(nil, f, "", false, false).Encode(img); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
 
 func pagemapBytes(t testing.TB, pagesID uint32, entries ...*pagemap.PagemapEntry) []byte {
 	msgs := []proto.Message{&pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}}
 	for _, e := range entries {
 		msgs = append(msgs, e)
 	}
-	return critBytes(t, "PAGEMAP", msgs...)
+	return fuzzcheck.Image(t, "PAGEMAP", msgs...)
 }
 
 func vmaEntry(start, end uint64, prot, status uint32) *vma.VmaEntry {
@@ -74,7 +35,7 @@ func vmaEntry(start, end uint64, prot, status uint32) *vma.VmaEntry {
 
 func mmBytes(t testing.TB, vmas ...*vma.VmaEntry) []byte {
 	zero := proto.Uint64(0)
-	return critBytes(t, "MM", &mm.MmEntry{
+	return fuzzcheck.Image(t, "MM", &mm.MmEntry{
 		MmStartCode: zero, MmEndCode: zero, MmStartData: zero, MmEndData: zero, MmStartStack: zero, MmStartBrk: zero,
 		MmBrk: zero, MmArgStart: zero, MmArgEnd: zero, MmEnvStart: zero, MmEnvEnd: zero, ExeFileId: proto.Uint32(1), Vmas: vmas})
 }
@@ -142,7 +103,7 @@ func FuzzReadPagemap(f *testing.F) {
 		var head *pagemap.PagemapHead
 		var entries []*pagemap.PagemapEntry
 		var err error
-		if n := allocated(func() { head, entries, err = readPagemap(path) }); n > allocSlack+uint64(512*len(data)) {
+		if n := fuzzcheck.Allocated(func() { head, entries, err = readPagemap(path) }); n > fuzzcheck.AllocSlack+uint64(512*len(data)) {
 			t.Fatalf("readPagemap allocated %d bytes for a %d-byte pagemap", n, len(data))
 		}
 		if err != nil {

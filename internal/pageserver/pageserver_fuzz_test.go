@@ -6,25 +6,11 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
-	"runtime/metrics"
 	"slices"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/fuzzcheck"
 )
-
-// allocated is how many heap bytes fn allocates. Large allocations are counted exactly,
-// small ones when their span is refilled, which may count what was allocated before fn:
-// checks allow allocSlack besides what the input explains. That is enough to catch an
-// allocation sized by a length field instead of by the input.
-func allocated(fn func()) uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	metrics.Read(s)
-	before := s[0].Value.Uint64()
-	fn()
-	metrics.Read(s)
-	return s[0].Value.Uint64() - before
-}
-
-const allocSlack = 32 << 20
 
 // streamConn is CRIU's end of a connection as a byte stream: serve reads the stream and
 // its answers are kept.
@@ -89,7 +75,7 @@ func FuzzServe(f *testing.F) {
 		s := &Server{dir: dir, sink: sink}
 		c := &streamConn{r: bytes.NewReader(stream)}
 		var err error
-		if n := allocated(func() { err = s.serve(c) }); n > allocSlack+uint64(16*len(stream)) {
+		if n := fuzzcheck.Allocated(func() { err = s.serve(c) }); n > fuzzcheck.AllocSlack+uint64(16*len(stream)) {
 			t.Fatalf("serve allocated %d bytes for a %d-byte stream", n, len(stream))
 		}
 		if len(s.pages) != len(sink.files) {

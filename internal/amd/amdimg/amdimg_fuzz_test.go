@@ -5,29 +5,14 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
-	"runtime/metrics"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/amd/kfd"
+	"github.com/gpucr/gpucr/internal/fuzzcheck"
 )
-
-// allocated is how many heap bytes fn allocates. Large allocations are counted exactly,
-// small ones when their span is refilled, which may count what was allocated before fn:
-// checks allow allocSlack besides what the input explains. That is enough to catch an
-// allocation sized by a length field instead of by the input.
-func allocated(fn func()) uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	metrics.Read(s)
-	before := s[0].Value.Uint64()
-	fn()
-	metrics.Read(s)
-	return s[0].Value.Uint64() - before
-}
-
-const allocSlack = 32 << 20
 
 // The plugin's images come with the checkpoint. Read refuses a file whose size header does
 // not match its length, or whose body is not the message; what it accepts, written again
@@ -64,7 +49,7 @@ func FuzzRead(f *testing.F) {
 		}
 		for _, m := range []proto.Message{&CriuKfd{}, &CriuRenderNode{}} {
 			var err error
-			if n := allocated(func() { err = Read(path, m) }); n > allocSlack+uint64(256*len(data)) {
+			if n := fuzzcheck.Allocated(func() { err = Read(path, m) }); n > fuzzcheck.AllocSlack+uint64(256*len(data)) {
 				t.Fatalf("Read allocated %d bytes for a %d-byte image", n, len(data))
 			}
 			if err != nil {

@@ -6,26 +6,12 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"runtime/metrics"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/fuzzcheck"
 )
-
-// allocated is how many heap bytes fn allocates. Large allocations are counted exactly,
-// small ones when their span is refilled, which may count what was allocated before fn:
-// checks allow allocSlack besides what the input explains. That is enough to catch an
-// allocation sized by a length field instead of by the input.
-func allocated(fn func()) uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	metrics.Read(s)
-	before := s[0].Value.Uint64()
-	fn()
-	metrics.Read(s)
-	return s[0].Value.Uint64() - before
-}
-
-const allocSlack = 32 << 20
 
 // renderMap writes p as a properties file, keys sorted.
 func renderMap(p map[string]uint64) []byte {
@@ -61,7 +47,7 @@ func FuzzReadProperties(f *testing.F) {
 		}
 		var p map[string]uint64
 		var err error
-		if n := allocated(func() { p, err = readProperties(file) }); n > allocSlack+uint64(64*len(data)) {
+		if n := fuzzcheck.Allocated(func() { p, err = readProperties(file) }); n > fuzzcheck.AllocSlack+uint64(64*len(data)) {
 			t.Fatalf("readProperties allocated %d bytes for %d bytes", n, len(data))
 		}
 		if err != nil {
@@ -129,7 +115,7 @@ func FuzzRead(f *testing.F) {
 		}
 		var nodes []Node
 		var err error
-		if n := allocated(func() { nodes, err = Read(root) }); n > allocSlack+uint64(64*size) {
+		if n := fuzzcheck.Allocated(func() { nodes, err = Read(root) }); n > fuzzcheck.AllocSlack+uint64(64*size) {
 			t.Fatalf("Read allocated %d bytes for %d bytes of properties", n, size)
 		}
 		if err != nil {

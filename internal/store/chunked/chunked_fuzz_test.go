@@ -11,7 +11,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"runtime/metrics"
 	"slices"
 	"testing"
 	"time"
@@ -20,24 +19,10 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/internal/fuzzcheck"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/store"
 )
-
-// allocated is how many heap bytes fn allocates. Large allocations are counted exactly,
-// small ones when their span is refilled, which may count what was allocated before fn:
-// checks allow allocSlack besides what the input explains. That is enough to catch an
-// allocation sized by a length field instead of by the input.
-func allocated(fn func()) uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
-	metrics.Read(s)
-	before := s[0].Value.Uint64()
-	fn()
-	metrics.Read(s)
-	return s[0].Value.Uint64() - before
-}
-
-const allocSlack = 32 << 20
 
 // oneObject is a store holding one object, in memory.
 type oneObject struct {
@@ -124,7 +109,7 @@ func FuzzLoad(f *testing.F) {
 		st := &oneObject{key: ManifestKey(prefix), data: data}
 		var m *Manifest
 		var err error
-		if n := allocated(func() { m, err = Load(ctx, st, prefix) }); n > allocSlack+uint64(256*len(data)) {
+		if n := fuzzcheck.Allocated(func() { m, err = Load(ctx, st, prefix) }); n > fuzzcheck.AllocSlack+uint64(256*len(data)) {
 			t.Fatalf("Load allocated %d bytes for a %d-byte manifest", n, len(data))
 		}
 		if err != nil {
@@ -172,25 +157,11 @@ func FuzzLoad(f *testing.F) {
 
 // pagemapBytes is the pagemap image CRIU writes for entries.
 func pagemapBytes(t testing.TB, pagesID uint32, entries ...*pagemap.PagemapEntry) []byte {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "pagemap.img")
-	f, err := os.Create(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	img := &crit.CriuImage{Magic: "PAGEMAP", Entries: []*crit.CriuEntry{{Message: &pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}}}}
+	msgs := []proto.Message{&pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}}
 	for _, e := range entries {
-		img.Entries = append(img.Entries, &crit.CriuEntry{Message: e})
+		msgs = append(msgs, e)
 	}
-	if err := crit.New(nil, f, "", false, false).Encode(img); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return fuzzcheck.Image(t, "PAGEMAP", msgs...)
 }
 
 func pmEntry(vaddr uint64, pages uint32, flags uint32) *pagemap.PagemapEntry {
@@ -258,7 +229,7 @@ func FuzzPageCuts(f *testing.F) {
 		}
 		files := []File{{Path: image.CRIUDir + "/pages-1.img", Size: size}, {Path: image.ManifestName, Size: 100}}
 		var cuts map[string][]int64
-		if n := allocated(func() { cuts = pageCuts(dir, files) }); n > allocSlack+uint64(512*len(data))+uint64(32*(size/ChunkSize+1)) {
+		if n := fuzzcheck.Allocated(func() { cuts = pageCuts(dir, files) }); n > fuzzcheck.AllocSlack+uint64(512*len(data))+uint64(32*(size/ChunkSize+1)) {
 			t.Fatalf("pageCuts allocated %d bytes for a %d-byte pagemap and a %d-byte pages file", n, len(data), size)
 		}
 		limit := max(size, 100)
