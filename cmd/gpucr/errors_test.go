@@ -159,6 +159,12 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 		{"no criu", []string{"checkpoint", pid, "-D", filepath.Join(t.TempDir(), "i"), "--criu", "/nonexistent/criu"}, exitNotReady, "criu not found"},
 		{"restore of nothing", []string{"restore", "-D", t.TempDir()}, exitFailed, "not a gpucr image"},
 		{"unknown check", []string{"restore", "-D", t.TempDir(), "--skip-check", "colour"}, exitUsage, "unknown check"},
+		{"unknown verb", []string{"chekpoint", pid}, exitUsage, "unknown command"},
+		{"unknown flag", []string{"checkpoint", pid, "--nope"}, exitUsage, "unknown flag"},
+		{"unknown shorthand", []string{"-t"}, exitUsage, "unknown shorthand"},
+		{"missing required flag", []string{"restore"}, exitUsage, "images-dir"},
+		{"missing argument", []string{"verify"}, exitUsage, "arg"},
+		{"too many arguments", []string{"verify", "a", "b"}, exitUsage, "arg"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

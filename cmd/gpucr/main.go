@@ -82,14 +82,46 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root.AddCommand(a.recoverCmd(), a.guardCmd(), a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd(),
 		a.criuActionCmd(), a.installRuncCmd(), a.pushCmd(), a.pullCmd(), a.lsCmd(), a.keygenCmd(), a.signCmd())
 
+	usageErrors(root)
 	if err := root.Execute(); err != nil {
 		if code, ok := jobExitCode(err); ok {
 			return code
 		}
 		fmt.Fprintf(stderr, "gpucr: %s\n", oneLine(err))
+		if isCobraUsage(err) {
+			return exitUsage
+		}
 		return exitCode(err)
 	}
 	return 0
+}
+
+// usageErrors makes cobra's own refusals of a command line — an unknown flag or verb, a
+// wrong number of arguments, a required flag missing — exit 2, as README promises for a
+// bad request; cobra returns them as plain errors.
+func usageErrors(root *cobra.Command) {
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if args := c.Args; args != nil {
+			c.Args = func(c *cobra.Command, a []string) error {
+				if err := args(c, a); err != nil {
+					return usageError{err}
+				}
+				return nil
+			}
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(root)
+}
+
+// isCobraUsage recognizes the two refusals cobra makes without a hook to type them.
+func isCobraUsage(err error) bool {
+	msg := err.Error()
+	return strings.HasPrefix(msg, "unknown command ") || strings.HasPrefix(msg, "required flag(s) ")
 }
 
 // engine finds CRIU and the GPU backends that work on this host.
