@@ -27,15 +27,15 @@ while read -r pkg dir; do
 		echo "fuzz: $pkg $name ($FUZZTIME)"
 		# Go's fuzzer can end a run with "context deadline exceeded" when the time runs out
 		# while it minimizes a new input, with no failing input found: such a run is tried
-		# once more, and counts as failed only if it fails again or writes a failing input.
-		for try in 1 2; do
+		# again (twice at most), and counts as failed only if it keeps failing or writes a failing input.
+		for try in 1 2 3; do
 			out=$("$GO" test -run '^$' -fuzz "^${name}\$" -fuzztime "$FUZZTIME" -fuzzminimizetime "$FUZZMINIMIZETIME" "$pkg" </dev/null 2>&1) && { echo "$out" | tail -1; break; }
 			echo "$out"
-			if [ "$try" = 2 ] || ! grep -q "context deadline exceeded" <<<"$out" || grep -q "Failing input written" <<<"$out"; then
+			if [ "$try" = 3 ] || ! grep -q "context deadline exceeded" <<<"$out" || grep -q "Failing input written" <<<"$out"; then
 				failed+=("$pkg $name")
 				break
 			fi
-			echo "fuzz: $name stopped at the deadline with no failing input; trying once more"
+			echo "fuzz: $name stopped at the deadline with no failing input; trying again"
 		done
 	done
 done < <("$GO" list -f '{{.ImportPath}} {{.Dir}}' "${@:-./...}")
