@@ -223,13 +223,20 @@ func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *r
 
 	c := gocriu.MakeCriu()
 	c.SetCriuPath(d.Path)
+	// CRIU is looked for only where it may be killed: a dump's context is never cancelled.
 	var swrk int
+	cancellable := ctx.Done() != nil
 	err = interrupt.StartImmune(withEnv(env, func() error {
-		before := children()
+		var before map[int]bool
+		if cancellable {
+			before = children()
+		}
 		if err := c.Prepare(); err != nil {
 			return err
 		}
-		swrk = d.newSwrk(before)
+		if cancellable {
+			swrk = d.newSwrk(before)
+		}
 		return nil
 	}))
 	if err != nil {
