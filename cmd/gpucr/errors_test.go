@@ -112,7 +112,7 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			count := w.read(t, "count")
 			for _, verb := range [][]string{{"verify", dir}, {"restore", "-D", dir}} {
 				out, code := gpucr(t, verb...)
-				if code == 0 || !strings.Contains(out, c.want) || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+				if code == 0 || !oneLineWith(out, c.want) {
 					t.Errorf("gpucr %s: exit %d, want one line naming %q:\n%s", verb[0], code, c.want, out)
 				}
 			}
@@ -169,7 +169,7 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			out, code := gpucr(t, c.args...)
-			if code != c.code || !strings.Contains(out, c.want) || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+			if code != c.code || !oneLineWith(out, c.want) {
 				t.Errorf("exit %d, want %d with one line containing %q:\n%s", code, c.code, c.want, out)
 			}
 		})
@@ -248,8 +248,7 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, code := gpucr(t, "restore", "-D", dir)
-	if code != 1 || !strings.Contains(out, "a file the image needs is missing on this host: "+prog) ||
-		strings.Count(strings.TrimSpace(out), "\n") > 0 {
+	if code != 1 || !oneLineWith(out, "a file the image needs is missing on this host: "+prog) {
 		t.Fatalf("restore without %s: exit %d:\n%s", prog, code, out)
 	}
 	if alive(w.pid) {
@@ -272,7 +271,7 @@ func TestCheckpointOntoAFullDisk(t *testing.T) {
 		t.Run(strconv.Itoa(size>>10)+"KiB", func(t *testing.T) {
 			disk := smallTmp(t, size)
 			out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(disk, "img"))
-			if code != exitFailed || !strings.Contains(out, "disk for the image is full") || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+			if code != exitFailed || !oneLineWith(out, "disk for the image is full") {
 				t.Errorf("exit %d, want %d with one line saying the disk is full:\n%s", code, exitFailed, out)
 			}
 			if entries, _ := os.ReadDir(disk); len(entries) != 0 {

@@ -49,7 +49,7 @@ func TestCraftedImagesAreRefused(t *testing.T) {
 			dir := imagetest.Recommit(t, good, func(staged string) { tc.change(t, staged) })
 			mustGpucr(t, "verify", dir) // sealed again: the seal alone cannot tell
 			out, code := gpucr(t, "restore", "-D", dir)
-			if code == 0 || !strings.Contains(out, tc.want) || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+			if code == 0 || !oneLineWith(out, tc.want) {
 				t.Fatalf("restore: exit %d, want one line naming %q:\n%s", code, tc.want, out)
 			}
 			if alive(w.pid) {
@@ -136,7 +136,7 @@ func TestInterruptedRestoreOfAHungCRIU(t *testing.T) {
 				cmd.Process.Kill()
 				t.Fatalf("gpucr did not end within 30 s of SIGTERM:\n%s", out.String())
 			}
-			if err == nil || strings.Count(strings.TrimSpace(out.String()), "\n") > 0 || !strings.Contains(out.String(), "CRIU was stopped") {
+			if err == nil || !oneLineWith(out.String(), "CRIU was stopped") {
 				t.Fatalf("restore: %v, want one line saying CRIU was stopped:\n%s", err, out.String())
 			}
 			if p, err := proctree.Read(criu); err == nil && !p.Zombie {
@@ -199,7 +199,7 @@ func TestTamperedStoreManifestIsRefused(t *testing.T) {
 		"restore --from": {"restore", "--from", loc, "-D", filepath.Join(t.TempDir(), "pulled")},
 	} {
 		out, code := gpucr(t, args...)
-		if code == 0 || !strings.Contains(out, "not listed in the manifest") || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+		if code == 0 || !oneLineWith(out, "not listed in the manifest") {
 			t.Fatalf("%s: exit %d, want one line naming the unlisted file:\n%s", name, code, out)
 		}
 		if dest := args[len(args)-1]; name == "pull" {

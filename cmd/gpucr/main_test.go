@@ -214,3 +214,8 @@ func reap() {
 		}
 	}
 }
+
+// oneLineWith reports whether gpucr's output is the one line a refusal must be, naming want.
+func oneLineWith(out, want string) bool {
+	return strings.Contains(out, want) && !strings.Contains(strings.TrimSpace(out), "\n")
+}

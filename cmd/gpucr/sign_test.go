@@ -59,7 +59,7 @@ func TestSignedImages(t *testing.T) {
 	refused := func(what, want string, args ...string) {
 		t.Helper()
 		out, code := gpucr(t, args...)
-		if code != exitFailed || !strings.Contains(out, want) || strings.Count(strings.TrimSpace(out), "\n") > 0 {
+		if code != exitFailed || !oneLineWith(out, want) {
 			t.Fatalf("%s: exit %d, want one line naming %q:\n%s", what, code, want, out)
 		}
 		if alive(w.pid) {
