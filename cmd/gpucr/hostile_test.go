@@ -15,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/store/chunked"
+	"golang.org/x/sys/unix"
 )
 
 // Images changed after their checkpoint and sealed again, as whoever can write an image (an
@@ -154,6 +155,102 @@ func TestInterruptedRestoreOfAHungCRIU(t *testing.T) {
 	if v := w.verify(t, w.pid); v != "ok" {
 		t.Fatalf("memory after the restore: %s", v)
 	}
+}
+
+// A CRIU that hangs inside runc's restore of a container, before the tasks exist or after,
+// goes with the restore: on SIGTERM gpucr stops runc and its CRIU and ends with one line; on
+// SIGKILL the guardian does. Either way no CRIU, action script or restored task is left, the
+// container is gone and the image restores afterwards.
+func TestInterruptedContainerRestoreOfAHungCRIU(t *testing.T) {
+	_, realCRIU := needRunc(t)
+	tmp := t.TempDir()
+	hang := filepath.Join(tmp, "hang.sh")
+	write(t, hang, []byte("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = \"$HANG_AT\" ] || exit 0\necho $$ > \"$CRIU_PID.script\"\necho $PPID > \"$CRIU_PID\"\nexec sleep 1000\n"))
+	// CRIU as runc starts it, with the hang script added to the configuration gpucr gives it.
+	wrapper := filepath.Join(tmp, "criu")
+	write(t, wrapper, []byte(fmt.Sprintf("#!/bin/sh\nif [ -n \"$CRIU_CONFIG_FILE\" ] && [ -n \"$HANG_AT\" ]; then\n"+
+		"  c=%s/conf.$$\n  { cat \"$CRIU_CONFIG_FILE\"; echo 'action-script %s'; } > $c\n  export CRIU_CONFIG_FILE=$c\nfi\nexec %s \"$@\"\n",
+		tmp, hang, realCRIU)))
+	for _, f := range []string{hang, wrapper} {
+		if err := os.Chmod(f, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, at := range []string{"pre-restore", "post-restore"} {
+		for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+			name := at + "-" + strings.ToLower(unix.SignalName(sig))
+			t.Run(name, func(t *testing.T) {
+				host := newCrashHost(t)
+				runc, bundle, id, _ := counterContainer(t, name, "-mib", "8")
+				dir := filepath.Join(t.TempDir(), "img")
+				mustGpucr(t, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
+				frozen := count(t, bundle)
+				criuPID := filepath.Join(tmp, name+".pid")
+				cmd := exec.Command(bin.gpucr, append([]string{"restore", "--container", id, "-D", dir, "--criu", wrapper}, host.flags()...)...)
+				cmd.Env = append(os.Environ(), "HANG_AT="+at, "CRIU_PID="+criuPID)
+				var out strings.Builder
+				cmd.Stdout, cmd.Stderr = &out, &out
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				criu, script := waitPIDFile(t, criuPID), waitPIDFile(t, criuPID+".script")
+				t.Cleanup(func() { killAndReap(script); killAndReap(criu) })
+				if err := cmd.Process.Signal(sig); err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- cmd.Wait() }()
+				var err error
+				select {
+				case err = <-done:
+				case <-time.After(30 * time.Second):
+					cmd.Process.Kill()
+					t.Fatalf("gpucr did not end within 30 s of %v:\n%s", sig, out.String())
+				}
+				if sig == syscall.SIGKILL {
+					host.checkClean(t)
+				} else if err == nil || !oneLineWith(out.String(), "runc and its CRIU were stopped") {
+					t.Fatalf("restore: %v, want one line saying runc and CRIU were stopped:\n%s", err, out.String())
+				}
+				for _, pid := range []int{criu, script} {
+					if waitExited(pid, 5*time.Second) != nil {
+						t.Errorf("process %d of the hung restore still runs after it ended", pid)
+					}
+				}
+				if !gone(runc, id) {
+					t.Errorf("container %s is left after the interrupted restore", id)
+				}
+				if pids := inRoot(filepath.Join(bundle, "rootfs")); len(pids) > 0 {
+					t.Errorf("processes %v still run in the container's root", pids)
+				}
+				mustGpucr(t, "verify", dir)
+				mustGpucr(t, append([]string{"restore", "--container", id, "-D", dir}, host.flags()...)...)
+				checkCountsOn(t, bundle, frozen)
+			})
+		}
+	}
+}
+
+// waitExited waits until pid has exited (a zombie counts), or fails after limit.
+func waitExited(pid int, limit time.Duration) error {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if p, err := proctree.Read(pid); err != nil || p.Zombie {
+			return nil
+		}
+	}
+	return fmt.Errorf("process %d still runs", pid)
+}
+
+// inRoot lists the processes whose root directory is root.
+func inRoot(root string) []int {
+	all, _ := proctree.All()
+	var pids []int
+	for _, p := range all {
+		if r, err := os.Readlink(fmt.Sprintf("/proc/%d/root", p.PID)); err == nil && r == root {
+			pids = append(pids, p.PID)
+		}
+	}
+	return pids
 }
 
 // waitPIDFile waits for a PID written to path.

@@ -77,7 +77,9 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	}
 	err = ri.c.Runc.Restore(ctx, ri.id, ri.bundle, s.ImagesDir, s.WorkDir, s.Flags, env)
 	if err != nil {
-		if why := hookFailure(s.WorkDir); why != "" {
+		if ctx.Err() != nil {
+			err = errors.New("restore interrupted: runc and its CRIU were stopped")
+		} else if why := hookFailure(s.WorkDir); why != "" {
 			err = fmt.Errorf("%w: %s", err, why) // runc only says that CRIU's script failed
 		}
 		return nil, ri.Remove(context.WithoutCancel(ctx), err)
@@ -104,10 +106,11 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 
 // Remove deletes the half-restored container after cause.
 func (ri *runcImage) Remove(ctx context.Context, cause error) error {
-	if _, err := ri.c.Runc.State(ctx, ri.id); err != nil {
+	c := &txn.Container{ID: ri.id, Runtime: ri.c.Runc.Command(), StateDir: ri.c.Runc.StateDir(ri.id)}
+	if _, err := os.Stat(c.StateDir); err != nil {
 		return cause // runc created nothing
 	}
-	if err := ri.c.Runc.Delete(ctx, ri.id); err != nil {
+	if err := engine.RemoveContainer(ctx, c); err != nil {
 		return fmt.Errorf("%w; removing the restored container %s also failed: %v", cause, ri.id, err)
 	}
 	return fmt.Errorf("%w; the restored container %s was removed, the image is unchanged", cause, ri.id)

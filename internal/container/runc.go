@@ -19,6 +19,7 @@ import (
 	"syscall"
 
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // SkipEnv, in CRIU's environment, tells gpucr's CRIU action script that gpucr itself moves
@@ -171,6 +172,12 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...str
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
+		// An interrupted restore kills what runc started too: runc gives its CRIU no
+		// death signal, and a CRIU hung in its restore would outlive runc.
+		cmd.Cancel = func() error {
+			killTree(cmd.Process.Pid)
+			return nil
+		}
 	}
 	var out bytes.Buffer
 	if args[0] == "state" {
@@ -180,6 +187,17 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...str
 		return nil, fmt.Errorf("runc %s: %s", args[0], runcError(logf, err))
 	}
 	return out.Bytes(), nil
+}
+
+// killTree kills root and every process below it, the deepest first.
+func killTree(root int) {
+	tree, err := proctree.Tree(root)
+	if err != nil {
+		return // runc has exited
+	}
+	for i := len(tree) - 1; i >= 0; i-- {
+		_ = syscall.Kill(tree[i].PID, syscall.SIGKILL)
+	}
 }
 
 // runcError is the last error runc logged, or how it exited when it logged none.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"slices"
@@ -36,6 +37,11 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 	log := e.Logger().With("txn", rec.ID, "op", rec.Op, "target", rec.Target, "phase", rec.Phase)
 	log.Warn("gpucr died during this operation: rolling it back")
 	start := time.Now()
+	if rec.Op == txn.OpRestore && !rec.Committed {
+		// A CRIU that hangs would hold the tasks until it gets a word from the dead gpucr:
+		// whatever still works in the restore's directories goes first.
+		killHolders(log, rec.Paths)
+	}
 	waitUntraced(rec.Tree, criuLetGoWait)
 	log.Info("CRIU has let go of the tree", "waited", time.Since(start))
 	var errs []error
@@ -55,7 +61,7 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 		remove := func() error {
 			killCreated(rec.Tree, rec.Owner.Start)
 			if rec.Container != nil {
-				return removeContainer(ctx, rec.Container)
+				return RemoveContainer(ctx, rec.Container)
 			}
 			return nil
 		}
@@ -185,6 +191,25 @@ func waitUntraced(tree []txn.Proc, limit time.Duration) {
 	}
 }
 
+// killHolders kills the processes (CRIU, its action scripts) that hold a descriptor in
+// one of a dead restore's directories.
+func killHolders(log *slog.Logger, dirs []string) {
+	var pids []int
+	for _, d := range dirs {
+		held, err := proctree.Holding(d)
+		if err != nil {
+			log.Warn("cannot look for processes left in the restore's directories", "err", err)
+			return
+		}
+		pids = append(pids, held...)
+	}
+	for _, pid := range pids {
+		log.Warn("killing a process the restore left running", "pid", pid)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	waitExited(pids, 5*time.Second)
+}
+
 // killCreated kills the processes a restore created: those at the image's PIDs (tree) that
 // started no earlier than the restoring gpucr (since, its start time), children first. A
 // process that took one of the PIDs before CRIU could is not the restore's, and lives.
@@ -216,10 +241,10 @@ func runRuntime(ctx context.Context, c *txn.Container, args ...string) ([]byte, 
 	return exec.CommandContext(ctx, c.Runtime[0], append(slices.Clone(c.Runtime[1:]), args...)...).CombinedOutput()
 }
 
-// removeContainer deletes a container a restore created. The runtime that created it died
-// with gpucr, and CRIU, its child, may still be winding down: deletion is retried until the
-// runtime no longer knows the container.
-func removeContainer(ctx context.Context, c *txn.Container) error {
+// RemoveContainer deletes a container a restore created, whole or half-made. The runtime
+// that created it may have been killed, and CRIU, its child, may still be winding down:
+// deletion is retried until the runtime no longer knows the container.
+func RemoveContainer(ctx context.Context, c *txn.Container) error {
 	if len(c.Runtime) == 0 {
 		return fmt.Errorf("container %s may be left: no runtime recorded", c.ID)
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -158,6 +159,26 @@ func OpenFiles(procRoot string, pid int) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// Holding returns the processes other than gpucr itself with a descriptor open on dir or
+// anything beneath it.
+func Holding(dir string) ([]int, error) {
+	all, err := scan()
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, p := range all {
+		if p.PID == os.Getpid() {
+			continue
+		}
+		files, _ := OpenFiles("/proc", p.PID)
+		if slices.ContainsFunc(files, func(f string) bool { return f == dir || strings.HasPrefix(f, dir+"/") }) {
+			pids = append(pids, p.PID)
+		}
+	}
+	return pids, nil
 }
 
 // Tracer returns the PID of the process tracing pid (CRIU, while it freezes or restores
