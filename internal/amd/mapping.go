@@ -19,7 +19,9 @@ import (
 // The search is a backtracking one over image GPUs in gpu_id order, trying the host GPU
 // with the same gpu_id first and then host GPUs in gpu_id order, so the answer is the
 // first valid assignment in that order and the same on every run. When none exists, the
-// error names the first check that refused the deepest partial assignment reached.
+// error names the first check that refused the deepest partial assignment reached. A
+// topology read from an image may be built to make the search exponential: it gives up
+// after maxTries placements tried.
 func Map(image, host []kfd.Node, skips Skips) (map[uint32]uint32, error) {
 	s := &search{img: newSide(image), host: newSide(host), skips: skips}
 	for _, side := range []struct {
@@ -38,6 +40,9 @@ func Map(image, host []kfd.Node, skips Skips) (map[uint32]uint32, error) {
 	s.assign = make([]int, len(s.img.gpus))
 	s.used = make([]bool, len(s.host.gpus))
 	if !s.place(0) {
+		if s.tries > maxTries {
+			return nil, fmt.Errorf("%w: no placement of the image's %d GPUs on this host's %d found in %d tries", ErrIncompatible, len(s.img.gpus), len(s.host.gpus), maxTries)
+		}
 		return nil, s.failure()
 	}
 	out := make(map[uint32]uint32, len(s.assign))
@@ -70,6 +75,10 @@ func xgmiLinked(from, to kfd.Node) bool {
 	return slices.ContainsFunc(from.IOLinks, func(l kfd.IOLink) bool { return l.Type == kfd.LinkXGMI && l.NodeTo == to.ID })
 }
 
+// maxTries bounds the placements Map tries: far more than any real topology needs (8
+// GPUs of one hive onto 8 take 8), a fraction of a second of work.
+const maxTries = 1 << 18
+
 type search struct {
 	img, host side
 	skips     Skips
@@ -78,6 +87,7 @@ type search struct {
 	best      []int  // the deepest partial assignment reached, first found
 	reached   bool   // whether best is set
 	blocked   error  // the first refusal met extending best
+	tries     int    // placements tried so far
 }
 
 func (s *search) place(i int) bool {
@@ -92,6 +102,9 @@ func (s *search) place(i int) bool {
 	for _, h := range s.candidates(i) {
 		if s.used[h] {
 			continue
+		}
+		if s.tries++; s.tries > maxTries {
+			return false
 		}
 		if err := s.fits(i, h); err != nil {
 			if owner && len(s.best) == i && s.blocked == nil {
@@ -135,15 +148,17 @@ func (s *search) fits(i, h int) error {
 	}
 	for j, hb := range s.assign[:i] {
 		b, hbn := s.img.gpus[j], s.host.gpus[hb]
-		pair := fmt.Sprintf("image GPUs %d and %d on host GPUs %d and %d", a.GPUID, b.GPUID, ha.GPUID, hbn.GPUID)
+		pair := func() string {
+			return fmt.Sprintf("image GPUs %d and %d on host GPUs %d and %d", a.GPUID, b.GPUID, ha.GPUID, hbn.GPUID)
+		}
 		if s.img.peer[i][j] != s.host.peer[h][hb] {
-			return incompatible(checkLinks, pair, "link kind must be kept", linkKind(s.img.peer[i][j]), linkKind(s.host.peer[h][hb]))
+			return incompatible(checkLinks, pair(), "link kind must be kept", linkKind(s.img.peer[i][j]), linkKind(s.host.peer[h][hb]))
 		}
 		if s.skips[CheckNUMA] || a.NUMANode < 0 || b.NUMANode < 0 || ha.NUMANode < 0 || hbn.NUMANode < 0 {
 			continue
 		}
 		if (a.NUMANode == b.NUMANode) != (ha.NUMANode == hbn.NUMANode) {
-			return incompatible(CheckNUMA, pair, "CPU NUMA grouping must be kept", numaPair(a, b), numaPair(ha, hbn))
+			return incompatible(CheckNUMA, pair(), "CPU NUMA grouping must be kept", numaPair(a, b), numaPair(ha, hbn))
 		}
 	}
 	return nil

@@ -119,6 +119,25 @@ func TestMapDuplicateGPUID(t *testing.T) {
 	}
 }
 
+// A topology built so that no placement exists and every partial one looks fine (16 xGMI
+// peers onto 15 peers and a loner) would take 15! tries: Map gives up, refusing the image.
+func TestMapGivesUpOnAnExponentialSearch(t *testing.T) {
+	var image, host []kfd.Node
+	for i := range uint32(16) {
+		g := mi100(100 + i)
+		g.ID, g.HiveID = 2+i, 7
+		image = append(image, g)
+		if i == 15 {
+			g.HiveID = 0
+		}
+		host = append(host, g)
+	}
+	_, err := Map(image, host, nil)
+	if !errors.Is(err, ErrIncompatible) || !strings.Contains(err.Error(), "tries") {
+		t.Fatalf("Map = %v, want a refusal saying the search gave up", err)
+	}
+}
+
 // randomTopology builds n GPUs with gpu_ids from a small pool (so image and host share
 // some), properties from small ranges, NUMA nodes 0/1, hives and direct xGMI links.
 func randomTopology(r *rand.Rand, n int) []kfd.Node {

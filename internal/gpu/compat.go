@@ -208,15 +208,23 @@ func ParseGPUMap(spec string, image, host Host) (map[string]string, error) {
 	return out, nil
 }
 
-// findDevice finds the device of h that ref names by index or UUID.
+// findDevice finds the device of h that ref names by index or UUID. A ref that is the
+// UUID of one device and the index of another (an image may carry any UUID) is refused.
 func findDevice(h Host, ref string) (Device, error) {
 	ref = strings.TrimSpace(ref)
+	var found []Device
 	for _, d := range h.Devices {
 		if d.UUID == ref || strconv.Itoa(d.Index) == ref {
-			return d, nil
+			found = append(found, d)
 		}
 	}
-	return Device{}, fmt.Errorf("no GPU %q", ref)
+	switch len(found) {
+	case 0:
+		return Device{}, fmt.Errorf("no GPU %q", ref)
+	case 1:
+		return found[0], nil
+	}
+	return Device{}, fmt.Errorf("two GPUs named %q (the index of one, the UUID of another): name it by the other form", ref)
 }
 
 // PlanMapping decides which host GPU takes each image GPU. GPUs the image's processes used

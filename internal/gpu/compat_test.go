@@ -174,6 +174,19 @@ func TestParseGPUMap(t *testing.T) {
 	}
 }
 
+// A crafted image may give a GPU a UUID that is another GPU's index: the ref is refused
+// as ambiguous instead of taking whichever comes first.
+func TestParseGPUMapRefusesAnAmbiguousRef(t *testing.T) {
+	img := host(h100(0, "1", 0), h100(1, "GPU-b", 0))
+	here := host(h100(0, "GPU-x", 0), h100(1, "GPU-y", 0))
+	if _, err := ParseGPUMap("1=0", img, here); err == nil || !strings.Contains(err.Error(), `the image has two GPUs named "1"`) {
+		t.Fatalf("ParseGPUMap(1=0) err = %v, want the ref refused as naming two GPUs", err)
+	}
+	if got, err := ParseGPUMap("GPU-b=0", img, here); err != nil || got["GPU-b"] != "GPU-x" {
+		t.Fatalf("ParseGPUMap(GPU-b=0) = %v, %v", got, err)
+	}
+}
+
 func TestPlanMapping(t *testing.T) {
 	a, b := h100(0, "GPU-a", 0), h100(1, "GPU-b", 0)
 	x, y, z := h100(0, "GPU-x", 0), h100(1, "GPU-y", 0), h100(2, "GPU-z", 1)

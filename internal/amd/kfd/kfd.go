@@ -6,6 +6,7 @@ package kfd
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -213,8 +214,11 @@ func (n *Node) setFields(file string) error {
 	}
 	n.HiveID = n.Properties["hive_id"]
 	for _, key := range []string{"numa_node", "numa"} {
+		// sysfs prints the kernel's -1 (no node) as 2^64-1; no value past an int32 is a node.
 		if v, ok := n.Properties[key]; ok {
-			n.NUMANode = int(v)
+			if v <= math.MaxInt32 {
+				n.NUMANode = int(v)
+			}
 			break
 		}
 	}

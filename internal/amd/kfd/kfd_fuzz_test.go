@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -81,6 +82,9 @@ func FuzzRead(f *testing.F) {
 	f.Add([]byte("53820"), []byte("numa 18446744073709551615\n"), []byte("type 11\nnode_from 1\nnode_to 0\n"),
 		[]byte("size_in_bytes 18446744073709551615\n"), []byte("level 4294967297\n"))
 	f.Add([]byte("-1"), []byte{}, []byte{}, []byte{}, []byte{})
+	for _, numa := range []string{"2147483648", "9223372036854775808"} {
+		f.Add([]byte("53820"), []byte("numa_node "+numa+"\nnuma 1\n"), render(gpu.links[0]), []byte{}, []byte{})
+	}
 	root := f.TempDir()
 	node0 := filepath.Join(root, "nodes", "0")
 	node1 := filepath.Join(root, "nodes", "1")
@@ -151,11 +155,11 @@ func FuzzRead(f *testing.F) {
 			if !set {
 				numa, set = n.Properties["numa"]
 			}
-			// A value that is negative as an int (sysfs prints -1 as 2^64-1) is no NUMA node:
-			// the io_links decide, as they do without the property, and a negative NUMANode
-			// is unknown to every reader.
+			// A value past an int32 (sysfs prints -1 as 2^64-1) is no NUMA node: the io_links
+			// decide, as they do without the property, and a negative NUMANode is unknown to
+			// every reader.
 			switch {
-			case set && int(numa) >= 0:
+			case set && numa <= math.MaxInt32:
 				if n.NUMANode != int(numa) {
 					t.Fatalf("node %d: NUMA node %d, its property %d", n.ID, n.NUMANode, numa)
 				}
