@@ -144,7 +144,7 @@ func (d *Dir) List(_ context.Context, dir string) ([]Entry, error) {
 			if err != nil {
 				continue // removed since ReadDir
 			}
-			out = append(out, Entry{Key: key, Size: fi.Size()})
+			out = append(out, Entry{Key: key, Size: fi.Size(), Modified: fi.ModTime()})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })

@@ -161,7 +161,23 @@ func (s *S3) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		obj.Close()
 		return nil, s.wrap("read", key, err)
 	}
-	return obj, nil
+	return &s3Object{Object: obj, s: s, key: key}, nil
+}
+
+// s3Object reports its read errors as every other call does: an object deleted after Get
+// found it reads as ErrNotFound.
+type s3Object struct {
+	*minio.Object
+	s   *S3
+	key string
+}
+
+func (o *s3Object) Read(b []byte) (int, error) {
+	n, err := o.Object.Read(b)
+	if err != nil && err != io.EOF {
+		err = o.s.wrap("read", o.key, err)
+	}
+	return n, err
 }
 
 func (s *S3) Stat(ctx context.Context, key string) (int64, error) {
@@ -191,7 +207,7 @@ func (s *S3) List(ctx context.Context, dir string) ([]Entry, error) {
 		if strings.HasSuffix(obj.Key, "/") {
 			out = append(out, Entry{Key: strings.TrimSuffix(obj.Key, "/"), Dir: true})
 		} else {
-			out = append(out, Entry{Key: obj.Key, Size: obj.Size})
+			out = append(out, Entry{Key: obj.Key, Size: obj.Size, Modified: obj.LastModified})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })

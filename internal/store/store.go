@@ -10,6 +10,7 @@ import (
 	"io"
 	"path"
 	"strings"
+	"time"
 )
 
 // Errors callers act on; every backend returns them wrapped with the key.
@@ -46,6 +47,9 @@ type Entry struct {
 	Key  string // full key; a directory's has no trailing slash
 	Dir  bool
 	Size int64
+	// Modified is when the object was last written, by the store's clock; zero for a
+	// directory.
+	Modified time.Time
 }
 
 // Name is the entry's last key element.

@@ -21,6 +21,7 @@ import (
 // testStore runs the same contract against every backend.
 func testStore(t *testing.T, st store.Store) {
 	ctx := context.Background()
+	start := time.Now()
 	put := func(key, content string) {
 		t.Helper()
 		if err := st.Put(ctx, key, strings.NewReader(content), int64(len(content))); err != nil {
@@ -63,11 +64,12 @@ func testStore(t *testing.T, st store.Store) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	got = written(t, got, start)
 	want := []store.Entry{{Key: "a/b", Dir: true}, {Key: "a/top"}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("List(a) = %+v, want %+v", got, want)
 	}
-	if got, err := st.List(ctx, "a/b"); err != nil || len(got) != 2 || got[0] != (store.Entry{Key: "a/b/c", Dir: true}) ||
+	if got, err := st.List(ctx, "a/b"); err != nil || len(got) != 2 || written(t, got, start)[0] != (store.Entry{Key: "a/b/c", Dir: true}) ||
 		got[1] != (store.Entry{Key: "a/b/one", Size: 8}) {
 		t.Errorf("List(a/b) = %+v, %v", got, err)
 	}
@@ -114,6 +116,19 @@ func testStore(t *testing.T, st store.Store) {
 }
 
 type errReader struct{}
+
+// written checks that each object listed was modified since start (a minute's slack for
+// the store's clock) and clears the times, for comparison.
+func written(t *testing.T, es []store.Entry, start time.Time) []store.Entry {
+	t.Helper()
+	for i := range es {
+		if !es[i].Dir && (es[i].Modified.Before(start.Add(-time.Minute)) || es[i].Modified.After(time.Now().Add(time.Minute))) {
+			t.Errorf("%s: modified %v, written since %v", es[i].Key, es[i].Modified, start)
+		}
+		es[i].Modified = time.Time{}
+	}
+	return es
+}
 
 func (errReader) Read([]byte) (int, error) { return 0, errors.New("disk on fire") }
 

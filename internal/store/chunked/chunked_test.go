@@ -243,8 +243,8 @@ func TestInterruptedPush(t *testing.T) {
 	}
 }
 
-// cutStore lets `after` Puts through and fails the rest, as a dropped connection does;
-// with cancel set it cancels the push instead.
+// cutStore lets `after` chunk uploads through and fails the rest, as a dropped connection
+// does; with cancel set it cancels the push instead.
 type cutStore struct {
 	store.Store
 	after  int64
@@ -253,7 +253,7 @@ type cutStore struct {
 }
 
 func (c *cutStore) Put(ctx context.Context, key string, r io.Reader, size int64) error {
-	if c.puts.Add(1) > c.after {
+	if strings.Contains(key, "/"+chunked.ChunksDir+"/") && c.puts.Add(1) > c.after {
 		if c.cancel != nil {
 			c.cancel()
 			return ctx.Err()

@@ -21,16 +21,16 @@ func Load(ctx context.Context, st store.Store, prefix string) (*Manifest, error)
 		return nil, err
 	}
 	key := ManifestKey(prefix)
+	var b []byte
 	r, err := st.Get(ctx, key)
-	if errors.Is(err, store.ErrNotFound) {
+	if err == nil {
+		b, err = io.ReadAll(io.LimitReader(r, maxManifest+1))
+		r.Close()
+	}
+	if errors.Is(err, store.ErrNotFound) { // never there, or deleted while read
 		return nil, fmt.Errorf("%s: %w (no %s: nothing was pushed there, or a push was interrupted)",
 			st.URL(prefix), ErrNoCheckpoint, ManifestObject)
 	}
-	if err != nil {
-		return nil, err
-	}
-	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, maxManifest+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", st.URL(key), err)
 	}
@@ -90,7 +90,7 @@ func List(ctx context.Context, st store.Store, dir string) ([]Listed, error) {
 	}
 	var prefixes []string
 	for _, e := range entries {
-		if e.Dir && e.Name() != ChunksDir {
+		if e.Dir && e.Name() != ChunksDir && e.Name() != LeasesDir {
 			prefixes = append(prefixes, e.Key)
 		}
 	}

@@ -103,11 +103,24 @@ func ManifestKey(prefix string) string { return prefix + "/" + ManifestObject }
 
 // ChunkKey is the key of the chunk with the given sha256 for the checkpoint at prefix.
 func ChunkKey(prefix, sum string) string {
-	dir := path.Dir(prefix)
-	if dir == "." {
-		return ChunksDir + "/" + sum
+	return chunksKey(parentDir(prefix)) + "/" + sum
+}
+
+// parentDir is the store directory a checkpoint at prefix sits in ("" at the top): its
+// chunks and leases are there, shared with its siblings.
+func parentDir(prefix string) string {
+	if dir := path.Dir(prefix); dir != "." {
+		return dir
 	}
-	return dir + "/" + ChunksDir + "/" + sum
+	return ""
+}
+
+// chunksKey is the chunks directory of the store directory dir.
+func chunksKey(dir string) string {
+	if dir == "" {
+		return ChunksDir
+	}
+	return dir + "/" + ChunksDir
 }
 
 // checkPrefix refuses prefixes a checkpoint cannot live at.
@@ -115,8 +128,8 @@ func checkPrefix(prefix string) error {
 	switch {
 	case prefix == "":
 		return errors.New("a checkpoint needs a name: give s3://BUCKET/NAME or a path, not a bucket or /")
-	case path.Base(prefix) == ChunksDir:
-		return fmt.Errorf("a checkpoint cannot be named %q: that name holds the chunks of its siblings", ChunksDir)
+	case path.Base(prefix) == ChunksDir || path.Base(prefix) == LeasesDir:
+		return fmt.Errorf("a checkpoint cannot be named %q: that name is kept for what its siblings share", path.Base(prefix))
 	}
 	return nil
 }

@@ -85,7 +85,7 @@ func Push(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	if err != nil {
 		return nil, nil, err
 	}
-	up, err := newUploader(st, prefix, o)
+	up, err := newUploader(ctx, st, prefix, o)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -168,6 +168,7 @@ type uploader struct {
 	st     store.Store
 	prefix string
 	enc    *zstd.Encoder
+	lease  *lease // held while chunks may be reused: no collection sweeps meanwhile
 
 	mu    sync.Mutex
 	stats Stats
@@ -176,15 +177,24 @@ type uploader struct {
 	seen map[string]*seenChunk
 }
 
-func newUploader(st store.Store, prefix string, o Options) (*uploader, error) {
+func newUploader(ctx context.Context, st store.Store, prefix string, o Options) (*uploader, error) {
 	enc, err := zstd.NewWriter(nil, zstd.WithEncoderConcurrency(o.workers()), zstd.WithEncoderLevel(zstd.SpeedDefault))
 	if err != nil {
 		return nil, fmt.Errorf("zstd: %w", err)
 	}
-	return &uploader{st: st, prefix: prefix, enc: enc, seen: map[string]*seenChunk{}}, nil
+	l, err := writeLease(ctx, st, parentDir(prefix))
+	if err != nil {
+		enc.Close()
+		return nil, err
+	}
+	return &uploader{st: st, prefix: prefix, enc: enc, lease: l, seen: map[string]*seenChunk{}}, nil
 }
 
-func (u *uploader) close() { u.enc.Close() }
+// close ends the upload, once the manifest object is written or the push given up.
+func (u *uploader) close() {
+	u.enc.Close()
+	u.lease.release()
+}
 
 // pusher is one push of a local image in progress.
 type pusher struct {

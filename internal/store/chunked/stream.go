@@ -53,7 +53,7 @@ func NewStream(ctx context.Context, st store.Store, prefix string, o Options) (*
 	if err := absent(ctx, st, prefix); err != nil {
 		return nil, err
 	}
-	up, err := newUploader(st, prefix, o)
+	up, err := newUploader(ctx, st, prefix, o)
 	if err != nil {
 		return nil, err
 	}

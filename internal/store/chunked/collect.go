@@ -1,0 +1,149 @@
+package chunked
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+
+	"github.com/gpucr/gpucr/internal/parallel"
+	"github.com/gpucr/gpucr/internal/store"
+)
+
+// Collected is what a collection found and removed in one store directory.
+type Collected struct {
+	Checkpoints  int   // complete checkpoints whose chunks were kept
+	Kept         int   // chunks they reference
+	Removed      int   // chunks no checkpoint references, removed
+	RemovedBytes int64 // their stored size
+	// Stopped is set when a push started meanwhile: the collection stopped for it, and
+	// some unreferenced chunks may remain.
+	Stopped bool
+}
+
+// collectBatch is how many chunks a collection removes between two looks for a push.
+const collectBatch = 64
+
+// Collect removes the chunks in dir's chunks/ directory that no complete checkpoint
+// directly under dir references: those of deleted checkpoints and of pushes that never
+// finished. It refuses to start while a push or another collection works in dir, stops
+// between batches for a push that starts, and removes nothing if any checkpoint's
+// manifest cannot be read (its chunks are unknown). With dryRun it only counts.
+func Collect(ctx context.Context, st store.Store, dir string, dryRun bool) (*Collected, error) {
+	l, err := takeLease(ctx, st, dir, kindCollect)
+	if err != nil {
+		return nil, err
+	}
+	defer l.release()
+	if err := idle(ctx, l); err != nil {
+		return nil, err
+	}
+	c := &Collected{}
+	refs, err := referenced(ctx, st, dir, c)
+	if err != nil {
+		return nil, err
+	}
+	chunks, err := st.List(ctx, chunksKey(dir))
+	if err != nil {
+		return nil, err
+	}
+	var unref []store.Entry
+	for _, e := range chunks {
+		if !e.Dir && !refs[e.Name()] {
+			unref = append(unref, e)
+		}
+	}
+	if dryRun {
+		for _, e := range unref {
+			c.Removed, c.RemovedBytes = c.Removed+1, c.RemovedBytes+e.Size
+		}
+		return c, nil
+	}
+	for len(unref) > 0 {
+		if err := idle(ctx, l); errors.Is(err, ErrBusy) {
+			c.Stopped = true
+			return c, nil
+		} else if err != nil {
+			return c, err
+		}
+		batch := unref[:min(collectBatch, len(unref))]
+		unref = unref[len(batch):]
+		err := parallel.Each(ctx, batch, listWorkers, func() struct{} { return struct{}{} },
+			func(ctx context.Context, e store.Entry, _ struct{}) error { return st.Delete(ctx, e.Key) })
+		if err != nil {
+			return c, err
+		}
+		for _, e := range batch {
+			c.Removed, c.RemovedBytes = c.Removed+1, c.RemovedBytes+e.Size
+		}
+	}
+	return c, nil
+}
+
+// idle fails with ErrBusy, naming them, if others hold leases in l's directory.
+func idle(ctx context.Context, l *lease) error {
+	hs, err := l.others(ctx)
+	if err != nil {
+		return fmt.Errorf("look for pushes in %s: %w", l.st.URL(leasesKey(l.dir)), err)
+	}
+	if len(hs) == 0 {
+		return nil
+	}
+	names := make([]string, len(hs))
+	for i, h := range hs {
+		names[i] = h.String()
+	}
+	return fmt.Errorf("%w: %s works in %s; run again once it is done", ErrBusy, strings.Join(names, ", "), l.st.URL(l.dir))
+}
+
+// referenced returns the chunks (by sha256) the complete checkpoints directly under dir
+// reference, counting them into c. A manifest that cannot be read fails it.
+func referenced(ctx context.Context, st store.Store, dir string, c *Collected) (map[string]bool, error) {
+	entries, err := st.List(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	refs := map[string]bool{}
+	for _, e := range entries {
+		if !e.Dir || e.Name() == ChunksDir || e.Name() == LeasesDir {
+			continue
+		}
+		m, err := Load(ctx, st, e.Key)
+		if errors.Is(err, ErrNoCheckpoint) {
+			continue // an unfinished push: its chunks are what this collects
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w; nothing was removed", st.URL(path.Clean(e.Key)), err)
+		}
+		c.Checkpoints++
+		for _, f := range m.Files {
+			for _, ch := range f.Chunks {
+				if !ch.Zero && !refs[ch.SHA256] {
+					refs[ch.SHA256] = true
+					c.Kept++
+				}
+			}
+		}
+	}
+	return refs, nil
+}
+
+// Delete removes the checkpoint at prefix — its manifest object, which alone makes it one —
+// and then collects the chunks of its directory. Checkpoints nested under prefix stay.
+func Delete(ctx context.Context, st store.Store, prefix string) (*Collected, error) {
+	if err := checkPrefix(prefix); err != nil {
+		return nil, err
+	}
+	if _, err := Load(ctx, st, prefix); err != nil && !unusable(err) {
+		return nil, err
+	}
+	if err := st.Delete(ctx, ManifestKey(prefix)); err != nil {
+		return nil, err
+	}
+	c, err := Collect(ctx, st, parentDir(prefix), false)
+	if err != nil {
+		return nil, fmt.Errorf("%s was deleted, but its chunks stay until `gpucr gc %s`: %w", st.URL(prefix), st.URL(parentDir(prefix)), err)
+	}
+	return c, nil
+}

@@ -1,0 +1,309 @@
+package chunked_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/store"
+	"github.com/gpucr/gpucr/internal/store/chunked"
+)
+
+// chunkNames lists the chunks stored in dir.
+func chunkNames(t *testing.T, st store.Store, dir string) []string {
+	t.Helper()
+	es, err := st.List(context.Background(), dir+"/"+chunked.ChunksDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// referencedBy lists the chunks the checkpoints at prefixes reference.
+func referencedBy(t *testing.T, st store.Store, prefixes ...string) []string {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, p := range prefixes {
+		m, err := chunked.Load(context.Background(), st, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range m.Files {
+			for _, c := range f.Chunks {
+				if !c.Zero {
+					seen[c.SHA256] = true
+				}
+			}
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for s := range seen {
+		out = append(out, s)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func pullSame(t *testing.T, st store.Store, prefix, want string) {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "img")
+	if _, _, err := chunked.Pull(context.Background(), st, prefix, dst, chunked.Options{}); err != nil {
+		t.Fatalf("pull %s: %v", prefix, err)
+	}
+	sameTree(t, want, dst)
+}
+
+// Deleting a checkpoint removes it and the chunks only it (or an unfinished push)
+// referenced; its sibling keeps every chunk it needs and pulls whole.
+func TestDeleteCollectsWhatNothingReferences(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := open(t)
+			one, two := testImage(t, 0), testImage(t, 1)
+			for p, dir := range map[string]string{"job/1": one, "job/2": two} {
+				if _, _, err := chunked.Push(ctx, st, p, dir, chunked.Options{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// A push cut off halfway leaves chunks nothing references.
+			if _, _, err := chunked.Push(ctx, &cutStore{Store: st, after: 2}, "job/3", testImage(t, 7), chunked.Options{Workers: 1}); err == nil {
+				t.Fatal("the cut push succeeded")
+			}
+			orphans := len(chunkNames(t, st, "job")) - len(referencedBy(t, st, "job/1", "job/2"))
+			if orphans < 1 {
+				t.Fatalf("the cut push left no chunk behind")
+			}
+
+			dry, err := chunked.Collect(ctx, st, "job", true)
+			if err != nil || dry.Removed != orphans || dry.Checkpoints != 2 {
+				t.Fatalf("dry run = %+v, %v; want %d orphans of 2 checkpoints", dry, err, orphans)
+			}
+			if n := len(chunkNames(t, st, "job")); n != dry.Kept+orphans {
+				t.Fatalf("the dry run removed chunks: %d left", n)
+			}
+
+			c, err := chunked.Delete(ctx, st, "job/1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := chunkNames(t, st, "job"), referencedBy(t, st, "job/2"); !sameNames(got, want) {
+				t.Fatalf("after deleting job/1 the store holds %d chunks, job/2 references %d", len(got), len(want))
+			}
+			if c.Removed <= orphans || c.Checkpoints != 1 || c.RemovedBytes <= 0 {
+				t.Errorf("delete = %+v", c)
+			}
+			if _, err := chunked.Load(ctx, st, "job/1"); !errors.Is(err, chunked.ErrNoCheckpoint) {
+				t.Errorf("job/1 after delete: %v", err)
+			}
+			pullSame(t, st, "job/2", two)
+
+			if _, err := chunked.Delete(ctx, st, "job/1"); !errors.Is(err, chunked.ErrNoCheckpoint) {
+				t.Errorf("deleting it again = %v, want ErrNoCheckpoint", err)
+			}
+			if _, err := chunked.Delete(ctx, st, "job/2"); err != nil {
+				t.Fatal(err)
+			}
+			if left := chunkNames(t, st, "job"); len(left) != 0 {
+				t.Errorf("%d chunks left with no checkpoint", len(left))
+			}
+		})
+	}
+}
+
+func sameNames(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, ",") }
+
+// A manifest the collection cannot read leaves every chunk in place: its chunks are unknown.
+func TestCollectRemovesNothingBesideAnUnreadableManifest(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	if _, _, err := chunked.Push(ctx, st, "job/1", testImage(t, 0), chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := chunked.Push(ctx, &cutStore{Store: st, after: 2}, "job/2", testImage(t, 7), chunked.Options{Workers: 1}); err == nil {
+		t.Fatal("the cut push succeeded")
+	}
+	newer := []byte(`{"format": 99}`)
+	if err := st.Put(ctx, chunked.ManifestKey("job/future"), bytes.NewReader(newer), int64(len(newer))); err != nil {
+		t.Fatal(err)
+	}
+	before := chunkNames(t, st, "job")
+	if _, err := chunked.Collect(ctx, st, "job", false); !errors.Is(err, chunked.ErrNewerFormat) || !strings.Contains(err.Error(), "nothing was removed") {
+		t.Fatalf("collect = %v, want a refusal naming the newer manifest", err)
+	}
+	if after := chunkNames(t, st, "job"); !sameNames(before, after) {
+		t.Fatalf("chunks removed: %d of %d left", len(after), len(before))
+	}
+}
+
+// A push that found its chunks in the store, unreferenced, keeps a collection from
+// removing them before its manifest refers to them; the collection names the push.
+func TestCollectRefusesWhileAPushRuns(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	src := testImage(t, 0)
+	if _, _, err := chunked.Push(ctx, st, "job/1", src, chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(ctx, chunked.ManifestKey("job/1")); err != nil { // its chunks stay
+		t.Fatal(err)
+	}
+	// A push held once it found its first chunk present.
+	held := &gateStore{Store: st, entered: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := chunked.Push(ctx, held, "job/2", src, chunked.Options{Workers: 1})
+		done <- err
+	}()
+	<-held.entered
+	if _, err := chunked.Collect(ctx, st, "job", false); !errors.Is(err, chunked.ErrBusy) || !strings.Contains(err.Error(), "a push by gpucr") {
+		t.Errorf("collect during a push = %v, want ErrBusy naming the push", err)
+	}
+	close(held.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	pullSame(t, st, "job/2", src)
+}
+
+// gateStore holds the first chunk lookup, once answered, until release closes.
+type gateStore struct {
+	store.Store
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gateStore) Stat(ctx context.Context, key string) (int64, error) {
+	n, err := g.Store.Stat(ctx, key)
+	if strings.Contains(key, "/"+chunked.ChunksDir+"/") {
+		g.once.Do(func() { close(g.entered); <-g.release })
+	}
+	return n, err
+}
+
+// A push waits for a live collection, and goes on once the collection's lease is stale (its
+// gpucr died).
+func TestPushWaitsOutACollection(t *testing.T) {
+	chunked.SetLeaseTiming(t.Cleanup, 100*time.Millisecond, time.Second)
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	key := "job/" + chunked.LeasesDir + "/collect-elsewhere-1-00"
+	stopped := make(chan time.Time, 1)
+	go func() { // a collection that stays alive for a while, then dies
+		for end := time.Now().Add(1200 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			_ = st.Put(ctx, key, strings.NewReader("x"), 1)
+		}
+		stopped <- time.Now()
+	}()
+	time.Sleep(200 * time.Millisecond)
+	if _, _, err := chunked.Push(ctx, st, "job/1", testImage(t, 0), chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-stopped:
+		t.Logf("push ended %v after the collection's last sign of life", time.Since(at))
+	default:
+		t.Fatal("the push ended while a collection was alive")
+	}
+}
+
+// slowStat answers chunk lookups late, as a distant store does: a push finds a chunk
+// present well before its manifest refers to it.
+type slowStat struct{ store.Store }
+
+func (s slowStat) Stat(ctx context.Context, key string) (int64, error) {
+	n, err := s.Store.Stat(ctx, key)
+	if strings.Contains(key, "/"+chunked.ChunksDir+"/") {
+		time.Sleep(30 * time.Millisecond)
+	}
+	return n, err
+}
+
+// Pushes that reuse chunks race collections that remove them: whatever the interleaving,
+// every checkpoint that exists at the end pulls whole, and a last collection leaves exactly
+// the chunks they reference.
+func TestPushesRacingCollections(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := open(t)
+			srcs := []string{testImage(t, 0), testImage(t, 1)}
+			const rounds = 4
+			var mu sync.Mutex
+			pushed := map[string]string{}
+			var wg sync.WaitGroup
+			for w := range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range rounds {
+						// Each new checkpoint holds the same chunks as the one just deleted.
+						p := fmt.Sprintf("job/w%d-%d", w, i)
+						if _, _, err := chunked.Push(ctx, slowStat{st}, p, srcs[w], chunked.Options{}); err != nil {
+							t.Errorf("push %s: %v", p, err)
+							return
+						}
+						mu.Lock()
+						pushed[p] = srcs[w]
+						mu.Unlock()
+						if i%2 == 0 {
+							if _, err := chunked.Delete(ctx, st, p); err != nil && !errors.Is(err, chunked.ErrBusy) {
+								t.Errorf("delete %s: %v", p, err)
+							} else {
+								mu.Lock()
+								delete(pushed, p)
+								mu.Unlock()
+							}
+						}
+					}
+				}()
+			}
+			collecting := make(chan struct{})
+			go func() {
+				defer close(collecting)
+				for pushing := true; pushing; {
+					pushing = !done(&wg)
+					if _, err := chunked.Collect(ctx, st, "job", false); err != nil && !errors.Is(err, chunked.ErrBusy) {
+						t.Errorf("collect: %v", err)
+					}
+				}
+			}()
+			<-collecting
+			var prefixes []string
+			for p, src := range pushed {
+				pullSame(t, st, p, src)
+				prefixes = append(prefixes, p)
+			}
+			if _, err := chunked.Collect(ctx, st, "job", false); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := chunkNames(t, st, "job"), referencedBy(t, st, prefixes...); !sameNames(got, want) {
+				t.Errorf("after the last collection: %d chunks, %d referenced", len(got), len(want))
+			}
+		})
+	}
+}
+
+// done reports whether wg's count is zero, without blocking.
+func done(wg *sync.WaitGroup) bool {
+	c := make(chan struct{})
+	go func() { wg.Wait(); close(c) }()
+	select {
+	case <-c:
+		return true
+	case <-time.After(time.Millisecond):
+		return false
+	}
+}

@@ -1,0 +1,196 @@
+package chunked
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/store"
+)
+
+// LeasesDir is the directory, beside checkpoints, where the pushes writing to its chunks
+// and the collection sweeping them announce themselves. A push may reuse any chunk it finds,
+// so no chunk may be swept while a push runs; a store offers no lock, so each side writes
+// its lease first and then looks for the other's: of two that start together, at least one
+// sees the other (the store reads its own writes), and the collection is the one that yields.
+const LeasesDir = ".gpucr-leases"
+
+// Lease timing. A holder rewrites its lease every leaseRefresh; one not rewritten for
+// leaseTTL, by the store's clock, belongs to a gpucr that died and is ignored.
+var (
+	leaseRefresh = 5 * time.Second
+	leaseTTL     = 20 * time.Second
+	// writerWait bounds how long a push waits for a collection to notice it and stop: a
+	// live one does so within a batch, a dead one's lease is stale within leaseTTL.
+	writerWait = 3 * leaseTTL
+)
+
+// Lease kinds, the first part of a lease's name.
+const (
+	kindWrite   = "write"
+	kindCollect = "collect"
+)
+
+// ErrBusy means a collection found others working in the same store directory.
+var ErrBusy = errors.New("store directory busy")
+
+// lease is one announcement in a store directory, kept fresh until released.
+type lease struct {
+	st   store.Store
+	dir  string
+	key  string
+	stop context.CancelFunc
+	done chan struct{}
+	mu   sync.Mutex // serializes rewrites of the lease object
+}
+
+// holder is another gpucr's live lease, as its name tells.
+type holder struct {
+	kind, host string
+	pid        int
+}
+
+func (h holder) String() string {
+	what := map[string]string{kindWrite: "a push", kindCollect: "a collection"}[h.kind]
+	return fmt.Sprintf("%s by gpucr %d on %s", what, h.pid, h.host)
+}
+
+func leasesKey(dir string) string {
+	if dir == "" {
+		return LeasesDir
+	}
+	return dir + "/" + LeasesDir
+}
+
+// takeLease writes a lease of kind in dir and keeps it fresh until release.
+func takeLease(ctx context.Context, st store.Store, dir, kind string) (*lease, error) {
+	host, _ := os.Hostname()
+	host = strings.NewReplacer("/", "_", "-", "_").Replace(host)
+	nonce := make([]byte, 8)
+	if _, err := rand.Read(nonce); err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("%s-%s-%d-%s", kind, host, os.Getpid(), hex.EncodeToString(nonce))
+	l := &lease{st: st, dir: dir, key: leasesKey(dir) + "/" + name, done: make(chan struct{})}
+	if err := l.refresh(ctx); err != nil {
+		return nil, fmt.Errorf("announce the %s in %s: %w", kind, st.URL(leasesKey(dir)), err)
+	}
+	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	l.stop = stop
+	go func() {
+		defer close(l.done)
+		t := time.NewTicker(leaseRefresh)
+		defer t.Stop()
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-t.C:
+				_ = l.refresh(rctx) // a lease that goes stale only lets a collection run
+			}
+		}
+	}()
+	return l, nil
+}
+
+func (l *lease) refresh(ctx context.Context) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := []byte(time.Now().UTC().Format(time.RFC3339Nano))
+	return l.st.Put(ctx, l.key, bytes.NewReader(b), int64(len(b)))
+}
+
+// release stops refreshing the lease and deletes it.
+func (l *lease) release() {
+	l.stop()
+	<-l.done
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_ = l.st.Delete(context.Background(), l.key)
+}
+
+// others lists the live leases in the directory other than l. The store's clock decides
+// what is live: a lease is compared with l's own, just rewritten.
+func (l *lease) others(ctx context.Context) ([]holder, error) {
+	if err := l.refresh(ctx); err != nil {
+		return nil, err
+	}
+	entries, err := l.st.List(ctx, leasesKey(l.dir))
+	if err != nil {
+		return nil, err
+	}
+	var now time.Time
+	for _, e := range entries {
+		if e.Key == l.key {
+			now = e.Modified
+		}
+	}
+	if now.IsZero() {
+		return nil, fmt.Errorf("%s: the lease just written is not listed", l.st.URL(l.key))
+	}
+	var out []holder
+	for _, e := range entries {
+		if e.Dir || e.Key == l.key || now.Sub(e.Modified) > leaseTTL {
+			continue
+		}
+		if h, ok := parseHolder(path.Base(e.Key)); ok {
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}
+
+// parseHolder reads a lease name: KIND-HOST-PID-NONCE.
+func parseHolder(name string) (holder, bool) {
+	f := strings.Split(name, "-")
+	if len(f) != 4 || (f[0] != kindWrite && f[0] != kindCollect) {
+		return holder{}, false
+	}
+	pid, err := strconv.Atoi(f[2])
+	return holder{kind: f[0], host: f[1], pid: pid}, err == nil
+}
+
+// writeLease announces a push in dir and returns once no collection runs there: a live
+// one notices the push at its next batch and stops.
+func writeLease(ctx context.Context, st store.Store, dir string) (*lease, error) {
+	l, err := takeLease(ctx, st, dir, kindWrite)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(writerWait)
+	for {
+		hs, err := l.others(ctx)
+		if err != nil {
+			l.release()
+			return nil, fmt.Errorf("look for a collection in %s: %w", st.URL(leasesKey(dir)), err)
+		}
+		var collecting []string
+		for _, h := range hs {
+			if h.kind == kindCollect {
+				collecting = append(collecting, h.String())
+			}
+		}
+		if len(collecting) == 0 {
+			return l, nil
+		}
+		if time.Now().After(deadline) {
+			l.release()
+			return nil, fmt.Errorf("%w: %s has not stopped for this push within %v", ErrBusy, strings.Join(collecting, ", "), writerWait)
+		}
+		select {
+		case <-ctx.Done():
+			l.release()
+			return nil, context.Cause(ctx)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
