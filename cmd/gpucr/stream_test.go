@@ -141,6 +141,50 @@ func TestStreamFailingMidwayKeepsWorkloadRunning(t *testing.T) {
 	}
 }
 
+// A streamed checkpoint killed after its memory went to the store leaves chunks that no
+// checkpoint references; gc removes exactly those (its lease does not hold gc up: its gpucr
+// is gone) and rm removes a checkpoint with the chunks only it used.
+func TestKilledStreamLeavesChunksThatGcRemoves(t *testing.T) {
+	needCRIU(t)
+	storeDir := t.TempDir()
+	host := newCrashHost(t)
+	w := startCounter(t, "-mib", "16")
+	w.waitCount(t, 3)
+	killedAt(t, "end criu-dump", nil, append([]string{"checkpoint", strconv.Itoa(w.pid), "--to", filepath.Join(storeDir, "killed")}, host.flags()...)...)
+	host.checkClean(t)
+	w.checkRunsOn(t, "the killed stream")
+	chunks := func() int {
+		es, _ := os.ReadDir(filepath.Join(storeDir, "chunks"))
+		return len(es)
+	}
+	if chunks() == 0 {
+		t.Fatal("the killed stream stored no chunk")
+	}
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "--to", filepath.Join(storeDir, "kept"), "--leave-running")
+	var dry, gc collectOutput
+	decode(t, mustGpucr(t, "gc", storeDir, "--dry-run", "--json"), &dry)
+	before := chunks()
+	decode(t, mustGpucr(t, "gc", storeDir, "--json"), &gc)
+	if dry.RemovedChunks == 0 || gc.RemovedChunks != dry.RemovedChunks || gc.Checkpoints != 1 || chunks() != before-gc.RemovedChunks || chunks() != gc.KeptChunks {
+		t.Fatalf("gc: dry run %+v, then %+v; %d chunks before, %d after", dry, gc, before, chunks())
+	}
+	img := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "pull", filepath.Join(storeDir, "kept"), img)
+	mustGpucr(t, "verify", img)
+
+	if _, errOut, code := gpucrEnv(t, nil, "gc", filepath.Join(storeDir, "kept")); code != 2 || !oneLineWith(errOut, "is a checkpoint") {
+		t.Errorf("gc of a checkpoint: exit %d, %q", code, errOut)
+	}
+	var rm collectOutput
+	decode(t, mustGpucr(t, "rm", filepath.Join(storeDir, "kept"), "--json"), &rm)
+	if rm.Deleted == "" || rm.Checkpoints != 0 || chunks() != 0 {
+		t.Errorf("rm: %+v, %d chunks left", rm, chunks())
+	}
+	if _, errOut, code := gpucrEnv(t, nil, "rm", filepath.Join(storeDir, "kept")); code == 0 || !oneLineWith(errOut, "no complete checkpoint") {
+		t.Errorf("rm of a deleted checkpoint: exit %d, %q", code, errOut)
+	}
+}
+
 // Without -D or --to there is nowhere to put the image: a usage error.
 func TestCheckpointNeedsADestination(t *testing.T) {
 	for _, args := range [][]string{{"checkpoint", "1234"}, {"checkpoint", "--container", "c1"}} {
@@ -148,5 +192,13 @@ func TestCheckpointNeedsADestination(t *testing.T) {
 		if code != 2 || !strings.Contains(errOut, "-D DIR") {
 			t.Errorf("gpucr %s: exit %d, stderr %q", strings.Join(args, " "), code, errOut)
 		}
+	}
+}
+
+// decode reads gpucr's --json output into v.
+func decode(t *testing.T, out string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("decode %q: %v", out, err)
 	}
 }

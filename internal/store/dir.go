@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -148,6 +149,28 @@ func (d *Dir) List(_ context.Context, dir string) ([]Entry, error) {
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
+	return out, nil
+}
+
+func (d *Dir) Partial(_ context.Context, dir string) ([]Entry, error) {
+	if err := checkDir(dir); err != nil {
+		return nil, err
+	}
+	des, err := os.ReadDir(d.path(dir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.URL(dir), err)
+	}
+	var out []Entry
+	for _, de := range des {
+		if name := de.Name(); strings.HasPrefix(name, ".") && strings.Contains(name, tmpMark) && de.Type().IsRegular() {
+			if fi, err := de.Info(); err == nil {
+				out = append(out, Entry{Key: path.Join(dir, name), Size: fi.Size(), Modified: fi.ModTime()})
+			}
+		}
+	}
 	return out, nil
 }
 

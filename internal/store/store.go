@@ -41,6 +41,14 @@ type Store interface {
 	URL(key string) string
 }
 
+// PartialLister is a Store whose interrupted writes leave pieces behind: a Dir's
+// temporary files (an S3 object is written whole or not at all).
+type PartialLister interface {
+	// Partial lists the pieces of writes directly under dir, finished or not: only a
+	// caller that knows no write is in progress there may Delete them.
+	Partial(ctx context.Context, dir string) ([]Entry, error)
+}
+
 // Entry is one name directly under a listed directory: an object, or a directory (Dir)
 // holding more.
 type Entry struct {

@@ -27,9 +27,10 @@ const collectBatch = 64
 
 // Collect removes the chunks in dir's chunks/ directory that no complete checkpoint
 // directly under dir references: those of deleted checkpoints and of pushes that never
-// finished. It refuses to start while a push or another collection works in dir, stops
-// between batches for a push that starts, and removes nothing if any checkpoint's
-// manifest cannot be read (its chunks are unknown). With dryRun it only counts.
+// finished, with the pieces of writes those left in a store that keeps them. It refuses
+// to start while a push or another collection works in dir, stops between batches for a
+// push that starts, and removes nothing if any checkpoint's manifest cannot be read (its
+// chunks are unknown). With dryRun it only counts.
 func Collect(ctx context.Context, st store.Store, dir string, dryRun bool) (*Collected, error) {
 	l, err := takeLease(ctx, st, dir, kindCollect)
 	if err != nil {
@@ -40,7 +41,7 @@ func Collect(ctx context.Context, st store.Store, dir string, dryRun bool) (*Col
 		return nil, err
 	}
 	c := &Collected{}
-	refs, err := referenced(ctx, st, dir, c)
+	refs, prefixes, err := referenced(ctx, st, dir, c)
 	if err != nil {
 		return nil, err
 	}
@@ -52,6 +53,16 @@ func Collect(ctx context.Context, st store.Store, dir string, dryRun bool) (*Col
 	for _, e := range chunks {
 		if !e.Dir && !refs[e.Name()] {
 			unref = append(unref, e)
+		}
+	}
+	// No push works here: what killed ones were writing is litter.
+	if pl, ok := st.(store.PartialLister); ok {
+		for _, d := range append(prefixes, chunksKey(dir)) {
+			partial, err := pl.Partial(ctx, d)
+			if err != nil {
+				return nil, err
+			}
+			unref = append(unref, partial...)
 		}
 	}
 	if dryRun {
@@ -98,23 +109,26 @@ func idle(ctx context.Context, l *lease) error {
 }
 
 // referenced returns the chunks (by sha256) the complete checkpoints directly under dir
-// reference, counting them into c. A manifest that cannot be read fails it.
-func referenced(ctx context.Context, st store.Store, dir string, c *Collected) (map[string]bool, error) {
+// reference, counting them into c, and the prefixes it looked at. A manifest that cannot be
+// read fails it.
+func referenced(ctx context.Context, st store.Store, dir string, c *Collected) (map[string]bool, []string, error) {
 	entries, err := st.List(ctx, dir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	refs := map[string]bool{}
+	var prefixes []string
 	for _, e := range entries {
 		if !e.Dir || e.Name() == ChunksDir || e.Name() == LeasesDir {
 			continue
 		}
+		prefixes = append(prefixes, e.Key)
 		m, err := Load(ctx, st, e.Key)
 		if errors.Is(err, ErrNoCheckpoint) {
 			continue // an unfinished push: its chunks are what this collects
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w; nothing was removed", st.URL(path.Clean(e.Key)), err)
+			return nil, nil, fmt.Errorf("%s: %w; nothing was removed", st.URL(path.Clean(e.Key)), err)
 		}
 		c.Checkpoints++
 		for _, f := range m.Files {
@@ -126,7 +140,7 @@ func referenced(ctx context.Context, st store.Store, dir string, c *Collected) (
 			}
 		}
 	}
-	return refs, nil
+	return refs, prefixes, nil
 }
 
 // Delete removes the checkpoint at prefix — its manifest object, which alone makes it one —
@@ -141,9 +155,9 @@ func Delete(ctx context.Context, st store.Store, prefix string) (*Collected, err
 	if err := st.Delete(ctx, ManifestKey(prefix)); err != nil {
 		return nil, err
 	}
-	c, err := Collect(ctx, st, parentDir(prefix), false)
+	c, err := Collect(ctx, st, ParentDir(prefix), false)
 	if err != nil {
-		return nil, fmt.Errorf("%s was deleted, but its chunks stay until `gpucr gc %s`: %w", st.URL(prefix), st.URL(parentDir(prefix)), err)
+		return nil, fmt.Errorf("%s was deleted, but its chunks stay until `gpucr gc %s`: %w", st.URL(prefix), st.URL(ParentDir(prefix)), err)
 	}
 	return c, nil
 }

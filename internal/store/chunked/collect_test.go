@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -12,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
 )
@@ -199,7 +202,7 @@ func TestPushWaitsOutACollection(t *testing.T) {
 	chunked.SetLeaseTiming(t.Cleanup, 100*time.Millisecond, time.Second)
 	ctx := context.Background()
 	st := store.NewDir(t.TempDir())
-	key := "job/" + chunked.LeasesDir + "/collect-elsewhere-1-00"
+	key := "job/" + chunked.LeasesDir + "/collect-elsewhere-otherboot-1-1-00"
 	stopped := make(chan time.Time, 1)
 	go func() { // a collection that stays alive for a while, then dies
 		for end := time.Now().Add(1200 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
@@ -229,6 +232,47 @@ func (s slowStat) Stat(ctx context.Context, key string) (int64, error) {
 		time.Sleep(30 * time.Millisecond)
 	}
 	return n, err
+}
+
+// A lease left by a gpucr of this host that died (kill -9 of a push) holds nothing up:
+// its owner is known to be gone.
+func TestLeaseOfADeadGpucrIsIgnored(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	exited := exec.Command("true")
+	if err := exited.Run(); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Skip("no boot ID:", err)
+	}
+	boot := strings.ReplaceAll(strings.TrimSpace(string(b)), "-", "")
+	self, err := proctree.Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []struct {
+		name string
+		busy bool
+	}{
+		{fmt.Sprintf("write-here-%s-%d-1-00", boot, exited.Process.Pid), false},
+		{fmt.Sprintf("write-here-%s-%d-%d-00", boot, self.PID, self.Start+1), false}, // its PID reused
+		{fmt.Sprintf("write-here-%s-%d-%d-00", boot, self.PID, self.Start), true},
+		{fmt.Sprintf("write-there-otherboot-%d-1-00", exited.Process.Pid), true},
+	} {
+		key := "job/" + chunked.LeasesDir + "/" + l.name
+		if err := st.Put(ctx, key, strings.NewReader("x"), 1); err != nil {
+			t.Fatal(err)
+		}
+		_, err := chunked.Collect(ctx, st, "job", false)
+		if busy := errors.Is(err, chunked.ErrBusy); busy != l.busy || err != nil && !busy {
+			t.Errorf("collect beside lease %s = %v, want busy %v", l.name, err, l.busy)
+		}
+		if err := st.Delete(ctx, key); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // Pushes that reuse chunks race collections that remove them: whatever the interleaving,

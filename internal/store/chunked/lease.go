@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/store"
 )
 
@@ -53,10 +54,18 @@ type lease struct {
 	mu   sync.Mutex // serializes rewrites of the lease object
 }
 
-// holder is another gpucr's live lease, as its name tells.
+// holder is another gpucr's live lease, as its name tells: KIND-HOST-BOOT-PID-START-NONCE,
+// where BOOT is the kernel's boot ID and START the process's start time, which together
+// name the gpucr for good: one on this host that is gone left its lease when it died.
 type holder struct {
-	kind, host string
-	pid        int
+	kind, host, boot string
+	pid              int
+	start            uint64
+}
+
+// dead reports whether h's gpucr ran on this host, in this boot, and is gone.
+func (h holder) dead() bool {
+	return h.boot == bootID() && !proctree.Same(h.pid, h.start)
 }
 
 func (h holder) String() string {
@@ -74,12 +83,15 @@ func leasesKey(dir string) string {
 // takeLease writes a lease of kind in dir and keeps it fresh until release.
 func takeLease(ctx context.Context, st store.Store, dir, kind string) (*lease, error) {
 	host, _ := os.Hostname()
-	host = strings.NewReplacer("/", "_", "-", "_").Replace(host)
+	self, err := proctree.Read(os.Getpid())
+	if err != nil {
+		return nil, err
+	}
 	nonce := make([]byte, 8)
 	if _, err := rand.Read(nonce); err != nil {
 		return nil, err
 	}
-	name := fmt.Sprintf("%s-%s-%d-%s", kind, host, os.Getpid(), hex.EncodeToString(nonce))
+	name := fmt.Sprintf("%s-%s-%s-%d-%d-%s", kind, leaseField(host), bootID(), self.PID, self.Start, hex.EncodeToString(nonce))
 	l := &lease{st: st, dir: dir, key: leasesKey(dir) + "/" + name, done: make(chan struct{})}
 	if err := l.refresh(ctx); err != nil {
 		return nil, fmt.Errorf("announce the %s in %s: %w", kind, st.URL(leasesKey(dir)), err)
@@ -142,22 +154,37 @@ func (l *lease) others(ctx context.Context) ([]holder, error) {
 		if e.Dir || e.Key == l.key || now.Sub(e.Modified) > leaseTTL {
 			continue
 		}
-		if h, ok := parseHolder(path.Base(e.Key)); ok {
+		if h, ok := parseHolder(path.Base(e.Key)); ok && !h.dead() {
 			out = append(out, h)
 		}
 	}
 	return out, nil
 }
 
-// parseHolder reads a lease name: KIND-HOST-PID-NONCE.
+// parseHolder reads a lease name.
 func parseHolder(name string) (holder, bool) {
 	f := strings.Split(name, "-")
-	if len(f) != 4 || (f[0] != kindWrite && f[0] != kindCollect) {
+	if len(f) != 6 || (f[0] != kindWrite && f[0] != kindCollect) {
 		return holder{}, false
 	}
-	pid, err := strconv.Atoi(f[2])
-	return holder{kind: f[0], host: f[1], pid: pid}, err == nil
+	pid, err1 := strconv.Atoi(f[3])
+	start, err2 := strconv.ParseUint(f[4], 10, 64)
+	return holder{kind: f[0], host: f[1], boot: f[2], pid: pid, start: start}, err1 == nil && err2 == nil
 }
+
+// leaseField makes s fit between a lease name's dashes.
+func leaseField(s string) string {
+	if s = strings.NewReplacer("-", "", "/", "_").Replace(s); s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// bootID names this boot of this host; "unknown" where the kernel does not say.
+var bootID = sync.OnceValue(func() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return leaseField(strings.TrimSpace(string(b)))
+})
 
 // writeLease announces a push in dir and returns once no collection runs there: a live
 // one notices the push at its next batch and stops.

@@ -103,12 +103,12 @@ func ManifestKey(prefix string) string { return prefix + "/" + ManifestObject }
 
 // ChunkKey is the key of the chunk with the given sha256 for the checkpoint at prefix.
 func ChunkKey(prefix, sum string) string {
-	return chunksKey(parentDir(prefix)) + "/" + sum
+	return chunksKey(ParentDir(prefix)) + "/" + sum
 }
 
-// parentDir is the store directory a checkpoint at prefix sits in ("" at the top): its
+// ParentDir is the store directory a checkpoint at prefix sits in ("" at the top): its
 // chunks and leases are there, shared with its siblings.
-func parentDir(prefix string) string {
+func ParentDir(prefix string) string {
 	if dir := path.Dir(prefix); dir != "." {
 		return dir
 	}

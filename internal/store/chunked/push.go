@@ -182,7 +182,7 @@ func newUploader(ctx context.Context, st store.Store, prefix string, o Options) 
 	if err != nil {
 		return nil, fmt.Errorf("zstd: %w", err)
 	}
-	l, err := writeLease(ctx, st, parentDir(prefix))
+	l, err := writeLease(ctx, st, ParentDir(prefix))
 	if err != nil {
 		enc.Close()
 		return nil, err
