@@ -95,7 +95,7 @@ func classifyContainer(err error) error {
 	switch {
 	case errors.Is(err, container.ErrRuncMissing):
 		return notReadyError{reason: err.Error()}
-	case errors.Is(err, container.ErrNotRunning):
+	case errors.Is(err, container.ErrNotRunning), errors.Is(err, container.ErrEngineOwned):
 		return usageError{err}
 	}
 	return classify(err)

@@ -342,6 +342,46 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	}
 }
 
+// A container podman manages (as its annotation tells) is refused by checkpoint --container
+// and --dry-run with one line giving podman's command, and keeps running, never paused.
+func TestEngineOwnedContainerIsRefused(t *testing.T) {
+	runc, _ := needRunc(t)
+	bundle := counterBundle(t, runc, "")
+	var spec map[string]any
+	cfg := filepath.Join(bundle, "config.json")
+	raw, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	spec["annotations"] = map[string]string{"io.container.manager": "libpod"}
+	if raw, err = json.Marshal(spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := containerID(t, runc, "podman-owned")
+	runcRun(t, runc, bundle, id)
+	n := waitContainerCount(t, bundle, 3)
+	dir := filepath.Join(t.TempDir(), "img")
+	for _, args := range [][]string{{"checkpoint", "--container", id, "-D", dir}, {"checkpoint", "--container", id, "--dry-run"}} {
+		out, errOut, code := gpucrEnv(t, nil, args...)
+		if code != 2 || out != "" || !oneLineWith(errOut, "podman container checkpoint "+id) {
+			t.Errorf("gpucr %s: exit %d, stdout %q, stderr %q; want exit 2 and podman's command", strings.Join(args, " "), code, out, errOut)
+		}
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Error("a refused checkpoint left an image")
+	}
+	waitContainerCount(t, bundle, n+3)
+	if out, err := exec.Command(runc, "state", id).Output(); err != nil || !strings.Contains(string(out), `"running"`) {
+		t.Errorf("runc state after the refusal: %v\n%s", err, out)
+	}
+}
+
 // counterContainer runs the test counter (with args) in a new container, once it counts, and
 // returns runc, the bundle, the container's ID and a second ID to restore it as.
 func counterContainer(t *testing.T, name string, args ...string) (runc, bundle, id, id2 string) {

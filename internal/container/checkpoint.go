@@ -75,6 +75,9 @@ func (t *runcTarget) Open(ctx context.Context) ([]proctree.Process, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkUnowned(st); err != nil {
+		return nil, err
+	}
 	if st.Status != "running" {
 		return nil, fmt.Errorf("%w: %s is %s", ErrNotRunning, t.id, st.Status)
 	}

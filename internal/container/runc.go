@@ -52,10 +52,11 @@ func FindRunc(explicit string) (string, error) {
 
 // State is what `runc state` says about a container.
 type State struct {
-	ID     string `json:"id"`
-	PID    int    `json:"pid"`
-	Status string `json:"status"`
-	Bundle string `json:"bundle"`
+	ID          string            `json:"id"`
+	PID         int               `json:"pid"`
+	Status      string            `json:"status"`
+	Bundle      string            `json:"bundle"`
+	Annotations map[string]string `json:"annotations"`
 }
 
 // State reads the state of container id.
