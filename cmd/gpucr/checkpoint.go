@@ -33,17 +33,17 @@ func criuFlags(cmd *cobra.Command, o *criu.Options) {
 
 // checkpointOutput is the summary of a checkpoint, for text and JSON alike.
 type checkpointOutput struct {
-	Dir          string      `json:"dir"`
-	Container    string      `json:"container,omitempty"`
-	SignedBy     string      `json:"signedBy,omitempty"`
-	RootPID      int         `json:"rootPid"`
-	Processes    int         `json:"processes"`
-	MemoryBytes  uint64      `json:"memoryBytes"`
-	GPUProcesses int         `json:"gpuProcesses"`
-	GPUBytes     uint64      `json:"gpuMemoryBytes"`
-	LeftRunning  bool        `json:"leftRunning"`
-	Phases       []phaseJSON `json:"phases"`
-	Total        float64     `json:"totalSeconds"`
+	Dir          string        `json:"dir"`
+	Container    string        `json:"container,omitempty"`
+	SignedBy     string        `json:"signedBy,omitempty"`
+	RootPID      int           `json:"rootPid"`
+	Processes    int           `json:"processes"`
+	MemoryBytes  uint64        `json:"memoryBytes"`
+	GPUProcesses int           `json:"gpuProcesses"`
+	GPUBytes     uint64        `json:"gpuMemoryBytes"`
+	LeftRunning  bool          `json:"leftRunning"`
+	Phases       []image.Phase `json:"phases"`
+	Total        float64       `json:"totalSeconds"`
 	// Pushed is the upload of --to: with -D the image is written to DIR first, then
 	// stored; without, it is Streamed: pages go to the store as CRIU dumps them.
 	Pushed   *transferOutput `json:"pushed,omitempty"`
@@ -175,7 +175,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 			}
 			out := checkpointOutput{
 				Dir: r.Dir, Container: ctr, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
-				LeftRunning: r.LeaveRunning, Phases: phasesJSON(m.Phases), Total: time.Since(start).Seconds(),
+				LeftRunning: r.LeaveRunning, Phases: m.Phases, Total: time.Since(start).Seconds(),
 			}
 			if r.Sign != nil {
 				out.SignedBy = signing.ID(r.Sign.Public().(ed25519.PublicKey))

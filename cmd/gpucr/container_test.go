@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/image"
 )
 
 // These tests checkpoint and restore real runc containers with real CRIU: through gpucr,
@@ -394,8 +395,8 @@ func counterContainer(t *testing.T, name string, args ...string) (runc, bundle, 
 	return runc, bundle, id, id2
 }
 
-func hasPhase(ps []phaseJSON, name string) bool {
-	return slices.ContainsFunc(ps, func(p phaseJSON) bool { return p.Name == name })
+func hasPhase(ps []image.Phase, name string) bool {
+	return slices.ContainsFunc(ps, func(p image.Phase) bool { return p.Name == name })
 }
 
 // A container streamed to a store with --to alone: its 64 MiB never touch local disk (TMPDIR

@@ -172,6 +172,15 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 			if code != c.code || !oneLineWith(out, c.want) {
 				t.Errorf("exit %d, want %d with one line containing %q:\n%s", code, c.code, c.want, out)
 			}
+			// Under --json the same refusal is on stdout as JSON, for machines.
+			stdout, _, code := gpucrEnv(t, nil, append(c.args, "--json")...)
+			var e struct {
+				Error    string `json:"error"`
+				ExitCode int    `json:"exitCode"`
+			}
+			if err := json.Unmarshal([]byte(stdout), &e); err != nil || code != c.code || e.ExitCode != code || !strings.Contains(e.Error, c.want) {
+				t.Errorf("with --json: exit %d, stdout %q (%v); want the error as JSON", code, stdout, err)
+			}
 		})
 	}
 	if !alive(w.pid) {

@@ -4,10 +4,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"runtime/debug"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -25,8 +28,37 @@ import (
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version is set at build time with -ldflags "-X main.version=..." (make does); without
+// it, what Go recorded in the binary names the build.
+var version = ""
+
+// versionString is version, else the module version Go recorded, else the VCS revision
+// the binary was built from ("-dirty" with uncommitted changes).
+func versionString() string {
+	if version != "" {
+		return version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	rev, dirty := "", ""
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value[:min(12, len(s.Value))]
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "-dirty"
+		}
+	}
+	if rev == "" {
+		return "unknown"
+	}
+	return "git-" + rev + dirty
+}
 
 // app holds the global flags and builds what the verbs share.
 type app struct {
@@ -51,7 +83,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	root := &cobra.Command{
 		Use:           "gpucr",
 		Short:         "Checkpoint and restore running GPU processes",
-		Version:       version,
+		Version:       versionString(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRun: func(*cobra.Command, []string) {
@@ -88,12 +120,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return code
 		}
 		fmt.Fprintf(stderr, "gpucr: %s\n", oneLine(err))
+		code := exitCode(err)
 		if isCobraUsage(err) {
-			return exitUsage
+			code = exitUsage
 		}
-		return exitCode(err)
+		// A command line cobra refused may not have been parsed as far as --json.
+		if a.json || slices.Contains(args, "--json") {
+			// Machines read stdout: the failure is there too, in the same schema.
+			b, _ := json.Marshal(errorOutput{Error: oneLine(err), ExitCode: code})
+			fmt.Fprintf(stdout, "%s\n", b)
+		}
+		return code
 	}
 	return 0
+}
+
+// errorOutput is what --json prints on stdout when a verb fails.
+type errorOutput struct {
+	Error    string `json:"error"`
+	ExitCode int    `json:"exitCode"`
 }
 
 // usageErrors makes cobra's own refusals of a command line — an unknown flag or verb, a
@@ -140,7 +185,7 @@ func (a *app) engine() (*engine.Engine, error) {
 	for name, why := range unavailable {
 		a.log.Debug("GPU backend off", "backend", name, "reason", why)
 	}
-	e := &engine.Engine{CRIU: d, Backends: backends, Version: version, Log: a.log, Report: newProgress(a.stderr),
+	e := &engine.Engine{CRIU: d, Backends: backends, Version: versionString(), Log: a.log, Report: newProgress(a.stderr),
 		AMDPluginDir: plugin.Find(d.Path), KFDTopology: kfd.DefaultRoot}
 	if !a.noTHP {
 		e.THPSwitch = a.thpSwitch

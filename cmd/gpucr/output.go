@@ -82,22 +82,6 @@ func phasesLine(ps []image.Phase) string {
 	return s
 }
 
-// phaseJSON is a phase with its duration in seconds, for machines.
-type phaseJSON struct {
-	Name    string  `json:"name"`
-	Seconds float64 `json:"seconds"`
-}
-
-func phasesJSON(ps []image.Phase) []phaseJSON {
-	out := make([]phaseJSON, len(ps))
-	for i, p := range ps {
-		out[i] = phaseJSON{p.Name, p.Duration.Seconds()}
-	}
-	return out
-}
-
-// classify gives errors users act on their exit code: a wrong request is a usage error,
-// a host without root or CRIU is not ready.
 // explainFullDisk says what to do about a checkpoint that ran out of disk. Every write of an
 // image happens before the processes are let go, so they run on.
 func explainFullDisk(err error) error {
@@ -107,6 +91,8 @@ func explainFullDisk(err error) error {
 	return err
 }
 
+// classify gives errors users act on their exit code: a wrong request is a usage error,
+// a host without root or CRIU is not ready.
 func classify(err error) error {
 	switch {
 	case errors.Is(err, engine.ErrNotRoot), errors.Is(err, criu.ErrNotFound), errors.Is(err, criu.ErrTooOld):

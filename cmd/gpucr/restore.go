@@ -29,7 +29,7 @@ type restoreOutput struct {
 	AMDMap    map[string]map[uint32]uint32 `json:"amdGpuMap,omitempty"`
 	Pulled    *transferOutput              `json:"pulled,omitempty"` // the fetch of --from
 	SignedBy  string                       `json:"signedBy,omitempty"`
-	Phases    []phaseJSON                  `json:"phases"`
+	Phases    []image.Phase                `json:"phases"`
 	Total     float64                      `json:"totalSeconds"`
 	CRIUStats *criuimg.RestoreStats        `json:"criuRestoreStats,omitempty"`
 }
@@ -77,7 +77,7 @@ func (a *app) restoreCmd() *cobra.Command {
 				return classifyContainer(err)
 			}
 			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Pulled: pulled, SignedBy: res.SignedBy,
-				Phases: phasesJSON(res.Phases), Total: time.Since(start).Seconds(), CRIUStats: res.CRIUStats}
+				Phases: res.Phases, Total: time.Since(start).Seconds(), CRIUStats: res.CRIUStats}
 			if ctr != "" {
 				out.Container = cmp.Or(newID, ctr)
 			}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/image"
 )
 
 // restored parses the root PID out of `gpucr restore --json`.
@@ -92,7 +94,7 @@ func restoreCounts(t *testing.T, w *workload, dir string, frozen int, env []stri
 	if v := w.verify(t, rs.RootPID); v != "ok" {
 		t.Fatalf("memory pattern after restore: %s", v)
 	}
-	return slices.ContainsFunc(rs.Phases, func(p phaseJSON) bool { return p.Name == "memory-fill" })
+	return slices.ContainsFunc(rs.Phases, func(p image.Phase) bool { return p.Name == "memory-fill" })
 }
 
 // With GPUCR_CRIU_WRITES_PAGES=1 and GPUCR_CRIU_RESTORES_PAGES=1 CRIU moves all memory

@@ -583,3 +583,17 @@ func TestCommitLocksModesDown(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Phases are written in seconds (format 2); a format 1 manifest's nanoseconds still read.
+func TestPhaseJSON(t *testing.T) {
+	b, err := json.Marshal(Phase{Name: "criu-dump", Duration: 1500 * time.Millisecond})
+	if err != nil || string(b) != `{"name":"criu-dump","seconds":1.5}` {
+		t.Fatalf("Marshal = %s, %v", b, err)
+	}
+	for _, in := range []string{`{"name":"criu-dump","seconds":1.5}`, `{"name":"criu-dump","durationNs":1500000000}`} {
+		var p Phase
+		if err := json.Unmarshal([]byte(in), &p); err != nil || p != (Phase{Name: "criu-dump", Duration: 1500 * time.Millisecond}) {
+			t.Errorf("Unmarshal(%s) = %+v, %v", in, p, err)
+		}
+	}
+}

@@ -3,6 +3,7 @@
 package image
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"time"
 
@@ -11,7 +12,9 @@ import (
 )
 
 // FormatVersion is the manifest format this build writes; it restores this one and older.
-const FormatVersion = 1
+// Format 2 records phase durations in seconds, as every other output of gpucr does; format
+// 1 recorded them in nanoseconds ("durationNs") and is still read.
+const FormatVersion = 2
 
 // ManifestName is the manifest's file name inside an image directory. SealName holds the
 // SHA-256 of the manifest's bytes: the manifest checksums every other file, the seal
@@ -89,8 +92,36 @@ func (m *Manifest) Leaves() []int {
 
 // Phase is the wall time of one step of the checkpoint.
 type Phase struct {
-	Name     string        `json:"name"`
-	Duration time.Duration `json:"durationNs"`
+	Name     string
+	Duration time.Duration
+}
+
+// phaseJSON is a Phase as manifests (and gpucr's --json) write it; DurationNs is how
+// format 1 wrote it.
+type phaseJSON struct {
+	Name       string   `json:"name"`
+	Seconds    *float64 `json:"seconds,omitempty"`
+	DurationNs *int64   `json:"durationNs,omitempty"`
+}
+
+func (p Phase) MarshalJSON() ([]byte, error) {
+	s := p.Duration.Seconds()
+	return json.Marshal(phaseJSON{Name: p.Name, Seconds: &s})
+}
+
+func (p *Phase) UnmarshalJSON(b []byte) error {
+	var j phaseJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	p.Name = j.Name
+	switch {
+	case j.Seconds != nil:
+		p.Duration = time.Duration(*j.Seconds * float64(time.Second))
+	case j.DurationNs != nil:
+		p.Duration = time.Duration(*j.DurationNs)
+	}
+	return nil
 }
 
 // File is one file of the image with its size and checksum.
