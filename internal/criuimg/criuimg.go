@@ -98,12 +98,12 @@ func readProcess(dir string, t *pstree.PstreeEntry, files map[uint32]*fdinfo.Fil
 
 	// crit decodes the pagemap head (pages_id) as *pagemap.PagemapHead, which
 	// decode drops; every remaining entry is a run of dumped pages.
-	pages, err := decode(dir, fmt.Sprintf("pagemap-%d.img", pid), &pagemap.PagemapEntry{})
+	pages, err := decode(dir, PagemapName(int(pid)), &pagemap.PagemapEntry{})
 	if err != nil {
 		return p, err
 	}
 	for _, pe := range pages {
-		p.MemoryBytes += uint64(pe.GetNrPages()) * uint64(os.Getpagesize())
+		p.MemoryBytes += uint64(pe.GetNrPages()) * PageSize
 	}
 
 	name = fmt.Sprintf("ids-%d.img", pid)

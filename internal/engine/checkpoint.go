@@ -14,6 +14,7 @@ import (
 	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
@@ -389,7 +390,7 @@ func (k storeSink) Create(name string) (pageserver.File, error) {
 
 // PagesBytes sums CRIU's page files: the memory the image holds.
 func PagesBytes(dir string) (uint64, error) {
-	matches, err := filepath.Glob(filepath.Join(dir, "pages-*.img"))
+	matches, err := filepath.Glob(filepath.Join(dir, criuimg.PagesGlob))
 	if err != nil {
 		return 0, err
 	}

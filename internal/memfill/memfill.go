@@ -40,12 +40,8 @@ const MinRun = 16 << 20
 // piece is how much one worker writes at a time.
 const piece = 8 << 20
 
-const (
-	pageSize = 4096
-	// CRIU's pagemap flag and VMA status bit (criu/include/pagemap.h, criu/include/image.h).
-	pePresent      = 1 << 2
-	vmaAnonPrivate = 1 << 9
-)
+// vmaAnonPrivate is CRIU's VMA status bit of private anonymous memory (criu/include/image.h).
+const vmaAnonPrivate = 1 << 9
 
 // Plan is a restore's division of memory between CRIU and memfill.
 type Plan struct {
@@ -195,7 +191,7 @@ func prepare(criuDir, dir string, pids []int) (*Plan, error) {
 // split takes pid's large runs out of its pagemap and page file, writing the rest into
 // dir, and returns the runs and the names of the files it rewrote (none if it took nothing).
 func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
-	pmName := fmt.Sprintf("pagemap-%d.img", pid)
+	pmName := criuimg.PagemapName(pid)
 	head, entries, err := readPagemap(filepath.Join(criuDir, pmName))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil, nil // a zombie or a process without private memory
@@ -207,7 +203,7 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	pagesName := fmt.Sprintf("pages-%d.img", head.GetPagesId())
+	pagesName := criuimg.PagesName(head.GetPagesId())
 	pagesPath := filepath.Join(criuDir, pagesName)
 
 	// CRIU writes a long run of memory as many entries of a few hundred pages each:
@@ -233,8 +229,8 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 		group = nil
 	}
 	for _, e := range entries {
-		size := int64(e.GetNrPages()) * pageSize
-		if e.GetFlags()&pePresent == 0 {
+		size := int64(e.GetNrPages()) * criuimg.PageSize
+		if e.GetFlags()&criuimg.PEPresent == 0 {
 			flush()
 			kept = append(kept, e)
 			continue
@@ -485,7 +481,7 @@ const maxPagesFile = 1 << 62
 // shorter than its pagemap, and an image whose manifest was rewritten to match a truncated
 // file passes every checksum.
 func CheckPages(criuDir string) error {
-	maps, err := filepath.Glob(filepath.Join(criuDir, "pagemap-*.img"))
+	maps, err := filepath.Glob(filepath.Join(criuDir, criuimg.PagemapGlob))
 	if err != nil {
 		return err
 	}
@@ -496,15 +492,15 @@ func CheckPages(criuDir string) error {
 		}
 		var want uint64
 		for _, e := range entries {
-			if e.GetFlags()&pePresent != 0 {
-				want += uint64(e.GetNrPages()) * pageSize // at most 2^44 a time: checked before it can wrap
+			if e.GetFlags()&criuimg.PEPresent != 0 {
+				want += uint64(e.GetNrPages()) * criuimg.PageSize // at most 2^44 a time: checked before it can wrap
 				if want > maxPagesFile {
 					return &image.CorruptError{Path: image.CRIUDir + "/" + filepath.Base(pm),
 						Reason: "lists more pages than any file holds: damaged, or crafted to pass this check"}
 				}
 			}
 		}
-		pages := filepath.Join(criuDir, fmt.Sprintf("pages-%d.img", head.GetPagesId()))
+		pages := filepath.Join(criuDir, criuimg.PagesName(head.GetPagesId()))
 		fi, err := os.Lstat(pages)
 		switch {
 		case errors.Is(err, fs.ErrNotExist) && want == 0:

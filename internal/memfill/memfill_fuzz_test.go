@@ -3,7 +3,6 @@ package memfill
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"math/bits"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/fuzzcheck"
 	"github.com/gpucr/gpucr/internal/image"
 )
@@ -44,11 +44,11 @@ func mmBytes(t testing.TB, vmas ...*vma.VmaEntry) []byte {
 // sum does not fit in 64 bits.
 func presentBytes(entries []*pagemap.PagemapEntry) (total uint64, ok bool) {
 	for _, e := range entries {
-		if e.GetFlags()&pePresent == 0 {
+		if e.GetFlags()&criuimg.PEPresent == 0 {
 			continue
 		}
 		var carry uint64
-		total, carry = bits.Add64(total, uint64(e.GetNrPages())*pageSize, 0)
+		total, carry = bits.Add64(total, uint64(e.GetNrPages())*criuimg.PageSize, 0)
 		if carry != 0 {
 			return 0, false
 		}
@@ -60,10 +60,10 @@ func presentBytes(entries []*pagemap.PagemapEntry) (total uint64, ok bool) {
 // parent image, a lazy run.
 func sampleEntries() []*pagemap.PagemapEntry {
 	return []*pagemap.PagemapEntry{
-		entry(0x400000, 4, pePresent),
+		entry(0x400000, 4, criuimg.PEPresent),
 		entry(0x600000, 2, 1),
-		entry(0x7f0000000000, 512, pePresent),
-		entry(0x7f0000200000, 512, pePresent),
+		entry(0x7f0000000000, 512, criuimg.PEPresent),
+		entry(0x7f0000200000, 512, criuimg.PEPresent),
 		entry(0x7fff00000000, 8, 2),
 	}
 }
@@ -76,7 +76,7 @@ func FuzzReadPagemap(f *testing.F) {
 	f.Add(good)
 	f.Add(pagemapBytes(f, 1))
 	f.Add(pagemapBytes(f, 7, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1)})) // no flags
-	f.Add(pagemapBytes(f, 1, entry(0x1000, math.MaxUint32, pePresent)))
+	f.Add(pagemapBytes(f, 1, entry(0x1000, math.MaxUint32, criuimg.PEPresent)))
 	f.Add(good[:8])
 	f.Add(good[:len(good)-2])
 	f.Add(append(slices.Clone(good[:8]), 0xfe, 0xff, 0xff, 0xff, 8, 1))
@@ -135,13 +135,13 @@ func FuzzReadPagemap(f *testing.F) {
 		if !ok || want > 1<<40 {
 			return // no file that long to try
 		}
-		pages := filepath.Join(criuDir, fmt.Sprintf("pages-%d.img", head.GetPagesId()))
+		pages := filepath.Join(criuDir, criuimg.PagesName(head.GetPagesId()))
 		if want == 0 {
 			if err := CheckPages(criuDir); err != nil {
 				t.Fatalf("no present pages and no pages file: %v", err)
 			}
 		}
-		for _, size := range []int64{int64(want), int64(want) + pageSize, int64(want) - 1} {
+		for _, size := range []int64{int64(want), int64(want) + criuimg.PageSize, int64(want) - 1} {
 			if size < 0 {
 				continue
 			}
@@ -173,16 +173,16 @@ const splitLimit = 24 << 20
 func FuzzSplit(f *testing.F) {
 	const rw, ro, anon = 3, 1, vmaAnonPrivate | 1
 	var big []*pagemap.PagemapEntry
-	big = append(big, entry(0x1000, 4, pePresent))
-	for off := uintptr(0); off < 20<<20; off += 512 * pageSize {
-		big = append(big, entry(0x10000000+off, 512, pePresent))
+	big = append(big, entry(0x1000, 4, criuimg.PEPresent))
+	for off := uintptr(0); off < 20<<20; off += 512 * criuimg.PageSize {
+		big = append(big, entry(0x10000000+off, 512, criuimg.PEPresent))
 	}
 	big = append(big, entry(0x7000000, 16, 1))
 	bigMM := mmBytes(f, vmaEntry(0x1000, 0x5000, rw, anon), vmaEntry(0x10000000, 0x10000000+24<<20, rw, anon))
 	f.Add(pagemapBytes(f, 3, big...), bigMM)
 	f.Add(pagemapBytes(f, 3, big...), mmBytes(f, vmaEntry(0x10000000, 0x10000000+24<<20, ro, anon)))
-	f.Add(pagemapBytes(f, 3, entry(0x10000000, 4096, pePresent), entry(0x10000000+16<<20, 1, pePresent)), bigMM)
-	f.Add(pagemapBytes(f, 3, entry(0xfffffffffffff000, 4096, pePresent)), mmBytes(f, vmaEntry(0xffffffffff000000, math.MaxUint64, rw, anon)))
+	f.Add(pagemapBytes(f, 3, entry(0x10000000, 4096, criuimg.PEPresent), entry(0x10000000+16<<20, 1, criuimg.PEPresent)), bigMM)
+	f.Add(pagemapBytes(f, 3, entry(0xfffffffffffff000, 4096, criuimg.PEPresent)), mmBytes(f, vmaEntry(0xffffffffff000000, math.MaxUint64, rw, anon)))
 	f.Add(pagemapBytes(f, 3, sampleEntries()...), mmBytes(f))
 	f.Add(pagemapBytes(f, 3, big...), pagemapBytes(f, 1))
 	f.Add([]byte{}, []byte{})
@@ -209,7 +209,7 @@ func FuzzSplit(f *testing.F) {
 		// The pages file: holes, and at the start of each entry's pages its index, so that
 		// the rewritten file shows which pages it kept.
 		offsets := make([]int64, len(entries))
-		pagesName := fmt.Sprintf("pages-%d.img", head.GetPagesId())
+		pagesName := criuimg.PagesName(head.GetPagesId())
 		if err == nil {
 			pf, err := os.Create(filepath.Join(criuDir, pagesName))
 			if err != nil {
@@ -218,13 +218,13 @@ func FuzzSplit(f *testing.F) {
 			var off int64
 			for i, e := range entries {
 				offsets[i] = off
-				if e.GetFlags()&pePresent == 0 || e.GetNrPages() == 0 {
+				if e.GetFlags()&criuimg.PEPresent == 0 || e.GetNrPages() == 0 {
 					continue
 				}
 				if _, err := pf.WriteAt(binary.LittleEndian.AppendUint64(nil, uint64(i+1)), off); err != nil {
 					t.Fatal(err)
 				}
-				off += int64(e.GetNrPages()) * pageSize
+				off += int64(e.GetNrPages()) * criuimg.PageSize
 			}
 			if err := pf.Truncate(int64(total)); err != nil {
 				t.Fatal(err)
@@ -256,7 +256,7 @@ func FuzzSplit(f *testing.F) {
 			switch {
 			case r.pid != 1 || r.file != filepath.Join(criuDir, pagesName):
 				t.Fatalf("run %+v: not of process 1's pages file", r)
-			case r.size < MinRun || r.size%pageSize != 0 || r.off < 0 || r.off%pageSize != 0 || uint64(r.off+r.size) > total:
+			case r.size < MinRun || r.size%criuimg.PageSize != 0 || r.off < 0 || r.off%criuimg.PageSize != 0 || uint64(r.off+r.size) > total:
 				t.Fatalf("run %+v: not whole pages of at least MinRun in a %d-byte pages file", r, total)
 			case r.addr+uint64(r.size) < r.addr:
 				t.Fatalf("run %+v: past the end of the address space", r)
@@ -281,7 +281,7 @@ func FuzzSplit(f *testing.F) {
 		var j int
 		var off int64
 		for i, e := range entries {
-			present := e.GetFlags()&pePresent != 0
+			present := e.GetFlags()&criuimg.PEPresent != 0
 			switch {
 			case present && e.GetNrPages() > 0 && inRun(i):
 				continue
@@ -301,7 +301,7 @@ func FuzzSplit(f *testing.F) {
 			if off+8 > int64(len(view)) || binary.LittleEndian.Uint64(view[off:]) != uint64(i+1) {
 				t.Fatalf("the rewritten pages file at %d does not hold entry %d's pages", off, i)
 			}
-			off += int64(e.GetNrPages()) * pageSize
+			off += int64(e.GetNrPages()) * criuimg.PageSize
 		}
 		if j != len(entries2) {
 			t.Fatalf("the rewritten pagemap has %d entries more than the image's outside the runs", len(entries2)-j)

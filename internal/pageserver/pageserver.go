@@ -21,10 +21,9 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/proto"
-)
 
-// PageSize is the unit of CRIU's page runs on the architectures gpucr supports.
-const PageSize = 4096
+	"github.com/gpucr/gpucr/internal/criuimg"
+)
 
 // Sink receives the pages of each pages file, in the order CRIU sends them.
 type Sink interface {
@@ -41,8 +40,7 @@ type File interface {
 	Close() error
 }
 
-// The protocol's commands and pagemap types (criu/page-xfer.c) and pagemap flags
-// (criu/include/pagemap.h).
+// The protocol's commands and pagemap types (criu/page-xfer.c).
 const (
 	cmdAdd        = 1
 	cmdHole       = 2
@@ -58,10 +56,6 @@ const (
 	typeBits = 8
 	typePID  = 1
 	typeShm  = 2
-
-	peParent  = 1 << 0
-	peLazy    = 1 << 1
-	pePresent = 1 << 2
 )
 
 // Image header magics (criu/include/magic.h).
@@ -235,9 +229,9 @@ func (s *Server) serve(c net.Conn) error {
 		case cmdAdd, cmdAddF, cmdHole:
 			switch cmd {
 			case cmdAdd:
-				flags = pePresent
+				flags = criuimg.PEPresent
 			case cmdHole:
-				flags = peParent
+				flags = criuimg.PEParent
 			}
 			if cur == nil || cur.dstID != m.DstID {
 				if err := open(m.DstID); err != nil {
@@ -285,9 +279,9 @@ func (s *Server) open(dstID uint64, pagesID uint32) (*pagemapFile, error) {
 	var name string
 	switch id := dstID >> typeBits; dstID & (1<<typeBits - 1) {
 	case typePID:
-		name = fmt.Sprintf("pagemap-%d.img", id)
+		name = criuimg.PagemapName(int(id))
 	case typeShm:
-		name = fmt.Sprintf("pagemap-shmem-%d.img", id)
+		name = criuimg.ShmemPagemapName(id)
 	default:
 		return nil, fmt.Errorf("page server: unknown pagemap type in %#x (CRIU older than 3.3?)", dstID)
 	}
@@ -305,7 +299,7 @@ func (s *Server) open(dstID uint64, pagesID uint32) (*pagemapFile, error) {
 		p.abort()
 		return nil, err
 	}
-	pagesName := fmt.Sprintf("pages-%d.img", pagesID)
+	pagesName := criuimg.PagesName(pagesID)
 	if p.pages, err = s.sink.Create(pagesName); err != nil {
 		p.abort()
 		return nil, fmt.Errorf("page server: start %s: %w", pagesName, err)
@@ -333,10 +327,10 @@ func (p *pagemapFile) add(m iov, flags uint32, r io.Reader) error {
 	if err := p.entry(e); err != nil {
 		return err
 	}
-	if flags&pePresent == 0 {
+	if flags&criuimg.PEPresent == 0 {
 		return nil
 	}
-	if err := p.pages.Receive(m.Vaddr, int(m.NrPages)*PageSize, r); err != nil {
+	if err := p.pages.Receive(m.Vaddr, int(m.NrPages)*criuimg.PageSize, r); err != nil {
 		return fmt.Errorf("page server: pages at %#x: %w", m.Vaddr, err)
 	}
 	return nil

@@ -19,6 +19,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/fuzzcheck"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/store"
@@ -175,7 +176,7 @@ func presentPages(entries []*pagemap.PagemapEntry, most int) ([]uint64, bool) {
 	for _, e := range entries {
 		present := !e.GetInParent()
 		if e.Flags != nil {
-			present = e.GetFlags()&pePresent != 0
+			present = e.GetFlags()&criuimg.PEPresent != 0
 		}
 		if !present {
 			continue
@@ -184,7 +185,7 @@ func presentPages(entries []*pagemap.PagemapEntry, most int) ([]uint64, bool) {
 			return nil, false
 		}
 		for p := range uint64(e.GetNrPages()) {
-			out = append(out, e.GetVaddr()+p*pageSize)
+			out = append(out, e.GetVaddr()+p*criuimg.PageSize)
 		}
 	}
 	return out, true
@@ -195,17 +196,17 @@ func presentPages(entries []*pagemap.PagemapEntry, most int) ([]uint64, bool) {
 // pages, each the pages of one ChunkSize window of address space; it never walks or keeps
 // more than the files' sizes allow, however many pages the entries claim.
 func FuzzPageCuts(f *testing.F) {
-	const present, parent, lazy = pePresent, 1, 2
+	const present, parent, lazy = criuimg.PEPresent, 1, 2
 	seed := func(size int64, entries ...*pagemap.PagemapEntry) {
 		f.Add(pagemapBytes(f, 1, entries...), size)
 	}
-	seed(5*pageSize, pmEntry(0x400000, 2, present), pmEntry(0x600000, 4, parent), pmEntry(0x7f0000000000, 3, present))
-	seed(2048*pageSize, pmEntry(0x7f00003ff000, 2048, present)) // crosses windows mid-run
-	seed(2*pageSize, pmEntry(0x1000, 1, present), pmEntry(0x1000+ChunkSize, 1, lazy), pmEntry(0x2000+ChunkSize, 1, present))
-	seed(pageSize, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1)})                      // no flags: present
+	seed(5*criuimg.PageSize, pmEntry(0x400000, 2, present), pmEntry(0x600000, 4, parent), pmEntry(0x7f0000000000, 3, present))
+	seed(2048*criuimg.PageSize, pmEntry(0x7f00003ff000, 2048, present)) // crosses windows mid-run
+	seed(2*criuimg.PageSize, pmEntry(0x1000, 1, present), pmEntry(0x1000+ChunkSize, 1, lazy), pmEntry(0x2000+ChunkSize, 1, present))
+	seed(criuimg.PageSize, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1)})              // no flags: present
 	seed(0, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1), InParent: proto.Bool(true)}) // no flags: in the parent
 	seed(1<<30, pmEntry(0, 0xffffffff, present), pmEntry(0, 0xffffffff, present), pmEntry(0, 0xffffffff, present))    // 48 TiB claimed
-	seed(pageSize, pmEntry(0xfffffffffffff000, 1, present))
+	seed(criuimg.PageSize, pmEntry(0xfffffffffffff000, 1, present))
 	seed(0)
 	f.Add(pagemapBytes(f, 1)[:8], int64(0))
 	f.Add([]byte{}, int64(0))
@@ -217,7 +218,7 @@ func FuzzPageCuts(f *testing.F) {
 	if err := os.WriteFile(path, pagemapBytes(f, 1, pmEntry(0x7f00003ff000, 2048, present)), 0o600); err != nil {
 		f.Fatal(err)
 	}
-	if got := pageCuts(dir, []File{{Path: image.CRIUDir + "/pages-1.img", Size: 2048 * pageSize}}); !slices.Equal(got[image.CRIUDir+"/pages-1.img"], []int64{pageSize, pageSize + ChunkSize, 2048 * pageSize}) {
+	if got := pageCuts(dir, []File{{Path: image.CRIUDir + "/pages-1.img", Size: 2048 * criuimg.PageSize}}); !slices.Equal(got[image.CRIUDir+"/pages-1.img"], []int64{criuimg.PageSize, criuimg.PageSize + ChunkSize, 2048 * criuimg.PageSize}) {
 		f.Fatalf("a run across three windows is cut at %v", got)
 	}
 	f.Fuzz(func(t *testing.T, data []byte, size int64) {
@@ -245,7 +246,7 @@ func FuzzPageCuts(f *testing.F) {
 		}
 		var prev int64
 		for _, e := range ends {
-			if e <= prev || e-prev > ChunkSize || (e-prev)%pageSize != 0 {
+			if e <= prev || e-prev > ChunkSize || (e-prev)%criuimg.PageSize != 0 {
 				t.Fatalf("chunk ends %v: not increasing whole pages of at most ChunkSize", ends)
 			}
 			prev = e
@@ -279,13 +280,13 @@ func FuzzPageCuts(f *testing.F) {
 		if !ok {
 			return
 		}
-		if int64(len(pages))*pageSize != prev {
+		if int64(len(pages))*criuimg.PageSize != prev {
 			t.Fatalf("%d present pages, chunks end at %d", len(pages), prev)
 		}
 		window := func(i int) int64 { return int64(pages[i]) / ChunkSize }
 		var start int
 		for _, e := range ends {
-			end := int(e / pageSize)
+			end := int(e / criuimg.PageSize)
 			for i := start + 1; i < end; i++ {
 				if window(i) != window(start) {
 					t.Fatalf("chunk of pages %d-%d spans windows %d and %d", start, end, window(start), window(i))

@@ -12,12 +12,6 @@ import (
 	"github.com/gpucr/gpucr/internal/image"
 )
 
-// pageSize is the unit of CRIU's page files; gpucr checkpoints x86-64 and arm64 with 4 KiB pages.
-const pageSize = 4096
-
-// pePresent is CRIU's PE_PRESENT pagemap flag: the run's pages are in the pages file.
-const pePresent = 1 << 2
-
 // pageCuts returns, for each pages-<id>.img of a CRIU image, where its chunks end. CRIU
 // writes the pages of a process back to back in address order, so a page's offset in the
 // file moves whenever any run of pages before it grows or shrinks, as a heap does between
@@ -33,14 +27,14 @@ func pageCuts(dir string, files []File) map[string][]int64 {
 		sizes[f.Path] = f.Size
 		largest = max(largest, f.Size)
 	}
-	maps, _ := filepath.Glob(filepath.Join(dir, image.CRIUDir, "pagemap-*.img"))
+	maps, _ := filepath.Glob(filepath.Join(dir, image.CRIUDir, criuimg.PagemapGlob))
 	cuts := map[string][]int64{}
 	for _, m := range maps {
 		id, ends, err := readPagemap(m, largest)
 		if err != nil {
 			continue
 		}
-		name := fmt.Sprintf("%s/pages-%d.img", image.CRIUDir, id)
+		name := image.CRIUDir + "/" + criuimg.PagesName(id)
 		if size, ok := sizes[name]; ok && (len(ends) == 0 && size == 0 || len(ends) > 0 && ends[len(ends)-1] == size) {
 			cuts[name] = ends
 		}
@@ -79,21 +73,21 @@ func readPagemap(path string, limit int64) (uint32, []int64, error) {
 		case *pagemap.PagemapEntry:
 			present := !m.GetInParent()
 			if m.Flags != nil {
-				present = m.GetFlags()&pePresent != 0
+				present = m.GetFlags()&criuimg.PEPresent != 0
 			}
 			if !present {
 				continue
 			}
-			if int64(m.GetNrPages())*pageSize > limit-off {
+			if int64(m.GetNrPages())*criuimg.PageSize > limit-off {
 				return 0, nil, fmt.Errorf("%s: its pages add up to more than %d bytes", path, limit)
 			}
 			for p := range int64(m.GetNrPages()) {
-				w := (int64(m.GetVaddr()) + p*pageSize) / ChunkSize
+				w := (int64(m.GetVaddr()) + p*criuimg.PageSize) / ChunkSize
 				if w != window && off > 0 {
 					ends = append(ends, off)
 				}
 				window = w
-				off += pageSize
+				off += criuimg.PageSize
 			}
 		}
 	}
