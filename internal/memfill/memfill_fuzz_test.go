@@ -20,14 +20,6 @@ import (
 	"github.com/gpucr/gpucr/internal/image"
 )
 
-func pagemapBytes(t testing.TB, pagesID uint32, entries ...*pagemap.PagemapEntry) []byte {
-	msgs := []proto.Message{&pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}}
-	for _, e := range entries {
-		msgs = append(msgs, e)
-	}
-	return fuzzcheck.Image(t, "PAGEMAP", msgs...)
-}
-
 func vmaEntry(start, end uint64, prot, status uint32) *vma.VmaEntry {
 	return &vma.VmaEntry{Start: proto.Uint64(start), End: proto.Uint64(end), Pgoff: proto.Uint64(0), Shmid: proto.Uint64(0),
 		Prot: proto.Uint32(prot), Flags: proto.Uint32(0x22), Status: proto.Uint32(status), Fd: proto.Int64(-1)}
@@ -68,26 +60,19 @@ func sampleEntries() []*pagemap.PagemapEntry {
 	}
 }
 
-// A pagemap comes from the image. readPagemap returns it or an error, allocating in
-// proportion to the file; what it returns survives writePagemap unchanged; and CheckPages
-// accepts a pages file exactly as long as the pagemap's present pages, no other.
-func FuzzReadPagemap(f *testing.F) {
-	good := pagemapBytes(f, 3, sampleEntries()...)
+// A pagemap comes from the image. CheckPages refuses one that does not read, and accepts a
+// pages file exactly as long as the pagemap's present pages, no other.
+func FuzzCheckPages(f *testing.F) {
+	good := fuzzcheck.Pagemap(f, 3, sampleEntries()...)
 	f.Add(good)
-	f.Add(pagemapBytes(f, 1))
-	f.Add(pagemapBytes(f, 7, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1)})) // no flags
-	f.Add(pagemapBytes(f, 1, entry(0x1000, math.MaxUint32, criuimg.PEPresent)))
+	f.Add(fuzzcheck.Pagemap(f, 1))
+	f.Add(fuzzcheck.Pagemap(f, 7, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1)})) // no flags
+	f.Add(fuzzcheck.Pagemap(f, 1, entry(0x1000, math.MaxUint32, criuimg.PEPresent)))
 	f.Add(good[:8])
 	f.Add(good[:len(good)-2])
 	f.Add(append(slices.Clone(good[:8]), 0xfe, 0xff, 0xff, 0xff, 8, 1))
 	f.Add([]byte{})
 	dir := f.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "good.img"), good, 0o600); err != nil {
-		f.Fatal(err)
-	}
-	if head, entries, err := readPagemap(filepath.Join(dir, "good.img")); err != nil || head.GetPagesId() != 3 || len(entries) != len(sampleEntries()) {
-		f.Fatalf("the sample pagemap reads as %v, %d entries, %v", head, len(entries), err)
-	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		criuDir := filepath.Join(dir, "criu")
 		if err := os.RemoveAll(criuDir); err != nil {
@@ -100,42 +85,18 @@ func FuzzReadPagemap(f *testing.F) {
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		var head *pagemap.PagemapHead
-		var entries []*pagemap.PagemapEntry
-		var err error
-		if n := fuzzcheck.Allocated(func() { head, entries, err = readPagemap(path) }); n > fuzzcheck.AllocSlack+uint64(512*len(data)) {
-			t.Fatalf("readPagemap allocated %d bytes for a %d-byte pagemap", n, len(data))
-		}
+		pm, err := criuimg.ReadPagemap(path)
 		if err != nil {
 			if CheckPages(criuDir) == nil {
-				t.Fatalf("CheckPages accepted a pagemap readPagemap refuses (%v)", err)
+				t.Fatalf("CheckPages accepted a pagemap ReadPagemap refuses (%v)", err)
 			}
 			return
 		}
-		if head == nil {
-			t.Fatal("readPagemap returned no head and no error")
-		}
-
-		again := filepath.Join(dir, "again.img")
-		os.Remove(again)
-		if err := writePagemap(again, head, entries); err != nil {
-			t.Fatalf("writePagemap of what readPagemap read: %v", err)
-		}
-		head2, entries2, err := readPagemap(again)
-		if err != nil || !proto.Equal(head, head2) || len(entries) != len(entries2) {
-			t.Fatalf("read back %v, %d entries, %v; wrote %v, %d entries", head2, len(entries2), err, head, len(entries))
-		}
-		for i := range entries {
-			if !proto.Equal(entries[i], entries2[i]) {
-				t.Fatalf("entry %d read back as %v, wrote %v", i, entries2[i], entries[i])
-			}
-		}
-
-		want, ok := presentBytes(entries)
+		want, ok := presentBytes(pm.Entries)
 		if !ok || want > 1<<40 {
 			return // no file that long to try
 		}
-		pages := filepath.Join(criuDir, criuimg.PagesName(head.GetPagesId()))
+		pages := filepath.Join(criuDir, pm.PagesName())
 		if want == 0 {
 			if err := CheckPages(criuDir); err != nil {
 				t.Fatalf("no present pages and no pages file: %v", err)
@@ -179,12 +140,12 @@ func FuzzSplit(f *testing.F) {
 	}
 	big = append(big, entry(0x7000000, 16, 1))
 	bigMM := mmBytes(f, vmaEntry(0x1000, 0x5000, rw, anon), vmaEntry(0x10000000, 0x10000000+24<<20, rw, anon))
-	f.Add(pagemapBytes(f, 3, big...), bigMM)
-	f.Add(pagemapBytes(f, 3, big...), mmBytes(f, vmaEntry(0x10000000, 0x10000000+24<<20, ro, anon)))
-	f.Add(pagemapBytes(f, 3, entry(0x10000000, 4096, criuimg.PEPresent), entry(0x10000000+16<<20, 1, criuimg.PEPresent)), bigMM)
-	f.Add(pagemapBytes(f, 3, entry(0xfffffffffffff000, 4096, criuimg.PEPresent)), mmBytes(f, vmaEntry(0xffffffffff000000, math.MaxUint64, rw, anon)))
-	f.Add(pagemapBytes(f, 3, sampleEntries()...), mmBytes(f))
-	f.Add(pagemapBytes(f, 3, big...), pagemapBytes(f, 1))
+	f.Add(fuzzcheck.Pagemap(f, 3, big...), bigMM)
+	f.Add(fuzzcheck.Pagemap(f, 3, big...), mmBytes(f, vmaEntry(0x10000000, 0x10000000+24<<20, ro, anon)))
+	f.Add(fuzzcheck.Pagemap(f, 3, entry(0x10000000, 4096, criuimg.PEPresent), entry(0x10000000+16<<20, 1, criuimg.PEPresent)), bigMM)
+	f.Add(fuzzcheck.Pagemap(f, 3, entry(0xfffffffffffff000, 4096, criuimg.PEPresent)), mmBytes(f, vmaEntry(0xffffffffff000000, math.MaxUint64, rw, anon)))
+	f.Add(fuzzcheck.Pagemap(f, 3, sampleEntries()...), mmBytes(f))
+	f.Add(fuzzcheck.Pagemap(f, 3, big...), fuzzcheck.Pagemap(f, 1))
 	f.Add([]byte{}, []byte{})
 	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, pm, mmData []byte) {
@@ -201,7 +162,12 @@ func FuzzSplit(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(criuDir, "mm-1.img"), mmData, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		head, entries, err := readPagemap(filepath.Join(criuDir, "pagemap-1.img"))
+		var head *pagemap.PagemapHead
+		var entries []*pagemap.PagemapEntry
+		read, err := criuimg.ReadPagemap(filepath.Join(criuDir, "pagemap-1.img"))
+		if err == nil {
+			head, entries = read.Head, read.Entries
+		}
 		total, ok := presentBytes(entries)
 		if err == nil && (!ok || total > splitLimit) {
 			return
@@ -270,10 +236,11 @@ func FuzzSplit(f *testing.F) {
 		inRun := func(i int) bool {
 			return slices.ContainsFunc(runs, func(r run) bool { return offsets[i] >= r.off && offsets[i] < r.off+r.size })
 		}
-		head2, entries2, err := readPagemap(filepath.Join(out, "pagemap-1.img"))
-		if err != nil || !proto.Equal(head, head2) {
-			t.Fatalf("rewritten pagemap: head %v, %v; want %v", head2, err, head)
+		rewritten, err := criuimg.ReadPagemap(filepath.Join(out, "pagemap-1.img"))
+		if err != nil || !proto.Equal(head, rewritten.Head) {
+			t.Fatalf("rewritten pagemap: %v, %v; want the head %v", rewritten, err, head)
 		}
+		entries2 := rewritten.Entries
 		view, err := os.ReadFile(filepath.Join(out, pagesName))
 		if err != nil {
 			t.Fatal(err)

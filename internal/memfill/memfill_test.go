@@ -123,9 +123,9 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 	if err != nil || !bytes.Equal(kept, append(append([]byte(nil), small...), roData...)) {
 		t.Errorf("CRIU's view of the page file: %d bytes, want the small and the read-only runs (%v)", len(kept), err)
 	}
-	_, viewEntries, err := readPagemap(filepath.Join(p.Dir, criuimg.PagemapName(pid)))
-	if err != nil || len(viewEntries) != 3 || viewEntries[1].GetVaddr() != uint64(roAt) {
-		t.Errorf("CRIU's view of the pagemap: %v entries (%v)", len(viewEntries), err)
+	view, err := criuimg.ReadPagemap(filepath.Join(p.Dir, criuimg.PagemapName(pid)))
+	if err != nil || len(view.Entries) != 3 || view.Entries[1].GetVaddr() != uint64(roAt) {
+		t.Errorf("CRIU's view of the pagemap: %v (%v)", view, err)
 	}
 
 	if err := p.Fill(context.Background()); err != nil {
@@ -411,7 +411,7 @@ func TestCheckPagesRefusesAWrappingSum(t *testing.T) {
 		entries[i] = entry(0, math.MaxUint32, criuimg.PEPresent)
 	}
 	entries = append(entries, entry(0, 1<<20, criuimg.PEPresent))
-	if err := writePagemap(filepath.Join(dir, "pagemap-1.img"), &pagemap.PagemapHead{PagesId: proto.Uint32(1)}, entries); err != nil {
+	if err := criuimg.WritePagemap(filepath.Join(dir, "pagemap-1.img"), &criuimg.Pagemap{Head: &pagemap.PagemapHead{PagesId: proto.Uint32(1)}, Entries: entries}); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), nil, 0o600); err != nil {

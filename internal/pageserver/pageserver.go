@@ -58,12 +58,6 @@ const (
 	typeShm  = 2
 )
 
-// Image header magics (criu/include/magic.h).
-const (
-	imgCommonMagic = 0x54564319
-	pagemapMagic   = 0x56084025
-)
-
 // firstPagesID is where the ids of the pages files start: CRIU's own page server starts
 // there too (up_page_ids_base), so that they never meet the ids of pagemaps the dumping
 // side might write itself.
@@ -271,6 +265,7 @@ type pagemapFile struct {
 	path  string
 	f     *os.File
 	w     *bufio.Writer
+	pm    *criuimg.PagemapWriter
 	pages File
 }
 
@@ -291,13 +286,9 @@ func (s *Server) open(dstID uint64, pagesID uint32) (*pagemapFile, error) {
 		return nil, fmt.Errorf("page server: %w", err)
 	}
 	p := &pagemapFile{dstID: dstID, path: path, f: f, w: bufio.NewWriter(f)}
-	var head [8]byte
-	binary.LittleEndian.PutUint32(head[0:], imgCommonMagic)
-	binary.LittleEndian.PutUint32(head[4:], pagemapMagic)
-	p.w.Write(head[:])
-	if err := p.entry(&pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}); err != nil {
+	if p.pm, err = criuimg.NewPagemapWriter(p.w, &pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}); err != nil {
 		p.abort()
-		return nil, err
+		return nil, fmt.Errorf("page server: %w", err)
 	}
 	pagesName := criuimg.PagesName(pagesID)
 	if p.pages, err = s.sink.Create(pagesName); err != nil {
@@ -308,24 +299,11 @@ func (s *Server) open(dstID uint64, pagesID uint32) (*pagemapFile, error) {
 	return p, nil
 }
 
-// entry appends one protobuf entry the way CRIU frames them: a 32-bit size, then the message.
-func (p *pagemapFile) entry(m proto.Message) error {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		return fmt.Errorf("page server: encode pagemap entry: %w", err)
-	}
-	var size [4]byte
-	binary.LittleEndian.PutUint32(size[:], uint32(len(b)))
-	p.w.Write(size[:])
-	_, err = p.w.Write(b)
-	return err
-}
-
 // add records one run of pages and, if they are present, receives them.
 func (p *pagemapFile) add(m iov, flags uint32, r io.Reader) error {
 	e := &pagemap.PagemapEntry{Vaddr: proto.Uint64(m.Vaddr), NrPages: proto.Uint32(m.NrPages), Flags: proto.Uint32(flags)}
-	if err := p.entry(e); err != nil {
-		return err
+	if err := p.pm.Add(e); err != nil {
+		return fmt.Errorf("page server: %w", err)
 	}
 	if flags&criuimg.PEPresent == 0 {
 		return nil

@@ -156,29 +156,16 @@ func FuzzLoad(f *testing.F) {
 	})
 }
 
-// pagemapBytes is the pagemap image CRIU writes for entries.
-func pagemapBytes(t testing.TB, pagesID uint32, entries ...*pagemap.PagemapEntry) []byte {
-	msgs := []proto.Message{&pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}}
-	for _, e := range entries {
-		msgs = append(msgs, e)
-	}
-	return fuzzcheck.Image(t, "PAGEMAP", msgs...)
-}
-
 func pmEntry(vaddr uint64, pages uint32, flags uint32) *pagemap.PagemapEntry {
 	return &pagemap.PagemapEntry{Vaddr: proto.Uint64(vaddr), NrPages: proto.Uint32(pages), Flags: proto.Uint32(flags)}
 }
 
 // presentPages lists the address of each page the pagemap puts in the pages file, in file
-// order, as pageCuts reads the flags; nil and false if there are more than most.
+// order; nil and false if there are more than most.
 func presentPages(entries []*pagemap.PagemapEntry, most int) ([]uint64, bool) {
 	var out []uint64
 	for _, e := range entries {
-		present := !e.GetInParent()
-		if e.Flags != nil {
-			present = e.GetFlags()&criuimg.PEPresent != 0
-		}
-		if !present {
+		if !criuimg.Present(e) {
 			continue
 		}
 		if len(out)+int(e.GetNrPages()) > most {
@@ -198,7 +185,7 @@ func presentPages(entries []*pagemap.PagemapEntry, most int) ([]uint64, bool) {
 func FuzzPageCuts(f *testing.F) {
 	const present, parent, lazy = criuimg.PEPresent, 1, 2
 	seed := func(size int64, entries ...*pagemap.PagemapEntry) {
-		f.Add(pagemapBytes(f, 1, entries...), size)
+		f.Add(fuzzcheck.Pagemap(f, 1, entries...), size)
 	}
 	seed(5*criuimg.PageSize, pmEntry(0x400000, 2, present), pmEntry(0x600000, 4, parent), pmEntry(0x7f0000000000, 3, present))
 	seed(2048*criuimg.PageSize, pmEntry(0x7f00003ff000, 2048, present)) // crosses windows mid-run
@@ -208,14 +195,14 @@ func FuzzPageCuts(f *testing.F) {
 	seed(1<<30, pmEntry(0, 0xffffffff, present), pmEntry(0, 0xffffffff, present), pmEntry(0, 0xffffffff, present))    // 48 TiB claimed
 	seed(criuimg.PageSize, pmEntry(0xfffffffffffff000, 1, present))
 	seed(0)
-	f.Add(pagemapBytes(f, 1)[:8], int64(0))
+	f.Add(fuzzcheck.Pagemap(f, 1)[:8], int64(0))
 	f.Add([]byte{}, int64(0))
 	dir := f.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, image.CRIUDir), 0o700); err != nil {
 		f.Fatal(err)
 	}
 	path := filepath.Join(dir, image.CRIUDir, "pagemap-1.img")
-	if err := os.WriteFile(path, pagemapBytes(f, 1, pmEntry(0x7f00003ff000, 2048, present)), 0o600); err != nil {
+	if err := os.WriteFile(path, fuzzcheck.Pagemap(f, 1, pmEntry(0x7f00003ff000, 2048, present)), 0o600); err != nil {
 		f.Fatal(err)
 	}
 	if got := pageCuts(dir, []File{{Path: image.CRIUDir + "/pages-1.img", Size: 2048 * criuimg.PageSize}}); !slices.Equal(got[image.CRIUDir+"/pages-1.img"], []int64{criuimg.PageSize, criuimg.PageSize + ChunkSize, 2048 * criuimg.PageSize}) {
@@ -234,10 +221,10 @@ func FuzzPageCuts(f *testing.F) {
 			t.Fatalf("pageCuts allocated %d bytes for a %d-byte pagemap and a %d-byte pages file", n, len(data), size)
 		}
 		limit := max(size, 100)
-		id, ends, err := readPagemap(path, limit)
+		id, ends, err := chunkEnds(path, limit)
 		if err != nil {
 			if len(cuts) != 0 {
-				t.Fatalf("readPagemap refuses the pagemap (%v), yet pageCuts cut %v", err, cuts)
+				t.Fatalf("chunkEnds refuses the pagemap (%v), yet pageCuts cut %v", err, cuts)
 			}
 			return
 		}
@@ -257,7 +244,7 @@ func FuzzPageCuts(f *testing.F) {
 			t.Fatalf("pages id %d, ends %v, file of %d bytes: cut %v", id, ends, size, cut)
 		}
 		if cut && !slices.Equal(got, ends) {
-			t.Fatalf("pageCuts cut %v, readPagemap says %v", got, ends)
+			t.Fatalf("pageCuts cut %v, chunkEnds says %v", got, ends)
 		}
 
 		// Page by page, where that is cheap: a chunk is the pages of one window.
@@ -268,7 +255,7 @@ func FuzzPageCuts(f *testing.F) {
 		defer img.Close()
 		decoded, err := crit.New(img, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
 		if err != nil {
-			t.Fatalf("readPagemap read a pagemap crit refuses: %v", err)
+			t.Fatalf("chunkEnds read a pagemap crit refuses: %v", err)
 		}
 		var entries []*pagemap.PagemapEntry
 		for _, e := range decoded.Entries {

@@ -2,11 +2,7 @@ package chunked
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-
-	"github.com/checkpoint-restore/go-criu/v7/crit"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
@@ -30,7 +26,7 @@ func pageCuts(dir string, files []File) map[string][]int64 {
 	maps, _ := filepath.Glob(filepath.Join(dir, image.CRIUDir, criuimg.PagemapGlob))
 	cuts := map[string][]int64{}
 	for _, m := range maps {
-		id, ends, err := readPagemap(m, largest)
+		id, ends, err := chunkEnds(m, largest)
 		if err != nil {
 			continue
 		}
@@ -42,60 +38,38 @@ func pageCuts(dir string, files []File) map[string][]int64 {
 	return cuts
 }
 
-// readPagemap returns the pages id of a pagemap image and the file offsets at which the
+// chunkEnds returns the pages id of a pagemap image and the file offsets at which the
 // chunks of its pages file end. The present pages must add up to limit bytes at most: the
 // pagemap comes from the image, and each of its entries can claim 16 TiB of pages, which
 // would otherwise be walked page by page.
-func readPagemap(path string, limit int64) (uint32, []int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer f.Close()
-	if err := criuimg.CheckFrames(f); err != nil {
-		return 0, nil, fmt.Errorf("%s: %w", path, err)
-	}
-	img, err := crit.New(f, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
+func chunkEnds(path string, limit int64) (uint32, []int64, error) {
+	pm, err := criuimg.ReadPagemap(path)
 	if err != nil {
 		return 0, nil, err
 	}
 	var (
-		id     uint32
-		headed bool
 		ends   []int64
 		off    int64
 		window = int64(-1)
 	)
-	for _, e := range img.Entries {
-		switch m := e.Message.(type) {
-		case *pagemap.PagemapHead:
-			id, headed = m.GetPagesId(), true
-		case *pagemap.PagemapEntry:
-			present := !m.GetInParent()
-			if m.Flags != nil {
-				present = m.GetFlags()&criuimg.PEPresent != 0
-			}
-			if !present {
-				continue
-			}
-			if int64(m.GetNrPages())*criuimg.PageSize > limit-off {
-				return 0, nil, fmt.Errorf("%s: its pages add up to more than %d bytes", path, limit)
-			}
-			for p := range int64(m.GetNrPages()) {
-				w := (int64(m.GetVaddr()) + p*criuimg.PageSize) / ChunkSize
-				if w != window && off > 0 {
-					ends = append(ends, off)
-				}
-				window = w
-				off += criuimg.PageSize
-			}
+	for _, e := range pm.Entries {
+		if !criuimg.Present(e) {
+			continue
 		}
-	}
-	if !headed {
-		return 0, nil, fmt.Errorf("%s: no pagemap head", path)
+		if int64(e.GetNrPages())*criuimg.PageSize > limit-off {
+			return 0, nil, fmt.Errorf("%s: its pages add up to more than %d bytes", path, limit)
+		}
+		for p := range int64(e.GetNrPages()) {
+			w := (int64(e.GetVaddr()) + p*criuimg.PageSize) / ChunkSize
+			if w != window && off > 0 {
+				ends = append(ends, off)
+			}
+			window = w
+			off += criuimg.PageSize
+		}
 	}
 	if off > 0 {
 		ends = append(ends, off)
 	}
-	return id, ends, nil
+	return pm.Head.GetPagesId(), ends, nil
 }
