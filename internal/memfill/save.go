@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -19,6 +18,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/parallel"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -230,17 +230,10 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 	return out, nil
 }
 
-// Receiver takes one file of a checkpoint streamed to a store (a chunked.StreamFile).
-type Receiver interface {
-	// Receive reads the file's next size bytes from r; at is their offset in the file.
-	Receive(at uint64, size int, r io.Reader) error
-	Close() error
-}
-
 // SaveTo is Save for a checkpoint streamed to a store: every range is read from its process,
 // on all cores, into the MemDir file that create starts for it (path relative to the
 // image), a file per worker at a time. The processes must be frozen.
-func SaveTo(ctx context.Context, rs []Range, create func(path string) (Receiver, error)) error {
+func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.Receiver, error)) error {
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
 	return parallel.Each(ctx, rs, workers, func() []byte { return make([]byte, image.ChunkSize) },

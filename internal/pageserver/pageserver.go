@@ -28,16 +28,7 @@ import (
 // Sink receives the pages of each pages file, in the order CRIU sends them.
 type Sink interface {
 	// Create starts the pages file with the given name, such as "pages-65537.img".
-	Create(name string) (File, error)
-}
-
-// File is one pages file being received.
-type File interface {
-	// Receive reads the next size bytes of the file from r: present pages starting at the
-	// virtual address (or shared-memory offset) vaddr, in CRIU's order.
-	Receive(vaddr uint64, size int, r io.Reader) error
-	// Close ends the file; no more pages follow.
-	Close() error
+	Create(name string) (criuimg.Receiver, error)
 }
 
 // The protocol's commands and pagemap types (criu/page-xfer.c).
@@ -266,7 +257,7 @@ type pagemapFile struct {
 	f     *os.File
 	w     *bufio.Writer
 	pm    *criuimg.PagemapWriter
-	pages File
+	pages criuimg.Receiver
 }
 
 // open starts the pagemap image for CRIU's dstID and its pages file pagesID.

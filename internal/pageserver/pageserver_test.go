@@ -30,7 +30,7 @@ type memFile struct {
 	closed bool
 }
 
-func (s *memSink) Create(name string) (File, error) {
+func (s *memSink) Create(name string) (criuimg.Receiver, error) {
 	f := &memFile{}
 	s.files[name] = f
 	return f, nil
