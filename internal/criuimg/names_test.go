@@ -35,3 +35,36 @@ func TestIsPagesName(t *testing.T) {
 		}
 	}
 }
+
+// A name MemName makes reads back as what it names; ParseMemName refuses anything else a
+// manifest may hold there.
+func TestMemNames(t *testing.T) {
+	if got := MemName(42, 0x7f0000000000); got != "42-7f0000000000.img" {
+		t.Errorf("MemName = %s", got)
+	}
+	for _, tc := range []struct {
+		name  string
+		pid   int
+		start uint64
+		ok    bool
+	}{
+		{"42-7f0000000000.img", 42, 0x7f0000000000, true},
+		{"42-0.img", 42, 0, true},
+		{"42-ffffffffffffffff.img", 42, 1<<64 - 1, true},
+		{"+42-1000.img", 42, 0x1000, true}, // as strconv reads a PID
+		{"42-1000", 0, 0, false},
+		{"42-0x1000.img", 0, 0, false},
+		{"42-10000000000000000.img", 0, 0, false},
+		{"-1000.img", 0, 0, false},
+		{"42.img", 0, 0, false},
+		{"pages-1.img", 0, 0, false},
+	} {
+		pid, start, ok := ParseMemName(tc.name)
+		if pid != tc.pid || start != tc.start || ok != tc.ok {
+			t.Errorf("ParseMemName(%q) = %d, %#x, %v; want %d, %#x, %v", tc.name, pid, start, ok, tc.pid, tc.start, tc.ok)
+		}
+		if ok && tc.name[0] != '+' && MemName(pid, start) != tc.name {
+			t.Errorf("%q reads as %d, %#x, which MemName names %s", tc.name, pid, start, MemName(pid, start))
+		}
+	}
+}

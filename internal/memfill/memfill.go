@@ -131,7 +131,7 @@ func (p *Plan) Bytes() int64 {
 }
 
 // Prepare plans the memory gpucr restores itself from the image in imageDir, which m
-// describes: the ranges it saved at checkpoint (MemDir, as m lists them), and, from the processes in split, the large runs it takes
+// describes: the ranges it saved at checkpoint (criuimg.MemDir, as m lists them), and, from the processes in split, the large runs it takes
 // out of the view of the CRIU image that CRIU then restores from (Plan.Dir, under work; ""
 // when CRIU can use the image as it is). Only processes without children may be split:
 // CRIU must restore itself the memory a child shares copy-on-write.

@@ -301,7 +301,7 @@ func FuzzSavedRuns(f *testing.F) {
 			return
 		}
 		imageDir := "/img"
-		m := &image.Manifest{Processes: []image.Process{{PID: pid}}, Files: []image.File{{Path: MemDir + "/" + name, Size: size}}}
+		m := &image.Manifest{Processes: []image.Process{{PID: pid}}, Files: []image.File{{Path: criuimg.MemDir + "/" + name, Size: size}}}
 		runs, err := savedRuns(imageDir, m)
 		if err != nil {
 			if !errors.Is(err, image.ErrCorrupt) {
@@ -314,11 +314,11 @@ func FuzzSavedRuns(f *testing.F) {
 					t.Fatalf("%q: a run of process %d, which is not in the image", name, r.pid)
 				case r.size != size || r.addr+uint64(r.size) < r.addr:
 					t.Fatalf("%q of %d bytes: run %+v", name, size, r)
-				case r.file != filepath.Join(imageDir, MemDir, name):
+				case r.file != filepath.Join(imageDir, criuimg.MemDir, name):
 					t.Fatalf("%q: run reads %s", name, r.file)
 				}
 				back, err := savedRuns(imageDir, &image.Manifest{Processes: m.Processes,
-					Files: []image.File{{Path: MemDir + "/" + rangeName(Range{PID: r.pid, Start: r.addr}), Size: size}}})
+					Files: []image.File{{Path: criuimg.MemDir + "/" + criuimg.MemName(r.pid, r.addr), Size: size}}})
 				if err != nil || len(back) != 1 || back[0].pid != r.pid || back[0].addr != r.addr {
 					t.Fatalf("%q: the run's own name reads back as %+v, %v", name, back, err)
 				}
@@ -326,8 +326,8 @@ func FuzzSavedRuns(f *testing.F) {
 		}
 
 		// The name Save gives the range (pid, start).
-		own := rangeName(Range{PID: pid, Start: start})
-		runs, err = savedRuns(imageDir, &image.Manifest{Processes: m.Processes, Files: []image.File{{Path: MemDir + "/" + own, Size: size}}})
+		own := criuimg.MemName(pid, start)
+		runs, err = savedRuns(imageDir, &image.Manifest{Processes: m.Processes, Files: []image.File{{Path: criuimg.MemDir + "/" + own, Size: size}}})
 		fits := start+uint64(size) >= start
 		if fits != (err == nil) {
 			t.Fatalf("%s of %d bytes: savedRuns = %v", own, size, err)

@@ -375,7 +375,7 @@ func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
 		t.Fatalf("a range of a process outside the tree: savedRuns = %v", err)
 	}
 	// A file in mem/ that the manifest does not list is never read.
-	if err := os.WriteFile(filepath.Join(dir, MemDir, "1-1000.img"), make([]byte, criuimg.PageSize), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, criuimg.MemDir, "1-1000.img"), make([]byte, criuimg.PageSize), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	own := &image.Manifest{Processes: []image.Process{{PID: os.Getpid()}}, Files: files}
