@@ -230,7 +230,7 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 	}
 	for _, e := range pm.Entries {
 		size := int64(e.GetNrPages()) * criuimg.PageSize
-		if e.GetFlags()&criuimg.PEPresent == 0 {
+		if !criuimg.Present(e) {
 			flush()
 			kept = append(kept, e)
 			continue
@@ -444,7 +444,7 @@ func CheckPages(criuDir string) error {
 		}
 		var want uint64
 		for _, e := range pm.Entries {
-			if e.GetFlags()&criuimg.PEPresent != 0 {
+			if criuimg.Present(e) {
 				want += uint64(e.GetNrPages()) * criuimg.PageSize // at most 2^44 a time: checked before it can wrap
 				if want > maxPagesFile {
 					return &image.CorruptError{Path: image.CRIUDir + "/" + filepath.Base(path),

@@ -422,3 +422,35 @@ func TestCheckPagesRefusesAWrappingSum(t *testing.T) {
 		t.Fatalf("CheckPages: %v", err)
 	}
 }
+
+// An entry without flags, as a CRIU older than them wrote it, is present unless it is in
+// the parent image: CRIU reads its pages from the pages file, so CheckPages counts them too.
+// Otherwise a crafted image whose pages file leaves them out would pass, and CRIU would
+// spin on its short pages file.
+func TestCheckPagesReadsEntriesWithoutFlagsAsCRIUDoes(t *testing.T) {
+	noFlags := &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(2)}
+	inParent := &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x8000), NrPages: proto.Uint32(4), InParent: proto.Bool(true)}
+	for _, tc := range []struct {
+		pages int64 // the pages file's size; -1: none
+		ok    bool
+	}{
+		{-1, false},
+		{0, false},
+		{2 * criuimg.PageSize, true},
+		{6 * criuimg.PageSize, false},
+	} {
+		dir := t.TempDir()
+		pm := &criuimg.Pagemap{Head: &pagemap.PagemapHead{PagesId: proto.Uint32(1)}, Entries: []*pagemap.PagemapEntry{noFlags, inParent}}
+		if err := criuimg.WritePagemap(filepath.Join(dir, "pagemap-1.img"), pm); err != nil {
+			t.Fatal(err)
+		}
+		if tc.pages >= 0 {
+			if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), make([]byte, tc.pages), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := CheckPages(dir); (err == nil) != tc.ok {
+			t.Errorf("a pages file of %d bytes: CheckPages = %v, want ok %v", tc.pages, err, tc.ok)
+		}
+	}
+}
