@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/store/chunked"
@@ -32,7 +33,7 @@ func TestCraftedImagesAreRefused(t *testing.T) {
 		want   string
 	}{
 		{"memory for a process outside the tree", func(t *testing.T, staged string) {
-			write(t, filepath.Join(staged, "mem", fmt.Sprintf("%d-%x.img", bystander.pid, 0x10000)), make([]byte, 4096))
+			write(t, filepath.Join(staged, criuimg.MemDir, criuimg.MemName(bystander.pid, 0x10000)), make([]byte, 4096))
 		}, "not in the image's tree"},
 		{"pages file shorter than its pagemap", func(t *testing.T, staged string) {
 			p := largestPagesFile(t, staged)
@@ -66,7 +67,7 @@ func TestCraftedImagesAreRefused(t *testing.T) {
 	// when the seal is left alone.
 	for name, add := range map[string]func(dir string){
 		"unlisted file": func(dir string) {
-			write(t, filepath.Join(dir, "mem", strconv.Itoa(bystander.pid)+"-1000.img"), make([]byte, 4096))
+			write(t, filepath.Join(dir, criuimg.MemDir, criuimg.MemName(bystander.pid, 0x1000)), make([]byte, 4096))
 		},
 		"symlink to a host file": func(dir string) {
 			if err := os.Symlink("/etc/shadow", filepath.Join(dir, "criu", "ghost.img")); err != nil {
@@ -285,7 +286,7 @@ func TestTamperedStoreManifestIsRefused(t *testing.T) {
 	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	m.Files = append(m.Files, chunked.File{Path: fmt.Sprintf("mem/%d-10000.img", bystander.pid), Size: 4096,
+	m.Files = append(m.Files, chunked.File{Path: criuimg.MemDir + "/" + criuimg.MemName(bystander.pid, 0x10000), Size: 4096,
 		Chunks: []chunked.Chunk{{Size: 4096, Zero: true}}})
 	if b, err = json.Marshal(m); err != nil {
 		t.Fatal(err)

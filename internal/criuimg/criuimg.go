@@ -1,5 +1,5 @@
-// Package criuimg reads what is inside a CRIU image directory (process tree,
-// memory, open files) for `gpucr inspect`. It never writes.
+// Package criuimg owns CRIU's image formats as gpucr meets them: the memory files' names and
+// constants, pagemaps (read and written only here), and what `gpucr inspect` reads.
 //
 // Images are decoded one file at a time with go-criu's crit.Decode. crit's
 // Explore* helpers are not used: they cache files.img in package globals
@@ -21,7 +21,6 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	remap_file_path "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
 	"google.golang.org/protobuf/proto"
@@ -96,14 +95,12 @@ func readProcess(dir string, t *pstree.PstreeEntry, files map[uint32]*fdinfo.Fil
 	}
 	p.Command = core[0].GetTc().GetComm()
 
-	// crit decodes the pagemap head (pages_id) as *pagemap.PagemapHead, which
-	// decode drops; every remaining entry is a run of dumped pages.
-	pages, err := decode(dir, fmt.Sprintf("pagemap-%d.img", pid), &pagemap.PagemapEntry{})
+	pm, err := ReadPagemap(filepath.Join(dir, PagemapName(int(pid))))
 	if err != nil {
 		return p, err
 	}
-	for _, pe := range pages {
-		p.MemoryBytes += uint64(pe.GetNrPages()) * uint64(os.Getpagesize())
+	for _, e := range pm.Entries {
+		p.MemoryBytes += uint64(e.GetNrPages()) * PageSize
 	}
 
 	name = fmt.Sprintf("ids-%d.img", pid)
@@ -146,10 +143,26 @@ func openFile(fd *fdinfo.FdinfoEntry, f *fdinfo.FileEntry) OpenFile {
 	return o
 }
 
-// decode returns the entries of image name in dir that are of entry's type;
-// entries of another type (the pagemap head) are left out.
+// decode returns the entries of image name in dir that are of entry's type.
 func decode[M proto.Message](dir, name string, entry M) ([]M, error) {
-	f, err := os.Open(filepath.Join(dir, name))
+	img, err := decodeFile(filepath.Join(dir, name), entry)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]M, 0, len(img.Entries))
+	for _, e := range img.Entries {
+		if m, ok := e.Message.(M); ok {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// decodeFile decodes the image at path, entry giving its entries' type, once CheckFrames
+// has found that its entries fit in the file.
+func decodeFile(path string, entry proto.Message) (*crit.CriuImage, error) {
+	name := filepath.Base(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
@@ -161,13 +174,7 @@ func decode[M proto.Message](dir, name string, entry M) ([]M, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	out := make([]M, 0, len(img.Entries))
-	for _, e := range img.Entries {
-		if m, ok := e.Message.(M); ok {
-			out = append(out, m)
-		}
-	}
-	return out, nil
+	return img, nil
 }
 
 // CheckFrames checks, before crit decodes the image f, that every entry the image's size
@@ -220,10 +227,12 @@ func CheckFrames(f *os.File) error {
 	return nil
 }
 
-// The magics that may come before an image's own (criu/include/magic.h).
+// The magics that may come before an image's own, and the pagemap's own
+// (criu/include/magic.h).
 const (
 	imgCommonMagic  = 0x54564319
 	imgServiceMagic = 0x55105940
+	pagemapMagic    = 0x56084025
 )
 
 // MissingFiles lists the regular files the image's processes had open or mapped that do not

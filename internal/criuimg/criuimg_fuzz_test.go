@@ -94,7 +94,7 @@ func FuzzRead(f *testing.F) {
 		}
 	}
 	if s, err := Read(dir); err != nil || len(s.Processes) != 1 || s.Processes[0].Command != "sleep" ||
-		s.MemoryBytes < 515*uint64(os.Getpagesize()) || len(s.Processes[0].Files) != 4 {
+		s.MemoryBytes < 515*PageSize || len(s.Processes[0].Files) != 4 {
 		f.Fatalf("the sample image reads as %+v, %v", s, err)
 	}
 	f.Fuzz(func(t *testing.T, tree, core, pm, ids, fds, files []byte) {
@@ -129,7 +129,7 @@ func FuzzRead(f *testing.F) {
 			if p.PID != int(procs[i].GetPid()) || p.PPID != int(procs[i].GetPpid()) || p.Threads != len(procs[i].GetThreads()) {
 				t.Errorf("process %d = %+v, pstree.img says %v", i, p, procs[i])
 			}
-			if p.MemoryBytes%uint64(os.Getpagesize()) != 0 {
+			if p.MemoryBytes%PageSize != 0 {
 				t.Errorf("process %d: %d bytes of memory, not whole pages", p.PID, p.MemoryBytes)
 			}
 			total += p.MemoryBytes

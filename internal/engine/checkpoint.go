@@ -14,6 +14,7 @@ import (
 	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
@@ -321,7 +322,7 @@ func SaveAndCommit(ctx context.Context, t *Timer, stage *image.Staging, m *image
 	if s != nil {
 		if len(saved) > 0 {
 			err := t.Run(PhaseMemorySave, func() error {
-				return memfill.SaveTo(ctx, saved, func(path string) (memfill.Receiver, error) { return s.Create(path) })
+				return memfill.SaveTo(ctx, saved, func(path string) (criuimg.Receiver, error) { return s.Create(path) })
 			})
 			if err != nil {
 				return err
@@ -376,20 +377,20 @@ func storeStreamed(ctx context.Context, stage *image.Staging, m *image.Manifest,
 // stagingSink writes the page files into the staged image.
 type stagingSink struct{ s *image.Staging }
 
-func (k stagingSink) Create(name string) (pageserver.File, error) { return k.s.CreatePages(name) }
+func (k stagingSink) Create(name string) (criuimg.Receiver, error) { return k.s.CreatePages(name) }
 
 // StoreSink names the page files a streamed checkpoint receives as they sit in an image.
 func StoreSink(s *chunked.Stream) pageserver.Sink { return storeSink{s} }
 
 type storeSink struct{ s *chunked.Stream }
 
-func (k storeSink) Create(name string) (pageserver.File, error) {
+func (k storeSink) Create(name string) (criuimg.Receiver, error) {
 	return k.s.Create(image.CRIUDir + "/" + name)
 }
 
 // PagesBytes sums CRIU's page files: the memory the image holds.
 func PagesBytes(dir string) (uint64, error) {
-	matches, err := filepath.Glob(filepath.Join(dir, "pages-*.img"))
+	matches, err := filepath.Glob(filepath.Join(dir, criuimg.PagesGlob))
 	if err != nil {
 		return 0, err
 	}

@@ -250,7 +250,7 @@ func startVerify(dir string, files []image.File, before time.Duration) *verifica
 // behind the verification gate — from the files CRIU parses.
 func splitMemory(files []image.File) (meta, memory []image.File) {
 	for _, f := range files {
-		if strings.HasPrefix(path.Base(f.Path), "pages-") || path.Dir(f.Path) == memfill.MemDir {
+		if criuimg.IsPagesName(path.Base(f.Path)) || path.Dir(f.Path) == criuimg.MemDir {
 			memory = append(memory, f)
 		} else {
 			meta = append(meta, f)

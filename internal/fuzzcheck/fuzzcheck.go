@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -48,4 +49,14 @@ func Image(t testing.TB, magic string, msgs ...proto.Message) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// Pagemap is the pagemap image CRIU writes for a pages file pagesID and entries.
+func Pagemap(t testing.TB, pagesID uint32, entries ...*pagemap.PagemapEntry) []byte {
+	t.Helper()
+	msgs := []proto.Message{&pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}}
+	for _, e := range entries {
+		msgs = append(msgs, e)
+	}
+	return Image(t, "PAGEMAP", msgs...)
 }

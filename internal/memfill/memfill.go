@@ -40,12 +40,8 @@ const MinRun = 16 << 20
 // piece is how much one worker writes at a time.
 const piece = 8 << 20
 
-const (
-	pageSize = 4096
-	// CRIU's pagemap flag and VMA status bit (criu/include/pagemap.h, criu/include/image.h).
-	pePresent      = 1 << 2
-	vmaAnonPrivate = 1 << 9
-)
+// vmaAnonPrivate is CRIU's VMA status bit of private anonymous memory (criu/include/image.h).
+const vmaAnonPrivate = 1 << 9
 
 // Plan is a restore's division of memory between CRIU and memfill.
 type Plan struct {
@@ -135,7 +131,7 @@ func (p *Plan) Bytes() int64 {
 }
 
 // Prepare plans the memory gpucr restores itself from the image in imageDir, which m
-// describes: the ranges it saved at checkpoint (MemDir, as m lists them), and, from the processes in split, the large runs it takes
+// describes: the ranges it saved at checkpoint (criuimg.MemDir, as m lists them), and, from the processes in split, the large runs it takes
 // out of the view of the CRIU image that CRIU then restores from (Plan.Dir, under work; ""
 // when CRIU can use the image as it is). Only processes without children may be split:
 // CRIU must restore itself the memory a child shares copy-on-write.
@@ -195,8 +191,8 @@ func prepare(criuDir, dir string, pids []int) (*Plan, error) {
 // split takes pid's large runs out of its pagemap and page file, writing the rest into
 // dir, and returns the runs and the names of the files it rewrote (none if it took nothing).
 func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
-	pmName := fmt.Sprintf("pagemap-%d.img", pid)
-	head, entries, err := readPagemap(filepath.Join(criuDir, pmName))
+	pmName := criuimg.PagemapName(pid)
+	pm, err := criuimg.ReadPagemap(filepath.Join(criuDir, pmName))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil, nil // a zombie or a process without private memory
 	}
@@ -207,7 +203,7 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	pagesName := fmt.Sprintf("pages-%d.img", head.GetPagesId())
+	pagesName := pm.PagesName()
 	pagesPath := filepath.Join(criuDir, pagesName)
 
 	// CRIU writes a long run of memory as many entries of a few hundred pages each:
@@ -232,9 +228,9 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 		}
 		group = nil
 	}
-	for _, e := range entries {
-		size := int64(e.GetNrPages()) * pageSize
-		if e.GetFlags()&pePresent == 0 {
+	for _, e := range pm.Entries {
+		size := int64(e.GetNrPages()) * criuimg.PageSize
+		if !criuimg.Present(e) {
 			flush()
 			kept = append(kept, e)
 			continue
@@ -252,7 +248,7 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 	if len(runs) == 0 {
 		return nil, nil, nil
 	}
-	if err := writePagemap(filepath.Join(dir, pmName), head, kept); err != nil {
+	if err := criuimg.WritePagemap(filepath.Join(dir, pmName), &criuimg.Pagemap{Head: pm.Head, Entries: kept}); err != nil {
 		return nil, nil, err
 	}
 	src, err := os.Open(pagesPath)
@@ -272,54 +268,6 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 		}
 	}
 	return runs, []string{pmName, pagesName}, nil
-}
-
-func readPagemap(path string) (*pagemap.PagemapHead, []*pagemap.PagemapEntry, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer f.Close()
-	if err := criuimg.CheckFrames(f); err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", filepath.Base(path), err)
-	}
-	img, err := crit.New(f, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
-	if err != nil {
-		return nil, nil, fmt.Errorf("read %s: %w", filepath.Base(path), err)
-	}
-	var head *pagemap.PagemapHead
-	var entries []*pagemap.PagemapEntry
-	for _, e := range img.Entries {
-		switch m := e.Message.(type) {
-		case *pagemap.PagemapHead:
-			head = m
-		case *pagemap.PagemapEntry:
-			entries = append(entries, m)
-		}
-	}
-	if head == nil {
-		return nil, nil, fmt.Errorf("read %s: no pagemap head", filepath.Base(path))
-	}
-	return head, entries, nil
-}
-
-func writePagemap(path string, head *pagemap.PagemapHead, entries []*pagemap.PagemapEntry) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return err
-	}
-	img := &crit.CriuImage{Magic: "PAGEMAP", Entries: []*crit.CriuEntry{{Message: head}}}
-	for _, e := range entries {
-		img.Entries = append(img.Entries, &crit.CriuEntry{Message: e})
-	}
-	err = crit.New(nil, f, "", false, false).Encode(img)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
-	}
-	return nil
 }
 
 // writableAnon returns whether [addr, addr+size) lies in one writable private anonymous
@@ -485,35 +433,35 @@ const maxPagesFile = 1 << 62
 // shorter than its pagemap, and an image whose manifest was rewritten to match a truncated
 // file passes every checksum.
 func CheckPages(criuDir string) error {
-	maps, err := filepath.Glob(filepath.Join(criuDir, "pagemap-*.img"))
+	maps, err := filepath.Glob(filepath.Join(criuDir, criuimg.PagemapGlob))
 	if err != nil {
 		return err
 	}
-	for _, pm := range maps {
-		head, entries, err := readPagemap(pm)
+	for _, path := range maps {
+		pm, err := criuimg.ReadPagemap(path)
 		if err != nil {
 			return err
 		}
 		var want uint64
-		for _, e := range entries {
-			if e.GetFlags()&pePresent != 0 {
-				want += uint64(e.GetNrPages()) * pageSize // at most 2^44 a time: checked before it can wrap
+		for _, e := range pm.Entries {
+			if criuimg.Present(e) {
+				want += uint64(e.GetNrPages()) * criuimg.PageSize // at most 2^44 a time: checked before it can wrap
 				if want > maxPagesFile {
-					return &image.CorruptError{Path: image.CRIUDir + "/" + filepath.Base(pm),
+					return &image.CorruptError{Path: image.CRIUDir + "/" + filepath.Base(path),
 						Reason: "lists more pages than any file holds: damaged, or crafted to pass this check"}
 				}
 			}
 		}
-		pages := filepath.Join(criuDir, fmt.Sprintf("pages-%d.img", head.GetPagesId()))
+		pages := filepath.Join(criuDir, pm.PagesName())
 		fi, err := os.Lstat(pages)
 		switch {
 		case errors.Is(err, fs.ErrNotExist) && want == 0:
 			continue
 		case err != nil:
-			return fmt.Errorf("%s: its pages file: %w", filepath.Base(pm), err)
+			return fmt.Errorf("%s: its pages file: %w", filepath.Base(path), err)
 		case uint64(fi.Size()) != want:
 			return &image.CorruptError{Path: image.CRIUDir + "/" + filepath.Base(pages),
-				Reason: fmt.Sprintf("%d bytes where %s lists %d: damaged, or changed with its manifest", fi.Size(), filepath.Base(pm), want)}
+				Reason: fmt.Sprintf("%d bytes where %s lists %d: damaged, or changed with its manifest", fi.Size(), filepath.Base(path), want)}
 		}
 	}
 	return nil

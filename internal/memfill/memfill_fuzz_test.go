@@ -3,7 +3,6 @@ package memfill
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"math/bits"
 	"os"
@@ -16,17 +15,10 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/fuzzcheck"
 	"github.com/gpucr/gpucr/internal/image"
 )
-
-func pagemapBytes(t testing.TB, pagesID uint32, entries ...*pagemap.PagemapEntry) []byte {
-	msgs := []proto.Message{&pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}}
-	for _, e := range entries {
-		msgs = append(msgs, e)
-	}
-	return fuzzcheck.Image(t, "PAGEMAP", msgs...)
-}
 
 func vmaEntry(start, end uint64, prot, status uint32) *vma.VmaEntry {
 	return &vma.VmaEntry{Start: proto.Uint64(start), End: proto.Uint64(end), Pgoff: proto.Uint64(0), Shmid: proto.Uint64(0),
@@ -44,11 +36,11 @@ func mmBytes(t testing.TB, vmas ...*vma.VmaEntry) []byte {
 // sum does not fit in 64 bits.
 func presentBytes(entries []*pagemap.PagemapEntry) (total uint64, ok bool) {
 	for _, e := range entries {
-		if e.GetFlags()&pePresent == 0 {
+		if !criuimg.Present(e) {
 			continue
 		}
 		var carry uint64
-		total, carry = bits.Add64(total, uint64(e.GetNrPages())*pageSize, 0)
+		total, carry = bits.Add64(total, uint64(e.GetNrPages())*criuimg.PageSize, 0)
 		if carry != 0 {
 			return 0, false
 		}
@@ -60,34 +52,27 @@ func presentBytes(entries []*pagemap.PagemapEntry) (total uint64, ok bool) {
 // parent image, a lazy run.
 func sampleEntries() []*pagemap.PagemapEntry {
 	return []*pagemap.PagemapEntry{
-		entry(0x400000, 4, pePresent),
+		entry(0x400000, 4, criuimg.PEPresent),
 		entry(0x600000, 2, 1),
-		entry(0x7f0000000000, 512, pePresent),
-		entry(0x7f0000200000, 512, pePresent),
+		entry(0x7f0000000000, 512, criuimg.PEPresent),
+		entry(0x7f0000200000, 512, criuimg.PEPresent),
 		entry(0x7fff00000000, 8, 2),
 	}
 }
 
-// A pagemap comes from the image. readPagemap returns it or an error, allocating in
-// proportion to the file; what it returns survives writePagemap unchanged; and CheckPages
-// accepts a pages file exactly as long as the pagemap's present pages, no other.
-func FuzzReadPagemap(f *testing.F) {
-	good := pagemapBytes(f, 3, sampleEntries()...)
+// A pagemap comes from the image. CheckPages refuses one that does not read, and accepts a
+// pages file exactly as long as the pagemap's present pages, no other.
+func FuzzCheckPages(f *testing.F) {
+	good := fuzzcheck.Pagemap(f, 3, sampleEntries()...)
 	f.Add(good)
-	f.Add(pagemapBytes(f, 1))
-	f.Add(pagemapBytes(f, 7, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1)})) // no flags
-	f.Add(pagemapBytes(f, 1, entry(0x1000, math.MaxUint32, pePresent)))
+	f.Add(fuzzcheck.Pagemap(f, 1))
+	f.Add(fuzzcheck.Pagemap(f, 7, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1)})) // no flags
+	f.Add(fuzzcheck.Pagemap(f, 1, entry(0x1000, math.MaxUint32, criuimg.PEPresent)))
 	f.Add(good[:8])
 	f.Add(good[:len(good)-2])
 	f.Add(append(slices.Clone(good[:8]), 0xfe, 0xff, 0xff, 0xff, 8, 1))
 	f.Add([]byte{})
 	dir := f.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "good.img"), good, 0o600); err != nil {
-		f.Fatal(err)
-	}
-	if head, entries, err := readPagemap(filepath.Join(dir, "good.img")); err != nil || head.GetPagesId() != 3 || len(entries) != len(sampleEntries()) {
-		f.Fatalf("the sample pagemap reads as %v, %d entries, %v", head, len(entries), err)
-	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		criuDir := filepath.Join(dir, "criu")
 		if err := os.RemoveAll(criuDir); err != nil {
@@ -100,48 +85,24 @@ func FuzzReadPagemap(f *testing.F) {
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		var head *pagemap.PagemapHead
-		var entries []*pagemap.PagemapEntry
-		var err error
-		if n := fuzzcheck.Allocated(func() { head, entries, err = readPagemap(path) }); n > fuzzcheck.AllocSlack+uint64(512*len(data)) {
-			t.Fatalf("readPagemap allocated %d bytes for a %d-byte pagemap", n, len(data))
-		}
+		pm, err := criuimg.ReadPagemap(path)
 		if err != nil {
 			if CheckPages(criuDir) == nil {
-				t.Fatalf("CheckPages accepted a pagemap readPagemap refuses (%v)", err)
+				t.Fatalf("CheckPages accepted a pagemap ReadPagemap refuses (%v)", err)
 			}
 			return
 		}
-		if head == nil {
-			t.Fatal("readPagemap returned no head and no error")
-		}
-
-		again := filepath.Join(dir, "again.img")
-		os.Remove(again)
-		if err := writePagemap(again, head, entries); err != nil {
-			t.Fatalf("writePagemap of what readPagemap read: %v", err)
-		}
-		head2, entries2, err := readPagemap(again)
-		if err != nil || !proto.Equal(head, head2) || len(entries) != len(entries2) {
-			t.Fatalf("read back %v, %d entries, %v; wrote %v, %d entries", head2, len(entries2), err, head, len(entries))
-		}
-		for i := range entries {
-			if !proto.Equal(entries[i], entries2[i]) {
-				t.Fatalf("entry %d read back as %v, wrote %v", i, entries2[i], entries[i])
-			}
-		}
-
-		want, ok := presentBytes(entries)
+		want, ok := presentBytes(pm.Entries)
 		if !ok || want > 1<<40 {
 			return // no file that long to try
 		}
-		pages := filepath.Join(criuDir, fmt.Sprintf("pages-%d.img", head.GetPagesId()))
+		pages := filepath.Join(criuDir, pm.PagesName())
 		if want == 0 {
 			if err := CheckPages(criuDir); err != nil {
 				t.Fatalf("no present pages and no pages file: %v", err)
 			}
 		}
-		for _, size := range []int64{int64(want), int64(want) + pageSize, int64(want) - 1} {
+		for _, size := range []int64{int64(want), int64(want) + criuimg.PageSize, int64(want) - 1} {
 			if size < 0 {
 				continue
 			}
@@ -173,18 +134,27 @@ const splitLimit = 24 << 20
 func FuzzSplit(f *testing.F) {
 	const rw, ro, anon = 3, 1, vmaAnonPrivate | 1
 	var big []*pagemap.PagemapEntry
-	big = append(big, entry(0x1000, 4, pePresent))
-	for off := uintptr(0); off < 20<<20; off += 512 * pageSize {
-		big = append(big, entry(0x10000000+off, 512, pePresent))
+	big = append(big, entry(0x1000, 4, criuimg.PEPresent))
+	for off := uintptr(0); off < 20<<20; off += 512 * criuimg.PageSize {
+		big = append(big, entry(0x10000000+off, 512, criuimg.PEPresent))
 	}
 	big = append(big, entry(0x7000000, 16, 1))
 	bigMM := mmBytes(f, vmaEntry(0x1000, 0x5000, rw, anon), vmaEntry(0x10000000, 0x10000000+24<<20, rw, anon))
-	f.Add(pagemapBytes(f, 3, big...), bigMM)
-	f.Add(pagemapBytes(f, 3, big...), mmBytes(f, vmaEntry(0x10000000, 0x10000000+24<<20, ro, anon)))
-	f.Add(pagemapBytes(f, 3, entry(0x10000000, 4096, pePresent), entry(0x10000000+16<<20, 1, pePresent)), bigMM)
-	f.Add(pagemapBytes(f, 3, entry(0xfffffffffffff000, 4096, pePresent)), mmBytes(f, vmaEntry(0xffffffffff000000, math.MaxUint64, rw, anon)))
-	f.Add(pagemapBytes(f, 3, sampleEntries()...), mmBytes(f))
-	f.Add(pagemapBytes(f, 3, big...), pagemapBytes(f, 1))
+	f.Add(fuzzcheck.Pagemap(f, 3, big...), bigMM)
+	f.Add(fuzzcheck.Pagemap(f, 3, big...), mmBytes(f, vmaEntry(0x10000000, 0x10000000+24<<20, ro, anon)))
+	f.Add(fuzzcheck.Pagemap(f, 3, entry(0x10000000, 4096, criuimg.PEPresent), entry(0x10000000+16<<20, 1, criuimg.PEPresent)), bigMM)
+	f.Add(fuzzcheck.Pagemap(f, 3, entry(0xfffffffffffff000, 4096, criuimg.PEPresent)), mmBytes(f, vmaEntry(0xffffffffff000000, math.MaxUint64, rw, anon)))
+	f.Add(fuzzcheck.Pagemap(f, 3, sampleEntries()...), mmBytes(f))
+	f.Add(fuzzcheck.Pagemap(f, 3, big...), fuzzcheck.Pagemap(f, 1))
+	// The long run as a CRIU older than the flags wrote it: present all the same.
+	var old []*pagemap.PagemapEntry
+	for _, e := range big {
+		if e.GetFlags() == criuimg.PEPresent {
+			e = &pagemap.PagemapEntry{Vaddr: e.Vaddr, NrPages: e.NrPages}
+		}
+		old = append(old, e)
+	}
+	f.Add(fuzzcheck.Pagemap(f, 3, old...), bigMM)
 	f.Add([]byte{}, []byte{})
 	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, pm, mmData []byte) {
@@ -201,7 +171,12 @@ func FuzzSplit(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(criuDir, "mm-1.img"), mmData, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		head, entries, err := readPagemap(filepath.Join(criuDir, "pagemap-1.img"))
+		var head *pagemap.PagemapHead
+		var entries []*pagemap.PagemapEntry
+		read, err := criuimg.ReadPagemap(filepath.Join(criuDir, "pagemap-1.img"))
+		if err == nil {
+			head, entries = read.Head, read.Entries
+		}
 		total, ok := presentBytes(entries)
 		if err == nil && (!ok || total > splitLimit) {
 			return
@@ -209,7 +184,7 @@ func FuzzSplit(f *testing.F) {
 		// The pages file: holes, and at the start of each entry's pages its index, so that
 		// the rewritten file shows which pages it kept.
 		offsets := make([]int64, len(entries))
-		pagesName := fmt.Sprintf("pages-%d.img", head.GetPagesId())
+		pagesName := criuimg.PagesName(head.GetPagesId())
 		if err == nil {
 			pf, err := os.Create(filepath.Join(criuDir, pagesName))
 			if err != nil {
@@ -218,13 +193,13 @@ func FuzzSplit(f *testing.F) {
 			var off int64
 			for i, e := range entries {
 				offsets[i] = off
-				if e.GetFlags()&pePresent == 0 || e.GetNrPages() == 0 {
+				if !criuimg.Present(e) || e.GetNrPages() == 0 {
 					continue
 				}
 				if _, err := pf.WriteAt(binary.LittleEndian.AppendUint64(nil, uint64(i+1)), off); err != nil {
 					t.Fatal(err)
 				}
-				off += int64(e.GetNrPages()) * pageSize
+				off += int64(e.GetNrPages()) * criuimg.PageSize
 			}
 			if err := pf.Truncate(int64(total)); err != nil {
 				t.Fatal(err)
@@ -256,7 +231,7 @@ func FuzzSplit(f *testing.F) {
 			switch {
 			case r.pid != 1 || r.file != filepath.Join(criuDir, pagesName):
 				t.Fatalf("run %+v: not of process 1's pages file", r)
-			case r.size < MinRun || r.size%pageSize != 0 || r.off < 0 || r.off%pageSize != 0 || uint64(r.off+r.size) > total:
+			case r.size < MinRun || r.size%criuimg.PageSize != 0 || r.off < 0 || r.off%criuimg.PageSize != 0 || uint64(r.off+r.size) > total:
 				t.Fatalf("run %+v: not whole pages of at least MinRun in a %d-byte pages file", r, total)
 			case r.addr+uint64(r.size) < r.addr:
 				t.Fatalf("run %+v: past the end of the address space", r)
@@ -270,10 +245,11 @@ func FuzzSplit(f *testing.F) {
 		inRun := func(i int) bool {
 			return slices.ContainsFunc(runs, func(r run) bool { return offsets[i] >= r.off && offsets[i] < r.off+r.size })
 		}
-		head2, entries2, err := readPagemap(filepath.Join(out, "pagemap-1.img"))
-		if err != nil || !proto.Equal(head, head2) {
-			t.Fatalf("rewritten pagemap: head %v, %v; want %v", head2, err, head)
+		rewritten, err := criuimg.ReadPagemap(filepath.Join(out, "pagemap-1.img"))
+		if err != nil || !proto.Equal(head, rewritten.Head) {
+			t.Fatalf("rewritten pagemap: %v, %v; want the head %v", rewritten, err, head)
 		}
+		entries2 := rewritten.Entries
 		view, err := os.ReadFile(filepath.Join(out, pagesName))
 		if err != nil {
 			t.Fatal(err)
@@ -281,7 +257,7 @@ func FuzzSplit(f *testing.F) {
 		var j int
 		var off int64
 		for i, e := range entries {
-			present := e.GetFlags()&pePresent != 0
+			present := criuimg.Present(e)
 			switch {
 			case present && e.GetNrPages() > 0 && inRun(i):
 				continue
@@ -301,7 +277,7 @@ func FuzzSplit(f *testing.F) {
 			if off+8 > int64(len(view)) || binary.LittleEndian.Uint64(view[off:]) != uint64(i+1) {
 				t.Fatalf("the rewritten pages file at %d does not hold entry %d's pages", off, i)
 			}
-			off += int64(e.GetNrPages()) * pageSize
+			off += int64(e.GetNrPages()) * criuimg.PageSize
 		}
 		if j != len(entries2) {
 			t.Fatalf("the rewritten pagemap has %d entries more than the image's outside the runs", len(entries2)-j)
@@ -334,7 +310,7 @@ func FuzzSavedRuns(f *testing.F) {
 			return
 		}
 		imageDir := "/img"
-		m := &image.Manifest{Processes: []image.Process{{PID: pid}}, Files: []image.File{{Path: MemDir + "/" + name, Size: size}}}
+		m := &image.Manifest{Processes: []image.Process{{PID: pid}}, Files: []image.File{{Path: criuimg.MemDir + "/" + name, Size: size}}}
 		runs, err := savedRuns(imageDir, m)
 		if err != nil {
 			if !errors.Is(err, image.ErrCorrupt) {
@@ -347,11 +323,11 @@ func FuzzSavedRuns(f *testing.F) {
 					t.Fatalf("%q: a run of process %d, which is not in the image", name, r.pid)
 				case r.size != size || r.addr+uint64(r.size) < r.addr:
 					t.Fatalf("%q of %d bytes: run %+v", name, size, r)
-				case r.file != filepath.Join(imageDir, MemDir, name):
+				case r.file != filepath.Join(imageDir, criuimg.MemDir, name):
 					t.Fatalf("%q: run reads %s", name, r.file)
 				}
 				back, err := savedRuns(imageDir, &image.Manifest{Processes: m.Processes,
-					Files: []image.File{{Path: MemDir + "/" + rangeName(Range{PID: r.pid, Start: r.addr}), Size: size}}})
+					Files: []image.File{{Path: criuimg.MemDir + "/" + criuimg.MemName(r.pid, r.addr), Size: size}}})
 				if err != nil || len(back) != 1 || back[0].pid != r.pid || back[0].addr != r.addr {
 					t.Fatalf("%q: the run's own name reads back as %+v, %v", name, back, err)
 				}
@@ -359,8 +335,8 @@ func FuzzSavedRuns(f *testing.F) {
 		}
 
 		// The name Save gives the range (pid, start).
-		own := rangeName(Range{PID: pid, Start: start})
-		runs, err = savedRuns(imageDir, &image.Manifest{Processes: m.Processes, Files: []image.File{{Path: MemDir + "/" + own, Size: size}}})
+		own := criuimg.MemName(pid, start)
+		runs, err = savedRuns(imageDir, &image.Manifest{Processes: m.Processes, Files: []image.File{{Path: criuimg.MemDir + "/" + own, Size: size}}})
 		fits := start+uint64(size) >= start
 		if fits != (err == nil) {
 			t.Fatalf("%s of %d bytes: savedRuns = %v", own, size, err)

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
 )
@@ -71,7 +72,7 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 	for i := range want {
 		want[i] = byte(r.Uint32())
 	}
-	small := bytes.Repeat([]byte{7}, 4*pageSize)
+	small := bytes.Repeat([]byte{7}, 4*criuimg.PageSize)
 	roData := bytes.Repeat([]byte{9}, run)
 
 	imageDir := t.TempDir()
@@ -81,13 +82,13 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 	}
 	var entries []proto.Message
 	entries = append(entries, &pagemap.PagemapHead{PagesId: proto.Uint32(3)})
-	entries = append(entries, entry(0x1000, 4, pePresent)) // small: stays with CRIU
-	for off := 0; off < run; off += 512 * pageSize {
-		entries = append(entries, entry(rwAt+uintptr(off), 512, pePresent))
+	entries = append(entries, entry(0x1000, 4, criuimg.PEPresent)) // small: stays with CRIU
+	for off := 0; off < run; off += 512 * criuimg.PageSize {
+		entries = append(entries, entry(rwAt+uintptr(off), 512, criuimg.PEPresent))
 	}
-	entries = append(entries, entry(roAt, run/pageSize, pePresent)) // read-only: stays
-	entries = append(entries, entry(0x7000000, 16, 1))              // a hole in the parent
-	encode(t, filepath.Join(src, fmt.Sprintf("pagemap-%d.img", pid)), "PAGEMAP", entries...)
+	entries = append(entries, entry(roAt, run/criuimg.PageSize, criuimg.PEPresent)) // read-only: stays
+	entries = append(entries, entry(0x7000000, 16, 1))                              // a hole in the parent
+	encode(t, filepath.Join(src, criuimg.PagemapName(pid)), "PAGEMAP", entries...)
 	vmas := []*vma.VmaEntry{
 		{Start: proto.Uint64(0x1000), End: proto.Uint64(0x5000), Pgoff: proto.Uint64(0), Shmid: proto.Uint64(0),
 			Prot: proto.Uint32(3), Flags: proto.Uint32(0x22), Status: proto.Uint32(vmaAnonPrivate | 1), Fd: proto.Int64(-1)},
@@ -122,9 +123,9 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 	if err != nil || !bytes.Equal(kept, append(append([]byte(nil), small...), roData...)) {
 		t.Errorf("CRIU's view of the page file: %d bytes, want the small and the read-only runs (%v)", len(kept), err)
 	}
-	_, viewEntries, err := readPagemap(filepath.Join(p.Dir, fmt.Sprintf("pagemap-%d.img", pid)))
-	if err != nil || len(viewEntries) != 3 || viewEntries[1].GetVaddr() != uint64(roAt) {
-		t.Errorf("CRIU's view of the pagemap: %v entries (%v)", len(viewEntries), err)
+	view, err := criuimg.ReadPagemap(filepath.Join(p.Dir, criuimg.PagemapName(pid)))
+	if err != nil || len(view.Entries) != 3 || view.Entries[1].GetVaddr() != uint64(roAt) {
+		t.Errorf("CRIU's view of the pagemap: %v (%v)", view, err)
 	}
 
 	if err := p.Fill(context.Background()); err != nil {
@@ -138,10 +139,10 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 // Filling a process that is not there fails, naming it.
 func TestFillFailsForAMissingProcess(t *testing.T) {
 	f := filepath.Join(t.TempDir(), "pages")
-	if err := os.WriteFile(f, make([]byte, pageSize), 0o600); err != nil {
+	if err := os.WriteFile(f, make([]byte, criuimg.PageSize), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := &Plan{runs: []run{{pid: 1 << 22, addr: 0x10000, size: pageSize, file: f}}}
+	p := &Plan{runs: []run{{pid: 1 << 22, addr: 0x10000, size: criuimg.PageSize, file: f}}}
 	if err := p.Fill(context.Background()); err == nil || !bytes.Contains([]byte(err.Error()), []byte("process 4194304")) {
 		t.Fatalf("Fill = %v", err)
 	}
@@ -239,7 +240,7 @@ func TestSelectOwnMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Munmap(mem)
-	for i := 0; i < size; i += pageSize {
+	for i := 0; i < size; i += criuimg.PageSize {
 		mem[i] = 1
 	}
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
@@ -305,7 +306,7 @@ func TestSelectLeavesWhatAChildMapsToCRIU(t *testing.T) {
 // Save holds no descriptor per range: 300 ranges save under a limit of 64 open files.
 func TestSaveManyRangesUnderALowFileLimit(t *testing.T) {
 	const n = 300
-	mem, err := unix.Mmap(-1, 0, 2*n*pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	mem, err := unix.Mmap(-1, 0, 2*n*criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,9 +314,9 @@ func TestSaveManyRangesUnderALowFileLimit(t *testing.T) {
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	var rs []Range
 	for i := range n { // every other page, so that no two ranges touch
-		mem[2*i*pageSize] = byte(i + 1)
-		a := start + uint64(2*i*pageSize)
-		rs = append(rs, Range{PID: os.Getpid(), Start: a, End: a + pageSize})
+		mem[2*i*criuimg.PageSize] = byte(i + 1)
+		a := start + uint64(2*i*criuimg.PageSize)
+		rs = append(rs, Range{PID: os.Getpid(), Start: a, End: a + criuimg.PageSize})
 	}
 	var old unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
@@ -359,13 +360,13 @@ func TestPlanFileAndRenumber(t *testing.T) {
 // memory the process has: a crafted image naming another process, or an address the
 // restored process does not map, is refused before anything is written.
 func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
-	mem, err := unix.Mmap(-1, 0, pageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	mem, err := unix.Mmap(-1, 0, criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	dir := t.TempDir()
-	files, err := Save(context.Background(), dir, []Range{{PID: os.Getpid(), Start: start, End: start + pageSize}})
+	files, err := Save(context.Background(), dir, []Range{{PID: os.Getpid(), Start: start, End: start + criuimg.PageSize}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -374,7 +375,7 @@ func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
 		t.Fatalf("a range of a process outside the tree: savedRuns = %v", err)
 	}
 	// A file in mem/ that the manifest does not list is never read.
-	if err := os.WriteFile(filepath.Join(dir, MemDir, "1-1000.img"), make([]byte, pageSize), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, criuimg.MemDir, "1-1000.img"), make([]byte, criuimg.PageSize), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	own := &image.Manifest{Processes: []image.Process{{PID: os.Getpid()}}, Files: files}
@@ -407,10 +408,10 @@ func TestCheckPagesRefusesAWrappingSum(t *testing.T) {
 	dir := t.TempDir()
 	entries := make([]*pagemap.PagemapEntry, 1<<20, 1<<20+1)
 	for i := range entries {
-		entries[i] = entry(0, math.MaxUint32, pePresent)
+		entries[i] = entry(0, math.MaxUint32, criuimg.PEPresent)
 	}
-	entries = append(entries, entry(0, 1<<20, pePresent))
-	if err := writePagemap(filepath.Join(dir, "pagemap-1.img"), &pagemap.PagemapHead{PagesId: proto.Uint32(1)}, entries); err != nil {
+	entries = append(entries, entry(0, 1<<20, criuimg.PEPresent))
+	if err := criuimg.WritePagemap(filepath.Join(dir, "pagemap-1.img"), &criuimg.Pagemap{Head: &pagemap.PagemapHead{PagesId: proto.Uint32(1)}, Entries: entries}); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), nil, 0o600); err != nil {
@@ -419,5 +420,37 @@ func TestCheckPagesRefusesAWrappingSum(t *testing.T) {
 	err := CheckPages(dir)
 	if !errors.Is(err, image.ErrCorrupt) || !strings.Contains(err.Error(), "more pages than any file holds") {
 		t.Fatalf("CheckPages: %v", err)
+	}
+}
+
+// An entry without flags, as a CRIU older than them wrote it, is present unless it is in
+// the parent image: CRIU reads its pages from the pages file, so CheckPages counts them too.
+// Otherwise a crafted image whose pages file leaves them out would pass, and CRIU would
+// spin on its short pages file.
+func TestCheckPagesReadsEntriesWithoutFlagsAsCRIUDoes(t *testing.T) {
+	noFlags := &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(2)}
+	inParent := &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x8000), NrPages: proto.Uint32(4), InParent: proto.Bool(true)}
+	for _, tc := range []struct {
+		pages int64 // the pages file's size; -1: none
+		ok    bool
+	}{
+		{-1, false},
+		{0, false},
+		{2 * criuimg.PageSize, true},
+		{6 * criuimg.PageSize, false},
+	} {
+		dir := t.TempDir()
+		pm := &criuimg.Pagemap{Head: &pagemap.PagemapHead{PagesId: proto.Uint32(1)}, Entries: []*pagemap.PagemapEntry{noFlags, inParent}}
+		if err := criuimg.WritePagemap(filepath.Join(dir, "pagemap-1.img"), pm); err != nil {
+			t.Fatal(err)
+		}
+		if tc.pages >= 0 {
+			if err := os.WriteFile(filepath.Join(dir, "pages-1.img"), make([]byte, tc.pages), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := CheckPages(dir); (err == nil) != tc.ok {
+			t.Errorf("a pages file of %d bytes: CheckPages = %v, want ok %v", tc.pages, err, tc.ok)
+		}
 	}
 }

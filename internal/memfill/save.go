@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -19,6 +18,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/parallel"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -41,14 +41,12 @@ func (r Range) imagePID() int {
 	return r.PID
 }
 
+// file is where in the image (slash-separated) the range's bytes are saved.
+func (r Range) file() string { return criuimg.MemDir + "/" + criuimg.MemName(r.imagePID(), r.Start) }
+
 // SkipEnv names the file of ranges that gpucr's CRIU leaves out of a dump
 // (scripts/criu-patches/0002-mem-skip-ranges-gpucr-saves.patch).
 const SkipEnv = "GPUCR_SKIP_RANGES"
-
-// MemDir is where, in an image, the ranges gpucr saved are: one file per segment of a range
-// (maxSegment at most), named PID-START.img, holding its bytes (PID as the image numbers
-// the process, START in hexadecimal).
-const MemDir = "mem"
 
 // Select returns, for every process of tree, the writable private anonymous mappings of at
 // least MinRun bytes that are mostly in memory: a GPU process's staged device memory, large
@@ -163,13 +161,13 @@ func WriteRanges(path string, rs []Range) error {
 	return nil
 }
 
-// Save reads every range from its process, on all cores, into imageDir/MemDir, and returns
-// the files' manifest entries, checksummed as they were written. The processes must be
-// frozen. All-zero pieces are left as holes.
+// Save reads every range from its process, on all cores, into imageDir's criuimg.MemDir,
+// and returns the files' manifest entries, checksummed as they were written. The processes
+// must be frozen. All-zero pieces are left as holes.
 func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error) {
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
-	dir := filepath.Join(imageDir, MemDir)
+	dir := filepath.Join(imageDir, criuimg.MemDir)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory save: %w", err)
 	}
@@ -183,7 +181,7 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 	paths := make([]string, len(rs))
 	digests := make([][]uint64, len(rs))
 	for i, r := range rs {
-		paths[i] = filepath.Join(dir, rangeName(r))
+		paths[i] = filepath.Join(imageDir, filepath.FromSlash(r.file()))
 		size := int64(r.End - r.Start)
 		if err := createSized(paths[i], size); err != nil {
 			return nil, fmt.Errorf("memory save: %w", err)
@@ -225,27 +223,20 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 	}
 	out := make([]image.File, len(rs))
 	for i, r := range rs {
-		out[i] = image.File{Path: MemDir + "/" + rangeName(r), Size: int64(r.End - r.Start), XXH64: image.PiecesChecksum(digests[i])}
+		out[i] = image.File{Path: r.file(), Size: int64(r.End - r.Start), XXH64: image.PiecesChecksum(digests[i])}
 	}
 	return out, nil
 }
 
-// Receiver takes one file of a checkpoint streamed to a store (a chunked.StreamFile).
-type Receiver interface {
-	// Receive reads the file's next size bytes from r; at is their offset in the file.
-	Receive(at uint64, size int, r io.Reader) error
-	Close() error
-}
-
 // SaveTo is Save for a checkpoint streamed to a store: every range is read from its process,
-// on all cores, into the MemDir file that create starts for it (path relative to the
-// image), a file per worker at a time. The processes must be frozen.
-func SaveTo(ctx context.Context, rs []Range, create func(path string) (Receiver, error)) error {
+// on all cores, into the criuimg.MemDir file that create starts for it (path relative to
+// the image), a file per worker at a time. The processes must be frozen.
+func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.Receiver, error)) error {
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
 	return parallel.Each(ctx, rs, workers, func() []byte { return make([]byte, image.ChunkSize) },
 		func(_ context.Context, r Range, buf []byte) error {
-			f, err := create(MemDir + "/" + rangeName(r))
+			f, err := create(r.file())
 			if err != nil {
 				return fmt.Errorf("memory save: %w", err)
 			}
@@ -302,9 +293,10 @@ func syncFile(path string) error {
 	return f.Close()
 }
 
-// maxSegment is the most one file of MemDir holds. Writes to one tmpfs file serialize on its
-// inode lock, so the save spreads its workers over many files: one file written by 16
-// workers at once ran at ~4 GB/s on the H100 machine, where reads into memory ran at 16 GB/s.
+// maxSegment is the most one file of criuimg.MemDir holds. Writes to one tmpfs file
+// serialize on its inode lock, so the save spreads its workers over many files: one file
+// written by 16 workers at once ran at ~4 GB/s on the H100 machine, where reads into memory
+// ran at 16 GB/s.
 const maxSegment = 256 << 20
 
 // segmentSizeFor cuts rs into at least two files per worker where pieces allow, and files of
@@ -331,8 +323,6 @@ func segments(rs []Range, size uint64) []Range {
 	return out
 }
 
-func rangeName(r Range) string { return fmt.Sprintf("%d-%x.img", r.imagePID(), r.Start) }
-
 // SavedBytes is, per process, how much memory gpucr saved itself in the image m describes.
 func SavedBytes(imageDir string, m *image.Manifest) (map[int]int64, error) {
 	runs, err := savedRuns(imageDir, m)
@@ -347,7 +337,7 @@ func SavedBytes(imageDir string, m *image.Manifest) (map[int]int64, error) {
 }
 
 // savedRuns are the ranges gpucr saved in the image m describes, as runs for Fill: only the
-// files its manifest lists under MemDir, each into a process of the image's tree.
+// files its manifest lists under criuimg.MemDir, each into a process of the image's tree.
 func savedRuns(imageDir string, m *image.Manifest) ([]run, error) {
 	procs := map[int]bool{}
 	for _, p := range m.Processes {
@@ -355,15 +345,12 @@ func savedRuns(imageDir string, m *image.Manifest) ([]run, error) {
 	}
 	var out []run
 	for _, f := range m.Files {
-		if path.Dir(f.Path) != MemDir {
+		if path.Dir(f.Path) != criuimg.MemDir {
 			continue
 		}
-		name := path.Base(f.Path)
-		pidS, rest, ok := strings.Cut(strings.TrimSuffix(name, ".img"), "-")
-		pid, err1 := strconv.Atoi(pidS)
-		start, err2 := strconv.ParseUint(rest, 16, 64)
+		pid, start, ok := criuimg.ParseMemName(path.Base(f.Path))
 		switch {
-		case !ok || err1 != nil || err2 != nil || !strings.HasSuffix(name, ".img"):
+		case !ok:
 			return nil, &image.CorruptError{Path: f.Path, Reason: "not a memory range gpucr saved"}
 		case !procs[pid]:
 			return nil, &image.CorruptError{Path: f.Path, Reason: fmt.Sprintf("names process %d, which is not in the image's tree", pid)}

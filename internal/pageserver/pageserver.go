@@ -21,28 +21,17 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/proto"
-)
 
-// PageSize is the unit of CRIU's page runs on the architectures gpucr supports.
-const PageSize = 4096
+	"github.com/gpucr/gpucr/internal/criuimg"
+)
 
 // Sink receives the pages of each pages file, in the order CRIU sends them.
 type Sink interface {
 	// Create starts the pages file with the given name, such as "pages-65537.img".
-	Create(name string) (File, error)
+	Create(name string) (criuimg.Receiver, error)
 }
 
-// File is one pages file being received.
-type File interface {
-	// Receive reads the next size bytes of the file from r: present pages starting at the
-	// virtual address (or shared-memory offset) vaddr, in CRIU's order.
-	Receive(vaddr uint64, size int, r io.Reader) error
-	// Close ends the file; no more pages follow.
-	Close() error
-}
-
-// The protocol's commands and pagemap types (criu/page-xfer.c) and pagemap flags
-// (criu/include/pagemap.h).
+// The protocol's commands and pagemap types (criu/page-xfer.c).
 const (
 	cmdAdd        = 1
 	cmdHole       = 2
@@ -58,16 +47,6 @@ const (
 	typeBits = 8
 	typePID  = 1
 	typeShm  = 2
-
-	peParent  = 1 << 0
-	peLazy    = 1 << 1
-	pePresent = 1 << 2
-)
-
-// Image header magics (criu/include/magic.h).
-const (
-	imgCommonMagic = 0x54564319
-	pagemapMagic   = 0x56084025
 )
 
 // firstPagesID is where the ids of the pages files start: CRIU's own page server starts
@@ -235,9 +214,9 @@ func (s *Server) serve(c net.Conn) error {
 		case cmdAdd, cmdAddF, cmdHole:
 			switch cmd {
 			case cmdAdd:
-				flags = pePresent
+				flags = criuimg.PEPresent
 			case cmdHole:
-				flags = peParent
+				flags = criuimg.PEParent
 			}
 			if cur == nil || cur.dstID != m.DstID {
 				if err := open(m.DstID); err != nil {
@@ -277,7 +256,8 @@ type pagemapFile struct {
 	path  string
 	f     *os.File
 	w     *bufio.Writer
-	pages File
+	pm    *criuimg.PagemapWriter
+	pages criuimg.Receiver
 }
 
 // open starts the pagemap image for CRIU's dstID and its pages file pagesID.
@@ -285,9 +265,9 @@ func (s *Server) open(dstID uint64, pagesID uint32) (*pagemapFile, error) {
 	var name string
 	switch id := dstID >> typeBits; dstID & (1<<typeBits - 1) {
 	case typePID:
-		name = fmt.Sprintf("pagemap-%d.img", id)
+		name = criuimg.PagemapName(int(id))
 	case typeShm:
-		name = fmt.Sprintf("pagemap-shmem-%d.img", id)
+		name = criuimg.ShmemPagemapName(id)
 	default:
 		return nil, fmt.Errorf("page server: unknown pagemap type in %#x (CRIU older than 3.3?)", dstID)
 	}
@@ -297,15 +277,11 @@ func (s *Server) open(dstID uint64, pagesID uint32) (*pagemapFile, error) {
 		return nil, fmt.Errorf("page server: %w", err)
 	}
 	p := &pagemapFile{dstID: dstID, path: path, f: f, w: bufio.NewWriter(f)}
-	var head [8]byte
-	binary.LittleEndian.PutUint32(head[0:], imgCommonMagic)
-	binary.LittleEndian.PutUint32(head[4:], pagemapMagic)
-	p.w.Write(head[:])
-	if err := p.entry(&pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}); err != nil {
+	if p.pm, err = criuimg.NewPagemapWriter(p.w, &pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}); err != nil {
 		p.abort()
-		return nil, err
+		return nil, fmt.Errorf("page server: %w", err)
 	}
-	pagesName := fmt.Sprintf("pages-%d.img", pagesID)
+	pagesName := criuimg.PagesName(pagesID)
 	if p.pages, err = s.sink.Create(pagesName); err != nil {
 		p.abort()
 		return nil, fmt.Errorf("page server: start %s: %w", pagesName, err)
@@ -314,29 +290,16 @@ func (s *Server) open(dstID uint64, pagesID uint32) (*pagemapFile, error) {
 	return p, nil
 }
 
-// entry appends one protobuf entry the way CRIU frames them: a 32-bit size, then the message.
-func (p *pagemapFile) entry(m proto.Message) error {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		return fmt.Errorf("page server: encode pagemap entry: %w", err)
-	}
-	var size [4]byte
-	binary.LittleEndian.PutUint32(size[:], uint32(len(b)))
-	p.w.Write(size[:])
-	_, err = p.w.Write(b)
-	return err
-}
-
 // add records one run of pages and, if they are present, receives them.
 func (p *pagemapFile) add(m iov, flags uint32, r io.Reader) error {
 	e := &pagemap.PagemapEntry{Vaddr: proto.Uint64(m.Vaddr), NrPages: proto.Uint32(m.NrPages), Flags: proto.Uint32(flags)}
-	if err := p.entry(e); err != nil {
-		return err
+	if err := p.pm.Add(e); err != nil {
+		return fmt.Errorf("page server: %w", err)
 	}
-	if flags&pePresent == 0 {
+	if flags&criuimg.PEPresent == 0 {
 		return nil
 	}
-	if err := p.pages.Receive(m.Vaddr, int(m.NrPages)*PageSize, r); err != nil {
+	if err := p.pages.Receive(m.Vaddr, int(m.NrPages)*criuimg.PageSize, r); err != nil {
 		return fmt.Errorf("page server: pages at %#x: %w", m.Vaddr, err)
 	}
 	return nil

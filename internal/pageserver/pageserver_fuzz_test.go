@@ -3,12 +3,12 @@ package pageserver
 import (
 	"bytes"
 	"encoding/binary"
-	"fmt"
 	"net"
 	"path/filepath"
 	"slices"
 	"testing"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/fuzzcheck"
 )
 
@@ -41,18 +41,18 @@ func msg(cmd, nr uint32, vaddr, dst uint64, pages []byte) []byte {
 func FuzzServe(f *testing.F) {
 	pid := func(id uint64) uint64 { return id<<typeBits | typePID }
 	shm := func(id uint64) uint64 { return id<<typeBits | typeShm }
-	page := func(fill byte) []byte { return bytes.Repeat([]byte{fill}, PageSize) }
+	page := func(fill byte) []byte { return bytes.Repeat([]byte{fill}, criuimg.PageSize) }
 	closing := msg(cmdClose, 0, 0, 0, nil)
 	full := slices.Concat(
 		msg(cmdParent, 0, 0, pid(100), nil),
 		msg(cmdOpen2, 0, 0, pid(100), nil),
-		msg(cmdAddF|pePresent<<cmdBits, 2, 0x400000, pid(100), append(page(1), page(2)...)),
-		msg(cmdAddF|peLazy<<cmdBits, 3, 0x500000, pid(100), nil),
+		msg(cmdAddF|criuimg.PEPresent<<cmdBits, 2, 0x400000, pid(100), append(page(1), page(2)...)),
+		msg(cmdAddF|criuimg.PELazy<<cmdBits, 3, 0x500000, pid(100), nil),
 		msg(cmdHole, 4, 0x600000, pid(100), nil),
 		msg(cmdOpen2, 0, 0, pid(101), nil),
 		msg(cmdAdd, 1, 0x1000, pid(101), page(3)),
 		msg(cmdOpen, 0, 0, shm(7), nil),
-		msg(cmdAddF|pePresent<<cmdBits, 1, 0, shm(7), page(4)),
+		msg(cmdAddF|criuimg.PEPresent<<cmdBits, 1, 0, shm(7), page(4)),
 		closing)
 	if err := (&Server{dir: f.TempDir(), sink: &memSink{files: map[string]*memFile{}}}).serve(&streamConn{r: bytes.NewReader(full)}); err != nil {
 		f.Fatalf("the sample stream: %v", err)
@@ -82,7 +82,7 @@ func FuzzServe(f *testing.F) {
 			t.Fatalf("server lists pages files %v, the sink got %d", s.pages, len(sink.files))
 		}
 		for i, name := range s.pages {
-			if want := fmt.Sprintf("pages-%d.img", firstPagesID+i); name != want {
+			if want := criuimg.PagesName(uint32(firstPagesID + i)); name != want {
 				t.Fatalf("pages file %d is %s, want %s", i, name, want)
 			}
 			if !sink.files[name].closed {
@@ -92,21 +92,21 @@ func FuzzServe(f *testing.F) {
 		if err != nil {
 			return
 		}
-		maps, _ := filepath.Glob(filepath.Join(dir, "pagemap-*.img"))
+		maps, _ := filepath.Glob(filepath.Join(dir, criuimg.PagemapGlob))
 		if len(maps) != len(s.pages) {
 			t.Fatalf("%d pagemaps written for %d pages files", len(maps), len(s.pages))
 		}
 		for _, path := range maps {
 			head, entries := readPagemap(t, path)
-			file := sink.files[fmt.Sprintf("pages-%d.img", head)]
+			file := sink.files[criuimg.PagesName(head)]
 			if file == nil {
 				t.Fatalf("%s names pages-%d.img, which the sink never got", filepath.Base(path), head)
 			}
 			var want int
 			var vaddrs []uint64
 			for _, e := range entries {
-				if e.GetFlags()&pePresent != 0 {
-					want += int(e.GetNrPages()) * PageSize
+				if e.GetFlags()&criuimg.PEPresent != 0 {
+					want += int(e.GetNrPages()) * criuimg.PageSize
 					vaddrs = append(vaddrs, e.GetVaddr())
 				}
 			}

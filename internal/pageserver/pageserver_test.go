@@ -17,6 +17,8 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+
+	"github.com/gpucr/gpucr/internal/criuimg"
 )
 
 // memSink keeps what it receives, per file, as (vaddr, bytes) runs.
@@ -28,7 +30,7 @@ type memFile struct {
 	closed bool
 }
 
-func (s *memSink) Create(name string) (File, error) {
+func (s *memSink) Create(name string) (criuimg.Receiver, error) {
 	f := &memFile{}
 	s.files[name] = f
 	return f, nil
@@ -81,7 +83,7 @@ func connect(t *testing.T, dir string, sink Sink) (*Server, *client) {
 	return s, &client{t, conn}
 }
 
-func pages(n int, fill byte) []byte { return bytes.Repeat([]byte{fill}, n*PageSize) }
+func pages(n int, fill byte) []byte { return bytes.Repeat([]byte{fill}, n*criuimg.PageSize) }
 
 // Two processes' pagemaps and one shared-memory pagemap arrive as CRIU sends them: the
 // pagemap images are written as CRIU's own page server writes them and decode with crit,
@@ -102,15 +104,15 @@ func TestServerSpeaksCRIUsProtocol(t *testing.T) {
 	if got := c.answer(1); got[0] != 0 {
 		t.Fatalf("open answer %v", got)
 	}
-	c.send(cmdAddF|pePresent<<cmdBits, 2, 0x400000, pid(100), pages(2, 1))
-	c.send(cmdAddF|peLazy<<cmdBits, 3, 0x500000, pid(100), nil) // recorded, no data
-	c.send(cmdAddF|pePresent<<cmdBits, 1, 0x7f0000, pid(100), pages(1, 2))
+	c.send(cmdAddF|criuimg.PEPresent<<cmdBits, 2, 0x400000, pid(100), pages(2, 1))
+	c.send(cmdAddF|criuimg.PELazy<<cmdBits, 3, 0x500000, pid(100), nil) // recorded, no data
+	c.send(cmdAddF|criuimg.PEPresent<<cmdBits, 1, 0x7f0000, pid(100), pages(1, 2))
 	c.send(cmdOpen2, 0, 0, pid(101), nil)
 	c.answer(1)
 	c.send(cmdAdd, 1, 0x1000, pid(101), pages(1, 3)) // the old command: present
 	c.send(cmdOpen2, 0, 0, shm(7), nil)
 	c.answer(1)
-	c.send(cmdAddF|pePresent<<cmdBits, 1, 0, shm(7), pages(1, 4))
+	c.send(cmdAddF|criuimg.PEPresent<<cmdBits, 1, 0, shm(7), pages(1, 4))
 	c.send(cmdClose, 0, 0, 0, nil)
 	if got := c.answer(4); !bytes.Equal(got, []byte{0, 0, 0, 0}) {
 		t.Fatalf("close answer %v", got)
@@ -134,10 +136,10 @@ func TestServerSpeaksCRIUsProtocol(t *testing.T) {
 
 	head, entries := readPagemap(t, filepath.Join(dir, "pagemap-100.img"))
 	if head != 65537 || len(entries) != 3 || entries[1].GetVaddr() != 0x500000 || entries[1].GetNrPages() != 3 ||
-		entries[1].GetFlags() != peLazy || entries[2].GetFlags() != pePresent {
+		entries[1].GetFlags() != criuimg.PELazy || entries[2].GetFlags() != criuimg.PEPresent {
 		t.Errorf("pagemap-100: head %d, entries %v", head, entries)
 	}
-	if head, entries := readPagemap(t, filepath.Join(dir, "pagemap-101.img")); head != 65538 || len(entries) != 1 || entries[0].GetFlags() != pePresent {
+	if head, entries := readPagemap(t, filepath.Join(dir, "pagemap-101.img")); head != 65538 || len(entries) != 1 || entries[0].GetFlags() != criuimg.PEPresent {
 		t.Errorf("pagemap-101: head %d, entries %v", head, entries)
 	}
 	if head, _ := readPagemap(t, filepath.Join(dir, "pagemap-shmem-7.img")); head != 65539 {
@@ -175,7 +177,7 @@ func TestServerRefusesUnflushedHangUp(t *testing.T) {
 	conn := c.c
 	c.send(cmdOpen2, 0, 0, 5<<typeBits|typePID, nil)
 	c.answer(1)
-	c.send(cmdAddF|pePresent<<cmdBits, 2, 0x1000, 5<<typeBits|typePID, pages(1, 9)) // one page short
+	c.send(cmdAddF|criuimg.PEPresent<<cmdBits, 2, 0x1000, 5<<typeBits|typePID, pages(1, 9)) // one page short
 	conn.Close()
 	if _, err := s.Wait(context.Background()); err == nil || !strings.Contains(err.Error(), "pages at 0x1000") {
 		t.Fatalf("Wait = %v, want the short run named", err)

@@ -19,6 +19,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/fuzzcheck"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/store"
@@ -155,36 +156,23 @@ func FuzzLoad(f *testing.F) {
 	})
 }
 
-// pagemapBytes is the pagemap image CRIU writes for entries.
-func pagemapBytes(t testing.TB, pagesID uint32, entries ...*pagemap.PagemapEntry) []byte {
-	msgs := []proto.Message{&pagemap.PagemapHead{PagesId: proto.Uint32(pagesID)}}
-	for _, e := range entries {
-		msgs = append(msgs, e)
-	}
-	return fuzzcheck.Image(t, "PAGEMAP", msgs...)
-}
-
 func pmEntry(vaddr uint64, pages uint32, flags uint32) *pagemap.PagemapEntry {
 	return &pagemap.PagemapEntry{Vaddr: proto.Uint64(vaddr), NrPages: proto.Uint32(pages), Flags: proto.Uint32(flags)}
 }
 
 // presentPages lists the address of each page the pagemap puts in the pages file, in file
-// order, as pageCuts reads the flags; nil and false if there are more than most.
+// order; nil and false if there are more than most.
 func presentPages(entries []*pagemap.PagemapEntry, most int) ([]uint64, bool) {
 	var out []uint64
 	for _, e := range entries {
-		present := !e.GetInParent()
-		if e.Flags != nil {
-			present = e.GetFlags()&pePresent != 0
-		}
-		if !present {
+		if !criuimg.Present(e) {
 			continue
 		}
 		if len(out)+int(e.GetNrPages()) > most {
 			return nil, false
 		}
 		for p := range uint64(e.GetNrPages()) {
-			out = append(out, e.GetVaddr()+p*pageSize)
+			out = append(out, e.GetVaddr()+p*criuimg.PageSize)
 		}
 	}
 	return out, true
@@ -195,29 +183,29 @@ func presentPages(entries []*pagemap.PagemapEntry, most int) ([]uint64, bool) {
 // pages, each the pages of one ChunkSize window of address space; it never walks or keeps
 // more than the files' sizes allow, however many pages the entries claim.
 func FuzzPageCuts(f *testing.F) {
-	const present, parent, lazy = pePresent, 1, 2
+	const present, parent, lazy = criuimg.PEPresent, 1, 2
 	seed := func(size int64, entries ...*pagemap.PagemapEntry) {
-		f.Add(pagemapBytes(f, 1, entries...), size)
+		f.Add(fuzzcheck.Pagemap(f, 1, entries...), size)
 	}
-	seed(5*pageSize, pmEntry(0x400000, 2, present), pmEntry(0x600000, 4, parent), pmEntry(0x7f0000000000, 3, present))
-	seed(2048*pageSize, pmEntry(0x7f00003ff000, 2048, present)) // crosses windows mid-run
-	seed(2*pageSize, pmEntry(0x1000, 1, present), pmEntry(0x1000+ChunkSize, 1, lazy), pmEntry(0x2000+ChunkSize, 1, present))
-	seed(pageSize, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1)})                      // no flags: present
+	seed(5*criuimg.PageSize, pmEntry(0x400000, 2, present), pmEntry(0x600000, 4, parent), pmEntry(0x7f0000000000, 3, present))
+	seed(2048*criuimg.PageSize, pmEntry(0x7f00003ff000, 2048, present)) // crosses windows mid-run
+	seed(2*criuimg.PageSize, pmEntry(0x1000, 1, present), pmEntry(0x1000+ChunkSize, 1, lazy), pmEntry(0x2000+ChunkSize, 1, present))
+	seed(criuimg.PageSize, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1)})              // no flags: present
 	seed(0, &pagemap.PagemapEntry{Vaddr: proto.Uint64(0x1000), NrPages: proto.Uint32(1), InParent: proto.Bool(true)}) // no flags: in the parent
 	seed(1<<30, pmEntry(0, 0xffffffff, present), pmEntry(0, 0xffffffff, present), pmEntry(0, 0xffffffff, present))    // 48 TiB claimed
-	seed(pageSize, pmEntry(0xfffffffffffff000, 1, present))
+	seed(criuimg.PageSize, pmEntry(0xfffffffffffff000, 1, present))
 	seed(0)
-	f.Add(pagemapBytes(f, 1)[:8], int64(0))
+	f.Add(fuzzcheck.Pagemap(f, 1)[:8], int64(0))
 	f.Add([]byte{}, int64(0))
 	dir := f.TempDir()
 	if err := os.Mkdir(filepath.Join(dir, image.CRIUDir), 0o700); err != nil {
 		f.Fatal(err)
 	}
 	path := filepath.Join(dir, image.CRIUDir, "pagemap-1.img")
-	if err := os.WriteFile(path, pagemapBytes(f, 1, pmEntry(0x7f00003ff000, 2048, present)), 0o600); err != nil {
+	if err := os.WriteFile(path, fuzzcheck.Pagemap(f, 1, pmEntry(0x7f00003ff000, 2048, present)), 0o600); err != nil {
 		f.Fatal(err)
 	}
-	if got := pageCuts(dir, []File{{Path: image.CRIUDir + "/pages-1.img", Size: 2048 * pageSize}}); !slices.Equal(got[image.CRIUDir+"/pages-1.img"], []int64{pageSize, pageSize + ChunkSize, 2048 * pageSize}) {
+	if got := pageCuts(dir, []File{{Path: image.CRIUDir + "/pages-1.img", Size: 2048 * criuimg.PageSize}}); !slices.Equal(got[image.CRIUDir+"/pages-1.img"], []int64{criuimg.PageSize, criuimg.PageSize + ChunkSize, 2048 * criuimg.PageSize}) {
 		f.Fatalf("a run across three windows is cut at %v", got)
 	}
 	f.Fuzz(func(t *testing.T, data []byte, size int64) {
@@ -233,10 +221,10 @@ func FuzzPageCuts(f *testing.F) {
 			t.Fatalf("pageCuts allocated %d bytes for a %d-byte pagemap and a %d-byte pages file", n, len(data), size)
 		}
 		limit := max(size, 100)
-		id, ends, err := readPagemap(path, limit)
+		id, ends, err := chunkEnds(path, limit)
 		if err != nil {
 			if len(cuts) != 0 {
-				t.Fatalf("readPagemap refuses the pagemap (%v), yet pageCuts cut %v", err, cuts)
+				t.Fatalf("chunkEnds refuses the pagemap (%v), yet pageCuts cut %v", err, cuts)
 			}
 			return
 		}
@@ -245,7 +233,7 @@ func FuzzPageCuts(f *testing.F) {
 		}
 		var prev int64
 		for _, e := range ends {
-			if e <= prev || e-prev > ChunkSize || (e-prev)%pageSize != 0 {
+			if e <= prev || e-prev > ChunkSize || (e-prev)%criuimg.PageSize != 0 {
 				t.Fatalf("chunk ends %v: not increasing whole pages of at most ChunkSize", ends)
 			}
 			prev = e
@@ -256,7 +244,7 @@ func FuzzPageCuts(f *testing.F) {
 			t.Fatalf("pages id %d, ends %v, file of %d bytes: cut %v", id, ends, size, cut)
 		}
 		if cut && !slices.Equal(got, ends) {
-			t.Fatalf("pageCuts cut %v, readPagemap says %v", got, ends)
+			t.Fatalf("pageCuts cut %v, chunkEnds says %v", got, ends)
 		}
 
 		// Page by page, where that is cheap: a chunk is the pages of one window.
@@ -267,7 +255,7 @@ func FuzzPageCuts(f *testing.F) {
 		defer img.Close()
 		decoded, err := crit.New(img, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
 		if err != nil {
-			t.Fatalf("readPagemap read a pagemap crit refuses: %v", err)
+			t.Fatalf("chunkEnds read a pagemap crit refuses: %v", err)
 		}
 		var entries []*pagemap.PagemapEntry
 		for _, e := range decoded.Entries {
@@ -279,13 +267,13 @@ func FuzzPageCuts(f *testing.F) {
 		if !ok {
 			return
 		}
-		if int64(len(pages))*pageSize != prev {
+		if int64(len(pages))*criuimg.PageSize != prev {
 			t.Fatalf("%d present pages, chunks end at %d", len(pages), prev)
 		}
 		window := func(i int) int64 { return int64(pages[i]) / ChunkSize }
 		var start int
 		for _, e := range ends {
-			end := int(e / pageSize)
+			end := int(e / criuimg.PageSize)
 			for i := start + 1; i < end; i++ {
 				if window(i) != window(start) {
 					t.Fatalf("chunk of pages %d-%d spans windows %d and %d", start, end, window(start), window(i))

@@ -2,21 +2,11 @@ package chunked
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
-
-	"github.com/checkpoint-restore/go-criu/v7/crit"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 )
-
-// pageSize is the unit of CRIU's page files; gpucr checkpoints x86-64 and arm64 with 4 KiB pages.
-const pageSize = 4096
-
-// pePresent is CRIU's PE_PRESENT pagemap flag: the run's pages are in the pages file.
-const pePresent = 1 << 2
 
 // pageCuts returns, for each pages-<id>.img of a CRIU image, where its chunks end. CRIU
 // writes the pages of a process back to back in address order, so a page's offset in the
@@ -33,14 +23,14 @@ func pageCuts(dir string, files []File) map[string][]int64 {
 		sizes[f.Path] = f.Size
 		largest = max(largest, f.Size)
 	}
-	maps, _ := filepath.Glob(filepath.Join(dir, image.CRIUDir, "pagemap-*.img"))
+	maps, _ := filepath.Glob(filepath.Join(dir, image.CRIUDir, criuimg.PagemapGlob))
 	cuts := map[string][]int64{}
 	for _, m := range maps {
-		id, ends, err := readPagemap(m, largest)
+		id, ends, err := chunkEnds(m, largest)
 		if err != nil {
 			continue
 		}
-		name := fmt.Sprintf("%s/pages-%d.img", image.CRIUDir, id)
+		name := image.CRIUDir + "/" + criuimg.PagesName(id)
 		if size, ok := sizes[name]; ok && (len(ends) == 0 && size == 0 || len(ends) > 0 && ends[len(ends)-1] == size) {
 			cuts[name] = ends
 		}
@@ -48,60 +38,38 @@ func pageCuts(dir string, files []File) map[string][]int64 {
 	return cuts
 }
 
-// readPagemap returns the pages id of a pagemap image and the file offsets at which the
+// chunkEnds returns the pages id of a pagemap image and the file offsets at which the
 // chunks of its pages file end. The present pages must add up to limit bytes at most: the
 // pagemap comes from the image, and each of its entries can claim 16 TiB of pages, which
 // would otherwise be walked page by page.
-func readPagemap(path string, limit int64) (uint32, []int64, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer f.Close()
-	if err := criuimg.CheckFrames(f); err != nil {
-		return 0, nil, fmt.Errorf("%s: %w", path, err)
-	}
-	img, err := crit.New(f, nil, "", false, true).Decode(&pagemap.PagemapEntry{})
+func chunkEnds(path string, limit int64) (uint32, []int64, error) {
+	pm, err := criuimg.ReadPagemap(path)
 	if err != nil {
 		return 0, nil, err
 	}
 	var (
-		id     uint32
-		headed bool
 		ends   []int64
 		off    int64
 		window = int64(-1)
 	)
-	for _, e := range img.Entries {
-		switch m := e.Message.(type) {
-		case *pagemap.PagemapHead:
-			id, headed = m.GetPagesId(), true
-		case *pagemap.PagemapEntry:
-			present := !m.GetInParent()
-			if m.Flags != nil {
-				present = m.GetFlags()&pePresent != 0
-			}
-			if !present {
-				continue
-			}
-			if int64(m.GetNrPages())*pageSize > limit-off {
-				return 0, nil, fmt.Errorf("%s: its pages add up to more than %d bytes", path, limit)
-			}
-			for p := range int64(m.GetNrPages()) {
-				w := (int64(m.GetVaddr()) + p*pageSize) / ChunkSize
-				if w != window && off > 0 {
-					ends = append(ends, off)
-				}
-				window = w
-				off += pageSize
-			}
+	for _, e := range pm.Entries {
+		if !criuimg.Present(e) {
+			continue
 		}
-	}
-	if !headed {
-		return 0, nil, fmt.Errorf("%s: no pagemap head", path)
+		if int64(e.GetNrPages())*criuimg.PageSize > limit-off {
+			return 0, nil, fmt.Errorf("%s: its pages add up to more than %d bytes", path, limit)
+		}
+		for p := range int64(e.GetNrPages()) {
+			w := (int64(e.GetVaddr()) + p*criuimg.PageSize) / ChunkSize
+			if w != window && off > 0 {
+				ends = append(ends, off)
+			}
+			window = w
+			off += criuimg.PageSize
+		}
 	}
 	if off > 0 {
 		ends = append(ends, off)
 	}
-	return id, ends, nil
+	return pm.Head.GetPagesId(), ends, nil
 }
