@@ -1,5 +1,6 @@
-// Package criu drives the CRIU binary through go-criu's RPC (criu swrk): it finds a CRIU
-// that is new enough and runs dump and restore with gpucr's options mapped in one place.
+// Package criu drives the CRIU binary over its RPC (criu swrk, in go-criu's protocol
+// types): it finds a CRIU that is new enough and runs dump and restore with gpucr's options
+// mapped in one place.
 package criu
 
 import (
