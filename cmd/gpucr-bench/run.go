@@ -21,6 +21,7 @@ type config struct {
 	reps      int
 	gpucr     string
 	criu      string
+	libCUDA   string // $GPUCR_LIBCUDA, as gpucr reads it: a driver library off the loader's path
 	scripts   string
 	imageDirs []string
 	model     bool
@@ -70,7 +71,7 @@ type Run struct {
 // run alternates the methods, swapping which goes first each repetition, so that neither
 // always meets a warmer page cache or GPU.
 func run(cfg config) ([]Run, error) {
-	drv, err := cuda.Open("")
+	drv, err := cuda.Open(cfg.libCUDA)
 	if err != nil {
 		return nil, err
 	}

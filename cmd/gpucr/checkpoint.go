@@ -72,8 +72,8 @@ func (a *app) storeAndEmit(ctx context.Context, out checkpointOutput, phases []i
 // checkpointStreamed checkpoints target straight into the store at loc: the memory pages
 // go from CRIU through gpucr's page server to the store, and only CRIU's other files are
 // staged, in a temporary directory that is removed afterwards.
-func checkpointStreamed(ctx context.Context, e *engine.Engine, target engine.Target, r engine.CheckpointRequest, loc string) (*transferOutput, *image.Manifest, error) {
-	sc, err := openStream(ctx, loc)
+func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, target engine.Target, r engine.CheckpointRequest, loc string) (*transferOutput, *image.Manifest, error) {
+	sc, err := a.openStream(ctx, loc)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -96,8 +96,8 @@ type streamed struct {
 	start time.Time
 }
 
-func openStream(ctx context.Context, loc string) (*streamed, error) {
-	st, prefix, err := store.Open(ctx, loc)
+func (a *app) openStream(ctx context.Context, loc string) (*streamed, error) {
+	st, prefix, err := store.Open(ctx, loc, a.cfg.s3)
 	if err != nil {
 		return nil, classifyStore(err)
 	}
@@ -160,7 +160,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 			var released error // the image is written, what became of the tree after failed
 			err = a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
 				if r.Dir == "" {
-					streamed, m, err = checkpointStreamed(ctx, e, target(e), r, to)
+					streamed, m, err = a.checkpointStreamed(ctx, e, target(e), r, to)
 				} else {
 					m, err = e.Checkpoint(ctx, target(e), r)
 				}
