@@ -18,7 +18,7 @@ import (
 )
 
 func main() {
-	var cfg config
+	cfg := config{libCUDA: os.Getenv("GPUCR_LIBCUDA")}
 	sizes := flag.String("sizes", "1,4,16,32", "GiB held on the GPU by the holder workload, comma-separated")
 	flag.IntVar(&cfg.reps, "reps", 3, "repetitions of each workload and method")
 	flag.StringVar(&cfg.gpucr, "gpucr", "./gpucr", "gpucr binary")

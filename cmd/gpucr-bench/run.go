@@ -21,6 +21,7 @@ type config struct {
 	reps      int
 	gpucr     string
 	criu      string
+	libCUDA   string // $GPUCR_LIBCUDA, as gpucr reads it: a driver library off the loader's path
 	scripts   string
 	imageDirs []string
 	model     bool
@@ -29,7 +30,7 @@ type config struct {
 }
 
 // The methods: the baseline, gpucr, and gpucr with CRIU moving all pages itself, on
-// checkpoint and restore (GPUCR_CRIU_WRITES_PAGES=1 GPUCR_CRIU_RESTORES_PAGES=1), which
+// checkpoint and restore (checkpoint --criu-writes-pages, restore --criu-restores-pages), which
 // measures what gpucr's page server and memory fill win.
 const (
 	methodBaseline   = "baseline"
@@ -70,7 +71,7 @@ type Run struct {
 // run alternates the methods, swapping which goes first each repetition, so that neither
 // always meets a warmer page cache or GPU.
 func run(cfg config) ([]Run, error) {
-	drv, err := cuda.Open("")
+	drv, err := cuda.Open(cfg.libCUDA)
 	if err != nil {
 		return nil, err
 	}
@@ -117,9 +118,9 @@ func once(cfg config, drv *cuda.Driver, w workload, imageDir, method string, rep
 	case methodBaseline:
 		err = baseline(cfg, drv, p.pid, img, &r)
 	case methodCRIUWrites:
-		err = viaGpucr(cfg, p.pid, img, &r, "GPUCR_CRIU_WRITES_PAGES=1", "GPUCR_CRIU_RESTORES_PAGES=1")
+		err = viaGpucr(cfg, p.pid, img, &r, true)
 	default:
-		err = viaGpucr(cfg, p.pid, img, &r)
+		err = viaGpucr(cfg, p.pid, img, &r, false)
 	}
 	if err != nil {
 		return r, err
@@ -198,8 +199,8 @@ func addRestoreStats(r *Run, s *criuimg.RestoreStats) {
 	}
 }
 
-// viaGpucr checkpoints and restores with gpucr, with env added to its environment.
-func viaGpucr(cfg config, pid int, img string, r *Run, env ...string) error {
+// viaGpucr checkpoints and restores with gpucr; criuPages has CRIU move all memory itself.
+func viaGpucr(cfg config, pid int, img string, r *Run, criuPages bool) error {
 	var ck, rs struct {
 		Phases []struct {
 			Name    string  `json:"name"`
@@ -208,14 +209,19 @@ func viaGpucr(cfg config, pid int, img string, r *Run, env ...string) error {
 		DumpStats    *criuimg.DumpStats    `json:"criuDumpStats"`
 		RestoreStats *criuimg.RestoreStats `json:"criuRestoreStats"`
 	}
+	ckArgs := []string{"checkpoint", strconv.Itoa(pid), "-D", img, "--json", "--criu", cfg.criu}
+	rsArgs := []string{"restore", "-D", img, "--json", "--criu", cfg.criu}
+	if criuPages {
+		ckArgs, rsArgs = append(ckArgs, "--criu-writes-pages"), append(rsArgs, "--criu-restores-pages")
+	}
 	t0 := time.Now()
-	if err := runJSON(&ck, env, cfg.gpucr, "checkpoint", strconv.Itoa(pid), "-D", img, "--json", "--criu", cfg.criu); err != nil {
+	if err := runJSON(&ck, cfg.gpucr, ckArgs...); err != nil {
 		return err
 	}
 	r.Checkpoint = time.Since(t0).Seconds()
 	r.ImageBytes = dirBytes(img)
 	t1 := time.Now()
-	if err := runJSON(&rs, env, cfg.gpucr, "restore", "-D", img, "--json", "--criu", cfg.criu); err != nil {
+	if err := runJSON(&rs, cfg.gpucr, rsArgs...); err != nil {
 		return err
 	}
 	r.Restore = time.Since(t1).Seconds()
@@ -227,9 +233,8 @@ func viaGpucr(cfg config, pid int, img string, r *Run, env ...string) error {
 	return nil
 }
 
-func runJSON(v any, env []string, name string, args ...string) error {
+func runJSON(v any, name string, args ...string) error {
 	cmd := exec.Command(name, args...)
-	cmd.Env = append(os.Environ(), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -103,7 +103,7 @@ func (a *app) check(ctx context.Context) checkReport {
 		ctx = context.Background()
 	}
 	r := checkReport{Root: os.Geteuid() == 0}
-	if d, err := criu.Find(a.criuPath); err != nil {
+	if d, err := criu.Find(a.criuBinary()); err != nil {
 		r.CRIU.Error = err.Error()
 	} else {
 		r.CRIU.Path, r.CRIU.Version = d.Path, d.VersionString()
@@ -115,7 +115,7 @@ func (a *app) check(ctx context.Context) checkReport {
 			r.CRIU.OK = true
 		}
 	}
-	ready, unavailable := gpu.Probe()
+	ready, unavailable := gpu.Probe(a.cfg.gpu)
 	for _, b := range ready {
 		s := gpuStatus{Backend: b.Name(), Available: true}
 		if h, err := b.Host(ctx); err != nil {

@@ -72,8 +72,8 @@ func (a *app) storeAndEmit(ctx context.Context, out checkpointOutput, phases []i
 // checkpointStreamed checkpoints target straight into the store at loc: the memory pages
 // go from CRIU through gpucr's page server to the store, and only CRIU's other files are
 // staged, in a temporary directory that is removed afterwards.
-func checkpointStreamed(ctx context.Context, e *engine.Engine, target engine.Target, r engine.CheckpointRequest, loc string) (*transferOutput, *image.Manifest, error) {
-	sc, err := openStream(ctx, loc)
+func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, target engine.Target, r engine.CheckpointRequest, loc string) (*transferOutput, *image.Manifest, error) {
+	sc, err := a.openStream(ctx, loc)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -96,8 +96,8 @@ type streamed struct {
 	start time.Time
 }
 
-func openStream(ctx context.Context, loc string) (*streamed, error) {
-	st, prefix, err := store.Open(ctx, loc)
+func (a *app) openStream(ctx context.Context, loc string) (*streamed, error) {
+	st, prefix, err := store.Open(ctx, loc, a.cfg.s3)
 	if err != nil {
 		return nil, classifyStore(err)
 	}
@@ -138,7 +138,6 @@ func (a *app) checkpointCmd() *cobra.Command {
 		Short: "Checkpoint a running process tree or runc container (and its GPU state) to an image directory",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			r.CRIUWritesPages = os.Getenv("GPUCR_CRIU_WRITES_PAGES") == "1"
 			target, err := a.checkpointTarget(cmd, args, ctr, rf, r.Options)
 			if err != nil {
 				return err
@@ -161,7 +160,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 			var released error // the image is written, what became of the tree after failed
 			err = a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
 				if r.Dir == "" {
-					streamed, m, err = checkpointStreamed(ctx, e, target(e), r, to)
+					streamed, m, err = a.checkpointStreamed(ctx, e, target(e), r, to)
 				} else {
 					m, err = e.Checkpoint(ctx, target(e), r)
 				}
@@ -213,6 +212,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 	f.StringVar(&signPath, "sign", "", "sign the image's manifest with this ed25519 private key (see gpucr keygen)")
 	f.BoolVar(&dryRun, "dry-run", false, "only run the restorability analysis and print every finding; nothing is locked, frozen or written")
 	f.StringSliceVar(&skips, "skip-check", nil, "switch off a restorability check by name (repeatable): "+skippableChecks())
+	// Hidden: a slower way kept to measure what gpucr's page server wins (gpucr-bench).
+	f.BoolVar(&r.CRIUWritesPages, "criu-writes-pages", false, "let CRIU write all memory pages itself, not gpucr")
+	_ = f.MarkHidden("criu-writes-pages")
 	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
 	return cmd

@@ -31,7 +31,7 @@ func needRunc(t *testing.T) (runc, criuPath string) {
 	} else if _, err := os.Stat("/bin/busybox"); err != nil {
 		why = "no /bin/busybox for the container's rootfs (busybox-static)"
 	}
-	d, err := criu.Find("")
+	d, err := criu.Find(os.Getenv("GPUCR_CRIU"))
 	if err != nil {
 		why = err.Error()
 	}

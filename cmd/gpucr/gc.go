@@ -42,7 +42,7 @@ func (a *app) rmCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
-			st, prefix, err := store.Open(ctx, args[0])
+			st, prefix, err := store.Open(ctx, args[0], a.cfg.s3)
 			if err != nil {
 				return classifyStore(err)
 			}
@@ -69,7 +69,7 @@ func (a *app) gcCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
-			st, dir, err := store.Open(ctx, args[0])
+			st, dir, err := store.Open(ctx, args[0], a.cfg.s3)
 			if err != nil {
 				return classifyStore(err)
 			}

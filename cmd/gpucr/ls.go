@@ -38,7 +38,7 @@ func (a *app) lsCmd() *cobra.Command {
 			"Only checkpoints whose push finished are listed.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, prefix, err := store.Open(cmd.Context(), args[0])
+			st, prefix, err := store.Open(cmd.Context(), args[0], a.cfg.s3)
 			if err != nil {
 				return classifyStore(err)
 			}

@@ -60,8 +60,10 @@ func versionString() string {
 	return "git-" + rev + dirty
 }
 
-// app holds the global flags and builds what the verbs share.
+// app holds the global flags and the environment's configuration, and builds what the
+// verbs share.
 type app struct {
+	cfg            config
 	stdout, stderr io.Writer
 	json           bool
 	criuPath       string
@@ -79,7 +81,7 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	a := &app{stdout: stdout, stderr: stderr}
+	a := &app{cfg: configFrom(os.Getenv), stdout: stdout, stderr: stderr}
 	root := &cobra.Command{
 		Use:           "gpucr",
 		Short:         "Checkpoint and restore running GPU processes",
@@ -177,11 +179,11 @@ func (a *app) engine() (*engine.Engine, error) {
 			return nil, usageError{err}
 		}
 	}
-	d, err := criu.Find(a.criuPath)
+	d, err := criu.Find(a.criuBinary())
 	if err != nil {
 		return nil, err
 	}
-	backends, unavailable := gpu.Probe()
+	backends, unavailable := gpu.Probe(a.cfg.gpu)
 	for name, why := range unavailable {
 		a.log.Debug("GPU backend off", "backend", name, "reason", why)
 	}

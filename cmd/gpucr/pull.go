@@ -42,7 +42,7 @@ func (a *app) pullCmd() *cobra.Command {
 
 // pull fetches the checkpoint at loc into dir; restore --from shares it.
 func (a *app) pull(ctx context.Context, loc, dir string, trust signing.Keys) (transferOutput, error) {
-	st, prefix, err := store.Open(ctx, loc)
+	st, prefix, err := store.Open(ctx, loc, a.cfg.s3)
 	if err != nil {
 		return transferOutput{}, classifyStore(err)
 	}

@@ -64,7 +64,7 @@ func (a *app) pushCmd() *cobra.Command {
 
 // push stores the image in dir at loc; checkpoint --to shares it.
 func (a *app) push(ctx context.Context, dir, loc string) (transferOutput, error) {
-	st, prefix, err := store.Open(ctx, loc)
+	st, prefix, err := store.Open(ctx, loc, a.cfg.s3)
 	if err != nil {
 		return transferOutput{}, classifyStore(err)
 	}

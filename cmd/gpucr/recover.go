@@ -151,6 +151,6 @@ func (a *app) recoveryEngine() (*engine.Engine, error) {
 	if os.Geteuid() != 0 {
 		return nil, engine.ErrNotRoot
 	}
-	backends, _ := gpu.Probe()
+	backends, _ := gpu.Probe(a.cfg.gpu)
 	return &engine.Engine{Backends: backends, Version: version, Log: a.log, JournalRoot: a.runDir}, nil
 }

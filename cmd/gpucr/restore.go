@@ -46,7 +46,6 @@ func (a *app) restoreCmd() *cobra.Command {
 		Short: "Restore a process tree or runc container (and its GPU state) from an image directory, detached",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			r.CRIURestoresPages = os.Getenv("GPUCR_CRIU_RESTORES_PAGES") == "1"
 			var err error
 			if r.Skips, r.AMDSkips, err = splitSkips(skips); err != nil {
 				return usageError{err}
@@ -97,6 +96,9 @@ func (a *app) restoreCmd() *cobra.Command {
 	f.StringVar(&ctr, "container", "", "restore the runc container the image holds, checkpointed with this ID")
 	f.StringVar(&newID, "new-id", "", "with --container: restore the container under this ID instead")
 	f.StringVar(&bundle, "bundle", "", "with --container: the OCI bundle to restore with (default: the one it was checkpointed from)")
+	// Hidden: a slower way kept to measure what gpucr's memory fill wins (gpucr-bench).
+	f.BoolVar(&r.CRIURestoresPages, "criu-restores-pages", false, "let CRIU restore all memory pages itself, not gpucr")
+	_ = f.MarkHidden("criu-restores-pages")
 	trustFlag(cmd, &trust)
 	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)

@@ -57,7 +57,7 @@ func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 	if ps := ins.CRIU.Processes; len(ps) != 1 || ps[0].MemoryBytes < 64<<20 {
 		t.Errorf("inspect counts %+v of the counter's memory, want its 64 MiB too", ps)
 	}
-	if filled := restoreCounts(t, w, dir, frozen, nil); !filled {
+	if filled := restoreCounts(t, w, dir, frozen); !filled {
 		t.Error("no memory-fill phase")
 	}
 }
@@ -80,10 +80,10 @@ func dirSize(t *testing.T, dir, prefix string) int64 {
 
 // restoreCounts restores the counter w from dir with env added, checks that it counts on
 // from frozen with its memory intact, and says whether gpucr filled its memory itself.
-func restoreCounts(t *testing.T, w *workload, dir string, frozen int, env []string) (filled bool) {
+func restoreCounts(t *testing.T, w *workload, dir string, frozen int, flags ...string) (filled bool) {
 	t.Helper()
 	var rs restoreOutput
-	if err := json.Unmarshal([]byte(mustGpucrEnv(t, env, "restore", "--json", "-D", dir)), &rs); err != nil {
+	if err := json.Unmarshal([]byte(mustGpucr(t, append([]string{"restore", "--json", "-D", dir}, flags...)...)), &rs); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { killAndReap(rs.RootPID) })
@@ -97,20 +97,20 @@ func restoreCounts(t *testing.T, w *workload, dir string, frozen int, env []stri
 	return slices.ContainsFunc(rs.Phases, func(p image.Phase) bool { return p.Name == "memory-fill" })
 }
 
-// With GPUCR_CRIU_WRITES_PAGES=1 and GPUCR_CRIU_RESTORES_PAGES=1 CRIU moves all memory
-// itself, and the result is the same.
+// With checkpoint --criu-writes-pages and restore --criu-restores-pages CRIU moves all
+// memory itself, and the result is the same.
 func TestCRIUMovesAllPagesWhenAsked(t *testing.T) {
 	needCRIU(t)
 	w := startCounter(t, "-mib", "64")
 	w.waitCount(t, 5)
 	dir := filepath.Join(t.TempDir(), "img")
-	mustGpucrEnv(t, []string{"GPUCR_CRIU_WRITES_PAGES=1"}, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--criu-writes-pages")
 	if saved, _ := filepath.Glob(filepath.Join(dir, "mem", "*")); len(saved) > 0 {
-		t.Errorf("gpucr saved memory itself with GPUCR_CRIU_WRITES_PAGES=1: %v", saved)
+		t.Errorf("gpucr saved memory itself with --criu-writes-pages: %v", saved)
 	}
 	waitGone(t, w.pid)
-	if restoreCounts(t, w, dir, w.read(t, "count"), []string{"GPUCR_CRIU_RESTORES_PAGES=1"}) {
-		t.Error("memory-fill with GPUCR_CRIU_RESTORES_PAGES=1")
+	if restoreCounts(t, w, dir, w.read(t, "count"), "--criu-restores-pages") {
+		t.Error("memory-fill with --criu-restores-pages")
 	}
 }
 
@@ -128,7 +128,7 @@ func TestSharedMemoryRestores(t *testing.T) {
 	if len(shmem) == 0 {
 		t.Fatal("no shared-memory pagemap in the image")
 	}
-	if !restoreCounts(t, w, dir, w.read(t, "count"), nil) {
+	if !restoreCounts(t, w, dir, w.read(t, "count")) {
 		t.Error("no memory-fill phase")
 	}
 }

@@ -1,5 +1,6 @@
-// Package criu drives the CRIU binary through go-criu's RPC (criu swrk): it finds a CRIU
-// that is new enough and runs dump and restore with gpucr's options mapped in one place.
+// Package criu drives the CRIU binary over its RPC (criu swrk, in go-criu's protocol
+// types): it finds a CRIU that is new enough and runs dump and restore with gpucr's options
+// mapped in one place.
 package criu
 
 import (
@@ -38,10 +39,10 @@ type Driver struct {
 	Version int // as go-criu encodes it: major*10000 + minor*100 + sublevel
 }
 
-// Find locates CRIU: the explicit path if given, else $GPUCR_CRIU, else the install
+// Find locates CRIU: path if given (the CLI's --criu or $GPUCR_CRIU), else the install
 // script's prefix, else criu on PATH. It fails unless that CRIU is at least MinVersion.
-func Find(explicit string) (*Driver, error) {
-	path, err := locate(explicit)
+func Find(path string) (*Driver, error) {
+	path, err := locate(path)
 	if err != nil {
 		return nil, err
 	}
@@ -59,15 +60,11 @@ func Find(explicit string) (*Driver, error) {
 	return d, nil
 }
 
-func locate(explicit string) (string, error) {
-	candidates := []string{explicit, os.Getenv("GPUCR_CRIU")}
-	for _, c := range candidates {
-		if c == "" {
-			continue
-		}
-		p, err := exec.LookPath(c)
+func locate(path string) (string, error) {
+	if path != "" {
+		p, err := exec.LookPath(path)
 		if err != nil {
-			return "", fmt.Errorf("%w at %s: %v", ErrNotFound, c, err)
+			return "", fmt.Errorf("%w at %s: %v", ErrNotFound, path, err)
 		}
 		return filepath.Abs(p)
 	}

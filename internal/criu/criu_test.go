@@ -12,7 +12,7 @@ import (
 
 func driver(t *testing.T) *Driver {
 	t.Helper()
-	d, err := Find("")
+	d, err := Find(os.Getenv("GPUCR_CRIU"))
 	if err == nil && os.Geteuid() == 0 {
 		return d
 	}

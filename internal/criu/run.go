@@ -8,14 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 
-	gocriu "github.com/checkpoint-restore/go-criu/v7"
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"google.golang.org/protobuf/proto"
-
-	"github.com/gpucr/gpucr/internal/interrupt"
-	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // Log file names CRIU writes into the work directory.
@@ -144,9 +139,8 @@ func (d *Driver) Dump(ctx context.Context, r DumpRequest, n Notify) error {
 	if r.PageServerPort != 0 {
 		opts.Ps = &rpc.CriuPageServerInfo{Address: proto.String("127.0.0.1"), Port: proto.Int32(int32(r.PageServerPort))}
 	}
-	return d.run(context.WithoutCancel(ctx), "dump", r.ImagesDir, r.WorkDir, opts, r.childEnv(), func(c *gocriu.Criu) error {
-		return c.Dump(opts, n)
-	})
+	_, err := d.run(context.WithoutCancel(ctx), rpc.CriuReqType_DUMP, r.ImagesDir, r.WorkDir, opts, r.childEnv(), n)
+	return err
 }
 
 // Restore restores the tree in r.ImagesDir, detached: when CRIU exits the tree is
@@ -157,31 +151,15 @@ func (d *Driver) Dump(ctx context.Context, r DumpRequest, n Notify) error {
 func (d *Driver) Restore(ctx context.Context, r RestoreRequest, n Notify) (int, error) {
 	opts := r.Options.rpc()
 	opts.LogFile = proto.String(RestoreLog)
-	w := &pidRecorder{Notify: n}
-	if w.Notify == nil {
-		w.Notify = NoNotify{}
-	}
-	err := d.run(ctx, "restore", r.ImagesDir, r.WorkDir, opts, r.childEnv(), func(c *gocriu.Criu) error {
-		return c.Restore(opts, w)
-	})
+	resp, err := d.run(ctx, rpc.CriuReqType_RESTORE, r.ImagesDir, r.WorkDir, opts, r.childEnv(), n)
 	if err != nil {
 		return 0, err
 	}
-	if w.pid == 0 {
+	pid := int(resp.GetRestore().GetPid())
+	if pid <= 0 {
 		return 0, fmt.Errorf("criu restore reported no root pid")
 	}
-	return w.pid, nil
-}
-
-// pidRecorder learns the restored root PID, which go-criu reports only to the notifier.
-type pidRecorder struct {
-	Notify
-	pid int
-}
-
-func (p *pidRecorder) PostRestore(pid int32) error {
-	p.pid = int(pid)
-	return p.Notify.PostRestore(pid)
+	return pid, nil
 }
 
 func (o Options) rpc() *rpc.CriuOpts {
@@ -200,127 +178,47 @@ func (o Options) rpc() *rpc.CriuOpts {
 }
 
 // run opens the directories CRIU works in, starts criu swrk with env added to its
-// environment and shielded from the terminal's Ctrl-C, and calls do. CRIU reads the
-// directories through our descriptors. If ctx is cancelled before do returns, CRIU is
-// killed: go-criu waits on its socket with no deadline, and only CRIU's death ends that
-// wait when CRIU hangs.
-func (d *Driver) run(ctx context.Context, op, imagesDir, workDir string, opts *rpc.CriuOpts, env []string, do func(*gocriu.Criu) error) error {
+// environment, sends it the request typ with opts, and answers its notifications through
+// n (none are asked for when n is nil). CRIU reads the directories through our
+// descriptors. If ctx is cancelled before CRIU answers, CRIU is killed: its socket has no
+// deadline, and only CRIU's death ends the wait when CRIU hangs.
+func (d *Driver) run(ctx context.Context, typ rpc.CriuReqType, imagesDir, workDir string, opts *rpc.CriuOpts, env []string, n Notify) (*rpc.CriuResp, error) {
+	op := strings.ToLower(typ.String())
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("criu %s: %w", op, err)
+		return nil, fmt.Errorf("criu %s: %w", op, err)
 	}
 	img, err := os.Open(imagesDir)
 	if err != nil {
-		return fmt.Errorf("criu %s: open images dir: %w", op, err)
+		return nil, fmt.Errorf("criu %s: open images dir: %w", op, err)
 	}
 	defer img.Close()
 	work, err := os.Open(workDir)
 	if err != nil {
-		return fmt.Errorf("criu %s: open work dir: %w", op, err)
+		return nil, fmt.Errorf("criu %s: open work dir: %w", op, err)
 	}
 	defer work.Close()
 	opts.ImagesDirFd = proto.Int32(int32(img.Fd()))
 	opts.WorkDirFd = proto.Int32(int32(work.Fd()))
+	opts.NotifyScripts = proto.Bool(n != nil)
 
-	c := gocriu.MakeCriu()
-	c.SetCriuPath(d.Path)
-	// CRIU is looked for only where it may be killed: a dump's context is never cancelled.
-	var swrk int
-	cancellable := ctx.Done() != nil
-	err = interrupt.StartImmune(withEnv(env, func() error {
-		var before map[int]bool
-		if cancellable {
-			before = children()
-		}
-		if err := c.Prepare(); err != nil {
-			return err
-		}
-		if cancellable {
-			swrk = d.newSwrk(before)
-		}
-		return nil
-	}))
+	s, err := startSwrk(d.Path, env)
 	if err != nil {
-		return fmt.Errorf("criu %s: start %s: %w", op, d.Path, err)
+		return nil, fmt.Errorf("criu %s: start %s: %w", op, d.Path, err)
 	}
-	// swrk is our child, unwaited until Cleanup: its PID cannot be reused before then.
 	killed := make(chan bool, 1)
-	stop := context.AfterFunc(ctx, func() {
-		killed <- swrk > 0 && syscall.Kill(swrk, syscall.SIGKILL) == nil
-	})
-	runErr := do(c)
+	stop := context.AfterFunc(ctx, func() { killed <- s.kill() == nil })
+	resp, runErr := s.call(&rpc.CriuReq{Type: typ.Enum(), Opts: opts}, n)
 	if !stop() && <-killed {
 		runErr = fmt.Errorf("%w (CRIU was killed)", ctx.Err())
 	}
-	cleanupErr := c.Cleanup()
-	if runErr == nil {
-		runErr = cleanupErr
+	if closeErr := s.close(); runErr == nil {
+		runErr = closeErr
 	}
 	if runErr != nil {
 		logPath := filepath.Join(workDir, opts.GetLogFile())
-		return &Error{Op: op, LogPath: logPath, Lines: errorLines(logPath), Err: runErr}
+		return nil, &Error{Op: op, LogPath: logPath, Lines: errorLines(logPath), Err: runErr}
 	}
-	return nil
-}
-
-// children lists the PIDs of gpucr's children. (/proc/PID/task/*/children would be
-// cheaper, but kernels built without CONFIG_PROC_CHILDREN lack it.)
-func children() map[int]bool {
-	pids := map[int]bool{}
-	all, _ := proctree.All()
-	for _, p := range all {
-		if p.PPID == os.Getpid() {
-			pids[p.PID] = true
-		}
-	}
-	return pids
-}
-
-// newSwrk finds the criu swrk that go-criu just started, which it does not expose: the one
-// child not in before whose executable is CRIU (CRIU rewrites its command line). Starts are
-// serialized (interrupt's lock), so no other CRIU can be mistaken for it. 0 if none is found.
-func (d *Driver) newSwrk(before map[int]bool) int {
-	criu, err := os.Stat(d.Path)
-	if err != nil {
-		return 0
-	}
-	for pid := range children() {
-		if before[pid] {
-			continue
-		}
-		if exe, err := os.Stat(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && os.SameFile(exe, criu) {
-			return pid
-		}
-	}
-	return 0
-}
-
-// withEnv wraps start so that the child it forks sees env: go-criu starts CRIU with
-// gpucr's own environment and offers no other way in. Callers hold interrupt's lock, so
-// no other CRIU start sees the change.
-func withEnv(env []string, start func() error) func() error {
-	return func() error {
-		type saved struct {
-			key, val string
-			had      bool
-		}
-		var undo []saved
-		for _, kv := range env {
-			k, v, _ := strings.Cut(kv, "=")
-			old, had := os.LookupEnv(k)
-			undo = append(undo, saved{k, old, had})
-			os.Setenv(k, v)
-		}
-		defer func() {
-			for _, u := range undo {
-				if u.had {
-					os.Setenv(u.key, u.val)
-				} else {
-					os.Unsetenv(u.key)
-				}
-			}
-		}()
-		return start()
-	}
+	return resp, nil
 }
 
 // errorLines returns the first few "Error" lines of a CRIU log: the first names the cause,

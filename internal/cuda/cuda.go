@@ -118,14 +118,14 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
-	"os"
 	"strings"
 	"time"
 	"unsafe"
 )
 
-// defaultLibrary is the driver library's soname; $GPUCR_LIBCUDA replaces it, so tests can
-// load a fake driver and users a driver outside the loader's path.
+// defaultLibrary is the driver library's soname; a path given to Open (the CLI's
+// $GPUCR_LIBCUDA) replaces it, so tests can load a fake driver and users a driver outside
+// the loader's path.
 const defaultLibrary = "libcuda.so.1"
 
 // Process states as cuCheckpointProcessGetState reports them.
@@ -168,12 +168,9 @@ func (e *Error) Error() string {
 // GPUPair sends the device state a process had on GPU Old to GPU New at restore.
 type GPUPair struct{ Old, New [16]byte }
 
-// Open loads the CUDA driver library at path; "" means $GPUCR_LIBCUDA if set, else
-// libcuda.so.1 from the loader's path. It fails when the driver predates the checkpoint API.
+// Open loads the CUDA driver library at path; "" means libcuda.so.1 from the loader's
+// path. It fails when the driver predates the checkpoint API.
 func Open(path string) (*Driver, error) {
-	if path == "" {
-		path = os.Getenv("GPUCR_LIBCUDA")
-	}
 	if path == "" {
 		path = defaultLibrary
 	}

@@ -38,7 +38,7 @@ type CheckpointRequest struct {
 	// removed by the rollback if gpucr dies.
 	Scratch []string
 	// CRIUWritesPages lets CRIU write the page files itself instead of sending them to
-	// gpucr's page server: slower, kept to compare the two (GPUCR_CRIU_WRITES_PAGES=1).
+	// gpucr's page server: slower, kept to compare the two (checkpoint --criu-writes-pages).
 	CRIUWritesPages bool
 	// Sign, when set, signs the image's manifest (gpucr checkpoint --sign).
 	Sign ed25519.PrivateKey

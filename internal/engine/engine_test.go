@@ -80,7 +80,7 @@ func newEngine(t *testing.T, b gpu.Backend) *Engine {
 	if os.Geteuid() != 0 {
 		skipOrFail(t, "needs root")
 	}
-	d, err := criu.Find("")
+	d, err := criu.Find(os.Getenv("GPUCR_CRIU"))
 	if err != nil {
 		skipOrFail(t, err.Error())
 	}

@@ -31,7 +31,7 @@ type RestoreRequest struct {
 	// AMDSkips switches off checks of AMD GPUs, like the KFD_*_CHECK variables.
 	AMDSkips amd.Skips
 	// CRIURestoresPages leaves the memory in CRIU's files to CRIU instead of gpucr writing
-	// the large runs itself: slower, kept to compare the two (GPUCR_CRIU_RESTORES_PAGES=1).
+	// the large runs itself: slower, kept to compare the two (restore --criu-restores-pages).
 	// Memory gpucr saved itself at checkpoint is always gpucr's to write.
 	CRIURestoresPages bool
 	// Trust, when not empty, refuses an image not signed by one of its keys.

@@ -5,8 +5,16 @@ import (
 	"sync"
 )
 
-// Opener opens a backend, or returns why it cannot work on this host (no driver, say).
-type Opener func() (Backend, error)
+// Config says where the backends find their driver libraries, for a driver off the
+// loader's path or a fake one in tests; an empty field means the loader's default.
+type Config struct {
+	LibCUDA string // NVIDIA's libcuda.so.1
+	LibNVML string // NVIDIA's libnvidia-ml.so.1
+}
+
+// Opener opens a backend with cfg, or returns why it cannot work on this host (no
+// driver, say).
+type Opener func(cfg Config) (Backend, error)
 
 var (
 	mu      sync.Mutex
@@ -30,9 +38,9 @@ func Named(backends []Backend, name string) Backend {
 	return nil
 }
 
-// Probe opens every registered backend. It returns those that work here and, for each
-// one that does not, the reason, so callers can say why GPU support is off.
-func Probe() (ready []Backend, unavailable map[string]error) {
+// Probe opens every registered backend with cfg. It returns those that work here and, for
+// each one that does not, the reason, so callers can say why GPU support is off.
+func Probe(cfg Config) (ready []Backend, unavailable map[string]error) {
 	mu.Lock()
 	names := make([]string, 0, len(openers))
 	for n := range openers {
@@ -45,7 +53,7 @@ func Probe() (ready []Backend, unavailable map[string]error) {
 		mu.Lock()
 		open := openers[n]
 		mu.Unlock()
-		b, err := open()
+		b, err := open(cfg)
 		if err != nil {
 			unavailable[n] = err
 			continue

@@ -12,17 +12,17 @@ import (
 var ErrBadLocation = errors.New("invalid store location")
 
 // Open resolves a location to a store and the key it names in that store. A location is
-// s3://BUCKET[/KEY] or a local path. A local path is opened in a Dir rooted at "/", so that
-// keys are absolute paths without their leading slash and sibling directories (where the
-// chunks of a checkpoint go) are reachable from any location.
-func Open(ctx context.Context, location string) (Store, string, error) {
+// s3://BUCKET[/KEY], opened with s3, or a local path. A local path is opened in a Dir
+// rooted at "/", so that keys are absolute paths without their leading slash and sibling
+// directories (where the chunks of a checkpoint go) are reachable from any location.
+func Open(ctx context.Context, location string, s3 S3Config) (Store, string, error) {
 	if rest, ok := strings.CutPrefix(location, "s3://"); ok {
 		bucket, key, _ := strings.Cut(rest, "/")
 		key = strings.Trim(key, "/")
 		if bucket == "" || (key != "" && checkKey(key) != nil) {
 			return nil, "", fmt.Errorf("%w %q: want s3://BUCKET/PREFIX with a clean PREFIX", ErrBadLocation, location)
 		}
-		s, err := NewS3(ctx, bucket, S3ConfigFromEnv())
+		s, err := NewS3(ctx, bucket, s3)
 		if err != nil {
 			return nil, "", err
 		}

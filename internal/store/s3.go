@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -25,9 +24,6 @@ type S3Config struct {
 	// Region is the bucket's region; empty lets the client ask the service.
 	Region string
 	Creds  *credentials.Credentials
-	// Anonymous records that no credential source was configured, so that a refusal can
-	// say so instead of only "access denied".
-	Anonymous bool
 }
 
 // Timeouts of the S3 client. They are short on purpose: an endpoint that does not answer
@@ -41,33 +37,23 @@ const (
 	maxRetries = 3
 )
 
-// S3ConfigFromEnv reads the endpoint from GPUCR_S3_ENDPOINT or AWS_ENDPOINT_URL, the region
-// from AWS_REGION or AWS_DEFAULT_REGION, and takes credentials from the standard AWS
-// sources in their usual order: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and
-// AWS_SESSION_TOKEN, then the shared credentials file (AWS_SHARED_CREDENTIALS_FILE or
-// ~/.aws/credentials) for AWS_PROFILE. The instance metadata service is not asked: off EC2
-// it costs a timeout on every run.
-func S3ConfigFromEnv() S3Config {
-	endpoint := os.Getenv("GPUCR_S3_ENDPOINT")
-	if endpoint == "" {
-		endpoint = os.Getenv("AWS_ENDPOINT_URL")
-	}
-	region := os.Getenv("AWS_REGION")
-	if region == "" {
-		region = os.Getenv("AWS_DEFAULT_REGION")
-	}
-	creds := credentials.NewChainCredentials([]credentials.Provider{&credentials.EnvAWS{}, &credentials.FileAWSCredentials{}})
-	v, err := creds.Get()
-	anonymous := err != nil || v.SignerType.IsAnonymous()
-	return S3Config{Endpoint: endpoint, Region: region, Creds: creds, Anonymous: anonymous}
-}
-
 // S3 is a store in one bucket of an S3-compatible service; keys are object names.
 type S3 struct {
-	client    *minio.Client
-	bucket    string
-	endpoint  string
+	client   *minio.Client
+	bucket   string
+	endpoint string
+	// anonymous records that no credential source was configured, so that a refusal can
+	// say so instead of only "access denied".
 	anonymous bool
+}
+
+// noCredentials reports whether creds resolve to no credentials at all.
+func noCredentials(creds *credentials.Credentials) bool {
+	if creds == nil {
+		return true
+	}
+	v, err := creds.Get()
+	return err != nil || v.SignerType.IsAnonymous()
 }
 
 // NewS3 connects to bucket and checks, within seconds, that the endpoint answers, that it
@@ -98,7 +84,7 @@ func NewS3(ctx context.Context, bucket string, cfg S3Config) (*S3, error) {
 	if err != nil {
 		return nil, fmt.Errorf("s3://%s: %w", bucket, err)
 	}
-	s := &S3{client: client, bucket: bucket, endpoint: client.EndpointURL().String(), anonymous: cfg.Anonymous}
+	s := &S3{client: client, bucket: bucket, endpoint: client.EndpointURL().String(), anonymous: noCredentials(cfg.Creds)}
 	cctx, cancel := context.WithTimeout(ctx, checkTimeout)
 	defer cancel()
 	ok, err := client.BucketExists(cctx, bucket)

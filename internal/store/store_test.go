@@ -167,7 +167,7 @@ func TestS3Refusals(t *testing.T) {
 			"refused our credentials (SignatureDoesNotMatch)"},
 		{"unknown key", bucket, store.S3Config{Endpoint: srv.Endpoint, Creds: credentials.NewStaticV4("nobody", "wrong-secret-value", "")},
 			"refused our credentials (InvalidAccessKeyId)"},
-		{"no credentials", bucket, store.S3Config{Endpoint: srv.Endpoint, Creds: credentials.New(&credentials.Static{}), Anonymous: true},
+		{"no credentials", bucket, store.S3Config{Endpoint: srv.Endpoint, Creds: credentials.New(&credentials.Static{})},
 			"no credentials found"},
 		{"missing bucket", "no-such-bucket", srv.Config(), "s3://no-such-bucket: bucket does not exist at " + srv.Endpoint},
 		{"unreachable", bucket, store.S3Config{Endpoint: closed, Creds: srv.Config().Creds}, "cannot reach " + closed},
@@ -193,7 +193,7 @@ func TestS3Refusals(t *testing.T) {
 
 func TestOpen(t *testing.T) {
 	ctx := context.Background()
-	st, key, err := store.Open(ctx, "rel/../img")
+	st, key, err := store.Open(ctx, "rel/../img", store.S3Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,18 +202,14 @@ func TestOpen(t *testing.T) {
 		t.Errorf("Open(local) = %q %q, want %q", key, st.URL(key), want)
 	}
 	for _, loc := range []string{"", "gs://bucket/x", "s3://", "s3:///x", "s3://b/a/../../x"} {
-		if _, _, err := store.Open(ctx, loc); !errors.Is(err, store.ErrBadLocation) {
+		if _, _, err := store.Open(ctx, loc, store.S3Config{}); !errors.Is(err, store.ErrBadLocation) {
 			t.Errorf("Open(%q) = %v, want ErrBadLocation", loc, err)
 		}
 	}
 
 	srv := storetest.Start(t)
 	bucket := srv.Bucket(t)
-	for _, kv := range srv.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-	}
-	st, key, err = store.Open(ctx, "s3://"+bucket+"/jobs/ckpt/")
+	st, key, err = store.Open(ctx, "s3://"+bucket+"/jobs/ckpt/", srv.Config())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@
 #  B. the same through plain `runc checkpoint` / `runc restore` with the runc integration
 #     (gpucr install-runc-integration, pointed at by the container's org.criu.config).
 #  C. a 16 GiB holder container through gpucr, with gpucr saving and filling the memory
-#     and with CRIU moving all pages (GPUCR_CRIU_WRITES_PAGES=1 GPUCR_CRIU_RESTORES_PAGES=1):
+#     and with CRIU moving all pages (checkpoint --criu-writes-pages, restore --criu-restores-pages):
 #     data identical after both, times side by side.
 # The container's rootfs is an empty directory with the host's system directories bound in
 # read-only (python, torch and the CUDA libraries as installed), the NVIDIA device nodes,
@@ -171,11 +171,11 @@ fi
 if [[ "$PARTS" == *" C "* ]]; then
   echo "== C. 16 GiB container: gpucr saving and filling memory, and CRIU moving all pages"
   for mode in gpucr criu-pages; do
-    D=$W/c-$mode; bundle "$D" "" 16; env=()
-    [ $mode = criu-pages ] && env=(GPUCR_CRIU_WRITES_PAGES=1 GPUCR_CRIU_RESTORES_PAGES=1)
+    D=$W/c-$mode; bundle "$D" "" 16; ckf=(); rsf=()
+    [ $mode = criu-pages ] && ckf=(--criu-writes-pages) rsf=(--criu-restores-pages)
     if start gpucr-c-$mode "$D"; then
-      if env "${env[@]}" "$G" checkpoint --json --container gpucr-c-$mode -D "$W/img-c-$mode" > "$W/ck-$mode.json"; then
-        if env "${env[@]}" "$G" restore --json --container gpucr-c-$mode -D "$W/img-c-$mode" --new-id gpucr-c2-$mode > "$W/rs-$mode.json"; then
+      if "$G" checkpoint --json --container gpucr-c-$mode -D "$W/img-c-$mode" "${ckf[@]}" > "$W/ck-$mode.json"; then
+        if "$G" restore --json --container gpucr-c-$mode -D "$W/img-c-$mode" --new-id gpucr-c2-$mode "${rsf[@]}" > "$W/rs-$mode.json"; then
           check "C. $mode restored" "$D"
           python3 - "$W/ck-$mode.json" "$W/rs-$mode.json" "$mode" <<'PY'
 import json, sys

@@ -79,7 +79,7 @@ func (h *holder) intact(t *testing.T) bool {
 
 func openDevice(t *testing.T) (*Backend, gpu.Host) {
 	t.Helper()
-	b, err := Open()
+	b, err := Open(gpu.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,18 +48,18 @@ type Backend struct {
 	l2     map[string]uint64 // by UUID; read once, since it initializes CUDA in gpucr
 }
 
-// Open loads NVML and libcuda, or says in one line why NVIDIA GPU support is off here.
-func Open() (gpu.Backend, error) {
-	// $GPUCR_LIBNVML, like $GPUCR_LIBCUDA, lets tests on hosts without a GPU use a fake.
+// Open loads NVML and libcuda, from cfg's paths where set, or says in one line why NVIDIA
+// GPU support is off here.
+func Open(cfg gpu.Config) (gpu.Backend, error) {
 	var opts []nvml.LibraryOption
-	if p := os.Getenv("GPUCR_LIBNVML"); p != "" {
-		opts = append(opts, nvml.WithLibraryPath(p))
+	if cfg.LibNVML != "" {
+		opts = append(opts, nvml.WithLibraryPath(cfg.LibNVML))
 	}
 	lib := nvml.New(opts...)
 	if r := lib.Init(); r != nvml.SUCCESS {
 		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", initError(r))
 	}
-	d, err := cuda.Open("")
+	d, err := cuda.Open(cfg.LibCUDA)
 	if err != nil {
 		_ = lib.Shutdown() // NVML is of no use without libcuda; its own error adds nothing
 		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", err)

@@ -481,11 +481,11 @@ func TestNoDriverMeansGPUSupportOff(t *testing.T) {
 	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
 		t.Skip("this host has an NVIDIA driver")
 	}
-	_, err := Open()
+	_, err := Open(gpu.Config{})
 	if err == nil || !strings.HasSuffix(err.Error(), "; NVIDIA GPU support is off") || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("Open() = %v, want one line ending in why NVIDIA GPU support is off", err)
 	}
-	ready, off := gpu.Probe()
+	ready, off := gpu.Probe(gpu.Config{})
 	for _, b := range ready {
 		if b.Name() == "nvidia" {
 			t.Fatalf("Probe() lists nvidia as ready")

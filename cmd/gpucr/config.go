@@ -1,0 +1,39 @@
+package main
+
+import (
+	"cmp"
+
+	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/store"
+)
+
+// config is what gpucr takes from its environment. It is read once, at start, and passed
+// down: the packages below cmd read no variable of their own.
+type config struct {
+	criu string         // GPUCR_CRIU: the CRIU binary when --criu is not given
+	gpu  gpu.Config     // GPUCR_LIBCUDA, GPUCR_LIBNVML: driver libraries off the loader's path
+	s3   store.S3Config // where S3 is and who we are there
+}
+
+// configFrom reads the configuration through getenv. S3's endpoint is GPUCR_S3_ENDPOINT or
+// AWS_ENDPOINT_URL, its region AWS_REGION or AWS_DEFAULT_REGION; credentials come from the
+// standard AWS sources in their usual order, which minio-go's providers read when a store
+// is opened: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_SESSION_TOKEN, then the shared
+// credentials file (AWS_SHARED_CREDENTIALS_FILE or ~/.aws/credentials) for AWS_PROFILE.
+// The instance metadata service is not asked: off EC2 it costs a timeout on every run.
+func configFrom(getenv func(string) string) config {
+	return config{
+		criu: getenv("GPUCR_CRIU"),
+		gpu:  gpu.Config{LibCUDA: getenv("GPUCR_LIBCUDA"), LibNVML: getenv("GPUCR_LIBNVML")},
+		s3: store.S3Config{
+			Endpoint: cmp.Or(getenv("GPUCR_S3_ENDPOINT"), getenv("AWS_ENDPOINT_URL")),
+			Region:   cmp.Or(getenv("AWS_REGION"), getenv("AWS_DEFAULT_REGION")),
+			Creds:    credentials.NewChainCredentials([]credentials.Provider{&credentials.EnvAWS{}, &credentials.FileAWSCredentials{}}),
+		},
+	}
+}
+
+// criuBinary is the CRIU to run: --criu, else $GPUCR_CRIU; empty lets criu.Find look.
+func (a *app) criuBinary() string { return cmp.Or(a.criuPath, a.cfg.criu) }

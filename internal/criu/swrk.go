@@ -1,0 +1,144 @@
+package criu
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/internal/interrupt"
+)
+
+// swrkFD is the descriptor CRIU's end of the socket has in CRIU: the first of ExtraFiles.
+const swrkFD = 3
+
+// maxResp bounds one message from CRIU; its answers to dump and restore are a few bytes.
+const maxResp = 64 << 10
+
+// swrk is one `criu swrk` process and the socket gpucr speaks CRIU's RPC over. gpucr
+// starts it itself, rather than through go-criu, to give CRIU an environment of its own
+// and to know its PID.
+type swrk struct {
+	cmd *exec.Cmd
+	sk  *os.File
+}
+
+// startSwrk starts the CRIU at path in service mode with env added to gpucr's
+// environment, shielded from the terminal's Ctrl-C.
+func startSwrk(path string, env []string) (*swrk, error) {
+	// SEQPACKET keeps CRIU's message boundaries: one read is one message.
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	sk := os.NewFile(uintptr(fds[0]), "criu-rpc")
+	theirs := os.NewFile(uintptr(fds[1]), "criu-rpc-swrk")
+	defer theirs.Close() // CRIU holds its own copy; ours would keep a dead CRIU's socket open
+	cmd := exec.Command(path, "swrk", fmt.Sprint(swrkFD))
+	cmd.ExtraFiles = []*os.File{theirs}
+	cmd.Env = append(os.Environ(), env...)
+	if err := interrupt.StartImmune(cmd.Start); err != nil {
+		sk.Close()
+		return nil, err
+	}
+	return &swrk{cmd: cmd, sk: sk}, nil
+}
+
+// call sends req and answers CRIU's notifications through n until CRIU sends its
+// response. A notification that n fails ends the exchange: CRIU, finding the socket closed
+// by close, aborts the operation (and resumes a tree it was dumping).
+func (s *swrk) call(req *rpc.CriuReq, n Notify) (*rpc.CriuResp, error) {
+	typ := req.GetType()
+	for {
+		b, err := proto.Marshal(req)
+		if err != nil {
+			return nil, fmt.Errorf("encode request: %w", err)
+		}
+		if _, err := s.sk.Write(b); err != nil {
+			return nil, fmt.Errorf("send request: %w", err)
+		}
+		resp, err := s.recv()
+		if err != nil {
+			return nil, err
+		}
+		if !resp.GetSuccess() {
+			return resp, fmt.Errorf("operation failed (msg:%s err:%d)", resp.GetCrErrmsg(), resp.GetCrErrno())
+		}
+		if resp.GetType() != rpc.CriuReqType_NOTIFY {
+			if resp.GetType() != typ {
+				return resp, errors.New("unexpected CRIU RPC response")
+			}
+			return resp, nil
+		}
+		if n == nil {
+			return resp, errors.New("unexpected notify")
+		}
+		if err := notify(n, resp.GetNotify()); err != nil {
+			return resp, err
+		}
+		req = &rpc.CriuReq{Type: rpc.CriuReqType_NOTIFY.Enum(), NotifySuccess: proto.Bool(true)}
+	}
+}
+
+// recv reads CRIU's next message. The socket reads EOF once CRIU is gone.
+func (s *swrk) recv() (*rpc.CriuResp, error) {
+	buf := make([]byte, maxResp)
+	n, err := s.sk.Read(buf)
+	if err != nil {
+		return nil, fmt.Errorf("receive response: %w", err)
+	}
+	if n == len(buf) {
+		return nil, fmt.Errorf("receive response: larger than %d bytes", maxResp)
+	}
+	resp := &rpc.CriuResp{}
+	if err := proto.Unmarshal(buf[:n], resp); err != nil {
+		return nil, fmt.Errorf("decode response: %w", err)
+	}
+	return resp, nil
+}
+
+// notify hands one of CRIU's notifications to n; one that Notify has no method for is
+// answered as done.
+func notify(n Notify, c *rpc.CriuNotify) error {
+	switch c.GetScript() {
+	case "pre-dump":
+		return n.PreDump()
+	case "post-dump":
+		return n.PostDump()
+	case "pre-restore":
+		return n.PreRestore()
+	case "post-restore":
+		return n.PostRestore(c.GetPid())
+	case "network-lock":
+		return n.NetworkLock()
+	case "network-unlock":
+		return n.NetworkUnlock()
+	case "setup-namespaces":
+		return n.SetupNamespaces(c.GetPid())
+	case "post-setup-namespaces":
+		return n.PostSetupNamespaces()
+	case "post-resume":
+		return n.PostResume()
+	}
+	return nil
+}
+
+// kill stops CRIU wherever it is. It is gpucr's child, unwaited until close, so its PID
+// names no other process.
+func (s *swrk) kill() error { return s.cmd.Process.Kill() }
+
+// close hangs up on CRIU and waits for it to exit.
+func (s *swrk) close() error {
+	var errs []error
+	if err := s.sk.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.cmd.Wait(); err != nil {
+		errs = append(errs, fmt.Errorf("criu swrk failed: %w", err))
+	}
+	return errors.Join(errs...)
+}
