@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -380,6 +381,28 @@ func TestEngineOwnedContainerIsRefused(t *testing.T) {
 	waitContainerCount(t, bundle, n+3)
 	if out, err := exec.Command(runc, "state", id).Output(); err != nil || !strings.Contains(string(out), `"running"`) {
 		t.Errorf("runc state after the refusal: %v\n%s", err, out)
+	}
+}
+
+// A container whose shell starts a short-lived process every few milliseconds checkpoints:
+// what was read before the pause and exited since is not part of the image.
+func TestContainerWithShortLivedChildrenCheckpoints(t *testing.T) {
+	runc, _ := needRunc(t)
+	bundle := counterBundle(t, runc, "")
+	cfg := filepath.Join(bundle, "config.json")
+	raw, err := os.ReadFile(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw = bytes.Replace(raw, []byte("sleep 0.1"), []byte("sleep 0.002; sleep 0.002"), 1)
+	if err := os.WriteFile(cfg, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	id := containerID(t, runc, "churn")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 3)
+	for i := range 5 {
+		mustGpucr(t, "checkpoint", "--container", id, "--leave-running", "-D", filepath.Join(t.TempDir(), fmt.Sprint("img", i)))
 	}
 }
 

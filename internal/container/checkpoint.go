@@ -85,10 +85,8 @@ func (t *runcTarget) Open(ctx context.Context) ([]proctree.Process, error) {
 	if err != nil {
 		return nil, err
 	}
-	t.state, t.tree, t.inside = st, tree, map[int]bool{}
-	for _, p := range tree {
-		t.inside[p.PID] = true
-	}
+	t.state = st
+	t.setTree(tree)
 	return tree, nil
 }
 
@@ -112,15 +110,16 @@ func (t *runcTarget) ImagePID(pid int) (int, error) {
 }
 
 // Freeze pauses the container, journaled as paused first (resuming a running container is
-// harmless): runc dumps a paused container and leaves it paused.
-func (t *runcTarget) Freeze(ctx context.Context, op *engine.Op, undo *engine.Undo) error {
+// harmless): runc dumps a paused container and leaves it paused. The tree is read again
+// once paused: a shell's short-lived children come and go until then.
+func (t *runcTarget) Freeze(ctx context.Context, op *engine.Op, undo *engine.Undo) ([]proctree.Process, error) {
 	if err := op.Update(func(rec *txn.Record) {
 		rec.Container = &txn.Container{ID: t.id, Runtime: t.c.Runc.Command(), Paused: true}
 	}); err != nil {
-		return err
+		return nil, err
 	}
 	if err := t.c.Runc.Pause(ctx, t.id); err != nil {
-		return err
+		return nil, err
 	}
 	undo.OnFail("resume container "+t.id+", it is left paused", func(ctx context.Context) error {
 		if err := t.c.Runc.Resume(ctx, t.id); err != nil {
@@ -128,7 +127,20 @@ func (t *runcTarget) Freeze(ctx context.Context, op *engine.Op, undo *engine.Und
 		}
 		return op.Update(func(r *txn.Record) { r.Container.Paused = false })
 	})
-	return nil
+	tree, err := proctree.Tree(t.state.PID)
+	if err != nil {
+		return nil, err
+	}
+	t.setTree(tree)
+	return tree, nil
+}
+
+// setTree records the container's processes, by host PID.
+func (t *runcTarget) setTree(tree []proctree.Process) {
+	t.tree, t.inside = tree, map[int]bool{}
+	for _, p := range tree {
+		t.inside[p.PID] = true
+	}
 }
 
 // Dump has runc dump the paused container, which it leaves paused, and then commits.

@@ -79,12 +79,6 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		}
 		r.PluginDir = e.AMDPluginDir // CRIU's plugin saves the /dev/kfd state within the dump
 	}
-	ids, err := imagePIDs(target, tree)
-	if err != nil {
-		return nil, err
-	}
-	m = newManifest(e, tree, ids, snaps, r)
-
 	var undo Undo
 	defer func() { err = undo.Unwind(ctx, err) }()
 	stage, err := e.BeginStaging(op, r.Dir, r.Scratch, tree, gpus)
@@ -104,12 +98,21 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 			return nil, err
 		}
 	}
-	if err := target.Freeze(ctx, op, &undo); err != nil {
+	frozen, err := target.Freeze(ctx, op, &undo)
+	if err != nil {
 		return nil, err
+	}
+	if frozen != nil {
+		tree = frozen // the image describes what is dumped: a short-lived child may be gone
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("checkpoint interrupted: %w", err)
 	}
+	ids, err := imagePIDs(target, tree)
+	if err != nil {
+		return nil, err
+	}
+	m = newManifest(e, tree, ids, snaps, r)
 
 	// The large runs of the processes' memory (a GPU process's staged device memory) are
 	// gpucr's to save, on all cores, once CRIU has frozen the tree; CRIU leaves them out.

@@ -33,8 +33,9 @@ type Target interface {
 	// CRIUPlugins says whether CRIU plugins (AMD's, for /dev/kfd) can be loaded for it.
 	CRIUPlugins() bool
 	// Freeze stops the tree before its dump where CRIU's own freeze is not enough, pushing
-	// what undoes that; most targets need nothing.
-	Freeze(ctx context.Context, op *Op, undo *Undo) error
+	// what undoes that, and returns the tree as it stopped (processes may have come and gone
+	// since Open); nil keeps the tree Open returned. Most targets need nothing.
+	Freeze(ctx context.Context, op *Op, undo *Undo) ([]proctree.Process, error)
 	// Dump has CRIU dump the tree as d says (d.PID is the target's to fill) and calls
 	// commit once every file is written, with the tree still frozen; commit's error fails
 	// the dump, and the tree must then run on as before.
@@ -63,7 +64,9 @@ func (p *processTree) Describe(string) error         { return nil }
 
 // Freeze does nothing: CRIU freezes the tree itself at the start of its dump, and thaws
 // it if the dump fails.
-func (p *processTree) Freeze(context.Context, *Op, *Undo) error { return nil }
+func (p *processTree) Freeze(context.Context, *Op, *Undo) ([]proctree.Process, error) {
+	return nil, nil // CRIU freezes the tree itself, as it finds it
+}
 
 func (p *processTree) Open(context.Context) ([]proctree.Process, error) {
 	pid := p.pid
