@@ -126,18 +126,7 @@ func TestInterruptedRestoreOfAHungCRIU(t *testing.T) {
 			}
 			criu := waitPIDFile(t, criuPID)
 			t.Cleanup(func() { killAndReap(waitPIDFile(t, criuPID+".script")) })
-			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
-			var err error
-			select {
-			case err = <-done:
-			case <-time.After(30 * time.Second):
-				cmd.Process.Kill()
-				t.Fatalf("gpucr did not end within 30 s of SIGTERM:\n%s", out.String())
-			}
+			err := signalAndWait(t, cmd, syscall.SIGTERM, &out)
 			if err == nil || !oneLineWith(out.String(), "CRIU was stopped") {
 				t.Fatalf("restore: %v, want one line saying CRIU was stopped:\n%s", err, out.String())
 			}
@@ -196,18 +185,7 @@ func TestInterruptedContainerRestoreOfAHungCRIU(t *testing.T) {
 				}
 				criu, script := waitPIDFile(t, criuPID), waitPIDFile(t, criuPID+".script")
 				t.Cleanup(func() { killAndReap(script); killAndReap(criu) })
-				if err := cmd.Process.Signal(sig); err != nil {
-					t.Fatal(err)
-				}
-				done := make(chan error, 1)
-				go func() { done <- cmd.Wait() }()
-				var err error
-				select {
-				case err = <-done:
-				case <-time.After(30 * time.Second):
-					cmd.Process.Kill()
-					t.Fatalf("gpucr did not end within 30 s of %v:\n%s", sig, out.String())
-				}
+				err := signalAndWait(t, cmd, sig, &out)
 				if sig == syscall.SIGKILL {
 					host.checkClean(t)
 				} else if err == nil || !oneLineWith(out.String(), "runc and its CRIU were stopped") {
@@ -229,6 +207,25 @@ func TestInterruptedContainerRestoreOfAHungCRIU(t *testing.T) {
 				checkCountsOn(t, bundle, frozen)
 			})
 		}
+	}
+}
+
+// signalAndWait sends sig to the gpucr that cmd runs and returns how it ended, failing t if
+// it runs on for 30 s; out is its output, for the failure.
+func signalAndWait(t *testing.T, cmd *exec.Cmd, sig syscall.Signal, out *strings.Builder) error {
+	t.Helper()
+	if err := cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(30 * time.Second):
+		cmd.Process.Kill()
+		t.Fatalf("gpucr did not end within 30 s of %v:\n%s", sig, out.String())
+		return nil
 	}
 }
 
