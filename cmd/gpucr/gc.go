@@ -98,7 +98,7 @@ func notACheckpoint(ctx context.Context, st store.Store, dir string) error {
 	switch {
 	case errors.Is(err, chunked.ErrNoCheckpoint):
 		return nil
-	case err != nil && !errors.Is(err, chunked.ErrBadManifest) && !errors.Is(err, chunked.ErrNewerFormat):
+	case err != nil && !chunked.Unusable(err):
 		return err
 	}
 	return usageError{fmt.Errorf("%s is a checkpoint: its chunks are in %s; gc that, or rm the checkpoint",

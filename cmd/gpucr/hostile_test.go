@@ -192,7 +192,7 @@ func TestInterruptedContainerRestoreOfAHungCRIU(t *testing.T) {
 					t.Fatalf("restore: %v, want one line saying runc and CRIU were stopped:\n%s", err, out.String())
 				}
 				for _, pid := range []int{criu, script} {
-					if waitExited(pid, 5*time.Second) != nil {
+					if !exitedWithin(pid, 5*time.Second) {
 						t.Errorf("process %d of the hung restore still runs after it ended", pid)
 					}
 				}
@@ -227,16 +227,6 @@ func signalAndWait(t *testing.T, cmd *exec.Cmd, sig syscall.Signal, out *strings
 		t.Fatalf("gpucr did not end within 30 s of %v:\n%s", sig, out.String())
 		return nil
 	}
-}
-
-// waitExited waits until pid has exited (a zombie counts), or fails after limit.
-func waitExited(pid int, limit time.Duration) error {
-	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if p, err := proctree.Read(pid); err != nil || p.Zombie {
-			return nil
-		}
-	}
-	return fmt.Errorf("process %d still runs", pid)
 }
 
 // inRoot lists the processes whose root directory is root.

@@ -183,15 +183,21 @@ func alive(pid int) bool {
 // waitGone waits until pid has exited.
 func waitGone(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	if !exitedWithin(pid, 10*time.Second) {
+		t.Fatalf("process %d is still alive", pid)
+	}
+}
+
+// exitedWithin reports whether pid exits (a zombie counts) within limit, reaping what was
+// re-parented to the test meanwhile.
+func exitedWithin(pid int, limit time.Duration) bool {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		reap()
 		if !alive(pid) {
-			return
+			return true
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	t.Fatalf("process %d is still alive", pid)
+	return false
 }
 
 // killAndReap kills a tree's root and children (by process group: the counter is a

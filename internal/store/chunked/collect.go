@@ -149,7 +149,7 @@ func Delete(ctx context.Context, st store.Store, prefix string) (*Collected, err
 	if err := checkPrefix(prefix); err != nil {
 		return nil, err
 	}
-	if _, err := Load(ctx, st, prefix); err != nil && !unusable(err) {
+	if _, err := Load(ctx, st, prefix); err != nil && !Unusable(err) {
 		return nil, err
 	}
 	if err := st.Delete(ctx, ManifestKey(prefix)); err != nil {

@@ -78,7 +78,7 @@ func List(ctx context.Context, st store.Store, dir string) ([]Listed, error) {
 		switch {
 		case err == nil:
 			return []Listed{{Prefix: dir, Manifest: m}}, nil
-		case unusable(err):
+		case Unusable(err):
 			return []Listed{{Prefix: dir, Problem: err.Error()}}, nil
 		case !errors.Is(err, ErrNoCheckpoint):
 			return nil, err
@@ -108,7 +108,7 @@ func List(ctx context.Context, st store.Store, dir string) ([]Listed, error) {
 			case err == nil:
 				found[i] = &Listed{Prefix: p, Manifest: m}
 			case errors.Is(err, ErrNoCheckpoint):
-			case unusable(err):
+			case Unusable(err):
 				found[i] = &Listed{Prefix: p, Problem: err.Error()}
 			default:
 				errs[i] = err
@@ -128,7 +128,7 @@ func List(ctx context.Context, st store.Store, dir string) ([]Listed, error) {
 	return out, nil
 }
 
-// unusable tells a manifest object List shows as a problem from a failure of the store.
-func unusable(err error) bool {
+// Unusable tells a manifest object List shows as a problem from a failure of the store.
+func Unusable(err error) bool {
 	return errors.Is(err, ErrBadManifest) || errors.Is(err, ErrNewerFormat)
 }
