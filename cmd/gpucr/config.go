@@ -13,7 +13,7 @@ import (
 // down: the packages below cmd read no variable of their own.
 type config struct {
 	criu string         // GPUCR_CRIU: the CRIU binary when --criu is not given
-	gpu  gpu.Config     // each GPU vendor's settings (GPUCR_LIBCUDA, KFD_MAX_BUFFER_SIZE, ...)
+	gpu  gpu.Config     // each GPU vendor's settings (gpu.Vendor.Settings)
 	s3   store.S3Config // where S3 is and who we are there
 }
 

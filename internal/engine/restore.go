@@ -129,7 +129,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	opts.Flags = m.Options.ForRestore(r.Flags)
 	// The large runs of memory are gpucr's to restore, on all cores: those it saved itself
 	// at checkpoint always, and those in CRIU's files unless told otherwise or the image
-	// holds AMD state (its plugin restores memory of its own).
+	// holds state a CRIU plugin restores (the plugin may restore memory of its own).
 	var split []int
 	if !r.CRIURestoresPages && opts.PluginDir == "" {
 		split = m.Leaves()
