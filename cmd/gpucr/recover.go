@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/guardian"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -84,7 +85,11 @@ func resumeStranded(ctx context.Context, backends []gpu.Backend, pid int) error 
 
 // stranded finds those of pids whose device state is locked or checkpointed.
 func stranded(ctx context.Context, backends []gpu.Backend, pids []int) (engine.GPUSet, error) {
-	found, err := engine.FindGPUProcs(ctx, backends, nil, pids)
+	procs := make([]proctree.Process, len(pids))
+	for i, pid := range pids {
+		procs[i] = proctree.Process{PID: pid}
+	}
+	found, err := engine.FindGPUProcs(ctx, backends, nil, proctree.Snap("/proc", procs))
 	if err != nil {
 		return nil, err
 	}

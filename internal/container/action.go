@@ -120,7 +120,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
-	found, err := engine.Inspect(ctx, a.Backends, nil, tree, nil)
+	found, err := engine.Inspect(ctx, a.Backends, nil, proctree.Snap("/proc", tree), nil)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -49,8 +50,8 @@ func (f *fakeGPU) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Pl
 	}
 	return &gpu.Plan{}, nil
 }
-func (f *fakeGPU) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
-	if slices.Contains(pids, f.pid) {
+func (f *fakeGPU) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
+	if slices.Contains(tree.PIDs(), f.pid) {
 		return []gpu.Process{{PID: f.pid, Devices: []string{"GPU-a"}, MemoryBytes: 1 << 20}}, nil
 	}
 	return nil, nil

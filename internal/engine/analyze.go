@@ -24,7 +24,8 @@ func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips)
 		return nil, err
 	}
 	a := &Analysis{Processes: len(tree), Findings: []safety.Finding{}}
-	found, err := FindGPUProcs(ctx, e.Backends, e.Off, proctree.PIDs(tree))
+	snap := proctree.Snap("/proc", tree)
+	found, err := FindGPUProcs(ctx, e.Backends, e.Off, snap)
 	var refused *safety.Finding
 	switch {
 	case errors.As(err, &refused):
@@ -35,6 +36,6 @@ func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips)
 	for _, snap := range found.Snapshots {
 		a.GPUProcesses = append(a.GPUProcesses, snap.Processes...)
 	}
-	a.Findings = append(a.Findings, safety.Analyze("/proc", tree, found.GPUs.safetyView(), skips)...)
+	a.Findings = append(a.Findings, safety.Analyze(snap, found.GPUs.safetyView(), skips)...)
 	return a, nil
 }

@@ -65,7 +65,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, err
 	}
 	defer op.End()
-	found, err := Inspect(ctx, e.Backends, e.Off, tree, r.SkipChecks)
+	found, err := Inspect(ctx, e.Backends, e.Off, proctree.Snap("/proc", tree), r.SkipChecks)
 	if err != nil {
 		return nil, err
 	}
@@ -204,8 +204,8 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 
 // Inspect finds the GPU processes of tree and refuses, before anything is locked, a tree
 // whose checkpoint could not be restored: the workload is untouched either way.
-func Inspect(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tree []proctree.Process, skips safety.Skips) (Found, error) {
-	found, err := FindGPUProcs(ctx, backends, off, proctree.PIDs(tree))
+func Inspect(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tree *proctree.Snapshot, skips safety.Skips) (Found, error) {
+	found, err := FindGPUProcs(ctx, backends, off, tree)
 	if err != nil {
 		return Found{}, err
 	}

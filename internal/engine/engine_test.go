@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // fakeGPU stands in for the GPU driver, the one hardware edge these CI tests cannot reach:
@@ -52,8 +53,8 @@ func (f *fakeGPU) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Pl
 	}
 	return &gpu.Plan{}, nil
 }
-func (f *fakeGPU) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
-	if slices.Contains(pids, f.pid) {
+func (f *fakeGPU) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
+	if slices.Contains(tree.PIDs(), f.pid) {
 		return []gpu.Process{{PID: f.pid, Devices: []string{"GPU-a"}, MemoryBytes: 1 << 20}}, nil
 	}
 	return nil, nil

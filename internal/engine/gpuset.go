@@ -53,16 +53,16 @@ func (f Found) PluginDir() (string, error) {
 	return dir, nil
 }
 
-// FindGPUProcs asks every backend which of pids hold its device state, and snapshots the
-// hosts of the backends that have any. A process holding the device files of a vendor
-// whose backend is off here (off) is refused: CRIU could not dump its device state.
-func FindGPUProcs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, pids []int) (Found, error) {
+// FindGPUProcs asks every backend which processes of tree hold its device state, and
+// snapshots the hosts of the backends that have any. A process holding the device files of
+// a vendor whose backend is off here (off) is refused: CRIU could not dump its state.
+func FindGPUProcs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tree *proctree.Snapshot) (Found, error) {
 	var f Found
-	if err := refuseOffVendors(off, pids); err != nil {
+	if err := refuseOffVendors(off, tree); err != nil {
 		return f, err
 	}
 	for _, b := range backends {
-		procs, err := b.Processes(ctx, pids)
+		procs, err := b.Processes(ctx, tree)
 		if err != nil {
 			return Found{}, fmt.Errorf("%s: find GPU processes: %w", b.Name(), err)
 		}
@@ -89,13 +89,13 @@ func FindGPUProcs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, pi
 	return f, nil
 }
 
-// refuseOffVendors fails when one of pids holds a device file of a vendor in off.
-func refuseOffVendors(off []gpu.Off, pids []int) error {
+// refuseOffVendors fails when a process of tree holds a device file of a vendor in off.
+func refuseOffVendors(off []gpu.Off, tree *proctree.Snapshot) error {
 	if len(off) == 0 {
 		return nil
 	}
-	for _, pid := range pids {
-		files, err := proctree.OpenFiles("/proc", pid)
+	for _, pid := range tree.PIDs() {
+		files, err := tree.Files(pid)
 		if err != nil {
 			continue // gone, or a kernel thread: it holds nothing
 		}

@@ -6,6 +6,8 @@ package gpu
 import (
 	"context"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // Backend is one vendor's view of a host's GPUs: which processes hold its device state,
@@ -18,8 +20,8 @@ type Backend interface {
 	Name() string
 	// Host describes the driver and the devices on this host.
 	Host(ctx context.Context) (Host, error)
-	// Processes returns those of pids that hold device state, with their usage.
-	Processes(ctx context.Context, pids []int) ([]Process, error)
+	// Processes returns the processes of tree that hold device state, with their usage.
+	Processes(ctx context.Context, tree *proctree.Snapshot) ([]Process, error)
 	// PlanRestore checks, before anything changes, that this host can take an image's
 	// device state of this backend, and decides which host device takes each image device.
 	// It returns nil when the image holds none of the backend's state.

@@ -55,7 +55,6 @@ func init() {
 type Backend struct {
 	topology  string // where the KFD topology is read (kfd.DefaultRoot outside tests)
 	pluginDir string
-	proc      string // procfs mount, where descriptors show
 }
 
 // Open finds KFD's GPUs and CRIU's amdgpu plugin beside the CRIU of cfg, or says in one
@@ -82,7 +81,7 @@ func Open(cfg gpu.Config) (gpu.Backend, error) {
 
 // New is the backend for the KFD topology under topology and the plugin in pluginDir.
 func New(topology, pluginDir string) *Backend {
-	return &Backend{topology: topology, pluginDir: pluginDir, proc: "/proc"}
+	return &Backend{topology: topology, pluginDir: pluginDir}
 }
 
 // FindPlugin returns the directory holding the plugin for the CRIU at criuPath: the
@@ -125,12 +124,12 @@ func (b *Backend) Host(context.Context) (gpu.Host, error) {
 	return h, nil
 }
 
-// Processes returns those of pids with /dev/kfd open. Which GPUs each uses shows only in
-// the plugin's images, so Devices stays empty.
-func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
+// Processes returns the processes of tree with /dev/kfd open. Which GPUs each uses shows
+// only in the plugin's images, so Devices stays empty.
+func (b *Backend) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
 	var out []gpu.Process
-	for _, pid := range pids {
-		files, err := proctree.OpenFiles(b.proc, pid)
+	for _, pid := range tree.PIDs() {
+		files, err := tree.Files(pid)
 		if err != nil {
 			continue // gone: it holds nothing
 		}

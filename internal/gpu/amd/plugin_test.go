@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/gpu/amd/placement"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // fixtureImage is a CRIU image directory holding the plugin's image of a process on a
@@ -74,7 +75,7 @@ func TestHostFromTopology(t *testing.T) {
 
 // Processes finds what holds /dev/kfd: here, nothing.
 func TestProcessesWithoutKFD(t *testing.T) {
-	procs, err := New(topology("mi210"), "").Processes(context.Background(), []int{os.Getpid()})
+	procs, err := New(topology("mi210"), "").Processes(context.Background(), proctree.Snap("/proc", []proctree.Process{{PID: os.Getpid()}}))
 	if err != nil || len(procs) != 0 {
 		t.Fatalf("Processes = %v, %v", procs, err)
 	}

@@ -59,7 +59,6 @@ type driver interface {
 type Backend struct {
 	nvml nvml.Interface
 	cuda driver
-	proc string // procfs mount, where device files held by processes show
 	sys  string // sysfs mount, where PCI devices' NUMA nodes show
 
 	l2Once sync.Once
@@ -86,7 +85,7 @@ func Open(cfg gpu.Config) (gpu.Backend, error) {
 }
 
 func newBackend(lib nvml.Interface, d driver) *Backend {
-	return &Backend{nvml: lib, cuda: d, proc: "/proc", sys: "/sys"}
+	return &Backend{nvml: lib, cuda: d, sys: "/sys"}
 }
 
 // initError words NVML's refusal to start so a user can tell a host without a driver from
@@ -248,7 +247,8 @@ func readNUMANode(path string) int {
 // Processes implements gpu.Backend. A process holds NVIDIA state if NVML lists it as a
 // compute process or it has a GPU device file open, which a CUDA context always does
 // (NVML cannot see every process, e.g. across some PID namespaces).
-func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
+func (b *Backend) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
+	pids := tree.PIDs()
 	wanted := map[int]bool{}
 	for _, pid := range pids {
 		wanted[pid] = true
@@ -296,7 +296,7 @@ func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error
 			delete(found, pid) // a pid listed twice is reported once
 			continue
 		}
-		holds, err := holdsDeviceFiles(b.proc, pid)
+		holds, err := holdsDeviceFiles(tree, pid)
 		if err != nil {
 			return nil, err
 		}
@@ -306,7 +306,7 @@ func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error
 		// Not listed by NVML: the driver must still know it, or it is a process that only
 		// inherited the files, which neither the driver nor CRIU can checkpoint.
 		if _, err := b.cuda.State(pid); err != nil {
-			return nil, noCUDAState(b.proc, pid, err)
+			return nil, noCUDAState(tree.Command(pid), pid, err)
 		}
 		out = append(out, gpu.Process{PID: pid})
 	}
@@ -316,10 +316,9 @@ func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error
 // noCUDAState is the refusal of a process that holds NVIDIA device files without CUDA state
 // of its own: typically a child forked after its parent started CUDA, which inherits the
 // open files but no context.
-func noCUDAState(proc string, pid int, cause error) error {
-	comm, _ := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "comm"))
+func noCUDAState(command string, pid int, cause error) error {
 	return &safety.Finding{
-		Check: safety.CheckNoCUDAState, PID: pid, Command: strings.TrimSpace(string(comm)),
+		Check: safety.CheckNoCUDAState, PID: pid, Command: command,
 		Reason: fmt.Sprintf("holds NVIDIA device files but has no CUDA state the driver can checkpoint (%v), and CRIU cannot dump those files", cause),
 		Fix: "a child forked after its parent started CUDA is such a process, as PyTorch DataLoader workers are by default: " +
 			"start them with the spawn or forkserver method (multiprocessing_context=\"spawn\")",
@@ -333,8 +332,8 @@ var deviceFile = regexp.MustCompile(`^/dev/nvidia([0-9]+|ctl)$`)
 // holdsDeviceFiles reports whether pid has an NVIDIA device file open. A process that is
 // gone holds nothing; one whose fds cannot be read is an error, since guessing "no" would
 // send device state to CRIU, which cannot dump it.
-func holdsDeviceFiles(proc string, pid int) (bool, error) {
-	files, err := proctree.OpenFiles(proc, pid)
+func holdsDeviceFiles(tree *proctree.Snapshot, pid int) (bool, error) {
+	files, err := tree.Files(pid)
 	if err != nil {
 		return false, fmt.Errorf("look for NVIDIA device files: %w", err)
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/gpu/nvidia/cuda"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 const (
@@ -97,6 +98,15 @@ func mockNVML(devs ...*mock.Device) *mock.Interface {
 			return devs[i], nvml.SUCCESS
 		},
 	}
+}
+
+// snap is a snapshot of pids whose procfs is under root.
+func snap(root string, pids ...int) *proctree.Snapshot {
+	procs := make([]proctree.Process, len(pids))
+	for i, pid := range pids {
+		procs[i] = proctree.Process{PID: pid}
+	}
+	return proctree.Snap(root, procs)
 }
 
 // writeFile creates path under dir with its parents.
@@ -203,9 +213,9 @@ func TestProcesses(t *testing.T) {
 		mockH100(uuidB, "00000000:9A:00.0", nvml.ProcessInfo{Pid: 10, UsedGpuMemory: 2 << 30}, nvml.ProcessInfo{Pid: 10, UsedGpuMemory: 1 << 30}),
 	)
 	b := newBackend(lib, &fakeDriver{})
-	b.proc = t.TempDir()
+	proc := t.TempDir()
 	link := func(pid int, fd, target string) {
-		dir := filepath.Join(b.proc, fmt.Sprint(pid), "fd")
+		dir := filepath.Join(proc, fmt.Sprint(pid), "fd")
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -219,7 +229,7 @@ func TestProcesses(t *testing.T) {
 	link(14, "3", "/dev/nvidia-uvm")
 	link(14, "4", "/dev/nvidia-caps/nvidia-cap1")
 	link(14, "5", "socket:[1234]")
-	got, err := b.Processes(context.Background(), []int{10, 11, 12, 13, 14, 15, 10})
+	got, err := b.Processes(context.Background(), snap(proc, 10, 11, 12, 13, 14, 15, 10))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,15 +248,15 @@ func TestProcesses(t *testing.T) {
 // parent started CUDA) is refused, named, with what to do.
 func TestProcessesRefusesDeviceFilesWithoutCUDAState(t *testing.T) {
 	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), &fakeDriver{stateErr: errors.New("CUDA_ERROR_NOT_FOUND")})
-	b.proc = t.TempDir()
-	if err := os.MkdirAll(filepath.Join(b.proc, "21", "fd"), 0o755); err != nil {
+	proc := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, "21", "fd"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink("/dev/nvidiactl", filepath.Join(b.proc, "21", "fd", "9")); err != nil {
+	if err := os.Symlink("/dev/nvidiactl", filepath.Join(proc, "21", "fd", "9")); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, b.proc, "21/comm", "pt_data_worker\n")
-	_, err := b.Processes(context.Background(), []int{21})
+	tree := proctree.Snap(proc, []proctree.Process{{PID: 21, Command: "pt_data_worker"}})
+	_, err := b.Processes(context.Background(), tree)
 	if !errors.Is(err, safety.ErrUnsafe) || !strings.Contains(err.Error(), "process 21 (pt_data_worker)") || !strings.Contains(err.Error(), "spawn") {
 		t.Fatalf("Processes() error = %v, want a refusal naming process 21 and the spawn method", err)
 	}
@@ -254,9 +264,9 @@ func TestProcessesRefusesDeviceFilesWithoutCUDAState(t *testing.T) {
 
 func TestProcessesUnreadableFds(t *testing.T) {
 	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), &fakeDriver{})
-	b.proc = t.TempDir()
-	writeFile(t, b.proc, "77/fd", "not a directory")
-	if _, err := b.Processes(context.Background(), []int{77}); err == nil || !strings.Contains(err.Error(), "pid 77") {
+	proc := t.TempDir()
+	writeFile(t, proc, "77/fd", "not a directory")
+	if _, err := b.Processes(context.Background(), snap(proc, 77)); err == nil || !strings.Contains(err.Error(), "pid 77") {
 		t.Fatalf("Processes() error = %v, want one naming pid 77", err)
 	}
 }
@@ -264,7 +274,7 @@ func TestProcessesUnreadableFds(t *testing.T) {
 func TestProcessesNVMLError(t *testing.T) {
 	d := mockH100(uuidA, "00000000:1A:00.0")
 	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_GPU_IS_LOST }
-	_, err := newBackend(mockNVML(d), &fakeDriver{}).Processes(context.Background(), []int{1})
+	_, err := newBackend(mockNVML(d), &fakeDriver{}).Processes(context.Background(), snap(t.TempDir(), 1))
 	if !errors.Is(err, nvml.ERROR_GPU_IS_LOST) || !strings.Contains(err.Error(), "GPU 0 compute processes") {
 		t.Fatalf("Processes() error = %v", err)
 	}
