@@ -20,6 +20,7 @@ import (
 func (a *app) criuActionCmd() *cobra.Command {
 	var logPath, stateDir, heldPath, work, owner string
 	var lockTimeout time.Duration
+	var criuPID int
 	cmd := &cobra.Command{
 		Use:    "criu-action",
 		Short:  "CRIU action that moves GPU state during runc and crun checkpoint and restore",
@@ -56,8 +57,11 @@ func (a *app) criuActionCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("find gpucr's own binary: %w", err)
 			}
+			if criuPID == 0 { // CRIU started gpucr itself
+				criuPID = os.Getppid()
+			}
 			act := &container.Action{
-				Backends: backends, Getenv: os.Getenv, CRIUPID: os.Getppid(), StateDir: stateDir,
+				Backends: backends, Getenv: os.Getenv, CRIUPID: criuPID, StateDir: stateDir,
 				LockTimeout: lockTimeout, Version: version, Log: log,
 				Watch: func(criuPID int, held string) error {
 					args := []string{"criu-action", "--rollback-after", held}
@@ -81,6 +85,8 @@ func (a *app) criuActionCmd() *cobra.Command {
 	f.StringVar(&logPath, "log", "", "append a line per step to this file (default: stderr)")
 	f.StringVar(&stateDir, "state-dir", container.StateDir, "where one step leaves what a later one needs")
 	_ = f.MarkHidden("state-dir")
+	f.IntVar(&criuPID, "criu-pid", 0, "the CRIU that runs the action script (default: gpucr's parent)")
+	_ = f.MarkHidden("criu-pid")
 	f.DurationVar(&lockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
 	f.StringVar(&heldPath, "rollback-after", "", "wait for the CRIU on descriptor 3 to exit, then resume the GPU processes listed in this file")
 	_ = f.MarkHidden("rollback-after")

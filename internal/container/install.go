@@ -176,7 +176,7 @@ while :; do
 	p=$(dirname -- "$p")
 done
 mkdir -p -m 700 "$state" || exit 1
-"$bin" criu-action --log "$log" --state-dir "$state"
+"$bin" criu-action --log "$log" --state-dir "$state" --criu-pid "$PPID"
 rc=$?
 echo "$rc" > "$ran"
 exit "$rc"

@@ -142,7 +142,8 @@ func TestScriptStartsGpucrOnlyForGPUState(t *testing.T) {
 		t.Errorf("the record of steps run outlives the restore: %v", left)
 	}
 	b, _ := os.ReadFile(h.runs)
-	if !strings.Contains(string(b), "--state-dir "+h.state) || !strings.Contains(string(b), "--log "+h.in.Log) {
+	if !strings.Contains(string(b), "--state-dir "+h.state) || !strings.Contains(string(b), "--log "+h.in.Log) ||
+		!strings.Contains(string(b), "--criu-pid "+strconv.Itoa(os.Getpid())) {
 		t.Errorf("gpucr started with %q", b)
 	}
 	if out, err := h.step(t, "pre-dump", append(env(gpuTree), SkipEnv+"=skip")...); err != nil || len(h.ran()) != 3 {
