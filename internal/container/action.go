@@ -69,8 +69,8 @@ type Action struct {
 	Watch func(criuPID int, heldPath string) error
 }
 
-// Run does what the current step (CRTOOLS_SCRIPT_ACTION) needs. An error makes CRIU
-// abort the dump or restore.
+// Run does what the current step (CRTOOLS_SCRIPT_ACTION) needs, logging one line. An error
+// makes CRIU abort the dump or restore.
 func (a *Action) Run(ctx context.Context) error {
 	step := a.Getenv(envAction)
 	log := a.Log.With("action", step, "init", a.Getenv(envInitPID), "criu", a.CRIUPID)
@@ -129,8 +129,8 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 		return fmt.Errorf("process %d holds %s GPU state, which CRIU's plugin saves: containers with such GPUs are not supported yet", p.PID, p.Backend.Name())
 	}
 	gpus, snaps := found.GPUs, found.Snapshots
-	log.Info("GPU processes found", "processes", len(tree), "gpuProcesses", len(gpus))
 	if len(gpus) == 0 {
+		log.Info("no GPU processes", "processes", len(tree), "gpuProcesses", 0)
 		return nil
 	}
 	inner, err := toInner(gpus)
@@ -170,7 +170,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	}
 	crashpoint.Hit("end pre-dump")
 	undo.Commit()
-	log.Info("GPU state checkpointed", "gpuProcesses", len(gpus))
+	log.Info("GPU state checkpointed", "processes", len(tree), "gpuProcesses", len(gpus))
 	return nil
 }
 

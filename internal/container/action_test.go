@@ -344,6 +344,48 @@ func TestInstallKeepsOtherLinesAndRemoves(t *testing.T) {
 	}
 }
 
+// crun reads its own file only where it exists, runc's otherwise: the script goes into
+// crun's where it exists and comes out again, and none is created.
+func TestInstallAddsToCrunsFileOnlyWhereItExists(t *testing.T) {
+	dir := t.TempDir()
+	in := Integration{Config: filepath.Join(dir, "runc.conf"), CrunConfig: filepath.Join(dir, "crun.conf"),
+		Script: filepath.Join(dir, "bin", "criu-action"), Log: filepath.Join(dir, "action.log"), Gpucr: fakeGpucr(t, filepath.Join(dir, "ran"))}
+	if err := in.Install(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(in.CrunConfig); !os.IsNotExist(err) || !in.CrunReadsRunc() {
+		t.Fatalf("crun's file created (%v): crun would stop reading runc's", err)
+	}
+	if err := in.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(in.Config); !os.IsNotExist(err) {
+		t.Fatalf("runc's file, created by install, left by remove: %v", err)
+	}
+
+	for _, conf := range []string{in.Config, in.CrunConfig} {
+		if err := os.WriteFile(conf, []byte("tcp-established\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := in.Install(); err != nil {
+		t.Fatal(err)
+	}
+	for _, conf := range []string{in.Config, in.CrunConfig} {
+		if b, _ := os.ReadFile(conf); string(b) != "tcp-established\naction-script "+in.Script+"\n" {
+			t.Errorf("%s after install: %q", conf, b)
+		}
+	}
+	if err := in.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	for _, conf := range []string{in.Config, in.CrunConfig} {
+		if b, _ := os.ReadFile(conf); string(b) != "tcp-established\n" {
+			t.Errorf("%s after remove: %q", conf, b)
+		}
+	}
+}
+
 // fakeGpucr is a stand-in for the gpucr binary that records in ran that it ran.
 func fakeGpucr(t *testing.T, ran string) string {
 	t.Helper()
@@ -364,14 +406,25 @@ func TestIntegrationRunsOnlyARootOwnedCopy(t *testing.T) {
 	dir := t.TempDir()
 	ran := filepath.Join(dir, "ran")
 	in := Integration{Config: filepath.Join(dir, "runc.conf"), Script: filepath.Join(dir, "lib", "criu-action"),
-		Log: filepath.Join(dir, "action.log"), Gpucr: fakeGpucr(t, ran)}
+		Log: filepath.Join(dir, "action.log"), StateDir: filepath.Join(dir, "state"), Gpucr: fakeGpucr(t, ran)}
 	if err := in.Install(); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(in.Gpucr); err != nil { // the installed binary moves away: no matter
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(in.Script).CombinedOutput(); err != nil {
+	// A restore of an image with GPU state: a step the script starts gpucr for.
+	img := t.TempDir()
+	if err := os.WriteFile(filepath.Join(img, RecordName), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script := func() *exec.Cmd {
+		os.RemoveAll(in.StateDir) // its record of the steps it ran
+		cmd := exec.Command(in.Script)
+		cmd.Env = append(os.Environ(), "CRTOOLS_SCRIPT_ACTION=pre-restore", "CRTOOLS_IMAGE_DIR="+img)
+		return cmd
+	}
+	if out, err := script().CombinedOutput(); err != nil {
 		t.Fatalf("action script: %v: %s", err, out)
 	}
 	if b, err := os.ReadFile(ran); err != nil || !strings.HasPrefix(string(b), "criu-action") {
@@ -381,7 +434,7 @@ func TestIntegrationRunsOnlyARootOwnedCopy(t *testing.T) {
 	if err := os.Chmod(filepath.Dir(in.Script), 0o777); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(in.Script).CombinedOutput()
+	out, err := script().CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "refusing to run") {
 		t.Fatalf("script under a world-writable directory: %v: %s", err, out)
 	}
