@@ -43,7 +43,10 @@ type checkpointOutput struct {
 	GPUBytes     uint64        `json:"gpuMemoryBytes"`
 	LeftRunning  bool          `json:"leftRunning"`
 	Phases       []image.Phase `json:"phases"`
-	Total        float64       `json:"totalSeconds"`
+	// Paused is how long the workload was stopped: from its GPUs' lock (or its freeze) to
+	// running again, or to its end when not left running.
+	Paused float64 `json:"pausedSeconds"`
+	Total  float64 `json:"totalSeconds"`
 	// Pushed is the upload of --to: with -D the image is written to DIR first, then
 	// stored; without, it is Streamed: pages go to the store as CRIU dumps them.
 	Pushed   *transferOutput `json:"pushed,omitempty"`
@@ -72,7 +75,7 @@ func (a *app) storeAndEmit(ctx context.Context, out checkpointOutput, phases []i
 // checkpointStreamed checkpoints target straight into the store at loc: the memory pages
 // go from CRIU through gpucr's page server to the store, and only CRIU's other files are
 // staged, in a temporary directory that is removed afterwards.
-func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, target engine.Target, r engine.CheckpointRequest, loc string) (*transferOutput, *image.Manifest, error) {
+func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, target engine.Target, r engine.CheckpointRequest, loc string) (*transferOutput, *engine.Checkpointed, error) {
 	sc, err := a.openStream(ctx, loc)
 	if err != nil {
 		return nil, nil, err
@@ -155,7 +158,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 				return err
 			}
 			start := time.Now()
-			var m *image.Manifest
+			var m *engine.Checkpointed
 			var streamed *transferOutput
 			var released error // the image is written, what became of the tree after failed
 			err = a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
@@ -174,7 +177,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 			}
 			out := checkpointOutput{
 				Dir: r.Dir, Container: ctr, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
-				LeftRunning: r.LeaveRunning, Phases: m.Phases, Total: time.Since(start).Seconds(),
+				LeftRunning: r.LeaveRunning, Phases: m.Phases, Paused: m.Paused.Seconds(), Total: time.Since(start).Seconds(),
 			}
 			if r.Sign != nil {
 				out.SignedBy = signing.ID(r.Sign.Public().(ed25519.PublicKey))
@@ -239,8 +242,8 @@ func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
 	fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(phases))
 	switch {
 	case out.LeftRunning && out.Container != "":
-		fmt.Fprintln(a.stdout, "  the container was left running")
+		fmt.Fprintf(a.stdout, "  the container was left running (paused %.2fs)\n", out.Paused)
 	case out.LeftRunning:
-		fmt.Fprintln(a.stdout, "  the process tree was left running")
+		fmt.Fprintf(a.stdout, "  the process tree was left running (paused %.2fs)\n", out.Paused)
 	}
 }

@@ -167,6 +167,27 @@ func TestKilledCheckpointRollsBack(t *testing.T) {
 	}
 }
 
+// A periodic checkpoint lets its workload run again before the image is durable: killed
+// anywhere from there, gpucr leaves the workload running on its GPU and no image, or a
+// whole one.
+func TestKilledPeriodicCheckpointLeavesTheWorkloadRunning(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	for _, point := range []string{"end memory-save", "start commit", "in commit", "start gpu-resume", "end commit"} {
+		t.Run(point, func(t *testing.T) {
+			host, w, dir := crashSetup(t, drv)
+			killedAt(t, point, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir, "--leave-running"}, host.flags()...)...)
+			host.checkClean(t)
+			untraced(t, w.pid)
+			if st := drv.state(w.pid); st != "0" {
+				t.Fatalf("GPU state %s after gpucr died at %s, want 0 (running)", st, point)
+			}
+			w.checkRunsOn(t, "gpucr was killed at "+point)
+			onlyImages(t, dir)
+		})
+	}
+}
+
 // Points in a restore where gpucr is killed.
 var restoreCrashes = []string{
 	"begin", "start criu-restore", "in criu-restore", "start memory-fill", "end memory-fill",

@@ -163,7 +163,7 @@ func WriteRanges(path string, rs []Range) error {
 
 // Save reads every range from its process, on all cores, into imageDir's criuimg.MemDir,
 // and returns the files' manifest entries, checksummed as they were written. The processes
-// must be frozen. All-zero pieces are left as holes.
+// must be frozen. All-zero pieces are left as holes. Nothing is synced: Sync does that.
 func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error) {
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
@@ -215,17 +215,23 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 	if err != nil {
 		return nil, err
 	}
-	err = parallel.Each(ctx, paths, workers, func() struct{} { return struct{}{} }, func(_ context.Context, path string, _ struct{}) error {
-		return syncFile(path)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("memory save: %w", err)
-	}
 	out := make([]image.File, len(rs))
 	for i, r := range rs {
 		out[i] = image.File{Path: r.file(), Size: int64(r.End - r.Start), XXH64: image.PiecesChecksum(digests[i])}
 	}
 	return out, nil
+}
+
+// Sync makes the files Save wrote under imageDir durable. It is apart from Save so that a
+// tree left running can run again once Save has copied its memory.
+func Sync(ctx context.Context, imageDir string, files []image.File) error {
+	err := parallel.Each(ctx, files, runtime.GOMAXPROCS(0), func() struct{} { return struct{}{} }, func(_ context.Context, f image.File, _ struct{}) error {
+		return syncFile(filepath.Join(imageDir, filepath.FromSlash(f.Path)))
+	})
+	if err != nil {
+		return fmt.Errorf("memory save: make durable: %w", err)
+	}
+	return nil
 }
 
 // SaveTo is Save for a checkpoint streamed to a store: every range is read from its process,
