@@ -37,7 +37,7 @@ func (a *app) criuActionCmd() *cobra.Command {
 					log.Error("rollback watcher", "err", err)
 					return err
 				}
-				backends, _ := gpu.Probe(a.cfg.gpu)
+				backends, _ := gpu.Probe(a.gpuConfig(""))
 				if err := container.RollBack(cmd.Context(), backends, heldPath, log); err != nil {
 					log.Error("rollback after dump", "err", err)
 					return err
@@ -53,7 +53,7 @@ func (a *app) criuActionCmd() *cobra.Command {
 			}
 			var backends []gpu.Backend
 			if os.Getenv(container.SkipEnv) != "skip" { // probing the driver costs time
-				backends, _ = gpu.Probe(a.cfg.gpu)
+				backends, _ = gpu.Probe(a.gpuConfig(""))
 			}
 			exe, err := os.Executable()
 			if err != nil {

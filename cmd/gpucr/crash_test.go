@@ -28,7 +28,7 @@ func newFakeDriver(t *testing.T) *fakeDriver {
 	t.Helper()
 	libs := t.TempDir()
 	build := map[string]string{
-		"libfakecuda.so": "../../internal/cuda/testdata/fakecuda.c",
+		"libfakecuda.so": "../../internal/gpu/nvidia/cuda/testdata/fakecuda.c",
 		"libfakenvml.so": "../../internal/gpu/nvidia/testdata/fakenvml.c",
 	}
 	for lib, src := range build {

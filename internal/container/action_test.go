@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -31,7 +32,22 @@ type fakeGPU struct {
 
 func (f *fakeGPU) Name() string { return "fake" }
 func (f *fakeGPU) Host(context.Context) (gpu.Host, error) {
-	return gpu.Host{DriverVersion: "1.0", Devices: []gpu.Device{{UUID: "GPU-a", Name: "fake", ComputeCapability: "9.0", MemoryTotal: 1 << 30}}}, nil
+	return gpu.Host{DriverVersion: "1.0", Devices: []gpu.Device{{UUID: "GPU-a", Name: "fake", MemoryTotal: 1 << 30}}}, nil
+}
+
+// PlanRestore takes an image whose processes used only the fake's one device.
+func (f *fakeGPU) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
+	if in.Snapshot == nil {
+		return nil, nil
+	}
+	for _, p := range in.Snapshot.Processes {
+		for _, d := range p.Devices {
+			if d != "GPU-a" {
+				return nil, fmt.Errorf("%w: no device %s here", gpu.ErrIncompatible, d)
+			}
+		}
+	}
+	return &gpu.Plan{}, nil
 }
 func (f *fakeGPU) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
 	if slices.Contains(pids, f.pid) {

@@ -88,7 +88,7 @@ func openDevice(t *testing.T) (*Backend, gpu.Host) {
 		t.Fatal(err)
 	}
 	for _, d := range h.Devices {
-		if d.L2CacheBytes == 0 || d.ComputeCapability == "" || d.MemoryTotal == 0 {
+		if d.Properties.Uint(propL2) == 0 || d.Properties[propCompute] == "" || d.MemoryTotal == 0 {
 			t.Errorf("device %+v lacks properties", d)
 		}
 	}

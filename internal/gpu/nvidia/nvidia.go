@@ -18,13 +18,31 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpucr/gpucr/internal/cuda"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/gpu/nvidia/cuda"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
 )
 
-func init() { gpu.Register("nvidia", Open) }
+// Name is the backend's name in images and on the command line.
+const Name = "nvidia"
+
+// The settings the backend reads: driver libraries off the loader's path (a driver
+// installed elsewhere, or the fake ones of the tests).
+const (
+	SettingLibCUDA = "GPUCR_LIBCUDA"
+	SettingLibNVML = "GPUCR_LIBNVML"
+)
+
+func init() {
+	gpu.Register(gpu.Vendor{
+		Name:        Name,
+		DeviceFiles: []string{"/dev/nvidia*", "/dev/nvidia-caps/*"},
+		Checks:      checks,
+		Settings:    []string{SettingLibCUDA, SettingLibNVML},
+		Open:        Open,
+	})
+}
 
 // driver is what the backend needs of libcuda: *cuda.Driver, or a fake in tests.
 type driver interface {
@@ -37,7 +55,7 @@ type driver interface {
 	Unlock(pid int) error
 }
 
-// Backend is the NVIDIA implementation of gpu.Backend.
+// Backend is the NVIDIA implementation of gpu.Checkpointer.
 type Backend struct {
 	nvml nvml.Interface
 	cuda driver
@@ -52,14 +70,14 @@ type Backend struct {
 // GPU support is off here.
 func Open(cfg gpu.Config) (gpu.Backend, error) {
 	var opts []nvml.LibraryOption
-	if cfg.LibNVML != "" {
-		opts = append(opts, nvml.WithLibraryPath(cfg.LibNVML))
+	if p := cfg.Settings[SettingLibNVML]; p != "" {
+		opts = append(opts, nvml.WithLibraryPath(p))
 	}
 	lib := nvml.New(opts...)
 	if r := lib.Init(); r != nvml.SUCCESS {
 		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", initError(r))
 	}
-	d, err := cuda.Open(cfg.LibCUDA)
+	d, err := cuda.Open(cfg.Settings[SettingLibCUDA])
 	if err != nil {
 		_ = lib.Shutdown() // NVML is of no use without libcuda; its own error adds nothing
 		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", err)
@@ -93,7 +111,7 @@ func nvmlError(what string, r nvml.Return) error {
 }
 
 // Name implements gpu.Backend.
-func (b *Backend) Name() string { return "nvidia" }
+func (b *Backend) Name() string { return Name }
 
 // Host implements gpu.Backend.
 func (b *Backend) Host(context.Context) (gpu.Host, error) {
@@ -106,7 +124,7 @@ func (b *Backend) Host(context.Context) (gpu.Host, error) {
 	if r != nvml.SUCCESS {
 		return gpu.Host{}, nvmlError("CUDA driver version", r)
 	}
-	h.CUDAVersion = fmt.Sprintf("%d.%d", v/1000, v%1000/10)
+	h.Properties = gpu.Properties{propCUDA: fmt.Sprintf("%d.%d", v/1000, v%1000/10)}
 	n, r := b.nvml.DeviceGetCount()
 	if r != nvml.SUCCESS {
 		return gpu.Host{}, nvmlError("device count", r)
@@ -127,7 +145,7 @@ func (b *Backend) device(i int) (gpu.Device, error) {
 	if r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("handle"), r)
 	}
-	d := gpu.Device{Index: i}
+	d := gpu.Device{Index: i, Properties: gpu.Properties{}}
 	if d.UUID, r = dev.GetUUID(); r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("UUID"), r)
 	}
@@ -138,7 +156,7 @@ func (b *Backend) device(i int) (gpu.Device, error) {
 	if r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("compute capability"), r)
 	}
-	d.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
+	d.Properties[propCompute] = fmt.Sprintf("%d.%d", major, minor)
 	mem, r := dev.GetMemoryInfo()
 	if r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("memory"), r)
@@ -151,14 +169,16 @@ func (b *Backend) device(i int) (gpu.Device, error) {
 	d.PCIBusID = cString(pci.BusId[:])
 	d.NUMANode = readNUMANode(filepath.Join(b.sys, "bus/pci/devices", sysfsPCIAddress(d.PCIBusID), "numa_node"))
 	mig, _, r := dev.GetMigMode()
-	if d.MIGMode, r = mode(r, mig == nvml.DEVICE_MIG_ENABLE); r != nvml.SUCCESS {
+	if d.Properties[propMIG], r = mode(r, mig == nvml.DEVICE_MIG_ENABLE); r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("MIG mode"), r)
 	}
 	ecc, _, r := dev.GetEccMode()
-	if d.ECCMode, r = mode(r, ecc == nvml.FEATURE_ENABLED); r != nvml.SUCCESS {
+	if d.Properties[propECC], r = mode(r, ecc == nvml.FEATURE_ENABLED); r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("ECC mode"), r)
 	}
-	d.L2CacheBytes = b.l2Sizes()[d.UUID]
+	if l2 := b.l2Sizes()[d.UUID]; l2 != 0 { // 0: unknown, not recorded
+		d.Properties[propL2] = strconv.FormatUint(l2, 10)
+	}
 	return d, nil
 }
 
