@@ -35,16 +35,25 @@ type inspectOutput struct {
 	CRIUStats *criuimg.DumpStats `json:"criuDumpStats,omitempty"`
 	// GPUState is what vendors' CRIU plugins keep in CRIU's files, by vendor.
 	GPUState map[string]any `json:"gpuPluginState,omitempty"`
-	lines    map[string][]string
+	// Archive describes a checkpoint archive (gpucr's export or podman's) read in place.
+	Archive *archiveInspect `json:"archive,omitempty"`
+	lines   map[string][]string
 }
 
 func (a *app) inspectCmd() *cobra.Command {
 	var files bool
 	cmd := &cobra.Command{
-		Use:   "inspect DIR",
-		Short: "Show what an image (or a runc checkpoint directory) holds: processes, memory, open files, GPUs, versions",
+		Use:   "inspect {DIR | ARCHIVE}",
+		Short: "Show what an image, a runc checkpoint directory or a checkpoint archive holds: processes, memory, open files, GPUs, versions",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
+			if isArchive(args[0]) {
+				out, err := inspectArchive(args[0])
+				if err != nil {
+					return err
+				}
+				return a.emit(out, func() { printInspect(a.stdout, out, files) })
+			}
 			out, criuDir, err := loadInspect(args[0])
 			if err != nil {
 				return err
@@ -126,6 +135,9 @@ func describeGPUState(out *inspectOutput, criuDir string) error {
 func printInspect(w io.Writer, o inspectOutput, files bool) {
 	m := o.Manifest
 	var gpus []gpu.Snapshot
+	if o.Archive != nil {
+		printArchive(w, o.Archive, o.Container)
+	}
 	if m != nil {
 		fmt.Fprintf(w, "image     %s (format %d)\n", o.Dir, m.FormatVersion)
 		fmt.Fprintf(w, "created   %s on %s (kernel %s, %s)\n", m.Created.Local().Format("2006-01-02 15:04:05 MST"), m.Host.Hostname, m.Host.Kernel, m.Host.Arch)

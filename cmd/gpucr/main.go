@@ -112,7 +112,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	root.AddCommand(a.recoverCmd(), a.guardCmd(), a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd(),
-		a.criuActionCmd(), a.installRuncCmd(), a.pushCmd(), a.pullCmd(), a.lsCmd(), a.rmCmd(), a.gcCmd(), a.keygenCmd(), a.signCmd())
+		a.criuActionCmd(), a.installRuncCmd(), a.pushCmd(), a.pullCmd(), a.lsCmd(), a.rmCmd(), a.gcCmd(), a.keygenCmd(), a.signCmd(), a.foldCmd())
 
 	usageErrors(root)
 	if err := root.Execute(); err != nil {

@@ -34,7 +34,7 @@ type restoreOutput struct {
 func (a *app) restoreCmd() *cobra.Command {
 	var r engine.RestoreRequest
 	var skips []string
-	var ctr, newID, bundle, from string
+	var ctr, newID, bundle, from, imported string
 	var pulled *transferOutput
 	var rf runcFlags
 	var trust []string
@@ -58,6 +58,17 @@ func (a *app) restoreCmd() *cobra.Command {
 					return err
 				}
 				pulled = &p
+			}
+			if imported != "" {
+				if from != "" {
+					return usageError{fmt.Errorf("--import and --from cannot be combined")}
+				}
+				ctx, stop := interrupt.Context(cmd.Context())
+				err := importArchive(ctx, imported, r.Dir, r.Trust)
+				stop()
+				if err != nil {
+					return err
+				}
 			}
 			target, err := a.restoreTarget(cmd, rf, r.Dir, ctr, newID, bundle)
 			if err != nil {
@@ -88,6 +99,7 @@ func (a *app) restoreCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to restore from")
 	f.StringVar(&from, "from", "", "first fetch the image from s3://BUCKET/PREFIX or a local store PATH into DIR (as gpucr pull)")
+	f.StringVar(&imported, "import", "", "first unpack the checkpoint archive FILE (gpucr checkpoint --export) into DIR, verified")
 	f.StringVar(&r.GPUMap, "gpu-map", "", `restore onto other GPUs: "0=1,1=0" by index or "GPU-old=GPU-new" by UUID`)
 	f.StringSliceVar(&skips, "skip-check", nil, "switch off a GPU compatibility check by name (repeatable): "+strings.Join(gpu.CheckNames(gpu.Vendors()), ", "))
 	f.StringVar(&ctr, "container", "", "restore the runc container the image holds, checkpointed with this ID")

@@ -39,6 +39,9 @@ type CheckpointRequest struct {
 	// CRIUWritesPages lets CRIU write the page files itself instead of sending them to
 	// gpucr's page server: slower, kept to compare the two (checkpoint --criu-writes-pages).
 	CRIUWritesPages bool
+	// CRIUCompatible keeps every page in CRIU's own files, none in gpucr's mem/, so that
+	// plain `criu restore` restores the CPU side (checkpoint --criu-compatible).
+	CRIUCompatible bool
 	// Sign, when set, signs the image's manifest (gpucr checkpoint --sign).
 	Sign ed25519.PrivateKey
 	// SkipChecks switches off restorability checks by name (--skip-check).
@@ -118,7 +121,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	// The large runs of the processes' memory (a GPU process's staged device memory) are
 	// gpucr's to save, on all cores, once CRIU has frozen the tree; CRIU leaves them out.
 	var saved []memfill.Range
-	if !r.CRIUWritesPages && r.PluginDir == "" {
+	if !r.CRIUWritesPages && !r.CRIUCompatible && r.PluginDir == "" {
 		if saved, err = memfill.Select(tree); err != nil {
 			return nil, err
 		}

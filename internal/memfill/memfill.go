@@ -199,7 +199,7 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	writable, err := writableAnon(filepath.Join(criuDir, fmt.Sprintf("mm-%d.img", pid)))
+	writable, err := WritableAnon(filepath.Join(criuDir, fmt.Sprintf("mm-%d.img", pid)))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -270,9 +270,10 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 	return runs, []string{pmName, pagesName}, nil
 }
 
-// writableAnon returns whether [addr, addr+size) lies in one writable private anonymous
-// mapping of the process whose mm image is at path: process_vm_writev writes only there.
-func writableAnon(path string) (func(addr, size uint64) bool, error) {
+// WritableAnon returns whether [addr, addr+size) lies in one writable private anonymous
+// mapping of the process whose mm image is at path: process_vm_writev writes only there,
+// and only there can CRIU's restore take memory gpucr saved.
+func WritableAnon(path string) (func(addr, size uint64) bool, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
