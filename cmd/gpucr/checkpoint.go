@@ -213,7 +213,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
 			if export != nil {
-				if out.Exported, err = export.write(ctx, m); err != nil {
+				if out.Exported, err = export.write(ctx, m.Manifest); err != nil {
 					return err
 				}
 				if export.temp {
