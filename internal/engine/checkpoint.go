@@ -324,7 +324,7 @@ func (e *Engine) BeginStaging(op *Op, dir string, scratch []string, tree []proct
 func SaveAndCommit(ctx context.Context, t *Timer, stage *image.Staging, m *image.Manifest, saved []memfill.Range, s *chunked.Stream) error {
 	if s != nil {
 		if len(saved) > 0 {
-			err := t.Run(PhaseMemorySave, func() error {
+			err := t.RunCounted(ctx, PhaseMemorySave, func(ctx context.Context) error {
 				return memfill.SaveTo(ctx, saved, func(path string) (criuimg.Receiver, error) { return s.Create(path) })
 			})
 			if err != nil {
@@ -338,7 +338,7 @@ func SaveAndCommit(ctx context.Context, t *Timer, stage *image.Staging, m *image
 	}
 	var memFiles []image.File
 	if len(saved) > 0 {
-		err := t.Run(PhaseMemorySave, func() (err error) {
+		err := t.RunCounted(ctx, PhaseMemorySave, func(ctx context.Context) (err error) {
 			memFiles, err = memfill.Save(ctx, stage.Dir(), saved)
 			return err
 		})
