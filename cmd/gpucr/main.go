@@ -12,6 +12,7 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -70,6 +71,11 @@ type app struct {
 	verbose        bool
 	noTHP          bool
 	log            *slog.Logger
+	// quiet shows no progress; progressEvery is how often a long phase logs its progress
+	// when stderr is not a terminal. shown is the one progress display, once made.
+	quiet         bool
+	progressEvery time.Duration
+	shown         *progress
 	// runDir holds the journal and locks; thpSwitch is the THP switch to tune. Both are
 	// hidden flags, for tests that must not share the host's.
 	runDir    string
@@ -103,6 +109,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pf.BoolVar(&a.json, "json", false, "print results as JSON")
 	pf.StringVar(&a.criuPath, "criu", "", "path to the criu binary (default: $GPUCR_CRIU, "+criu.DefaultPrefixBinary+", then PATH)")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log each step to stderr")
+	pf.BoolVarP(&a.quiet, "quiet", "q", false, "show no progress on stderr (errors still go there)")
+	pf.DurationVar(&a.progressEvery, "progress-every", 5*time.Second, "when stderr is not a terminal, log a long phase's progress this often (0: never)")
 	pf.BoolVar(&a.noTHP, "no-thp", false, "do not switch transparent huge pages to always while GPU memory is staged (it is put back afterwards)")
 	pf.StringVar(&a.runDir, "run-dir", txn.DefaultRoot, "where operations are journaled and locked")
 	pf.StringVar(&a.thpSwitch, "thp-switch", hosttune.THPPath, "the transparent huge page switch to tune")
@@ -187,7 +195,7 @@ func (a *app) engine() (*engine.Engine, error) {
 	for name, why := range unavailable {
 		a.log.Debug("GPU backend off", "backend", name, "reason", why)
 	}
-	e := &engine.Engine{CRIU: d, Backends: backends, Version: versionString(), Log: a.log, Report: newProgress(a.stderr),
+	e := &engine.Engine{CRIU: d, Backends: backends, Version: versionString(), Log: a.log, Report: a.progress(),
 		AMDPluginDir: plugin.Find(d.Path), KFDTopology: kfd.DefaultRoot}
 	if !a.noTHP {
 		e.THPSwitch = a.thpSwitch
@@ -195,6 +203,14 @@ func (a *app) engine() (*engine.Engine, error) {
 	e.JournalRoot = a.runDir
 	e.Guardian = []string{"/proc/self/exe", "guard", "--run-dir", a.runDir}
 	return e, nil
+}
+
+// progress is the display of long phases on stderr that the engine, push and pull share.
+func (a *app) progress() *progress {
+	if a.shown == nil {
+		a.shown = newProgress(a.stderr, a.progressEvery, a.quiet)
+	}
+	return a.shown
 }
 
 // withEngine checks the CRIU options, builds the engine and runs f under a context that
