@@ -184,7 +184,7 @@ func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); retur
 
 // A checkpoint and a restore whose stderr is not a terminal log their memory save and
 // fill with bytes while they run (the interval is cut short here), and nothing on stdout,
-// which stays one JSON document; --quiet logs no progress at all.
+// which stays one JSON document with the root's host PID; --quiet logs no progress at all.
 func TestLongPhasesLogProgressOffATerminal(t *testing.T) {
 	needCRIU(t)
 	w := startCounter(t, "-mib", "64")
@@ -194,8 +194,12 @@ func TestLongPhasesLogProgressOffATerminal(t *testing.T) {
 		t.Fatalf("checkpoint: exit %d\n%s", code, stderr)
 	}
 	waitGone(t, w.pid)
-	if !json.Valid([]byte(stdout)) {
-		t.Errorf("stdout is not one JSON document: %q", stdout)
+	var ck checkpointOutput
+	if err := json.Unmarshal([]byte(stdout), &ck); err != nil {
+		t.Errorf("stdout is not one JSON document: %q (%v)", stdout, err)
+	}
+	if ck.RootPID != w.pid || ck.ContainerPID != 0 {
+		t.Errorf("checkpoint says rootPid %d, containerPid %d; want %d and none", ck.RootPID, ck.ContainerPID, w.pid)
 	}
 	if !withBytes("memory-save").MatchString(stderr) || !strings.Contains(stderr, `msg="phase done" phase=memory-save`) {
 		t.Errorf("no progress of the memory save with its bytes on stderr:\n%s", stderr)
@@ -209,6 +213,9 @@ func TestLongPhasesLogProgressOffATerminal(t *testing.T) {
 		t.Fatalf("restore: exit %d, stdout %q (%v)\n%s", code, stdout, err, stderr)
 	}
 	t.Cleanup(func() { killAndReap(r.RootPID) })
+	if r.RootPID != w.pid {
+		t.Errorf("restore says rootPid %d, want %d (a tree gets its PIDs back)", r.RootPID, w.pid)
+	}
 	if !withBytes("memory-fill").MatchString(stderr) {
 		t.Errorf("no progress of the memory fill with its bytes on stderr:\n%s", stderr)
 	}
