@@ -5,12 +5,13 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"runtime/debug"
-	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -102,6 +103,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			a.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 		},
 	}
+	root.SetVersionTemplate(fmt.Sprintf("gpucr version {{.Version}}, JSON schema %d\n", jsonSchema))
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
@@ -134,8 +136,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if isCobraUsage(err) {
 			code = exitUsage
 		}
-		// A command line cobra refused may not have been parsed as far as --json.
-		if a.json || slices.Contains(args, "--json") {
+		var nr notReadyError
+		if (a.json || askedJSON(args)) && !(errors.As(err, &nr) && nr.reported) {
 			// Machines read stdout: the failure is there too, in the same schema.
 			b, _ := json.Marshal(errorOutput{Error: oneLine(err), ExitCode: code})
 			fmt.Fprintf(stdout, "%s\n", b)
@@ -143,6 +145,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	return 0
+}
+
+// askedJSON reads --json from a command line that cobra refused before parsing it as far.
+func askedJSON(args []string) bool {
+	for _, arg := range args {
+		if arg == "--" {
+			return false
+		}
+		if v, ok := strings.CutPrefix(arg, "--json="); ok {
+			b, err := strconv.ParseBool(v)
+			return err == nil && b
+		}
+		if arg == "--json" {
+			return true
+		}
+	}
+	return false
 }
 
 // errorOutput is what --json prints on stdout when a verb fails.
