@@ -23,7 +23,7 @@ import (
 type progress struct {
 	w     io.Writer
 	bars  bool          // a terminal: draw bars
-	every time.Duration // off a terminal, between lines; 0 shows nothing at all
+	every time.Duration // off a terminal, between lines (0: no lines)
 	now   func() time.Time
 	log   *slog.Logger
 
@@ -57,7 +57,7 @@ func newProgress(w io.Writer, every time.Duration, quiet bool) *progress {
 	}
 	switch {
 	case quiet:
-		p.bars, p.every = false, 0
+		p.bars = false
 	case !p.bars && every > 0:
 		p.log = slog.New(slog.NewTextHandler(w, nil))
 	}
