@@ -17,13 +17,11 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpucr/gpucr/internal/amd"
-	"github.com/gpucr/gpucr/internal/amd/kfd"
-	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
+	_ "github.com/gpucr/gpucr/internal/gpu/amd"    // registers the AMD backend
 	_ "github.com/gpucr/gpucr/internal/gpu/nvidia" // registers the NVIDIA backend
 	"github.com/gpucr/gpucr/internal/hosttune"
 	"github.com/gpucr/gpucr/internal/interrupt"
@@ -200,22 +198,15 @@ func isCobraUsage(err error) bool {
 
 // engine finds CRIU and the GPU backends that work on this host.
 func (a *app) engine() (*engine.Engine, error) {
-	// CRIU's amdgpu plugin reads KFD_MAX_BUFFER_SIZE itself; a typo there is better caught here.
-	if v := os.Getenv("KFD_MAX_BUFFER_SIZE"); v != "" {
-		if _, err := amd.ParseBufferSize(v); err != nil {
-			return nil, usageError{err}
-		}
-	}
 	d, err := criu.Find(a.criuBinary())
 	if err != nil {
 		return nil, err
 	}
-	backends, unavailable := gpu.Probe(a.cfg.gpu)
-	for name, why := range unavailable {
-		a.log.Debug("GPU backend off", "backend", name, "reason", why)
+	backends, off := gpu.Probe(a.gpuConfig(d.Path))
+	for _, o := range off {
+		a.log.Debug("GPU backend off", "backend", o.Name, "reason", o.Reason)
 	}
-	e := &engine.Engine{CRIU: d, Backends: backends, Version: versionString(), Log: a.log, Report: a.progress(),
-		AMDPluginDir: plugin.Find(d.Path), KFDTopology: kfd.DefaultRoot}
+	e := &engine.Engine{CRIU: d, Backends: backends, Off: off, Version: versionString(), Log: a.log, Report: a.progress()}
 	if !a.noTHP {
 		e.THPSwitch = a.thpSwitch
 	}

@@ -21,7 +21,7 @@ const (
 )
 
 // jsonSchema is the version of the --json output that docs/json.md describes.
-const jsonSchema = 2
+const jsonSchema = 3
 
 // usageError marks errors in what the user asked for.
 type usageError struct{ error }

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/criuimg"
@@ -66,18 +65,19 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, err
 	}
 	defer op.End()
-	gpus, snaps, err := Inspect(ctx, e.Backends, tree, r.SkipChecks)
+	found, err := Inspect(ctx, e.Backends, e.Off, proctree.Snap("/proc", tree), r.SkipChecks)
 	if err != nil {
 		return nil, err
 	}
-	if pid := plugin.UsesKFD(proctree.PIDs(tree)); pid != 0 {
-		switch {
-		case !target.CRIUPlugins():
-			return nil, fmt.Errorf("process %d of %s uses an AMD GPU (/dev/kfd): AMD GPUs are not supported there yet", pid, target.What())
-		case e.AMDPluginDir == "":
-			return nil, fmt.Errorf("process %d uses an AMD GPU (/dev/kfd): %w", pid, plugin.ErrMissing)
+	gpus, snaps := found.GPUs, found.Snapshots
+	if len(found.Plugins) > 0 {
+		if p := found.Plugins[0]; !target.CRIUPlugins() {
+			return nil, fmt.Errorf("process %d of %s holds %s GPU state, which CRIU's plugin saves: not supported there yet", p.PID, target.What(), p.Backend.Name())
 		}
-		r.PluginDir = e.AMDPluginDir // CRIU's plugin saves the /dev/kfd state within the dump
+		// The plugins save their device state within CRIU's dump.
+		if r.PluginDir, err = found.PluginDir(); err != nil {
+			return nil, err
+		}
 	}
 	var undo Undo
 	defer func() { err = undo.Unwind(ctx, err) }()
@@ -204,15 +204,15 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 
 // Inspect finds the GPU processes of tree and refuses, before anything is locked, a tree
 // whose checkpoint could not be restored: the workload is untouched either way.
-func Inspect(ctx context.Context, backends []gpu.Backend, tree []proctree.Process, skips safety.Skips) (GPUSet, []gpu.Snapshot, error) {
-	gpus, snaps, err := FindGPUProcs(ctx, backends, proctree.PIDs(tree))
+func Inspect(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tree *proctree.Snapshot, skips safety.Skips) (Found, error) {
+	found, err := FindGPUProcs(ctx, backends, off, tree)
 	if err != nil {
-		return nil, nil, err
+		return Found{}, err
 	}
-	if err := safety.Check(tree, gpus.safetyView(), skips); err != nil {
-		return nil, nil, err
+	if err := safety.Check(tree, found.GPUs.safetyView(), skips); err != nil {
+		return Found{}, err
 	}
-	return gpus, snaps, nil
+	return found, nil
 }
 
 // CheckpointGPUs locks gpus, waiting at most timeout for work in flight, and checkpoints

@@ -30,16 +30,15 @@ var (
 type Engine struct {
 	CRIU     *criu.Driver
 	Backends []gpu.Backend
-	Version  string // gpucr's version, recorded in images
-	Log      *slog.Logger
-	Report   Reporter
+	// Off are the vendors whose backends cannot work here: a tree using their GPUs is
+	// refused, and an image holding their state too, with the reason.
+	Off     []gpu.Off
+	Version string // gpucr's version, recorded in images
+	Log     *slog.Logger
+	Report  Reporter
 	// THPSwitch is the transparent huge page switch to hold at "always" while GPU state
 	// moves through host memory, and put back after; empty leaves the host alone.
 	THPSwitch string
-	// AMDPluginDir holds CRIU's amdgpu plugin ("" when it is not installed); KFDTopology is
-	// where this host's KFD topology is read (kfd.DefaultRoot outside tests).
-	AMDPluginDir string
-	KFDTopology  string
 	// JournalRoot is where operations are journaled and locked (txn.DefaultRoot); empty
 	// journals nothing. Guardian is the command that watches an operation for gpucr's death
 	// (its record's ID is appended); empty starts none.
