@@ -62,7 +62,7 @@ func (a *app) checkCmd() *cobra.Command {
 				return err
 			}
 			if !r.Ready {
-				return notReadyError{reason: notReadyReason(r)}
+				return notReadyError{reason: notReadyReason(r), reported: true}
 			}
 			return nil
 		},

@@ -15,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
@@ -55,6 +56,9 @@ type checkpointOutput struct {
 	CRIUStats *criuimg.DumpStats `json:"criuDumpStats,omitempty"`
 	// Exported is the archive of --export.
 	Exported *exportOutput `json:"exported,omitempty"`
+	// RootPID above is the host's PID; the image numbers a container's processes as the
+	// container does, its init as ContainerPID (1).
+	ContainerPID int `json:"containerPid,omitempty"`
 }
 
 // storeAndEmit stores the checkpoint written to dir at to, when given, and prints out.
@@ -170,11 +174,13 @@ func (a *app) checkpointCmd() *cobra.Command {
 			var m *engine.Checkpointed
 			var streamed *transferOutput
 			var released error // the image is written, what became of the tree after failed
+			root := &hostRoot{}
 			err = a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
+				root.Target = target(e)
 				if r.Dir == "" {
-					streamed, m, err = a.checkpointStreamed(ctx, e, target(e), r, to)
+					streamed, m, err = a.checkpointStreamed(ctx, e, root, r, to)
 				} else {
-					m, err = e.Checkpoint(ctx, target(e), r)
+					m, err = e.Checkpoint(ctx, root, r)
 				}
 				if m != nil {
 					released, err = err, nil
@@ -188,8 +194,11 @@ func (a *app) checkpointCmd() *cobra.Command {
 				return classifyContainer(explainFullDisk(err))
 			}
 			out := checkpointOutput{
-				Dir: r.Dir, Container: ctr, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
+				Dir: r.Dir, Container: ctr, RootPID: root.pid, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
 				LeftRunning: r.LeaveRunning, Phases: m.Phases, Paused: m.Paused.Seconds(), Total: time.Since(start).Seconds(),
+			}
+			if ctr != "" {
+				out.ContainerPID = m.RootPID
 			}
 			if r.Sign != nil {
 				out.SignedBy = signing.ID(r.Sign.Public().(ed25519.PublicKey))
@@ -243,6 +252,21 @@ func (a *app) checkpointCmd() *cobra.Command {
 	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
 	return cmd
+}
+
+// hostRoot is a checkpoint's target that remembers the host's PID of the root of the tree
+// it opens: the image numbers a container's processes as the container does.
+type hostRoot struct {
+	engine.Target
+	pid int
+}
+
+func (h *hostRoot) Open(ctx context.Context) ([]proctree.Process, error) {
+	tree, err := h.Target.Open(ctx)
+	if len(tree) > 0 {
+		h.pid = tree[0].PID
+	}
+	return tree, err
 }
 
 func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {

@@ -364,7 +364,7 @@ func holdGPUDevice(t *testing.T, bundle string) {
 // memory intact. A checkpoint that runs out of disk saving it leaves the container running;
 // one with --to is stored too, and restore --from fetches it.
 func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
-	_, bundle, id, id2 := counterContainer(t, "m", "-mib", "64")
+	runc, bundle, id, id2 := counterContainer(t, "m", "-mib", "64")
 
 	// Onto a disk where CRIU's files fit and the 64 MiB do not: refused, nothing left, the
 	// container thawed and counting.
@@ -379,8 +379,12 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 
 	dir, storeDir := filepath.Join(t.TempDir(), "img"), t.TempDir()
 	var ck checkpointOutput
+	initPID := runcInitPID(t, runc, id)
 	if err := json.Unmarshal([]byte(mustGpucr(t, "checkpoint", "--json", "--container", id, "-D", dir, "--to", filepath.Join(storeDir, "ckpt"))), &ck); err != nil {
 		t.Fatal(err)
+	}
+	if ck.RootPID != initPID || ck.ContainerPID != 1 {
+		t.Errorf("checkpoint says rootPid %d, containerPid %d; want the host's %d and the container's 1", ck.RootPID, ck.ContainerPID, initPID)
 	}
 	if out := mustGpucr(t, "ls", storeDir); ck.Pushed == nil || !strings.Contains(out, "ckpt") {
 		t.Errorf("--to stored %+v; ls:\n%s", ck.Pushed, out)
@@ -407,6 +411,9 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	}
 	if rs.Pulled == nil {
 		t.Error("restore --from reports no pull")
+	}
+	if initPID := runcInitPID(t, runc, id2); rs.RootPID != initPID || rs.ContainerPID != 1 {
+		t.Errorf("restore says rootPid %d, containerPid %d; want the host's %d and the container's 1", rs.RootPID, rs.ContainerPID, initPID)
 	}
 	if !hasPhase(rs.Phases, "memory-fill") {
 		t.Errorf("restore phases %+v: no memory-fill", rs.Phases)
@@ -490,6 +497,22 @@ func counterContainer(t *testing.T, name string, args ...string) (runc, bundle, 
 	runcRun(t, runc, bundle, id)
 	waitContainerCount(t, bundle, 5)
 	return runc, bundle, id, id2
+}
+
+// runcInitPID is the host's PID of container id's init, as runc knows it.
+func runcInitPID(t *testing.T, runc, id string) int {
+	t.Helper()
+	out, err := exec.Command(runc, "state", id).Output()
+	var st struct {
+		PID int `json:"pid"`
+	}
+	if err == nil {
+		err = json.Unmarshal(out, &st)
+	}
+	if err != nil || st.PID <= 0 {
+		t.Fatalf("runc state %s: %v: %s", id, err, out)
+	}
+	return st.PID
 }
 
 func hasPhase(ps []image.Phase, name string) bool {

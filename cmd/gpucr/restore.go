@@ -29,6 +29,9 @@ type restoreOutput struct {
 	Phases    []image.Phase                `json:"phases"`
 	Total     float64                      `json:"totalSeconds"`
 	CRIUStats *criuimg.RestoreStats        `json:"criuRestoreStats,omitempty"`
+
+	// RootPID above is the host's PID; a container's own, its init's, is ContainerPID (1).
+	ContainerPID int `json:"containerPid,omitempty"`
 }
 
 func (a *app) restoreCmd() *cobra.Command {
@@ -86,7 +89,7 @@ func (a *app) restoreCmd() *cobra.Command {
 			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, Pulled: pulled, SignedBy: res.SignedBy,
 				Phases: res.Phases, Total: time.Since(start).Seconds(), CRIUStats: res.CRIUStats}
 			if ctr != "" {
-				out.Container = cmp.Or(newID, ctr)
+				out.Container, out.ContainerPID = cmp.Or(newID, ctr), res.Manifest.RootPID
 			}
 			return a.emit(out, func() {
 				if pulled != nil {

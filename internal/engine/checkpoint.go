@@ -301,7 +301,7 @@ func (e *Engine) commitFrozen(ctx context.Context, op *Op, t *Timer, target Targ
 			return err
 		}
 		if len(saved) > 0 {
-			err := t.Run(PhaseMemorySave, func() error {
+			err := t.RunCounted(ctx, PhaseMemorySave, func(ctx context.Context) error {
 				return memfill.SaveTo(ctx, saved, func(path string) (criuimg.Receiver, error) { return s.Create(path) })
 			})
 			if err != nil {
@@ -349,7 +349,7 @@ func (e *Engine) saveFrozen(ctx context.Context, t *Timer, target Target, stage 
 		return nil, nil
 	}
 	var copied []image.File
-	err := t.Run(PhaseMemorySave, func() (err error) {
+	err := t.RunCounted(ctx, PhaseMemorySave, func(ctx context.Context) (err error) {
 		copied, err = memfill.Save(ctx, stage.Dir(), saved)
 		return err
 	})

@@ -256,7 +256,7 @@ func (g *gate) PostRestore(int32) error {
 		return fmt.Errorf("restore interrupted: %w", err)
 	}
 	if g.s.Fill != nil {
-		if err := g.s.Timer.Run(PhaseMemoryFill, func() error { return g.s.Fill.Fill(g.ctx) }); err != nil {
+		if err := g.s.Timer.RunCounted(g.ctx, PhaseMemoryFill, g.s.Fill.Fill); err != nil {
 			return err
 		}
 	}

@@ -31,6 +31,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/parallel"
 )
 
@@ -334,13 +335,19 @@ func (p *Plan) Fill(ctx context.Context) error {
 			jobs = append(jobs, job{r, at, min(piece, r.size-at)})
 		}
 	}
+	count := meter.From(ctx)
+	count.SetTotal(p.Bytes())
 	return parallel.Each(ctx, jobs, runtime.GOMAXPROCS(0), func() []byte { return make([]byte, piece) },
 		func(_ context.Context, j job, buf []byte) error {
 			data := buf[:j.len]
 			if _, err := files[j.r.file].ReadAt(data, j.r.off+j.at); err != nil {
 				return fmt.Errorf("memory fill: read %s: %w", filepath.Base(j.r.file), err)
 			}
-			return moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, j.r.addr+uint64(j.at), data)
+			if err := moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, j.r.addr+uint64(j.at), data); err != nil {
+				return err
+			}
+			count.Add(j.len)
+			return nil
 		})
 }
 

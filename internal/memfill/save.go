@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/parallel"
 	"github.com/gpucr/gpucr/internal/proctree"
 )
@@ -167,6 +168,7 @@ func WriteRanges(path string, rs []Range) error {
 func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error) {
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
+	count := counting(ctx, rs)
 	dir := filepath.Join(imageDir, criuimg.MemDir)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory save: %w", err)
@@ -204,12 +206,12 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 				return err
 			}
 			digests[j.file][j.index] = xxhash.Sum64(data)
-			if bytes.Equal(data, zero[:len(data)]) {
-				return nil
+			if !bytes.Equal(data, zero[:len(data)]) {
+				if err := writeAt(paths[j.file], data, off); err != nil {
+					return fmt.Errorf("memory save: %w", err)
+				}
 			}
-			if err := writeAt(paths[j.file], data, off); err != nil {
-				return fmt.Errorf("memory save: %w", err)
-			}
+			count.Add(int64(len(data)))
 			return nil
 		})
 	if err != nil {
@@ -240,6 +242,7 @@ func Sync(ctx context.Context, imageDir string, files []image.File) error {
 func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.Receiver, error)) error {
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
+	count := counting(ctx, rs)
 	return parallel.Each(ctx, rs, workers, func() []byte { return make([]byte, image.ChunkSize) },
 		func(_ context.Context, r Range, buf []byte) error {
 			f, err := create(r.file())
@@ -255,12 +258,24 @@ func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.R
 				if err := f.Receive(at, len(data), bytes.NewReader(data)); err != nil {
 					return fmt.Errorf("memory save: %w", err)
 				}
+				count.Add(int64(len(data)))
 			}
 			if err := f.Close(); err != nil {
 				return fmt.Errorf("memory save: %w", err)
 			}
 			return nil
 		})
+}
+
+// counting is the meter.Counter ctx carries, told the bytes of rs as its total.
+func counting(ctx context.Context, rs []Range) *meter.Counter {
+	c := meter.From(ctx)
+	var total uint64
+	for _, r := range rs {
+		total += r.End - r.Start
+	}
+	c.SetTotal(int64(total))
+	return c
 }
 
 func createSized(path string, size int64) error {
