@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,9 +89,13 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			}
 			defer f.Close()
 			b := make([]byte, 1)
-			f.ReadAt(b, 4096)
+			if _, err := f.ReadAt(b, 4096); err != nil {
+				t.Fatal(err)
+			}
 			b[0] ^= 0x40
-			f.WriteAt(b, 4096)
+			if _, err := f.WriteAt(b, 4096); err != nil {
+				t.Fatal(err)
+			}
 		}, "checksum"},
 		{"missing file", func(t *testing.T, dir string) {
 			os.Remove(filepath.Join(dir, "criu", "pstree.img"))
@@ -102,7 +107,9 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			editManifest(t, dir, func(m map[string]any) { m["formatVersion"] = 99 })
 		}, "newer"},
 		{"garbled manifest", func(t *testing.T, dir string) {
-			os.WriteFile(filepath.Join(dir, "manifest.json"), []byte("{\"formatVersion\": 1, "), 0o644)
+			if err := os.WriteFile(filepath.Join(dir, "manifest.json"), []byte("{\"formatVersion\": 1, "), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}, "manifest.json"},
 	}
 	for _, c := range cases {
@@ -135,9 +142,12 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 	w := startCounter(t)
 	pid := strconv.Itoa(w.pid)
 	notEmpty := t.TempDir()
-	os.WriteFile(filepath.Join(notEmpty, "x"), nil, 0o644)
 	aFile := filepath.Join(t.TempDir(), "file")
-	os.WriteFile(aFile, nil, 0o644)
+	for _, f := range []string{filepath.Join(notEmpty, "x"), aFile} {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	readOnly := t.TempDir()
 	if err := syscall.Mount("tmpfs", readOnly, "tmpfs", syscall.MS_RDONLY, "size=1m"); err != nil {
 		t.Fatalf("mount a read-only tmpfs: %v", err)
@@ -223,8 +233,8 @@ func TestNotRootIsRefused(t *testing.T) {
 	cmd := exec.Command(bin.gpucr, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(os.TempDir(), "gpucr-never"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
-	ee, ok := err.(*exec.ExitError)
-	if !ok || ee.ExitCode() != exitNotReady || !strings.Contains(string(out), "root") {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitNotReady || !strings.Contains(string(out), "root") {
 		t.Fatalf("as nobody: %v: %s", err, out)
 	}
 	if !alive(w.pid) {

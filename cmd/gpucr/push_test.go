@@ -47,7 +47,7 @@ func mustGpucrEnv(t *testing.T, env []string, args ...string) string {
 func sameFiles(t *testing.T, want, got string) {
 	t.Helper()
 	var wantN, gotN int
-	filepath.WalkDir(want, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(want, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
@@ -60,12 +60,18 @@ func sameFiles(t *testing.T, want, got string) {
 		}
 		return nil
 	})
-	filepath.WalkDir(got, func(_ string, d fs.DirEntry, err error) error {
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = filepath.WalkDir(got, func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
 			gotN++
 		}
 		return err
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if wantN != gotN || wantN == 0 {
 		t.Errorf("pulled %d files, want %d", gotN, wantN)
 	}

@@ -22,7 +22,11 @@ func restore(t *testing.T, dir string, args ...string) int {
 	var r struct {
 		RootPID int `json:"rootPid"`
 	}
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &r); err != nil {
+	i := strings.Index(out, "{")
+	if i < 0 {
+		t.Fatalf("restore printed no JSON:\n%s", out)
+	}
+	if err := json.Unmarshal([]byte(out[i:]), &r); err != nil {
 		t.Fatalf("restore output: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { killAndReap(r.RootPID) })

@@ -20,7 +20,11 @@ func smallTmp(t *testing.T, size int) string {
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+strconv.Itoa(size)); err != nil {
 		t.Fatalf("mount a small tmpfs: %v", err)
 	}
-	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
 	return dir
 }
 

@@ -84,7 +84,7 @@ func startSleep(t *testing.T) *exec.Cmd {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) // killed: the status says nothing
 	return cmd
 }
 
@@ -178,8 +178,11 @@ func TestRollBackLeavesKilledTreeAlone(t *testing.T) {
 	if err := os.WriteFile(held, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p.Process.Kill() // the dump succeeded and CRIU killed the tree
-	p.Wait()
+	// The dump succeeded and CRIU killed the tree: the exit status says nothing.
+	if err := p.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Wait()
 	if err := RollBack(context.Background(), []gpu.Backend{f}, held, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +273,9 @@ func TestWatcherWaitsForCRIU(t *testing.T) {
 	if _, err := os.Stat(out); err == nil {
 		t.Fatal("the watcher did not wait for CRIU to exit")
 	}
-	criu.Wait()
+	if err := criu.Wait(); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		b, err := os.ReadFile(out)

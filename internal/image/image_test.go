@@ -195,7 +195,7 @@ func TestCommitRefusesSymlink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Abort()
+	defer abort(t, s)
 	writeStaged(t, s, stagedFiles)
 	if err := os.Symlink("/etc/passwd", filepath.Join(s.CRIUDir(), "link.img")); err != nil {
 		t.Fatal(err)
@@ -251,8 +251,7 @@ func TestBeginRejects(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s, err := Begin(tt.final)
 			if err == nil {
-				s.Abort()
-				t.Fatal("Begin succeeded")
+				t.Fatalf("Begin succeeded (abort: %v)", s.Abort())
 			}
 			if tt.sentinel != nil && !errors.Is(err, tt.sentinel) {
 				t.Errorf("error %v is not %v", err, tt.sentinel)
@@ -420,7 +419,7 @@ func TestLoadRefusesStagingDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Abort()
+	defer abort(t, s)
 	if base := filepath.Base(s.Dir()); !strings.HasPrefix(base, ".img.partial-") {
 		t.Fatalf("staging directory %s is not hidden beside img", s.Dir())
 	}
@@ -595,5 +594,13 @@ func TestPhaseJSON(t *testing.T) {
 		if err := json.Unmarshal([]byte(in), &p); err != nil || p != (Phase{Name: "criu-dump", Duration: 1500 * time.Millisecond}) {
 			t.Errorf("Unmarshal(%s) = %+v, %v", in, p, err)
 		}
+	}
+}
+
+// abort removes a staging directory at the end of a test; a leftover fails the test.
+func abort(t *testing.T, s *Staging) {
+	t.Helper()
+	if err := s.Abort(); err != nil {
+		t.Error(err)
 	}
 }

@@ -176,7 +176,7 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 	}
 	// Page files written through CreatePages, and the external files, were checksummed (and
 	// synced) as they were written: only the rest is read.
-	known := append(written, external...)
+	known := slices.Concat(written, external)
 	paths = slices.DeleteFunc(paths, func(p string) bool {
 		return slices.ContainsFunc(known, func(f File) bool { return f.Path == p })
 	})

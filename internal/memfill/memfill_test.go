@@ -44,6 +44,21 @@ func encode(t *testing.T, path, magic string, msgs ...proto.Message) {
 	}
 }
 
+// mapAnon maps size bytes of private anonymous memory for the rest of the test.
+func mapAnon(t *testing.T, size int, prot int) []byte {
+	t.Helper()
+	mem, err := unix.Mmap(-1, 0, size, prot, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Munmap(mem); err != nil {
+			t.Errorf("unmap: %v", err)
+		}
+	})
+	return mem
+}
+
 func entry(addr uintptr, pages int, flags uint32) *pagemap.PagemapEntry {
 	return &pagemap.PagemapEntry{Vaddr: proto.Uint64(uint64(addr)), NrPages: proto.Uint32(uint32(pages)), Flags: proto.Uint32(flags)}
 }
@@ -54,16 +69,8 @@ func entry(addr uintptr, pages int, flags uint32) *pagemap.PagemapEntry {
 // CRIU gets, which keeps the rest byte for byte, and Fill writes it into this process.
 func TestPrepareAndFillOwnMemory(t *testing.T) {
 	const run = 24 << 20
-	rw, err := unix.Mmap(-1, 0, run, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(rw)
-	ro, err := unix.Mmap(-1, 0, run, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(ro)
+	rw := mapAnon(t, run, unix.PROT_READ|unix.PROT_WRITE)
+	ro := mapAnon(t, run, unix.PROT_READ)
 	rwAt, roAt := uintptr(unsafe.Pointer(&rw[0])), uintptr(unsafe.Pointer(&ro[0]))
 	pid := os.Getpid()
 
@@ -187,11 +194,7 @@ func TestSegmentSizeFor(t *testing.T) {
 // is the file's; a zero piece is left as a hole that reads back as zeros.
 func TestSaveOwnMemory(t *testing.T) {
 	const size = 3*image.ChunkSize + 4096
-	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	mem := mapAnon(t, size, unix.PROT_READ|unix.PROT_WRITE)
 	r := rand.New(rand.NewPCG(9, 10))
 	for i := range mem {
 		if i < image.ChunkSize || i >= 2*image.ChunkSize { // the second piece stays zero
@@ -235,11 +238,7 @@ func TestSaveOwnMemory(t *testing.T) {
 // Select finds a large resident writable private mapping of this process, and not a small one.
 func TestSelectOwnMemory(t *testing.T) {
 	const size = 32 << 20
-	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	mem := mapAnon(t, size, unix.PROT_READ|unix.PROT_WRITE)
 	for i := 0; i < size; i += criuimg.PageSize {
 		mem[i] = 1
 	}
@@ -269,7 +268,10 @@ func TestSelectLeavesWhatAChildMapsToCRIU(t *testing.T) {
 	if err := child.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { child.Process.Kill(); child.Wait() }()
+	defer func() {
+		_ = child.Process.Kill()
+		_ = child.Wait() // killed: the status says nothing
+	}()
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", child.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
@@ -288,7 +290,11 @@ func TestSelectLeavesWhatAChildMapsToCRIU(t *testing.T) {
 	if errno != 0 || addr != uintptr(at) || stack == 0 {
 		t.Skipf("cannot map over the child's stack at %#x here: %v", at, errno)
 	}
-	defer unix.Syscall(unix.SYS_MUNMAP, addr, size, 0)
+	t.Cleanup(func() {
+		if _, _, errno := unix.Syscall(unix.SYS_MUNMAP, addr, size, 0); errno != 0 {
+			t.Errorf("unmap: %v", errno)
+		}
+	})
 	has := func(rs []Range) bool {
 		return slices.ContainsFunc(rs, func(r Range) bool { return r.Start < at+size && at < r.End })
 	}
@@ -306,11 +312,7 @@ func TestSelectLeavesWhatAChildMapsToCRIU(t *testing.T) {
 // Save holds no descriptor per range: 300 ranges save under a limit of 64 open files.
 func TestSaveManyRangesUnderALowFileLimit(t *testing.T) {
 	const n = 300
-	mem, err := unix.Mmap(-1, 0, 2*n*criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	mem := mapAnon(t, 2*n*criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE)
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	var rs []Range
 	for i := range n { // every other page, so that no two ranges touch
@@ -360,10 +362,7 @@ func TestPlanFileAndRenumber(t *testing.T) {
 // memory the process has: a crafted image naming another process, or an address the
 // restored process does not map, is refused before anything is written.
 func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
-	mem, err := unix.Mmap(-1, 0, criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem := mapAnon(t, criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE)
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	dir := t.TempDir()
 	files, err := Save(context.Background(), dir, []Range{{PID: os.Getpid(), Start: start, End: start + criuimg.PageSize}})
@@ -398,7 +397,6 @@ func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no writable memory") {
 		t.Fatalf("an unmapped range: Fill = %v", err)
 	}
-	unix.Munmap(mem)
 }
 
 // A pagemap listing so many pages that their byte count wraps around to exactly 2^64 —
