@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
@@ -56,18 +57,9 @@ func (a *app) emit(v any, text func()) error {
 	return err
 }
 
-func bytesHuman(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+// bytesHuman is how the CLI writes a size: in binary units (64 MiB, 1.5 GiB), the units GPU
+// memory and pages come in.
+func bytesHuman(n uint64) string { return humanize.IBytes(n) }
 
 func seconds(d time.Duration) string { return fmt.Sprintf("%.2fs", d.Seconds()) }
 
