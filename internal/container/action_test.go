@@ -232,16 +232,16 @@ func TestPreRestoreRefusesWithoutTheBackend(t *testing.T) {
 	}
 }
 
-func TestSkipEnvLeavesGPUsAlone(t *testing.T) {
+func TestActionSkipEnvLeavesGPUsAlone(t *testing.T) {
 	p := startSleep(t)
 	f := &fakeGPU{pid: p.Process.Pid}
 	a := newAction(t, f, "pre-dump", p.Process.Pid)
-	a.env[SkipEnv] = "skip"
+	a.env[ActionSkipEnv] = "skip"
 	if err := a.act.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.log(); len(got) != 0 {
-		t.Fatalf("GPU calls %v under %s=skip", got, SkipEnv)
+		t.Fatalf("GPU calls %v under %s=skip", got, ActionSkipEnv)
 	}
 }
 
