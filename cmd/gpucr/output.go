@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dustin/go-humanize"
+
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
@@ -38,7 +39,8 @@ func exitCode(err error) int {
 	return exitFailed
 }
 
-// notReadyError is `gpucr check` finding the host not ready; the report was printed.
+// notReadyError is a host that cannot do what was asked (not root, no CRIU or too old a
+// one, `gpucr check`'s findings): exit code 3, with reason as the whole message.
 type notReadyError struct{ reason string }
 
 func (n notReadyError) Error() string { return n.reason }
