@@ -487,11 +487,11 @@ func editManifestOnly(t *testing.T, path string, edit func(map[string]any)) {
 	}
 }
 
-// chunkedSum computes a checksum the way ChunkSize documents it, independently of hash.go.
+// chunkedSum computes a checksum the way HashChunkSize documents it, independently of hash.go.
 func chunkedSum(content string) uint64 {
 	var digests []byte
-	for off := 0; off < len(content); off += ChunkSize {
-		d := xxhash.Sum64String(content[off:min(off+ChunkSize, len(content))])
+	for off := 0; off < len(content); off += HashChunkSize {
+		d := xxhash.Sum64String(content[off:min(off+HashChunkSize, len(content))])
 		digests = binary.LittleEndian.AppendUint64(digests, d)
 	}
 	return xxhash.Sum64(digests)

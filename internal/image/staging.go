@@ -1,6 +1,7 @@
 package image
 
 import (
+	"context"
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
@@ -180,7 +181,8 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 	paths = slices.DeleteFunc(paths, func(p string) bool {
 		return slices.ContainsFunc(known, func(f File) bool { return f.Path == p })
 	})
-	files, err := sumFiles(s.dir, paths, true)
+	// Not yet cancellable: the engine passes no context here until issue 14's rewrite of it.
+	files, err := sumFiles(context.Background(), s.dir, paths, true)
 	if err != nil {
 		return err
 	}

@@ -180,8 +180,8 @@ func TestSegmentSizeFor(t *testing.T) {
 		{16 << 30, 16, maxSegment},
 		{1 << 30, 16, 32 << 20},
 		{1 << 30, 2, maxSegment},
-		{100 << 20, 16, image.ChunkSize},
-		{4096, 16, image.ChunkSize},
+		{100 << 20, 16, image.HashChunkSize},
+		{4096, 16, image.HashChunkSize},
 		{3 << 30, 16, 96 << 20},
 	} {
 		if got := segmentSizeFor([]Range{{PID: 1, Start: 0, End: c.total}}, c.workers); got != c.want {
@@ -193,11 +193,11 @@ func TestSegmentSizeFor(t *testing.T) {
 // Save reads a range of this process into a file whose checksum, computed as it was written,
 // is the file's; a zero piece is left as a hole that reads back as zeros.
 func TestSaveOwnMemory(t *testing.T) {
-	const size = 3*image.ChunkSize + 4096
+	const size = 3*image.HashChunkSize + 4096
 	mem := mapAnon(t, size, unix.PROT_READ|unix.PROT_WRITE)
 	r := rand.New(rand.NewPCG(9, 10))
 	for i := range mem {
-		if i < image.ChunkSize || i >= 2*image.ChunkSize { // the second piece stays zero
+		if i < image.HashChunkSize || i >= 2*image.HashChunkSize { // the second piece stays zero
 			mem[i] = byte(r.Uint32())
 		}
 	}
@@ -207,7 +207,7 @@ func TestSaveOwnMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(files) != 4 { // pieces of ChunkSize: one file each, as the memory is small
+	if len(files) != 4 { // pieces of HashChunkSize: one file each, as the memory is small
 		t.Fatalf("files %+v", files)
 	}
 	if err := image.CheckSums(dir, files); err != nil {
@@ -221,7 +221,7 @@ func TestSaveOwnMemory(t *testing.T) {
 	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.addr, b.addr) })
 	var got []byte
 	for i, r := range runs {
-		if r.pid != os.Getpid() || r.addr != start+uint64(len(got)) || (i < len(runs)-1 && r.size != image.ChunkSize) {
+		if r.pid != os.Getpid() || r.addr != start+uint64(len(got)) || (i < len(runs)-1 && r.size != image.HashChunkSize) {
 			t.Fatalf("run %d = %+v: the runs do not cover the range in pieces", i, r)
 		}
 		b, err := os.ReadFile(r.file)
