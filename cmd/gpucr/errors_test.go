@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // sharedImage checkpoints one counter for the corruption tests to copy and damage.
@@ -19,7 +22,7 @@ func sharedImage(t *testing.T) (dir string, w *workload) {
 	w = startCounter(t, "-mib", "4")
 	dir = filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	return dir, w
 }
 
@@ -45,26 +48,6 @@ func largestPagesFile(t *testing.T, dir string) string {
 		t.Fatal("image has no pages file")
 	}
 	return best
-}
-
-func editManifest(t *testing.T, dir string, edit func(map[string]any)) {
-	t.Helper()
-	p := filepath.Join(dir, "manifest.json")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	edit(m)
-	if b, err = json.Marshal(m); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func TestDamagedImagesAreNeverRestored(t *testing.T) {
@@ -104,7 +87,7 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			os.Remove(filepath.Join(dir, "manifest.json"))
 		}, "not a gpucr image"},
 		{"newer format", func(t *testing.T, dir string) {
-			editManifest(t, dir, func(m map[string]any) { m["formatVersion"] = 99 })
+			testutil.EditJSON(t, filepath.Join(dir, "manifest.json"), func(m map[string]any) { m["formatVersion"] = 99 })
 		}, "newer"},
 		{"garbled manifest", func(t *testing.T, dir string) {
 			if err := os.WriteFile(filepath.Join(dir, "manifest.json"), []byte("{\"formatVersion\": 1, "), 0o644); err != nil {
@@ -130,7 +113,7 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			if now := w.read(t, "count"); now != count {
 				t.Fatalf("the counter ran from the damaged image: count %d, was %d", now, count)
 			}
-			waitReaped(t, w.pid)
+			testutil.WaitReaped(t, w.pid)
 		})
 	}
 	// The undamaged original still restores: the failures above were the damage's.
@@ -193,7 +176,7 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 			}
 		})
 	}
-	if !alive(w.pid) {
+	if !testutil.Alive(w.pid) {
 		t.Fatal("the workload died from a refused checkpoint")
 	}
 	if entries, _ := os.ReadDir(filepath.Dir(aFile)); len(entries) != 1 {
@@ -207,10 +190,7 @@ const oldCRIU = "/var/cache/gpucr-build/old-criu/usr/sbin/criu"
 func TestOldCRIUIsRefused(t *testing.T) {
 	needCRIU(t)
 	if _, err := os.Stat(oldCRIU); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI needs %s (make deps): %v", oldCRIU, err)
-		}
-		t.Skip(err)
+		testutil.SkipOrFail(t, fmt.Sprintf("no old CRIU (make deps): %v", err))
 	}
 	w := startCounter(t)
 	for _, args := range [][]string{
@@ -222,7 +202,7 @@ func TestOldCRIUIsRefused(t *testing.T) {
 			t.Errorf("gpucr %s with criu 3.17: exit %d:\n%s", args[0], code, out)
 		}
 	}
-	if !alive(w.pid) {
+	if !testutil.Alive(w.pid) {
 		t.Fatal("workload died")
 	}
 }
@@ -237,7 +217,7 @@ func TestNotRootIsRefused(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != exitNotReady || !strings.Contains(string(out), "root") {
 		t.Fatalf("as nobody: %v: %s", err, out)
 	}
-	if !alive(w.pid) {
+	if !testutil.Alive(w.pid) {
 		t.Fatal("workload died")
 	}
 }
@@ -261,7 +241,7 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 	bin.counter = saved
 	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 
 	if err := os.Rename(prog, prog+".away"); err != nil {
 		t.Fatal(err)
@@ -270,7 +250,7 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 	if code != 1 || !oneLineWith(out, "a file the image needs is missing on this host: "+prog) {
 		t.Fatalf("restore without %s: exit %d:\n%s", prog, code, out)
 	}
-	if alive(w.pid) {
+	if testutil.Alive(w.pid) {
 		t.Fatal("restore went ahead without the file")
 	}
 	if err := os.Rename(prog+".away", prog); err != nil {

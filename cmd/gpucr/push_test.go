@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/store/storetest"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // gpucrEnv runs the binary with extra environment and returns its stdout, stderr and exit code.
@@ -146,8 +147,8 @@ func TestPushPullRealCheckpoints(t *testing.T) {
 	sameFiles(t, dirs[0], localPulled)
 
 	// The pulled image restores: the counter goes on from the second checkpoint.
-	killAndReap(w.pid)
-	waitGone(t, w.pid)
+	testutil.KillAndReap(w.pid)
+	testutil.WaitGone(t, w.pid)
 	os.Remove(filepath.Join(w.dir, "count"))
 	pid := restore(t, pulled)
 	if c := w.waitCount(t, 1); c > at+50 {
@@ -235,7 +236,7 @@ func TestCheckpointToAndRestoreFrom(t *testing.T) {
 	if st := ck.CRIUStats; st == nil || st.PagesWritten == 0 || st.Frozen <= 0 || st.PagesScanned < st.PagesWritten {
 		t.Errorf("CRIU's dump statistics: %+v", ck.CRIUStats)
 	}
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	at := w.read(t, "count")
 
 	dir := filepath.Join(t.TempDir(), "pulled")
@@ -247,7 +248,7 @@ func TestCheckpointToAndRestoreFrom(t *testing.T) {
 	if st := rs.CRIUStats; st == nil || st.Restore <= 0 {
 		t.Errorf("CRIU's restore statistics: %+v", rs.CRIUStats)
 	}
-	t.Cleanup(func() { killAndReap(rs.RootPID) })
+	t.Cleanup(func() { testutil.KillAndReap(rs.RootPID) })
 	w.waitCount(t, at+5)
 	if v := w.verify(t, rs.RootPID); v != "ok" {
 		t.Fatalf("memory after restore --from: %s", v)

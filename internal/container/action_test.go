@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -77,17 +78,6 @@ func (f *fakeGPU) log() []string {
 	return slices.Clone(f.calls)
 }
 
-// startSleep starts a real process to stand for the container's GPU process.
-func startSleep(t *testing.T) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command("sleep", "60")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) // killed: the status says nothing
-	return cmd
-}
-
 type actionEnv struct {
 	act     *Action
 	env     map[string]string
@@ -110,7 +100,7 @@ func newAction(t *testing.T, f *fakeGPU, step string, root int) *actionEnv {
 }
 
 func TestPreDumpLocksRecordsAndStartsWatcherOnce(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
 	a := newAction(t, f, "pre-dump", p.Process.Pid)
 	for range 2 { // CRIU runs the script twice per step
@@ -145,7 +135,7 @@ func TestPreDumpLocksRecordsAndStartsWatcherOnce(t *testing.T) {
 }
 
 func TestPreDumpFailureRollsBackAndAbortsTheDump(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid, failStep: "checkpoint"}
 	a := newAction(t, f, "pre-dump", p.Process.Pid)
 	if err := a.act.Run(context.Background()); err == nil {
@@ -167,7 +157,7 @@ func TestPreDumpFailureRollsBackAndAbortsTheDump(t *testing.T) {
 }
 
 func TestRollBackLeavesKilledTreeAlone(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid, state: gpu.StateCheckpointed}
 	held := filepath.Join(t.TempDir(), "held.json")
 	proc, err := txn.ProcOf(p.Process.Pid)
@@ -192,7 +182,7 @@ func TestRollBackLeavesKilledTreeAlone(t *testing.T) {
 }
 
 func TestRestoreStepsBringGPUStateBack(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
 	dump := newAction(t, f, "pre-dump", p.Process.Pid)
 	if err := dump.act.Run(context.Background()); err != nil {
@@ -218,7 +208,7 @@ func TestRestoreStepsBringGPUStateBack(t *testing.T) {
 }
 
 func TestPreRestoreRefusesWithoutTheBackend(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
 	dump := newAction(t, f, "pre-dump", p.Process.Pid)
 	if err := dump.act.Run(context.Background()); err != nil {
@@ -233,7 +223,7 @@ func TestPreRestoreRefusesWithoutTheBackend(t *testing.T) {
 }
 
 func TestActionSkipEnvLeavesGPUsAlone(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
 	a := newAction(t, f, "pre-dump", p.Process.Pid)
 	a.env[ActionSkipEnv] = "skip"

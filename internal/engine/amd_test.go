@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // There is no AMD GPU here: these tests restore a real CRIU image that carries the amdgpu
@@ -20,7 +21,7 @@ import (
 
 func amdImage(t *testing.T, e *Engine) string {
 	t.Helper()
-	pid := startSleeper(t)
+	pid := testutil.StartSleeper(t).Process.Pid
 	dir := filepath.Join(t.TempDir(), "img")
 	if _, err := e.Checkpoint(context.Background(), e.Tree(pid), CheckpointRequest{Dir: dir, LockTimeout: time.Second}); err != nil {
 		t.Fatal(err)
@@ -48,7 +49,7 @@ func TestAMDImageIsCheckedBeforeRestore(t *testing.T) {
 	e := newEngine(t, &fakeGPU{})
 	e.AMDPluginDir = plugin.Find(e.CRIU.Path)
 	if e.AMDPluginDir == "" {
-		skipOrFail(t, "CRIU's amdgpu plugin is not installed (make deps)")
+		testutil.SkipOrFail(t, "CRIU's amdgpu plugin is not installed (make deps)")
 	}
 	dir := amdImage(t, e)
 
@@ -81,7 +82,7 @@ func TestAMDImageRestoresThroughThePlugin(t *testing.T) {
 	e := newEngine(t, &fakeGPU{})
 	e.AMDPluginDir = plugin.Find(e.CRIU.Path)
 	if e.AMDPluginDir == "" {
-		skipOrFail(t, "CRIU's amdgpu plugin is not installed (make deps)")
+		testutil.SkipOrFail(t, "CRIU's amdgpu plugin is not installed (make deps)")
 	}
 	dir := amdImage(t, e)
 	e.KFDTopology = topology("pcie4-numa2") // the host the image was taken on

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // fakeGPU stands in for the GPU driver, the one hardware edge these CI tests cannot reach:
@@ -78,44 +78,23 @@ func (f *fakeGPU) State(context.Context, int) (gpu.State, error) {
 func newEngine(t *testing.T, b gpu.Backend) *Engine {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root")
+		testutil.SkipOrFail(t, "needs root")
 	}
 	d, err := criu.Find(os.Getenv("GPUCR_CRIU"))
 	if err != nil {
-		skipOrFail(t, err.Error())
+		testutil.SkipOrFail(t, err.Error())
 	}
 	return &Engine{CRIU: d, Backends: []gpu.Backend{b}, Version: "test"}
-}
-
-func skipOrFail(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(why)
-	}
-	t.Skip(why)
-}
-
-// startSleeper starts a detached process; it is what the fake GPU claims.
-func startSleeper(t *testing.T) int {
-	t.Helper()
-	cmd := exec.Command("sleep", "1000")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
-	time.Sleep(200 * time.Millisecond)
-	return cmd.Process.Pid
 }
 
 func TestFailedDumpRollsBackGPUAndLeavesNothing(t *testing.T) {
 	// A real failure mid-dump: the image directory sits on a 64 KiB filesystem (a full disk).
 	fake := &fakeGPU{}
 	e := newEngine(t, fake)
-	fake.pid = startSleeper(t)
+	fake.pid = testutil.StartSleeper(t).Process.Pid
 	small := t.TempDir()
 	if err := syscall.Mount("tmpfs", small, "tmpfs", 0, "size=64k"); err != nil {
-		skipOrFail(t, "mount tmpfs: "+err.Error())
+		testutil.SkipOrFail(t, "mount tmpfs: "+err.Error())
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(small, syscall.MNT_DETACH) })
 	dir := filepath.Join(small, "img")
@@ -147,7 +126,7 @@ func TestFailedDumpRollsBackGPUAndLeavesNothing(t *testing.T) {
 func TestInterruptedCheckpointRollsBack(t *testing.T) {
 	fake := &fakeGPU{}
 	e := newEngine(t, fake)
-	fake.pid = startSleeper(t)
+	fake.pid = testutil.StartSleeper(t).Process.Pid
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // Ctrl-C arrived while the GPUs were being locked
 	dir := filepath.Join(t.TempDir(), "img")
@@ -166,7 +145,7 @@ func TestInterruptedCheckpointRollsBack(t *testing.T) {
 func TestGPUProcessRoundTrip(t *testing.T) {
 	fake := &fakeGPU{}
 	e := newEngine(t, fake)
-	fake.pid = startSleeper(t)
+	fake.pid = testutil.StartSleeper(t).Process.Pid
 	dir := filepath.Join(t.TempDir(), "img")
 	m, err := e.Checkpoint(context.Background(), e.Tree(fake.pid), CheckpointRequest{Dir: dir, LockTimeout: time.Second})
 	if err != nil {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // stagedFiles is what the tests put in an image: nested, empty and multi-buffer files.
@@ -384,7 +386,7 @@ func TestLoadRejects(t *testing.T) {
 			mpath := filepath.Join(dir, ManifestName)
 			switch {
 			case tt.raw == "-":
-				editManifestOnly(t, mpath, func(m map[string]any) { m["rootPid"] = 2 })
+				testutil.EditJSON(t, mpath, func(m map[string]any) { m["rootPid"] = 2 })
 			case tt.raw == "no seal":
 				if err := os.Remove(filepath.Join(dir, SealName)); err != nil {
 					t.Fatal(err)
@@ -456,33 +458,13 @@ func setPath(m map[string]any, p string) {
 // what is tested is the check of the content behind the seal.
 func editManifest(t *testing.T, path string, edit func(map[string]any)) {
 	t.Helper()
-	editManifestOnly(t, path, edit)
+	testutil.EditJSON(t, path, edit)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	sum := sha256.Sum256(b)
 	if err := os.WriteFile(filepath.Join(filepath.Dir(path), SealName), []byte(hex.EncodeToString(sum[:])+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// editManifestOnly changes the manifest and leaves its seal as it was.
-func editManifestOnly(t *testing.T, path string, edit func(map[string]any)) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	edit(m)
-	if b, err = json.Marshal(m); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
 }

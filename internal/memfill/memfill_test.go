@@ -9,7 +9,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -26,6 +25,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 func encode(t *testing.T, path, magic string, msgs ...proto.Message) {
@@ -264,14 +264,7 @@ func TestSelectOwnMemory(t *testing.T) {
 // A process gives up a mapping that a descendant maps too: here a 32 MiB mapping of this
 // process laid over the address of a child's stack.
 func TestSelectLeavesWhatAChildMapsToCRIU(t *testing.T) {
-	child := exec.Command("sleep", "60")
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		_ = child.Process.Kill()
-		_ = child.Wait() // killed: the status says nothing
-	}()
+	child := testutil.StartSleeper(t)
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", child.Process.Pid))
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/gpucr/gpucr/internal/store"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // Fixed test credentials of every server this package starts; they guard nothing but a
@@ -68,10 +69,7 @@ func Start(t testing.TB) *Server {
 	t.Helper()
 	bin := Binary()
 	if bin == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI needs the minio server: run scripts/install-minio.sh (make deps)")
-		}
-		t.Skip("no minio server: run scripts/install-minio.sh (make deps)")
+		testutil.SkipOrFail(t, "no minio server: run scripts/install-minio.sh (make deps)")
 	}
 	addr, console := FreeAddr(t), FreeAddr(t)
 	cmd := exec.Command(bin, "server", "--quiet", "--address", addr, "--console-address", console, t.TempDir())
