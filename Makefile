@@ -12,7 +12,8 @@ GOLANGCI_LINT ?= $(GPUCR_BUILD_CACHE)/golangci-lint/bin/golangci-lint
 all: build
 
 deps:
-	bash scripts/install-deps.sh && bash scripts/install-minio.sh && bash scripts/install-lint.sh
+	bash scripts/install-deps.sh && bash scripts/install-minio.sh && bash scripts/install-checkpointctl.sh && \
+		bash scripts/install-lint.sh
 
 build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/gpucr ./cmd/gpucr

@@ -15,7 +15,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 	"github.com/gpucr/gpucr/internal/criuimg"
-	"github.com/gpucr/gpucr/internal/cuda"
+	"github.com/gpucr/gpucr/internal/gpu/nvidia/cuda"
 )
 
 type config struct {

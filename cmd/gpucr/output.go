@@ -22,6 +22,9 @@ const (
 	exitNotReady = 3
 )
 
+// jsonSchema is the version of the --json output that docs/json.md describes.
+const jsonSchema = 3
+
 // usageError marks errors in what the user asked for.
 type usageError struct{ error }
 
@@ -40,8 +43,13 @@ func exitCode(err error) int {
 }
 
 // notReadyError is a host that cannot do what was asked (not root, no CRIU or too old a
-// one, `gpucr check`'s findings): exit code 3, with reason as the whole message.
-type notReadyError struct{ reason string }
+// one, `gpucr check`'s findings): exit code 3, with reason as the whole message. reported
+// says the verb's own output (`gpucr check`'s report) already said so, and --json must not
+// print a second document.
+type notReadyError struct {
+	reason   string
+	reported bool
+}
 
 func (n notReadyError) Error() string { return n.reason }
 
