@@ -4,22 +4,29 @@ VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X main.version=$(VERSION)
 # go-nvml's cgo bindings use NVML calls that its header marks deprecated: keep builds quiet.
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
+GPUCR_BUILD_CACHE ?= /var/cache/gpucr-build
+GOLANGCI_LINT ?= $(GPUCR_BUILD_CACHE)/golangci-lint/bin/golangci-lint
 
-.PHONY: all deps build test fuzz demo bundle clean
+.PHONY: all deps build lint test fuzz demo bundle clean
 
 all: build
 
 deps:
-	bash scripts/install-deps.sh && bash scripts/install-minio.sh && bash scripts/install-checkpointctl.sh
+	bash scripts/install-deps.sh && bash scripts/install-minio.sh && bash scripts/install-checkpointctl.sh && \
+		bash scripts/install-lint.sh
 
 build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/gpucr ./cmd/gpucr
 	$(GO) build -o bin/counter ./test/workloads/counter
 	$(GO) build -o bin/gpucr-bench ./cmd/gpucr-bench
 
-test: build
+# lint: gofmt, go vet and golangci-lint (.golangci.yml) over the whole tree.
+lint: deps
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+	$(GOLANGCI_LINT) run ./...
+
+test: build lint
 	$(GO) test -count=1 -timeout 20m ./...
 	GO=$(GO) bash scripts/fuzz.sh
 

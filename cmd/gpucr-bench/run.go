@@ -13,6 +13,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dustin/go-humanize"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu/nvidia/cuda"
 )
@@ -88,8 +89,8 @@ func run(cfg config) ([]Run, error) {
 					if err != nil {
 						return runs, fmt.Errorf("%s in %s, %s rep %d: %w", w.Name, dir, m, rep, err)
 					}
-					log.Printf("%s in %s %-8s rep %d: checkpoint %.2fs restore %.2fs image %.1f GiB verified=%v",
-						w.Name, dir, m, rep, r.Checkpoint, r.Restore, float64(r.ImageBytes)/(1<<30), r.Verified)
+					log.Printf("%s in %s %-8s rep %d: checkpoint %.2fs restore %.2fs image %s verified=%v",
+						w.Name, dir, m, rep, r.Checkpoint, r.Restore, humanize.IBytes(uint64(r.ImageBytes)), r.Verified)
 				}
 			}
 		}

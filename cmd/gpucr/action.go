@@ -50,7 +50,7 @@ func (a *app) criuActionCmd() *cobra.Command {
 				return container.PostRestore(cmd.Context(), os.Getenv, work, o, log)
 			}
 			var backends []gpu.Backend
-			if os.Getenv(container.SkipEnv) != "skip" { // probing the driver costs time
+			if os.Getenv(container.ActionSkipEnv) != "skip" { // probing the driver costs time
 				backends, _ = gpu.Probe(a.gpuConfig(""))
 			}
 			exe, err := os.Executable()

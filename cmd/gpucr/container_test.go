@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // These tests checkpoint and restore real runc containers with real CRIU: through gpucr,
@@ -37,10 +38,7 @@ func needRunc(t *testing.T) (runc, criuPath string) {
 		why = err.Error()
 	}
 	if why != "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI needs runc, busybox and CRIU: %s", why)
-		}
-		t.Skip(why)
+		testutil.SkipOrFail(t, why)
 	}
 	return runc, d.Path
 }
@@ -120,7 +118,7 @@ func containerID(t *testing.T, runc, name string) string {
 	id := fmt.Sprintf("gpucr-test-%d-%s", os.Getpid(), name)
 	t.Cleanup(func() {
 		_ = exec.Command(runc, "delete", "--force", id).Run()
-		reap()
+		testutil.Reap()
 	})
 	return id
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -201,15 +202,15 @@ func TestKilledRestoreLeavesNothingOrAWholeWorkload(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			host, w, dir := crashSetup(t, drv)
 			mustGpucrEnv(t, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
-			waitGone(t, w.pid)
+			testutil.WaitGone(t, w.pid)
 			frozen := w.read(t, "count")
 			killedAt(t, point, drv.env, append([]string{"restore", "-D", dir}, host.flags()...)...)
 			host.checkClean(t)
-			t.Cleanup(func() { killAndReap(w.pid) })
-			if !alive(w.pid) {
+			t.Cleanup(func() { testutil.KillAndReap(w.pid) })
+			if !testutil.Alive(w.pid) {
 				// Nothing running: the image restores as if nothing had happened, once the
 				// killed tasks are reaped (by us: the subreaper they were left to).
-				waitGone(t, w.pid)
+				testutil.WaitGone(t, w.pid)
 				mustGpucrEnv(t, drv.env, append([]string{"restore", "-D", dir}, host.flags()...)...)
 			}
 			untraced(t, w.pid)

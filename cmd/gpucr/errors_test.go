@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // sharedImage checkpoints one counter for the corruption tests to copy and damage.
@@ -18,7 +22,7 @@ func sharedImage(t *testing.T) (dir string, w *workload) {
 	w = startCounter(t, "-mib", "4")
 	dir = filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	return dir, w
 }
 
@@ -46,26 +50,6 @@ func largestPagesFile(t *testing.T, dir string) string {
 	return best
 }
 
-func editManifest(t *testing.T, dir string, edit func(map[string]any)) {
-	t.Helper()
-	p := filepath.Join(dir, "manifest.json")
-	b, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	edit(m)
-	if b, err = json.Marshal(m); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestDamagedImagesAreNeverRestored(t *testing.T) {
 	needCRIU(t)
 	good, w := sharedImage(t)
@@ -88,9 +72,13 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			}
 			defer f.Close()
 			b := make([]byte, 1)
-			f.ReadAt(b, 4096)
+			if _, err := f.ReadAt(b, 4096); err != nil {
+				t.Fatal(err)
+			}
 			b[0] ^= 0x40
-			f.WriteAt(b, 4096)
+			if _, err := f.WriteAt(b, 4096); err != nil {
+				t.Fatal(err)
+			}
 		}, "checksum"},
 		{"missing file", func(t *testing.T, dir string) {
 			os.Remove(filepath.Join(dir, "criu", "pstree.img"))
@@ -99,10 +87,12 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			os.Remove(filepath.Join(dir, "manifest.json"))
 		}, "not a gpucr image"},
 		{"newer format", func(t *testing.T, dir string) {
-			editManifest(t, dir, func(m map[string]any) { m["formatVersion"] = 99 })
+			testutil.EditJSON(t, filepath.Join(dir, "manifest.json"), func(m map[string]any) { m["formatVersion"] = 99 })
 		}, "newer"},
 		{"garbled manifest", func(t *testing.T, dir string) {
-			os.WriteFile(filepath.Join(dir, "manifest.json"), []byte("{\"formatVersion\": 1, "), 0o644)
+			if err := os.WriteFile(filepath.Join(dir, "manifest.json"), []byte("{\"formatVersion\": 1, "), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}, "manifest.json"},
 	}
 	for _, c := range cases {
@@ -129,7 +119,7 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			if now := w.read(t, "count"); now != count {
 				t.Fatalf("the counter ran from the damaged image: count %d, was %d", now, count)
 			}
-			waitReaped(t, w.pid)
+			testutil.WaitReaped(t, w.pid)
 		})
 	}
 	// The undamaged original still restores: the failures above were the damage's.
@@ -141,9 +131,12 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 	w := startCounter(t)
 	pid := strconv.Itoa(w.pid)
 	notEmpty := t.TempDir()
-	os.WriteFile(filepath.Join(notEmpty, "x"), nil, 0o644)
 	aFile := filepath.Join(t.TempDir(), "file")
-	os.WriteFile(aFile, nil, 0o644)
+	for _, f := range []string{filepath.Join(notEmpty, "x"), aFile} {
+		if err := os.WriteFile(f, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 	readOnly := t.TempDir()
 	if err := syscall.Mount("tmpfs", readOnly, "tmpfs", syscall.MS_RDONLY, "size=1m"); err != nil {
 		t.Fatalf("mount a read-only tmpfs: %v", err)
@@ -190,7 +183,7 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 			}
 		})
 	}
-	if !alive(w.pid) {
+	if !testutil.Alive(w.pid) {
 		t.Fatal("the workload died from a refused checkpoint")
 	}
 	if entries, _ := os.ReadDir(filepath.Dir(aFile)); len(entries) != 1 {
@@ -204,10 +197,7 @@ const oldCRIU = "/var/cache/gpucr-build/old-criu/usr/sbin/criu"
 func TestOldCRIUIsRefused(t *testing.T) {
 	needCRIU(t)
 	if _, err := os.Stat(oldCRIU); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("CI needs %s (make deps): %v", oldCRIU, err)
-		}
-		t.Skip(err)
+		testutil.SkipOrFail(t, fmt.Sprintf("no old CRIU (make deps): %v", err))
 	}
 	w := startCounter(t)
 	for _, args := range [][]string{
@@ -219,7 +209,7 @@ func TestOldCRIUIsRefused(t *testing.T) {
 			t.Errorf("gpucr %s with criu 3.17: exit %d:\n%s", args[0], code, out)
 		}
 	}
-	if !alive(w.pid) {
+	if !testutil.Alive(w.pid) {
 		t.Fatal("workload died")
 	}
 }
@@ -255,11 +245,11 @@ func TestNotRootIsRefused(t *testing.T) {
 	cmd := exec.Command(bin.gpucr, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(os.TempDir(), "gpucr-never"))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
-	ee, ok := err.(*exec.ExitError)
-	if !ok || ee.ExitCode() != exitNotReady || !strings.Contains(string(out), "root") {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitNotReady || !strings.Contains(string(out), "root") {
 		t.Fatalf("as nobody: %v: %s", err, out)
 	}
-	if !alive(w.pid) {
+	if !testutil.Alive(w.pid) {
 		t.Fatal("workload died")
 	}
 }
@@ -283,7 +273,7 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 	bin.counter = saved
 	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 
 	if err := os.Rename(prog, prog+".away"); err != nil {
 		t.Fatal(err)
@@ -292,7 +282,7 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 	if code != 1 || !oneLineWith(out, "a file the image needs is missing on this host: "+prog) {
 		t.Fatalf("restore without %s: exit %d:\n%s", prog, code, out)
 	}
-	if alive(w.pid) {
+	if testutil.Alive(w.pid) {
 		t.Fatal("restore went ahead without the file")
 	}
 	if err := os.Rename(prog+".away", prog); err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // plainCRIURestore restores the CRIU images at criuDir with CRIU alone, detached, as
@@ -40,7 +41,7 @@ func TestPlainCRIURestoresFoldedAndCompatibleImages(t *testing.T) {
 	if saved, _ := filepath.Glob(filepath.Join(dir, "mem", "*.img")); len(saved) == 0 {
 		t.Fatal("gpucr saved no memory itself: nothing to fold")
 	}
-	killAndReap(w.pid)
+	testutil.KillAndReap(w.pid)
 
 	folded := filepath.Join(t.TempDir(), "folded")
 	var fo foldOutput
@@ -63,13 +64,13 @@ func TestPlainCRIURestoresFoldedAndCompatibleImages(t *testing.T) {
 
 	compat := filepath.Join(t.TempDir(), "compat")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", compat, "--criu-compatible")
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	if saved, _ := filepath.Glob(filepath.Join(compat, "mem", "*")); len(saved) > 0 {
 		t.Errorf("--criu-compatible saved memory in mem/: %v", saved)
 	}
 	frozen = w.read(t, "count")
 	plainCRIURestore(t, filepath.Join(compat, "criu"))
-	t.Cleanup(func() { killAndReap(w.pid) })
+	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
 	w.waitCount(t, frozen+3)
 	if v := w.verify(t, w.pid); v != "ok" {
 		t.Fatalf("memory after plain CRIU restored a --criu-compatible image: %s", v)

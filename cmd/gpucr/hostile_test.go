@@ -12,11 +12,13 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/store/chunked"
-	"golang.org/x/sys/unix"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // Images changed after their checkpoint and sealed again, as whoever can write an image (an
@@ -33,7 +35,7 @@ func TestCraftedImagesAreRefused(t *testing.T) {
 		want   string
 	}{
 		{"memory for a process outside the tree", func(t *testing.T, staged string) {
-			write(t, filepath.Join(staged, criuimg.MemDir, criuimg.MemName(bystander.pid, 0x10000)), make([]byte, 4096))
+			testutil.WriteFile(t, filepath.Join(staged, criuimg.MemDir, criuimg.MemName(bystander.pid, 0x10000)), make([]byte, 4096))
 		}, "not in the image's tree"},
 		{"pages file shorter than its pagemap", func(t *testing.T, staged string) {
 			p := largestPagesFile(t, staged)
@@ -54,7 +56,7 @@ func TestCraftedImagesAreRefused(t *testing.T) {
 			if code == 0 || !oneLineWith(out, tc.want) {
 				t.Fatalf("restore: exit %d, want one line naming %q:\n%s", code, tc.want, out)
 			}
-			if alive(w.pid) {
+			if testutil.Alive(w.pid) {
 				t.Fatal("a process of the refused image runs")
 			}
 			bystander.checkRunsOn(t, tc.name)
@@ -67,7 +69,7 @@ func TestCraftedImagesAreRefused(t *testing.T) {
 	// when the seal is left alone.
 	for name, add := range map[string]func(dir string){
 		"unlisted file": func(dir string) {
-			write(t, filepath.Join(dir, criuimg.MemDir, criuimg.MemName(bystander.pid, 0x1000)), make([]byte, 4096))
+			testutil.WriteFile(t, filepath.Join(dir, criuimg.MemDir, criuimg.MemName(bystander.pid, 0x1000)), make([]byte, 4096))
 		},
 		"symlink to a host file": func(dir string) {
 			if err := os.Symlink("/etc/shadow", filepath.Join(dir, "criu", "ghost.img")); err != nil {
@@ -82,20 +84,10 @@ func TestCraftedImagesAreRefused(t *testing.T) {
 			if code == 0 || !strings.Contains(out, "image file") {
 				t.Fatalf("restore: exit %d:\n%s", code, out)
 			}
-			if alive(w.pid) {
+			if testutil.Alive(w.pid) {
 				t.Fatal("a process of the refused image runs")
 			}
 		})
-	}
-}
-
-func write(t *testing.T, path string, b []byte) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
 	}
 }
 
@@ -103,17 +95,21 @@ func write(t *testing.T, path string, b []byte) {
 // (here an action script that sleeps, read from CRIU's config file) — does not hang gpucr:
 // SIGTERM ends the restore with one line, CRIU is killed, nothing of the restore is left
 // running, the image is unchanged and restores once CRIU behaves.
+// hangScript is a CRIU action script that hangs at the action named by $HANG_AT, after
+// writing its own PID to $CRIU_PID.script and CRIU's to $CRIU_PID.
+const hangScript = "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = \"$HANG_AT\" ] || exit 0\necho $$ > \"$CRIU_PID.script\"\necho $PPID > \"$CRIU_PID\"\nexec sleep 1000\n"
+
 func TestInterruptedRestoreOfAHungCRIU(t *testing.T) {
 	needCRIU(t)
 	dir, w := sharedImage(t)
 	tmp := t.TempDir()
 	script := filepath.Join(tmp, "hang.sh")
-	write(t, script, []byte("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = \"$HANG_AT\" ] || exit 0\necho $$ > \"$CRIU_PID.script\"\necho $PPID > \"$CRIU_PID\"\nexec sleep 1000\n"))
+	testutil.WriteFile(t, script, []byte(hangScript))
 	if err := os.Chmod(script, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	conf := filepath.Join(tmp, "criu.conf")
-	write(t, conf, []byte("action-script "+script+"\n"))
+	testutil.WriteFile(t, conf, []byte("action-script "+script+"\n"))
 	for _, at := range []string{"pre-restore", "post-restore"} {
 		t.Run(at, func(t *testing.T) {
 			criuPID := filepath.Join(tmp, at+".pid")
@@ -126,7 +122,7 @@ func TestInterruptedRestoreOfAHungCRIU(t *testing.T) {
 				t.Fatal(err)
 			}
 			criu := waitPIDFile(t, criuPID)
-			t.Cleanup(func() { killAndReap(waitPIDFile(t, criuPID+".script")) })
+			t.Cleanup(func() { testutil.KillAndReap(waitPIDFile(t, criuPID+".script")) })
 			err := signalAndWait(t, cmd, syscall.SIGTERM, &out)
 			if err == nil || !oneLineWith(out.String(), "CRIU was stopped") {
 				t.Fatalf("restore: %v, want one line saying CRIU was stopped:\n%s", err, out.String())
@@ -140,9 +136,9 @@ func TestInterruptedRestoreOfAHungCRIU(t *testing.T) {
 			mustGpucr(t, "verify", dir)
 		})
 	}
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	mustGpucr(t, "restore", "-D", dir)
-	t.Cleanup(func() { killAndReap(w.pid) })
+	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
 	if v := w.verify(t, w.pid); v != "ok" {
 		t.Fatalf("memory after the restore: %s", v)
 	}
@@ -156,10 +152,10 @@ func TestInterruptedContainerRestoreOfAHungCRIU(t *testing.T) {
 	_, realCRIU := needRunc(t)
 	tmp := t.TempDir()
 	hang := filepath.Join(tmp, "hang.sh")
-	write(t, hang, []byte("#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = \"$HANG_AT\" ] || exit 0\necho $$ > \"$CRIU_PID.script\"\necho $PPID > \"$CRIU_PID\"\nexec sleep 1000\n"))
+	testutil.WriteFile(t, hang, []byte(hangScript))
 	// CRIU as runc starts it, with the hang script added to the configuration gpucr gives it.
 	wrapper := filepath.Join(tmp, "criu")
-	write(t, wrapper, []byte(fmt.Sprintf("#!/bin/sh\nif [ -n \"$CRIU_CONFIG_FILE\" ] && [ -n \"$HANG_AT\" ]; then\n"+
+	testutil.WriteFile(t, wrapper, []byte(fmt.Sprintf("#!/bin/sh\nif [ -n \"$CRIU_CONFIG_FILE\" ] && [ -n \"$HANG_AT\" ]; then\n"+
 		"  c=%s/conf.$$\n  { cat \"$CRIU_CONFIG_FILE\"; echo 'action-script %s'; } > $c\n  export CRIU_CONFIG_FILE=$c\nfi\nexec %s \"$@\"\n",
 		tmp, hang, realCRIU)))
 	for _, f := range []string{hang, wrapper} {
@@ -185,7 +181,7 @@ func TestInterruptedContainerRestoreOfAHungCRIU(t *testing.T) {
 					t.Fatal(err)
 				}
 				criu, script := waitPIDFile(t, criuPID), waitPIDFile(t, criuPID+".script")
-				t.Cleanup(func() { killAndReap(script); killAndReap(criu) })
+				t.Cleanup(func() { testutil.KillAndReap(script); testutil.KillAndReap(criu) })
 				err := signalAndWait(t, cmd, sig, &out)
 				if sig == syscall.SIGKILL {
 					host.checkClean(t)
@@ -193,7 +189,7 @@ func TestInterruptedContainerRestoreOfAHungCRIU(t *testing.T) {
 					t.Fatalf("restore: %v, want one line saying runc and CRIU were stopped:\n%s", err, out.String())
 				}
 				for _, pid := range []int{criu, script} {
-					if !exitedWithin(pid, 5*time.Second) {
+					if !testutil.ExitedWithin(pid, 5*time.Second) {
 						t.Errorf("process %d of the hung restore still runs after it ended", pid)
 					}
 				}
@@ -224,7 +220,7 @@ func signalAndWait(t *testing.T, cmd *exec.Cmd, sig syscall.Signal, out *strings
 	case err := <-done:
 		return err
 	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
+		_ = cmd.Process.Kill() // the test fails either way; the kill only ends the hung gpucr
 		t.Fatalf("gpucr did not end within 30 s of %v:\n%s", sig, out.String())
 		return nil
 	}
@@ -279,7 +275,7 @@ func TestTamperedStoreManifestIsRefused(t *testing.T) {
 	if b, err = json.Marshal(m); err != nil {
 		t.Fatal(err)
 	}
-	write(t, obj, b)
+	testutil.WriteFile(t, obj, b)
 	for name, args := range map[string][]string{
 		"pull":           {"pull", loc, filepath.Join(t.TempDir(), "pulled")},
 		"restore --from": {"restore", "--from", loc, "-D", filepath.Join(t.TempDir(), "pulled")},
@@ -293,7 +289,7 @@ func TestTamperedStoreManifestIsRefused(t *testing.T) {
 				t.Fatalf("%s left %s: %v", name, dest, err)
 			}
 		}
-		if alive(w.pid) {
+		if testutil.Alive(w.pid) {
 			t.Fatalf("%s: a process of the refused image runs", name)
 		}
 	}

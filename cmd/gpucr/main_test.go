@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // These tests run the real gpucr binary against real CRIU on real process trees. They need
@@ -57,13 +59,9 @@ func needCRIU(t *testing.T) {
 	} else if _, code := gpucr(t, "check"); code != 0 {
 		why = "gpucr check says the host is not ready (run make deps)"
 	}
-	if why == "" {
-		return
+	if why != "" {
+		testutil.SkipOrFail(t, why)
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI needs root and CRIU: %s", why)
-	}
-	t.Skip(why)
 }
 
 // gpucr runs the binary and returns its stdout+stderr and exit code.
@@ -110,7 +108,7 @@ func startCounter(t *testing.T, args ...string) *workload {
 	}
 	w.pid = w.cmd.Process.Pid
 	go w.cmd.Wait() //nolint:errcheck // reaps the original when CRIU kills it
-	t.Cleanup(func() { killAndReap(w.pid) })
+	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
 	w.waitCount(t, 1)
 	return w
 }
@@ -166,58 +164,12 @@ func (w *workload) verify(t *testing.T, pid int) string {
 // memory pattern intact.
 func (w *workload) checkRunsOn(t *testing.T, what string) {
 	t.Helper()
-	if !alive(w.pid) {
+	if !testutil.Alive(w.pid) {
 		t.Fatalf("the workload died after %s", what)
 	}
 	w.waitCount(t, w.read(t, "count")+3)
 	if v := w.verify(t, w.pid); v != "ok" {
 		t.Fatalf("memory after %s: %s", what, v)
-	}
-}
-
-func alive(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	return err == nil && !strings.Contains(string(b), ") Z ")
-}
-
-// waitGone waits until pid has exited.
-func waitGone(t *testing.T, pid int) {
-	t.Helper()
-	if !exitedWithin(pid, 10*time.Second) {
-		t.Fatalf("process %d is still alive", pid)
-	}
-}
-
-// exitedWithin reports whether pid exits (a zombie counts) within limit, reaping what was
-// re-parented to the test meanwhile.
-func exitedWithin(pid int, limit time.Duration) bool {
-	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		reap()
-		if !alive(pid) {
-			return true
-		}
-	}
-	return false
-}
-
-// killAndReap kills a tree's root and children (by process group: the counter is a
-// session leader) and reaps what was re-parented to us.
-func killAndReap(pid int) {
-	_ = syscall.Kill(-pid, syscall.SIGKILL)
-	_ = syscall.Kill(pid, syscall.SIGKILL)
-	for i := 0; i < 100 && alive(pid); i++ {
-		reap()
-		time.Sleep(10 * time.Millisecond)
-	}
-	reap()
-}
-
-func reap() {
-	for {
-		pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
-		if pid <= 0 || err != nil {
-			return
-		}
 	}
 }
 

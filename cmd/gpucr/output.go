@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dustin/go-humanize"
+
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
@@ -40,8 +42,10 @@ func exitCode(err error) int {
 	return exitFailed
 }
 
-// notReadyError is the host found not ready; reported says the verb's own output (`gpucr
-// check`'s report) already said so, and --json must not print a second document.
+// notReadyError is a host that cannot do what was asked (not root, no CRIU or too old a
+// one, `gpucr check`'s findings): exit code 3, with reason as the whole message. reported
+// says the verb's own output (`gpucr check`'s report) already said so, and --json must not
+// print a second document.
 type notReadyError struct {
 	reason   string
 	reported bool
@@ -63,18 +67,9 @@ func (a *app) emit(v any, text func()) error {
 	return err
 }
 
-func bytesHuman(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := uint64(unit), 0
-	for m := n / unit; m >= unit; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
-}
+// bytesHuman is how the CLI writes a size: in binary units (64 MiB, 1.5 GiB), the units GPU
+// memory and pages come in.
+func bytesHuman(n uint64) string { return humanize.IBytes(n) }
 
 func seconds(d time.Duration) string { return fmt.Sprintf("%.2fs", d.Seconds()) }
 

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/meter"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // fakeClock is a progress's clock that moves only when told.
@@ -59,9 +60,9 @@ func TestProgressLinesEveryInterval(t *testing.T) {
 	p.Done("memory-save", 10*time.Second)
 	got := linesOf(&out)
 	want := []string{
-		`msg=progress phase=memory-save elapsed=5s done="25.0 MiB" total="100.0 MiB" percent=25 rate="5.0 MiB/s" eta=15s`,
-		`msg=progress phase=memory-save elapsed=10s done="50.0 MiB" total="100.0 MiB" percent=50 rate="5.0 MiB/s" eta=10s`,
-		`msg="phase done" phase=memory-save took=10s done="50.0 MiB" rate="5.0 MiB/s"`,
+		`msg=progress phase=memory-save elapsed=5s done="25 MiB" total="100 MiB" percent=25 rate="5.0 MiB/s" eta=15s`,
+		`msg=progress phase=memory-save elapsed=10s done="50 MiB" total="100 MiB" percent=50 rate="5.0 MiB/s" eta=10s`,
+		`msg="phase done" phase=memory-save took=10s done="50 MiB" rate="5.0 MiB/s"`,
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %d lines, want %d:\n%s", len(got), len(want), out.String())
@@ -156,7 +157,7 @@ func TestProgressBar(t *testing.T) {
 	p.mu.Unlock()
 	p.Done("memory-save", 2*time.Second)
 	got := out.String()
-	for _, want := range []string{"memory-save", "(16/64 MiB", "25%", "\r\033[K  memory-save 2.00s  16.0 MiB at 8.0 MiB/s\n"} {
+	for _, want := range []string{"memory-save", "(16/64 MiB", "25%", "\r\033[K  memory-save 2.00s  16 MiB at 8.0 MiB/s\n"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("no %q in the terminal's output %q", want, got)
 		}
@@ -193,7 +194,7 @@ func TestLongPhasesLogProgressOffATerminal(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("checkpoint: exit %d\n%s", code, stderr)
 	}
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	var ck checkpointOutput
 	if err := json.Unmarshal([]byte(stdout), &ck); err != nil {
 		t.Errorf("stdout is not one JSON document: %q (%v)", stdout, err)
@@ -212,7 +213,7 @@ func TestLongPhasesLogProgressOffATerminal(t *testing.T) {
 	if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != 0 {
 		t.Fatalf("restore: exit %d, stdout %q (%v)\n%s", code, stdout, err, stderr)
 	}
-	t.Cleanup(func() { killAndReap(r.RootPID) })
+	t.Cleanup(func() { testutil.KillAndReap(r.RootPID) })
 	if r.RootPID != w.pid {
 		t.Errorf("restore says rootPid %d, want %d (a tree gets its PIDs back)", r.RootPID, w.pid)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/store/storetest"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // gpucrEnv runs the binary with extra environment and returns its stdout, stderr and exit code.
@@ -47,7 +48,7 @@ func mustGpucrEnv(t *testing.T, env []string, args ...string) string {
 func sameFiles(t *testing.T, want, got string) {
 	t.Helper()
 	var wantN, gotN int
-	filepath.WalkDir(want, func(p string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(want, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
@@ -60,12 +61,18 @@ func sameFiles(t *testing.T, want, got string) {
 		}
 		return nil
 	})
-	filepath.WalkDir(got, func(_ string, d fs.DirEntry, err error) error {
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = filepath.WalkDir(got, func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
 			gotN++
 		}
 		return err
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if wantN != gotN || wantN == 0 {
 		t.Errorf("pulled %d files, want %d", gotN, wantN)
 	}
@@ -140,8 +147,8 @@ func TestPushPullRealCheckpoints(t *testing.T) {
 	sameFiles(t, dirs[0], localPulled)
 
 	// The pulled image restores: the counter goes on from the second checkpoint.
-	killAndReap(w.pid)
-	waitGone(t, w.pid)
+	testutil.KillAndReap(w.pid)
+	testutil.WaitGone(t, w.pid)
 	os.Remove(filepath.Join(w.dir, "count"))
 	pid := restore(t, pulled)
 	if c := w.waitCount(t, 1); c > at+50 {
@@ -237,7 +244,7 @@ func TestCheckpointToAndRestoreFrom(t *testing.T) {
 	if st := ck.CRIUStats; st == nil || st.PagesWritten == 0 || st.Frozen <= 0 || st.PagesScanned < st.PagesWritten {
 		t.Errorf("CRIU's dump statistics: %+v", ck.CRIUStats)
 	}
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	at := w.read(t, "count")
 
 	dir := filepath.Join(t.TempDir(), "pulled")
@@ -249,7 +256,7 @@ func TestCheckpointToAndRestoreFrom(t *testing.T) {
 	if st := rs.CRIUStats; st == nil || st.Restore <= 0 {
 		t.Errorf("CRIU's restore statistics: %+v", rs.CRIUStats)
 	}
-	t.Cleanup(func() { killAndReap(rs.RootPID) })
+	t.Cleanup(func() { testutil.KillAndReap(rs.RootPID) })
 	w.waitCount(t, at+5)
 	if v := w.verify(t, rs.RootPID); v != "ok" {
 		t.Fatalf("memory after restore --from: %s", v)

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // restored parses the root PID out of `gpucr restore --json`.
@@ -22,10 +23,14 @@ func restore(t *testing.T, dir string, args ...string) int {
 	var r struct {
 		RootPID int `json:"rootPid"`
 	}
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &r); err != nil {
+	i := strings.Index(out, "{")
+	if i < 0 {
+		t.Fatalf("restore printed no JSON:\n%s", out)
+	}
+	if err := json.Unmarshal([]byte(out[i:]), &r); err != nil {
 		t.Fatalf("restore output: %v\n%s", err, out)
 	}
-	t.Cleanup(func() { killAndReap(r.RootPID) })
+	t.Cleanup(func() { testutil.KillAndReap(r.RootPID) })
 	return r.RootPID
 }
 
@@ -38,7 +43,7 @@ func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 	if !strings.Contains(out, "checkpointed PID "+strconv.Itoa(w.pid)) {
 		t.Errorf("summary: %s", out)
 	}
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	frozen := w.read(t, "count")
 	if frozen < before {
 		t.Fatalf("count went back: %d < %d", frozen, before)
@@ -86,7 +91,7 @@ func restoreCounts(t *testing.T, w *workload, dir string, frozen int, flags ...s
 	if err := json.Unmarshal([]byte(mustGpucr(t, append([]string{"restore", "--json", "-D", dir}, flags...)...)), &rs); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { killAndReap(rs.RootPID) })
+	t.Cleanup(func() { testutil.KillAndReap(rs.RootPID) })
 	if rs.RootPID != w.pid {
 		t.Errorf("restored PID %d, want the original %d", rs.RootPID, w.pid)
 	}
@@ -108,7 +113,7 @@ func TestCRIUMovesAllPagesWhenAsked(t *testing.T) {
 	if saved, _ := filepath.Glob(filepath.Join(dir, "mem", "*")); len(saved) > 0 {
 		t.Errorf("gpucr saved memory itself with --criu-writes-pages: %v", saved)
 	}
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	if restoreCounts(t, w, dir, w.read(t, "count"), "--criu-restores-pages") {
 		t.Error("memory-fill with --criu-restores-pages")
 	}
@@ -123,7 +128,7 @@ func TestSharedMemoryRestores(t *testing.T) {
 	w.waitCount(t, 3)
 	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	shmem, _ := filepath.Glob(filepath.Join(dir, "criu", "pagemap-shmem-*.img"))
 	if len(shmem) == 0 {
 		t.Fatal("no shared-memory pagemap in the image")
@@ -141,7 +146,7 @@ func TestTreeWithPipeRestores(t *testing.T) {
 	w.waitFile(t, "child", 3)
 	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	if saved, _ := filepath.Glob(filepath.Join(dir, "mem", fmt.Sprintf("%d-*.img", w.pid))); len(saved) == 0 {
 		t.Error("gpucr did not save the parent's 64 MiB itself")
 	}
@@ -186,8 +191,8 @@ func TestLeaveRunningThenRestoreAfterKill(t *testing.T) {
 	if out, code := gpucr(t, "restore", "-D", dir); code == 0 || !strings.Contains(out, "in use") {
 		t.Fatalf("restore while the original runs: exit %d: %s", code, out)
 	}
-	killAndReap(w.pid)
-	waitGone(t, w.pid)
+	testutil.KillAndReap(w.pid)
+	testutil.WaitGone(t, w.pid)
 	os.Remove(filepath.Join(w.dir, "count"))
 	pid := restore(t, dir)
 	// The restored counter goes on from the checkpoint, not from where the original died.
@@ -210,14 +215,14 @@ func TestRunLaunchesACheckpointableJob(t *testing.T) {
 	}
 	w.pid = w.cmd.Process.Pid
 	go w.cmd.Wait() //nolint:errcheck // reaps the launcher when CRIU kills it
-	t.Cleanup(func() { killAndReap(w.pid) })
+	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
 	w.waitFile(t, "count.0", 3)
 	w.waitFile(t, "count.1", 3)
 
 	var tree inspectOutput
 	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", dir)), &tree); err != nil {
 		t.Fatal(err)
 	}
@@ -250,11 +255,11 @@ func TestEstablishedTCPConnectionSurvives(t *testing.T) {
 	if out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "refused")); code == 0 || !strings.Contains(out, "tcp-established") {
 		t.Fatalf("checkpoint of a TCP connection without --tcp-established: exit %d: %s", code, out)
 	}
-	if !alive(w.pid) {
+	if !testutil.Alive(w.pid) {
 		t.Fatal("the refused checkpoint killed the workload")
 	}
 	mustGpucr(t, "checkpoint", "--tcp-established", strconv.Itoa(w.pid), "-D", dir)
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	at := w.read(t, "count")
 	restore(t, dir)       // the restore repeats --tcp-established from the image
 	w.waitCount(t, at+10) // each count went through the restored connection

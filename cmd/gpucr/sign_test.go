@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // A signed image restores, pulls and verifies only under a key the user trusts; an image
@@ -49,7 +50,7 @@ func TestSignedImages(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &ck); err != nil || ck.SignedBy != kg.KeyID {
 		t.Fatalf("checkpoint --sign: %v\n%s", err, out)
 	}
-	waitGone(t, w.pid)
+	testutil.WaitGone(t, w.pid)
 	at := w.read(t, "count")
 
 	var v verifyOutput
@@ -62,7 +63,7 @@ func TestSignedImages(t *testing.T) {
 		if code != exitFailed || !oneLineWith(out, want) {
 			t.Fatalf("%s: exit %d, want one line naming %q:\n%s", what, code, want, out)
 		}
-		if alive(w.pid) {
+		if testutil.Alive(w.pid) {
 			t.Fatalf("%s: a process of the refused image runs", what)
 		}
 	}
@@ -80,13 +81,13 @@ func TestSignedImages(t *testing.T) {
 			t.Fatal(err)
 		}
 		b[len(b)/2] ^= 0xff
-		write(t, p, b)
+		testutil.WriteFile(t, p, b)
 	})
 	sig, err := os.ReadFile(filepath.Join(dir, image.SigName))
 	if err != nil {
 		t.Fatal(err)
 	}
-	write(t, filepath.Join(changed, image.SigName), sig)
+	testutil.WriteFile(t, filepath.Join(changed, image.SigName), sig)
 	refused("changed image", "does not match its manifest", "restore", "-D", changed, "--trust", alice+".pub")
 
 	// The signature travels with the image through a store; a pull under the wrong key
@@ -101,7 +102,7 @@ func TestSignedImages(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &rs); err != nil || rs.SignedBy != kg.KeyID {
 		t.Fatalf("restore --from --trust: %v\n%s", err, out)
 	}
-	t.Cleanup(func() { killAndReap(rs.RootPID) })
+	t.Cleanup(func() { testutil.KillAndReap(rs.RootPID) })
 	w.waitCount(t, at+3)
 	if v := w.verify(t, rs.RootPID); v != "ok" {
 		t.Fatalf("memory after a trusted restore: %s", v)

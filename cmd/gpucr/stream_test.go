@@ -8,9 +8,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/gpucr/gpucr/internal/store/storetest"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // smallTmp mounts a tmpfs of size bytes and returns it: a TMPDIR too small for an image.
@@ -20,7 +20,11 @@ func smallTmp(t *testing.T, size int) string {
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+strconv.Itoa(size)); err != nil {
 		t.Fatalf("mount a small tmpfs: %v", err)
 	}
-	t.Cleanup(func() { syscall.Unmount(dir, syscall.MNT_DETACH) })
+	t.Cleanup(func() {
+		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount %s: %v", dir, err)
+		}
+	})
 	return dir
 }
 
@@ -87,9 +91,9 @@ func TestStreamedCheckpointToS3(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", pulled)), &ins); err != nil {
 		t.Fatal(err)
 	}
-	killAndReap(w.pid)
+	testutil.KillAndReap(w.pid)
 	for _, p := range ins.Manifest.Processes {
-		waitReaped(t, p.PID)
+		testutil.WaitReaped(t, p.PID)
 	}
 	os.Remove(filepath.Join(w.dir, "count"))
 	pid := restore(t, pulled)
@@ -99,21 +103,6 @@ func TestStreamedCheckpointToS3(t *testing.T) {
 	if v := w.verify(t, pid); v != "ok" {
 		t.Fatalf("memory after restoring a streamed checkpoint: %s", v)
 	}
-}
-
-// waitReaped waits until pid is gone and reaped, zombie included: the child of a killed
-// tree is re-parented to the test (a subreaper) only once its parent is reaped.
-func waitReaped(t *testing.T, pid int) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		reap()
-		if _, err := os.Stat("/proc/" + strconv.Itoa(pid)); err != nil {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("process %d was never reaped", pid)
 }
 
 // A store that fails while CRIU is sending pages fails the checkpoint: the tree keeps

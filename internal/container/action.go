@@ -74,7 +74,7 @@ type Action struct {
 func (a *Action) Run(ctx context.Context) error {
 	step := a.Getenv(envAction)
 	log := a.Log.With("action", step, "init", a.Getenv(envInitPID), "criu", a.CRIUPID)
-	if a.Getenv(SkipEnv) == "skip" {
+	if a.Getenv(ActionSkipEnv) == "skip" {
 		log.Info("skipped: gpucr drives this runc call and moves the GPU state itself")
 		return nil
 	}

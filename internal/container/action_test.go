@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -94,17 +95,6 @@ func (f *fakeGPU) log() []string {
 	return slices.Clone(f.calls)
 }
 
-// startSleep starts a real process to stand for the container's GPU process.
-func startSleep(t *testing.T) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command("sleep", "60")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	return cmd
-}
-
 type actionEnv struct {
 	act     *Action
 	env     map[string]string
@@ -127,7 +117,7 @@ func newAction(t *testing.T, f *fakeGPU, step string, root int) *actionEnv {
 }
 
 func TestPreDumpLocksRecordsAndStartsWatcherOnce(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
 	a := newAction(t, f, "pre-dump", p.Process.Pid)
 	for range 2 { // CRIU runs the script twice per step
@@ -162,7 +152,7 @@ func TestPreDumpLocksRecordsAndStartsWatcherOnce(t *testing.T) {
 }
 
 func TestPreDumpFailureRollsBackAndAbortsTheDump(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid, failStep: "checkpoint"}
 	a := newAction(t, f, "pre-dump", p.Process.Pid)
 	if err := a.act.Run(context.Background()); err == nil {
@@ -184,7 +174,7 @@ func TestPreDumpFailureRollsBackAndAbortsTheDump(t *testing.T) {
 }
 
 func TestRollBackLeavesKilledTreeAlone(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid, state: gpu.StateCheckpointed}
 	held := filepath.Join(t.TempDir(), "held.json")
 	proc, err := txn.ProcOf(p.Process.Pid)
@@ -195,8 +185,11 @@ func TestRollBackLeavesKilledTreeAlone(t *testing.T) {
 	if err := os.WriteFile(held, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p.Process.Kill() // the dump succeeded and CRIU killed the tree
-	p.Wait()
+	// The dump succeeded and CRIU killed the tree: the exit status says nothing.
+	if err := p.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Wait()
 	if err := RollBack(context.Background(), []gpu.Backend{f}, held, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +199,7 @@ func TestRollBackLeavesKilledTreeAlone(t *testing.T) {
 }
 
 func TestRestoreStepsBringGPUStateBack(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
 	dump := newAction(t, f, "pre-dump", p.Process.Pid)
 	if err := dump.act.Run(context.Background()); err != nil {
@@ -232,7 +225,7 @@ func TestRestoreStepsBringGPUStateBack(t *testing.T) {
 }
 
 func TestPreRestoreRefusesWithoutTheBackend(t *testing.T) {
-	p := startSleep(t)
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
 	dump := newAction(t, f, "pre-dump", p.Process.Pid)
 	if err := dump.act.Run(context.Background()); err != nil {
@@ -246,16 +239,16 @@ func TestPreRestoreRefusesWithoutTheBackend(t *testing.T) {
 	}
 }
 
-func TestSkipEnvLeavesGPUsAlone(t *testing.T) {
-	p := startSleep(t)
+func TestActionSkipEnvLeavesGPUsAlone(t *testing.T) {
+	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
 	a := newAction(t, f, "pre-dump", p.Process.Pid)
-	a.env[SkipEnv] = "skip"
+	a.env[ActionSkipEnv] = "skip"
 	if err := a.act.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if got := f.log(); len(got) != 0 {
-		t.Fatalf("GPU calls %v under %s=skip", got, SkipEnv)
+		t.Fatalf("GPU calls %v under %s=skip", got, ActionSkipEnv)
 	}
 }
 
@@ -287,7 +280,9 @@ func TestWatcherWaitsForCRIU(t *testing.T) {
 	if _, err := os.Stat(out); err == nil {
 		t.Fatal("the watcher did not wait for CRIU to exit")
 	}
-	criu.Wait()
+	if err := criu.Wait(); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		b, err := os.ReadFile(out)

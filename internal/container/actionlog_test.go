@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -18,8 +19,11 @@ func TestOpenLogRotatesAndKeepsAFew(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f.WriteString("run " + strconv.Itoa(i) + " of twelve\n") // past 10 bytes: each run rotates the next
+		_, err = f.WriteString("run " + strconv.Itoa(i) + " of twelve\n") // past 10 bytes: each run rotates the next
 		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
 	}
 	for name, want := range map[string]string{"": "run 5", ".1": "run 4", ".2": "run 3"} {
 		if b, err := os.ReadFile(path + name); err != nil || !strings.HasPrefix(string(b), want) || strings.Count(string(b), "\n") != 1 {
@@ -30,9 +34,15 @@ func TestOpenLogRotatesAndKeepsAFew(t *testing.T) {
 		t.Errorf("a third old log kept: %v", err)
 	}
 
-	f, _ := OpenLog(path, 1<<20, 2) // under the size: appended to
-	f.WriteString("run 6\n")
+	f, err := OpenLog(path, 1<<20, 2) // under the size: appended to
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.WriteString("run 6\n")
 	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if b, _ := os.ReadFile(path); string(b) != "run 5 of twelve\nrun 6\n" {
 		t.Errorf("log under the size: %q", b)
 	}
@@ -45,7 +55,9 @@ func TestTellEngineWritesOnTheEnginesStderr(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.WriteString("engine's own line\n")
+	if _, err := f.WriteString("engine's own line\n"); err != nil {
+		t.Fatal(err)
+	}
 	// The engine (sh) starts "CRIU" (sleep) and tells us its PID.
 	engine := exec.Command("sh", "-c", "sleep 30 & echo $!; wait")
 	engine.Stderr = f
@@ -63,10 +75,9 @@ func TestTellEngineWritesOnTheEnginesStderr(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if p, err := os.FindProcess(criu); err == nil {
-			p.Kill()
-		}
-		engine.Wait()
+		// Killed: neither the kill (CRIU may be gone) nor the engine's status says anything.
+		_ = syscall.Kill(criu, syscall.SIGKILL)
+		_ = engine.Wait()
 	})
 	TellEngine(criu, "gpucr: Error (CRIU action pre-dump): it failed")
 	if b, _ := os.ReadFile(engineErr); string(b) != "engine's own line\ngpucr: Error (CRIU action pre-dump): it failed\n" {

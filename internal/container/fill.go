@@ -58,8 +58,9 @@ func writeVerdict(work string, verified error) {
 		v = verified.Error()
 	}
 	tmp := filepath.Join(work, verdictName+".tmp")
+	// A failure leaves the hook waiting for its owner, which is how a lost verdict is seen.
 	if os.WriteFile(tmp, []byte(v), 0o600) == nil {
-		os.Rename(tmp, filepath.Join(work, verdictName)) // a failure leaves the hook waiting for its owner
+		_ = os.Rename(tmp, filepath.Join(work, verdictName))
 	}
 }
 

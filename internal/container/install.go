@@ -180,7 +180,7 @@ mkdir -p -m 700 "$state" || exit 1
 rc=$?
 echo "$rc" > "$ran"
 exit "$rc"
-`, shellQuote(bin), shellQuote(log), shellQuote(state), SkipEnv, RecordName)
+`, shellQuote(bin), shellQuote(log), shellQuote(state), ActionSkipEnv, RecordName)
 }
 
 // rootOnly checks that path and every directory above it belong to root and are writable by

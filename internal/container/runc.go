@@ -23,10 +23,10 @@ import (
 	"github.com/gpucr/gpucr/internal/proctree"
 )
 
-// SkipEnv, in CRIU's environment, tells gpucr's CRIU action script that gpucr itself moves
-// the GPU state of this checkpoint or restore: with the runc integration installed, runc
-// would otherwise run the script under gpucr's own runc calls and lock the GPUs twice.
-const SkipEnv = "GPUCR_CRIU_ACTION"
+// ActionSkipEnv, in CRIU's environment, tells gpucr's CRIU action script that gpucr itself
+// moves the GPU state of this checkpoint or restore: with the runc integration installed,
+// runc would otherwise run the script under gpucr's own runc calls and lock the GPUs twice.
+const ActionSkipEnv = "GPUCR_CRIU_ACTION"
 
 // ErrRuncMissing means no runc binary was found.
 var ErrRuncMissing = errors.New("runc not found")
@@ -167,7 +167,7 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...str
 		global = append(global, "--criu", r.CRIU)
 	}
 	cmd := exec.CommandContext(ctx, r.Path, append(global, args...)...)
-	cmd.Env = append(append(os.Environ(), SkipEnv+"=skip"), env...)
+	cmd.Env = append(append(os.Environ(), ActionSkipEnv+"=skip"), env...)
 	if args[0] == "restore" {
 		// runc dies with gpucr, so that a killed gpucr's rollback never races a restore
 		// still creating the container. The signal follows the thread that started runc:

@@ -1,6 +1,7 @@
 package container
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // scriptHost is an installed integration whose gpucr is a stand-in that appends each run's
@@ -72,8 +75,8 @@ func holdingGPUDevice(t *testing.T) int {
 	}
 	root := cmd.Process.Pid
 	t.Cleanup(func() {
-		syscall.Kill(-root, syscall.SIGKILL)
-		cmd.Wait()
+		_ = syscall.Kill(-root, syscall.SIGKILL)
+		_ = cmd.Wait() // killed: the status says nothing
 	})
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
@@ -94,7 +97,7 @@ func holdingGPUDevice(t *testing.T) int {
 // step, CRIU running it twice.
 func TestScriptStartsGpucrOnlyForGPUState(t *testing.T) {
 	h := newScriptHost(t)
-	cpu := startSleep(t).Process.Pid
+	cpu := testutil.StartSleeper(t).Process.Pid
 	img := t.TempDir()
 	env := func(init int) []string {
 		return []string{"CRTOOLS_INIT_PID=" + strconv.Itoa(init), "CRTOOLS_IMAGE_DIR=" + img}
@@ -146,8 +149,8 @@ func TestScriptStartsGpucrOnlyForGPUState(t *testing.T) {
 		!strings.Contains(string(b), "--criu-pid "+strconv.Itoa(os.Getpid())) {
 		t.Errorf("gpucr started with %q", b)
 	}
-	if out, err := h.step(t, "pre-dump", append(env(gpuTree), SkipEnv+"=skip")...); err != nil || len(h.ran()) != 3 {
-		t.Errorf("under %s=skip: %v %s, gpucr ran %v", SkipEnv, err, out, h.ran())
+	if out, err := h.step(t, "pre-dump", append(env(gpuTree), ActionSkipEnv+"=skip")...); err != nil || len(h.ran()) != 3 {
+		t.Errorf("under %s=skip: %v %s, gpucr ran %v", ActionSkipEnv, err, out, h.ran())
 	}
 }
 
@@ -163,7 +166,8 @@ func TestScriptRepeatsAFailureWithoutRunningAgain(t *testing.T) {
 	}
 	for i := range 2 {
 		_, err := h.step(t, "pre-restore", "CRTOOLS_IMAGE_DIR="+img)
-		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 3 {
 			t.Fatalf("run %d of a failing pre-restore: %v, want exit 3", i+1, err)
 		}
 	}

@@ -2,12 +2,13 @@ package criu
 
 import (
 	"context"
+	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 func driver(t *testing.T) *Driver {
@@ -16,10 +17,7 @@ func driver(t *testing.T) *Driver {
 	if err == nil && os.Geteuid() == 0 {
 		return d
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI needs root and CRIU: %v", err)
-	}
-	t.Skip("needs root and CRIU")
+	testutil.SkipOrFail(t, fmt.Sprintf("needs root and CRIU: %v", err))
 	return nil
 }
 
@@ -28,17 +26,9 @@ func TestDumpPassesPluginDirAndEnv(t *testing.T) {
 	d := driver(t)
 	pluginDir := filepath.Join(filepath.Dir(filepath.Dir(d.Path)), "lib", "amdgpu")
 	if _, err := os.Stat(filepath.Join(pluginDir, "amdgpu_plugin.so")); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
+		testutil.SkipOrFail(t, err.Error())
 	}
-	cmd := exec.Command("sleep", "100")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	cmd := testutil.StartSleeper(t)
 	dir := t.TempDir()
 	err := d.Dump(context.Background(), DumpRequest{
 		PID: cmd.Process.Pid, ImagesDir: dir, WorkDir: dir, LeaveRunning: true,

@@ -132,7 +132,7 @@ func (e *Error) Unwrap() error { return e.Err }
 // Dump checkpoints the tree rooted at r.PID. CRIU resumes the tree itself when the dump
 // fails, so the workload keeps running; the caller owns everything else.
 func (d *Driver) Dump(ctx context.Context, r DumpRequest, n Notify) error {
-	opts := r.Options.rpc()
+	opts := r.rpc()
 	opts.Pid = proto.Int32(int32(r.PID))
 	opts.LeaveRunning = proto.Bool(r.LeaveRunning)
 	opts.LogFile = proto.String(DumpLog)
@@ -149,7 +149,7 @@ func (d *Driver) Dump(ctx context.Context, r DumpRequest, n Notify) error {
 // caller's to kill. (A dump is never cut short this way: CRIU resumes the tree itself when
 // the dump fails, which a killed CRIU could not.)
 func (d *Driver) Restore(ctx context.Context, r RestoreRequest, n Notify) (int, error) {
-	opts := r.Options.rpc()
+	opts := r.rpc()
 	opts.LogFile = proto.String(RestoreLog)
 	resp, err := d.run(ctx, rpc.CriuReqType_RESTORE, r.ImagesDir, r.WorkDir, opts, r.childEnv(), n)
 	if err != nil {

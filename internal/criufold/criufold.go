@@ -39,7 +39,7 @@ type Result struct {
 // at dst (absent or empty) whose mem/ is folded into CRIU's files. The new image is a gpucr
 // image like any other (committed atomically, checksummed; unsigned, as its files differ
 // from those src's signatures cover), and its criu/ is restorable by CRIU alone.
-func Fold(ctx context.Context, src string, m *image.Manifest, dst string) (*Result, error) {
+func Fold(ctx context.Context, src string, m *image.Manifest, dst string) (_ *Result, err error) {
 	runs, err := memRuns(src, m)
 	if err != nil {
 		return nil, err
@@ -48,7 +48,8 @@ func Fold(ctx context.Context, src string, m *image.Manifest, dst string) (*Resu
 	if err != nil {
 		return nil, err
 	}
-	defer stage.Abort()
+	// Removes a fold that failed (after Commit it does nothing); a leftover is reported too.
+	defer func() { err = errors.Join(err, stage.Abort()) }()
 	res := &Result{}
 	rewritten := map[string]bool{}
 	for _, pid := range slices.Sorted(maps.Keys(runs)) {

@@ -15,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr/internal/gpu/amd/placement"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // There is no AMD GPU here: these tests restore a real CRIU image that carries the amdgpu
@@ -24,7 +25,7 @@ import (
 
 func amdImage(t *testing.T, e *Engine) string {
 	t.Helper()
-	pid := startSleeper(t)
+	pid := testutil.StartSleeper(t).Process.Pid
 	dir := filepath.Join(t.TempDir(), "img")
 	if _, err := e.Checkpoint(context.Background(), e.Tree(pid), CheckpointRequest{Dir: dir, LockTimeout: time.Second}); err != nil {
 		t.Fatal(err)
@@ -53,7 +54,7 @@ func amdEngine(t *testing.T, name string) (*Engine, string) {
 	e := newEngine(t, &fakeGPU{})
 	dir := amd.FindPlugin(e.CRIU.Path)
 	if dir == "" {
-		skipOrFail(t, "CRIU's amdgpu plugin is not installed (make deps)")
+		testutil.SkipOrFail(t, "CRIU's amdgpu plugin is not installed (make deps)")
 	}
 	e.Backends = append(e.Backends, amd.New(topology(name), dir))
 	return e, dir

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // fakeGPU stands in for the GPU driver, the one hardware edge these CI tests cannot reach:
@@ -95,44 +95,23 @@ func (f *fakeGPU) State(context.Context, int) (gpu.State, error) {
 func newEngine(t *testing.T, b gpu.Backend) *Engine {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root")
+		testutil.SkipOrFail(t, "needs root")
 	}
 	d, err := criu.Find(os.Getenv("GPUCR_CRIU"))
 	if err != nil {
-		skipOrFail(t, err.Error())
+		testutil.SkipOrFail(t, err.Error())
 	}
 	return &Engine{CRIU: d, Backends: []gpu.Backend{b}, Version: "test"}
-}
-
-func skipOrFail(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal(why)
-	}
-	t.Skip(why)
-}
-
-// startSleeper starts a detached process; it is what the fake GPU claims.
-func startSleeper(t *testing.T) int {
-	t.Helper()
-	cmd := exec.Command("sleep", "1000")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL); _ = cmd.Wait() })
-	time.Sleep(200 * time.Millisecond)
-	return cmd.Process.Pid
 }
 
 func TestFailedDumpRollsBackGPUAndLeavesNothing(t *testing.T) {
 	// A real failure mid-dump: the image directory sits on a 64 KiB filesystem (a full disk).
 	fake := &fakeGPU{}
 	e := newEngine(t, fake)
-	fake.pid = startSleeper(t)
+	fake.pid = testutil.StartSleeper(t).Process.Pid
 	small := t.TempDir()
 	if err := syscall.Mount("tmpfs", small, "tmpfs", 0, "size=64k"); err != nil {
-		skipOrFail(t, "mount tmpfs: "+err.Error())
+		testutil.SkipOrFail(t, "mount tmpfs: "+err.Error())
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(small, syscall.MNT_DETACH) })
 	dir := filepath.Join(small, "img")
@@ -164,7 +143,7 @@ func TestFailedDumpRollsBackGPUAndLeavesNothing(t *testing.T) {
 func TestInterruptedCheckpointRollsBack(t *testing.T) {
 	fake := &fakeGPU{}
 	e := newEngine(t, fake)
-	fake.pid = startSleeper(t)
+	fake.pid = testutil.StartSleeper(t).Process.Pid
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // Ctrl-C arrived while the GPUs were being locked
 	dir := filepath.Join(t.TempDir(), "img")
@@ -183,7 +162,7 @@ func TestInterruptedCheckpointRollsBack(t *testing.T) {
 func TestGPUProcessRoundTrip(t *testing.T) {
 	fake := &fakeGPU{}
 	e := newEngine(t, fake)
-	fake.pid = startSleeper(t)
+	fake.pid = testutil.StartSleeper(t).Process.Pid
 	dir := filepath.Join(t.TempDir(), "img")
 	m, err := e.Checkpoint(context.Background(), e.Tree(fake.pid), CheckpointRequest{Dir: dir, LockTimeout: time.Second})
 	if err != nil {
@@ -214,7 +193,8 @@ func TestRestoreFailureExplainsTimeWait(t *testing.T) {
 		t.Errorf("explained: %v", err)
 	}
 	other := &criu.Error{Op: "restore", Lines: []string{"Error: something else"}, Err: errors.New("failed")}
-	if err := explainRestoreFailure(other); err != error(other) {
+	// Identity, not errors.Is: the error must come back as it was, not wrapped.
+	if err := explainRestoreFailure(other); err != error(other) { //nolint:errorlint
 		t.Errorf("other failures must pass unchanged: %v", err)
 	}
 }

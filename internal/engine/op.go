@@ -54,14 +54,14 @@ func (e *Engine) Begin(op, what string, targets ...string) (*Op, error) {
 	}
 	o.j = j
 	if err := j.Update(func(r *txn.Record) { r.Locks = targets }); err != nil {
-		j.End()
+		err = errors.Join(err, j.End())
 		o.releaseLocks()
 		return nil, err
 	}
 	if len(e.Guardian) > 0 {
 		args := append(append([]string(nil), e.Guardian...), "--id", j.ID())
 		if o.g, err = guardian.Start(args, j, o.locks); err != nil {
-			j.End()
+			err = errors.Join(err, j.End())
 			o.releaseLocks()
 			return nil, err
 		}

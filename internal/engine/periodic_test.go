@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // commitWaitsForUnlock is a reporter that holds the commit phase until the fake GPU has
@@ -50,7 +51,7 @@ func TestLeftRunningWorkloadResumesBeforeTheCommit(t *testing.T) {
 	e := newEngine(t, fake)
 	rep := &commitWaitsForUnlock{f: fake, limit: 5 * time.Second}
 	e.Report = rep
-	fake.pid = startSleeper(t)
+	fake.pid = testutil.StartSleeper(t).Process.Pid
 	dir := filepath.Join(t.TempDir(), "img")
 	start := time.Now()
 	res, err := e.Checkpoint(context.Background(), e.Tree(fake.pid), CheckpointRequest{Dir: dir, LockTimeout: time.Second, LeaveRunning: true})

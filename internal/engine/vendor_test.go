@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // A process holding a device file of a vendor whose backend is off here cannot be dumped
@@ -20,7 +21,7 @@ func TestTreeOnAnOffVendorsGPUIsRefused(t *testing.T) {
 	e := newEngine(t, &fakeGPU{})
 	// The sleeper's stdin is /dev/null: let it stand for a GPU device file.
 	e.Off = []gpu.Off{{Vendor: gpu.Vendor{Name: "acme", DeviceFiles: []string{"/dev/nul?"}}, Reason: errors.New("no acme driver")}}
-	pid := startSleeper(t)
+	pid := testutil.StartSleeper(t).Process.Pid
 	dir := filepath.Join(t.TempDir(), "img")
 	_, err := e.Checkpoint(context.Background(), e.Tree(pid), CheckpointRequest{Dir: dir, LockTimeout: time.Second})
 	if err == nil || !strings.Contains(err.Error(), "holds /dev/null, and the acme GPU backend is off on this host: no acme driver") {

@@ -1,6 +1,6 @@
 // Package hosttune changes a host setting for the length of one operation and puts it back:
 // transparent huge pages make the CUDA driver's staging of GPU memory in host memory, and
-// CRIU's refilling of it, markedly faster (measured: 16 GiB driver checkpoint 8.4 s -> 5.5 s).
+// CRIU's refilling of it, markedly faster (measured in docs/benchmarks.md).
 package hosttune
 
 import (

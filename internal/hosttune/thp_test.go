@@ -43,7 +43,9 @@ func TestTHPMissingOrGarbled(t *testing.T) {
 		t.Fatalf("a kernel without THP must be left alone: %v", err)
 	}
 	p := filepath.Join(t.TempDir(), "enabled")
-	os.WriteFile(p, []byte("always madvise never"), 0o644)
+	if err := os.WriteFile(p, []byte("always madvise never"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := THPAlways(p, nil); err == nil {
 		t.Fatal("a mode line without a selection must be an error")
 	}

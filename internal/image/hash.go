@@ -1,8 +1,7 @@
 package image
 
 import (
-	"github.com/gpucr/gpucr/internal/beneath"
-
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -11,22 +10,25 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"sync"
-	"sync/atomic"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/gpucr/gpucr/internal/beneath"
+	"github.com/gpucr/gpucr/internal/parallel"
 )
 
-// ChunkSize is the unit of hashing. A file's checksum is the xxh64 of its chunks' xxh64
+// HashChunkSize is the unit of hashing. A file's checksum is the xxh64 of its chunks' xxh64
 // digests in order, so one large page file is hashed on all cores at once: a 17 GB image
 // took 5 s to checksum whole on one core, and the commit and verify of every image wait on it.
-const ChunkSize = 8 << 20
+// It is part of the image format (every recorded checksum depends on it), unlike the
+// chunked store's chunked.ChunkSize, its unit of deduplication, which is free to differ.
+const HashChunkSize = 8 << 20
 
 // sumFiles sizes and hashes paths (slash, relative to dir) on all cores and returns them in
 // the order of paths. Commit and Verify share it so that both compute the same thing. With
-// durable, each file is also fsynced, in parallel. After the first error no new work is
-// started; the error of the first failed path is returned.
-func sumFiles(dir string, paths []string, durable bool) ([]File, error) {
+// durable, each file is also fsynced, in parallel. The first error, or ctx's end, stops the
+// work and is returned.
+func sumFiles(ctx context.Context, dir string, paths []string, durable bool) ([]File, error) {
 	files := make([]*os.File, len(paths))
 	sizes := make([]int64, len(paths))
 	defer func() {
@@ -50,64 +52,43 @@ func sumFiles(dir string, paths []string, durable bool) ([]File, error) {
 			return nil, fmt.Errorf("checksum %s: %w", p, err)
 		}
 		sizes[i] = fi.Size()
-		n := int((fi.Size() + ChunkSize - 1) / ChunkSize)
+		n := int((fi.Size() + HashChunkSize - 1) / HashChunkSize)
 		digests[i] = make([]uint64, n)
 		for j := range n {
 			chunks = append(chunks, chunk{i, j})
 		}
 	}
 
-	errs := make([]error, len(paths))
-	var failed atomic.Bool
-	parallel(len(chunks), func(k int, buf []byte) {
-		c := chunks[k]
-		if failed.Load() {
-			return
-		}
-		d, err := sumChunk(files[c.file], int64(c.index)*ChunkSize, buf)
-		if err != nil {
-			errs[c.file] = fmt.Errorf("checksum %s: %w", paths[c.file], err)
-			failed.Store(true)
-			return
-		}
-		digests[c.file][c.index] = d
-	})
-	if durable && !failed.Load() {
-		parallel(len(paths), func(i int, _ []byte) {
-			if err := files[i].Sync(); err != nil {
-				errs[i] = fmt.Errorf("sync %s: %w", paths[i], err)
+	workers := runtime.GOMAXPROCS(0)
+	err := parallel.Each(ctx, chunks, workers, func() []byte { return make([]byte, HashChunkSize) },
+		func(_ context.Context, c chunk, buf []byte) error {
+			d, err := sumChunk(files[c.file], int64(c.index)*HashChunkSize, buf)
+			if err != nil {
+				return fmt.Errorf("checksum %s: %w", paths[c.file], err)
 			}
+			digests[c.file][c.index] = d
+			return nil
 		})
-	}
-	if err := firstError(errs); err != nil {
+	if err != nil {
 		return nil, err
+	}
+	if durable {
+		err := parallel.Each(ctx, files, workers, func() struct{} { return struct{}{} },
+			func(_ context.Context, f *os.File, _ struct{}) error {
+				if err := f.Sync(); err != nil {
+					return fmt.Errorf("sync %s: %w", f.Name(), err)
+				}
+				return nil
+			})
+		if err != nil {
+			return nil, err
+		}
 	}
 	out := make([]File, len(paths))
 	for i, p := range paths {
 		out[i] = File{Path: p, Size: sizes[i], XXH64: PiecesChecksum(digests[i])}
 	}
 	return out, nil
-}
-
-// parallel runs f(0..n-1) on GOMAXPROCS workers, each with its own chunk buffer.
-func parallel(n int, f func(i int, buf []byte)) {
-	work := make(chan int)
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), n) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, ChunkSize)
-			for i := range work {
-				f(i, buf)
-			}
-		}()
-	}
-	for i := range n {
-		work <- i
-	}
-	close(work)
-	wg.Wait()
 }
 
 // sumChunk hashes the chunk of f at off; the last chunk of a file may be short.
@@ -136,12 +117,12 @@ func NewSummer() *Summer { return &Summer{h: xxhash.New()} }
 func (s *Summer) Write(p []byte) (int, error) {
 	n := len(p)
 	for len(p) > 0 {
-		k := min(int64(len(p)), ChunkSize-s.n)
+		k := min(int64(len(p)), HashChunkSize-s.n)
 		s.h.Write(p[:k])
 		s.n += k
 		s.size += k
 		p = p[k:]
-		if s.n == ChunkSize {
+		if s.n == HashChunkSize {
 			s.digests = append(s.digests, s.h.Sum64())
 			s.h.Reset()
 			s.n = 0
@@ -160,7 +141,7 @@ func (s *Summer) File(path string) File {
 }
 
 // PiecesChecksum is the checksum of a file, as a manifest writes it, from the xxh64
-// digests of its ChunkSize pieces in order, however they were computed.
+// digests of its HashChunkSize pieces in order, however they were computed.
 func PiecesChecksum(digests []uint64) string { return fmt.Sprintf("%016x", combine(digests)) }
 
 // combine folds a file's chunk digests into its checksum.
@@ -172,13 +153,4 @@ func combine(digests []uint64) uint64 {
 		h.Write(b[:])
 	}
 	return h.Sum64()
-}
-
-func firstError(errs []error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // stagedFiles is what the tests put in an image: nested, empty and multi-buffer files.
@@ -195,7 +197,7 @@ func TestCommitRefusesSymlink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Abort()
+	defer abort(t, s)
 	writeStaged(t, s, stagedFiles)
 	if err := os.Symlink("/etc/passwd", filepath.Join(s.CRIUDir(), "link.img")); err != nil {
 		t.Fatal(err)
@@ -251,8 +253,7 @@ func TestBeginRejects(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s, err := Begin(tt.final)
 			if err == nil {
-				s.Abort()
-				t.Fatal("Begin succeeded")
+				t.Fatalf("Begin succeeded (abort: %v)", s.Abort())
 			}
 			if tt.sentinel != nil && !errors.Is(err, tt.sentinel) {
 				t.Errorf("error %v is not %v", err, tt.sentinel)
@@ -385,7 +386,7 @@ func TestLoadRejects(t *testing.T) {
 			mpath := filepath.Join(dir, ManifestName)
 			switch {
 			case tt.raw == "-":
-				editManifestOnly(t, mpath, func(m map[string]any) { m["rootPid"] = 2 })
+				testutil.EditJSON(t, mpath, func(m map[string]any) { m["rootPid"] = 2 })
 			case tt.raw == "no seal":
 				if err := os.Remove(filepath.Join(dir, SealName)); err != nil {
 					t.Fatal(err)
@@ -420,7 +421,7 @@ func TestLoadRefusesStagingDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Abort()
+	defer abort(t, s)
 	if base := filepath.Base(s.Dir()); !strings.HasPrefix(base, ".img.partial-") {
 		t.Fatalf("staging directory %s is not hidden beside img", s.Dir())
 	}
@@ -457,7 +458,7 @@ func setPath(m map[string]any, p string) {
 // what is tested is the check of the content behind the seal.
 func editManifest(t *testing.T, path string, edit func(map[string]any)) {
 	t.Helper()
-	editManifestOnly(t, path, edit)
+	testutil.EditJSON(t, path, edit)
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -468,31 +469,11 @@ func editManifest(t *testing.T, path string, edit func(map[string]any)) {
 	}
 }
 
-// editManifestOnly changes the manifest and leaves its seal as it was.
-func editManifestOnly(t *testing.T, path string, edit func(map[string]any)) {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatal(err)
-	}
-	edit(m)
-	if b, err = json.Marshal(m); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// chunkedSum computes a checksum the way ChunkSize documents it, independently of hash.go.
+// chunkedSum computes a checksum the way HashChunkSize documents it, independently of hash.go.
 func chunkedSum(content string) uint64 {
 	var digests []byte
-	for off := 0; off < len(content); off += ChunkSize {
-		d := xxhash.Sum64String(content[off:min(off+ChunkSize, len(content))])
+	for off := 0; off < len(content); off += HashChunkSize {
+		d := xxhash.Sum64String(content[off:min(off+HashChunkSize, len(content))])
 		digests = binary.LittleEndian.AppendUint64(digests, d)
 	}
 	return xxhash.Sum64(digests)
@@ -595,5 +576,13 @@ func TestPhaseJSON(t *testing.T) {
 		if err := json.Unmarshal([]byte(in), &p); err != nil || p != (Phase{Name: "criu-dump", Duration: 1500 * time.Millisecond}) {
 			t.Errorf("Unmarshal(%s) = %+v, %v", in, p, err)
 		}
+	}
+}
+
+// abort removes a staging directory at the end of a test; a leftover fails the test.
+func abort(t *testing.T, s *Staging) {
+	t.Helper()
+	if err := s.Abort(); err != nil {
+		t.Error(err)
 	}
 }

@@ -12,7 +12,7 @@ import (
 )
 
 // PagesFile is one of CRIU's page files written into a staged image as gpucr's page server
-// receives it. Each ChunkSize piece is written and checksummed by a pool of workers while
+// receives it. Each HashChunkSize piece is written and checksummed by a pool of workers while
 // the next ones arrive, so the file is never read back for its checksum and CRIU's one
 // sending thread is the only sequential part.
 type PagesFile struct {
@@ -47,7 +47,7 @@ func (s *Staging) pool() *pagesPool {
 		n := runtime.GOMAXPROCS(0)
 		s.pages = &pagesPool{work: make(chan pagesJob), free: make(chan []byte, 2*n)}
 		for range 2 * n {
-			s.pages.free <- make([]byte, ChunkSize)
+			s.pages.free <- make([]byte, HashChunkSize)
 		}
 		for range n {
 			s.pages.wg.Add(1)
@@ -105,14 +105,14 @@ func (p *PagesFile) Receive(_ uint64, size int, r io.Reader) error {
 		if p.buf == nil {
 			p.buf = (<-p.s.pages.free)[:0]
 		}
-		n := min(size, ChunkSize-len(p.buf))
+		n := min(size, HashChunkSize-len(p.buf))
 		at := len(p.buf)
 		p.buf = p.buf[:at+n]
 		if _, err := io.ReadFull(r, p.buf[at:]); err != nil {
 			return fmt.Errorf("receive %s: %w", p.rel, err)
 		}
 		size -= n
-		if len(p.buf) == ChunkSize {
+		if len(p.buf) == HashChunkSize {
 			p.emit()
 		}
 	}

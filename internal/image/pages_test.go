@@ -19,7 +19,7 @@ func TestPagesFilesCommitVerified(t *testing.T) {
 	writeStaged(t, s, stagedFiles)
 	r := rand.New(rand.NewPCG(3, 4))
 	want := map[string][]byte{}
-	for i, size := range []int{0, 4096, ChunkSize, 3*ChunkSize + 5*4096} {
+	for i, size := range []int{0, 4096, HashChunkSize, 3*HashChunkSize + 5*4096} {
 		name := "pages-6553" + string(rune('1'+i)) + ".img"
 		p, err := s.CreatePages(name)
 		if err != nil {
@@ -75,7 +75,7 @@ func TestAbortWithPagesFileOpen(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Receive(0, ChunkSize+4096, bytes.NewReader(make([]byte, ChunkSize+4096))); err != nil {
+	if err := p.Receive(0, HashChunkSize+4096, bytes.NewReader(make([]byte, HashChunkSize+4096))); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Abort(); err != nil {

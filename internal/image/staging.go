@@ -1,6 +1,7 @@
 package image
 
 import (
+	"context"
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
@@ -180,11 +181,12 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 	}
 	// Page files written through CreatePages, and the external files, were checksummed (and
 	// synced) as they were written: only the rest is read.
-	known := append(written, external...)
+	known := slices.Concat(written, external)
 	paths = slices.DeleteFunc(paths, func(p string) bool {
 		return slices.ContainsFunc(known, func(f File) bool { return f.Path == p })
 	})
-	files, err := sumFiles(s.dir, paths, true)
+	// Not yet cancellable: the engine passes no context here until issue 14's rewrite of it.
+	files, err := sumFiles(context.Background(), s.dir, paths, true)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,8 @@
 package image
 
 import (
+	"context"
+	"errors"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -11,7 +13,7 @@ import (
 func TestSummerMatchesFileChecksum(t *testing.T) {
 	dir := t.TempDir()
 	r := rand.New(rand.NewPCG(1, 2))
-	for _, size := range []int{0, 1, ChunkSize - 1, ChunkSize, ChunkSize + 1, 2*ChunkSize + 4096} {
+	for _, size := range []int{0, 1, HashChunkSize - 1, HashChunkSize, HashChunkSize + 1, 2*HashChunkSize + 4096} {
 		data := make([]byte, size)
 		for i := range data {
 			data[i] = byte(r.Uint32())
@@ -19,7 +21,7 @@ func TestSummerMatchesFileChecksum(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "f"), data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		want, err := sumFiles(dir, []string{"f"}, false)
+		want, err := sumFiles(context.Background(), dir, []string{"f"}, false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,5 +34,18 @@ func TestSummerMatchesFileChecksum(t *testing.T) {
 		if got := s.File("f"); got != want[0] {
 			t.Errorf("size %d: summer %+v, file %+v", size, got, want[0])
 		}
+	}
+}
+
+// Hashing stops when its context ends: a cancelled checksum reads no more and says why.
+func TestSumFilesStopsWhenCancelled(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "f"), make([]byte, 4*HashChunkSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := sumFiles(ctx, dir, []string{"f"}, true); !errors.Is(err, context.Canceled) {
+		t.Fatalf("sumFiles after cancel = %v, want context.Canceled", err)
 	}
 }

@@ -11,7 +11,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -30,6 +29,7 @@ import (
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 func encode(t *testing.T, path, magic string, msgs ...proto.Message) {
@@ -48,6 +48,21 @@ func encode(t *testing.T, path, magic string, msgs ...proto.Message) {
 	}
 }
 
+// mapAnon maps size bytes of private anonymous memory for the rest of the test.
+func mapAnon(t *testing.T, size int, prot int) []byte {
+	t.Helper()
+	mem, err := unix.Mmap(-1, 0, size, prot, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Munmap(mem); err != nil {
+			t.Errorf("unmap: %v", err)
+		}
+	})
+	return mem
+}
+
 func entry(addr uintptr, pages int, flags uint32) *pagemap.PagemapEntry {
 	return &pagemap.PagemapEntry{Vaddr: proto.Uint64(uint64(addr)), NrPages: proto.Uint32(uint32(pages)), Flags: proto.Uint32(flags)}
 }
@@ -58,16 +73,8 @@ func entry(addr uintptr, pages int, flags uint32) *pagemap.PagemapEntry {
 // CRIU gets, which keeps the rest byte for byte, and Fill writes it into this process.
 func TestPrepareAndFillOwnMemory(t *testing.T) {
 	const run = 24 << 20
-	rw, err := unix.Mmap(-1, 0, run, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(rw)
-	ro, err := unix.Mmap(-1, 0, run, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(ro)
+	rw := mapAnon(t, run, unix.PROT_READ|unix.PROT_WRITE)
+	ro := mapAnon(t, run, unix.PROT_READ)
 	rwAt, roAt := uintptr(unsafe.Pointer(&rw[0])), uintptr(unsafe.Pointer(&ro[0]))
 	pid := os.Getpid()
 
@@ -181,8 +188,8 @@ func TestSegmentSizeFor(t *testing.T) {
 		{16 << 30, 16, maxSegment},
 		{1 << 30, 16, 32 << 20},
 		{1 << 30, 2, maxSegment},
-		{100 << 20, 16, image.ChunkSize},
-		{4096, 16, image.ChunkSize},
+		{100 << 20, 16, image.HashChunkSize},
+		{4096, 16, image.HashChunkSize},
 		{3 << 30, 16, 96 << 20},
 	} {
 		if got := segmentSizeFor([]Range{{PID: 1, Start: 0, End: c.total}}, c.workers); got != c.want {
@@ -194,15 +201,11 @@ func TestSegmentSizeFor(t *testing.T) {
 // Save reads a range of this process into a file whose checksum, computed as it was written,
 // is the file's; a zero piece is left as a hole that reads back as zeros.
 func TestSaveOwnMemory(t *testing.T) {
-	const size = 3*image.ChunkSize + 4096
-	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	const size = 3*image.HashChunkSize + 4096
+	mem := mapAnon(t, size, unix.PROT_READ|unix.PROT_WRITE)
 	r := rand.New(rand.NewPCG(9, 10))
 	for i := range mem {
-		if i < image.ChunkSize || i >= 2*image.ChunkSize { // the second piece stays zero
+		if i < image.HashChunkSize || i >= 2*image.HashChunkSize { // the second piece stays zero
 			mem[i] = byte(r.Uint32())
 		}
 	}
@@ -217,7 +220,7 @@ func TestSaveOwnMemory(t *testing.T) {
 	if done, total := count.Load(); done != size || total != size {
 		t.Errorf("the save counted %d of %d bytes, want %d of %d", done, total, size, size)
 	}
-	if len(files) != 4 { // pieces of ChunkSize: one file each, as the memory is small
+	if len(files) != 4 { // pieces of HashChunkSize: one file each, as the memory is small
 		t.Fatalf("files %+v", files)
 	}
 	if err := image.CheckSums(dir, files); err != nil {
@@ -231,7 +234,7 @@ func TestSaveOwnMemory(t *testing.T) {
 	slices.SortFunc(runs, func(a, b run) int { return cmp.Compare(a.addr, b.addr) })
 	var got []byte
 	for i, r := range runs {
-		if r.pid != os.Getpid() || r.addr != start+uint64(len(got)) || (i < len(runs)-1 && r.size != image.ChunkSize) {
+		if r.pid != os.Getpid() || r.addr != start+uint64(len(got)) || (i < len(runs)-1 && r.size != image.HashChunkSize) {
 			t.Fatalf("run %d = %+v: the runs do not cover the range in pieces", i, r)
 		}
 		b, err := os.ReadFile(r.file)
@@ -270,12 +273,8 @@ func (collected) Close() error { return nil }
 
 // SaveTo streams every byte of the ranges, and counts them as it goes.
 func TestSaveToStreamsAndCounts(t *testing.T) {
-	const size = 2*image.ChunkSize + 8192
-	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	const size = 2*image.HashChunkSize + 8192
+	mem := mapAnon(t, size, unix.PROT_READ|unix.PROT_WRITE)
 	r := rand.New(rand.NewPCG(11, 12))
 	for i := range mem {
 		mem[i] = byte(r.Uint32())
@@ -283,7 +282,7 @@ func TestSaveToStreamsAndCounts(t *testing.T) {
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	got := collected{mu: new(sync.Mutex), data: map[string][]byte{}}
 	count := new(meter.Counter)
-	err = SaveTo(meter.With(context.Background(), count), []Range{{PID: os.Getpid(), Start: start, End: start + size}},
+	err := SaveTo(meter.With(context.Background(), count), []Range{{PID: os.Getpid(), Start: start, End: start + size}},
 		func(path string) (criuimg.Receiver, error) { c := got; c.path = path; return c, nil })
 	if err != nil {
 		t.Fatal(err)
@@ -314,11 +313,7 @@ func TestSaveToStreamsAndCounts(t *testing.T) {
 // Select finds a large resident writable private mapping of this process, and not a small one.
 func TestSelectOwnMemory(t *testing.T) {
 	const size = 32 << 20
-	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	mem := mapAnon(t, size, unix.PROT_READ|unix.PROT_WRITE)
 	for i := 0; i < size; i += criuimg.PageSize {
 		mem[i] = 1
 	}
@@ -344,11 +339,7 @@ func TestSelectOwnMemory(t *testing.T) {
 // A process gives up a mapping that a descendant maps too: here a 32 MiB mapping of this
 // process laid over the address of a child's stack.
 func TestSelectLeavesWhatAChildMapsToCRIU(t *testing.T) {
-	child := exec.Command("sleep", "60")
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { child.Process.Kill(); child.Wait() }()
+	child := testutil.StartSleeper(t)
 	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", child.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
@@ -367,7 +358,11 @@ func TestSelectLeavesWhatAChildMapsToCRIU(t *testing.T) {
 	if errno != 0 || addr != uintptr(at) || stack == 0 {
 		t.Skipf("cannot map over the child's stack at %#x here: %v", at, errno)
 	}
-	defer unix.Syscall(unix.SYS_MUNMAP, addr, size, 0)
+	t.Cleanup(func() {
+		if _, _, errno := unix.Syscall(unix.SYS_MUNMAP, addr, size, 0); errno != 0 {
+			t.Errorf("unmap: %v", errno)
+		}
+	})
 	has := func(rs []Range) bool {
 		return slices.ContainsFunc(rs, func(r Range) bool { return r.Start < at+size && at < r.End })
 	}
@@ -385,11 +380,7 @@ func TestSelectLeavesWhatAChildMapsToCRIU(t *testing.T) {
 // Save holds no descriptor per range: 300 ranges save under a limit of 64 open files.
 func TestSaveManyRangesUnderALowFileLimit(t *testing.T) {
 	const n = 300
-	mem, err := unix.Mmap(-1, 0, 2*n*criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	mem := mapAnon(t, 2*n*criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE)
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	var rs []Range
 	for i := range n { // every other page, so that no two ranges touch
@@ -439,10 +430,7 @@ func TestPlanFileAndRenumber(t *testing.T) {
 // memory the process has: a crafted image naming another process, or an address the
 // restored process does not map, is refused before anything is written.
 func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
-	mem, err := unix.Mmap(-1, 0, criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		t.Fatal(err)
-	}
+	mem := mapAnon(t, criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE)
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	dir := t.TempDir()
 	files, err := Save(context.Background(), dir, []Range{{PID: os.Getpid(), Start: start, End: start + criuimg.PageSize}})
@@ -477,7 +465,6 @@ func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no writable memory") {
 		t.Fatalf("an unmapped range: Fill = %v", err)
 	}
-	unix.Munmap(mem)
 }
 
 // A pagemap listing so many pages that their byte count wraps around to exactly 2^64 —

@@ -188,7 +188,7 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 		if err := createSized(paths[i], size); err != nil {
 			return nil, fmt.Errorf("memory save: %w", err)
 		}
-		digests[i] = make([]uint64, (size+image.ChunkSize-1)/image.ChunkSize)
+		digests[i] = make([]uint64, (size+image.HashChunkSize-1)/image.HashChunkSize)
 	}
 	perFile := make([][]job, len(rs))
 	for i, r := range rs {
@@ -197,11 +197,11 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 		}
 	}
 	jobs := parallel.Interleave(perFile)
-	zero := make([]byte, image.ChunkSize)
-	err := parallel.Each(ctx, jobs, workers, func() []byte { return make([]byte, image.ChunkSize) },
+	zero := make([]byte, image.HashChunkSize)
+	err := parallel.Each(ctx, jobs, workers, func() []byte { return make([]byte, image.HashChunkSize) },
 		func(_ context.Context, j job, buf []byte) error {
-			off := int64(j.index) * image.ChunkSize
-			data := buf[:min(image.ChunkSize, int64(j.r.End-j.r.Start)-off)]
+			off := int64(j.index) * image.HashChunkSize
+			data := buf[:min(image.HashChunkSize, int64(j.r.End-j.r.Start)-off)]
 			if err := moveRemote(unix.ProcessVMReadv, "memory save: read", j.r.PID, j.r.Start+uint64(off), data); err != nil {
 				return err
 			}
@@ -243,7 +243,7 @@ func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.R
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
 	count := counting(ctx, rs)
-	return parallel.Each(ctx, rs, workers, func() []byte { return make([]byte, image.ChunkSize) },
+	return parallel.Each(ctx, rs, workers, func() []byte { return make([]byte, image.HashChunkSize) },
 		func(_ context.Context, r Range, buf []byte) error {
 			f, err := create(r.file())
 			if err != nil {
@@ -327,8 +327,8 @@ func segmentSizeFor(rs []Range, workers int) uint64 {
 	for _, r := range rs {
 		total += r.End - r.Start
 	}
-	size := total / uint64(2*workers) / image.ChunkSize * image.ChunkSize
-	return min(max(size, image.ChunkSize), maxSegment)
+	size := total / uint64(2*workers) / image.HashChunkSize * image.HashChunkSize
+	return min(max(size, image.HashChunkSize), maxSegment)
 }
 
 // segments cuts rs into pieces of at most size bytes, each saved as one file.

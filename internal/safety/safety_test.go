@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // fake is one process of a fixture /proc: what its descriptors point to, the paths it
@@ -51,24 +52,14 @@ func fixture(t *testing.T, procs ...fake) (string, []proctree.Process) {
 		for _, m := range p.maps {
 			maps.WriteString("7f0000000000-7f0000001000 r-xp 00000000 08:01 42 " + m + "\n")
 		}
-		write(t, filepath.Join(dir, "maps"), maps.String())
-		write(t, filepath.Join(dir, "environ"), strings.Join(p.env, "\x00")+"\x00")
+		testutil.WriteFile(t, filepath.Join(dir, "maps"), []byte(maps.String()))
+		testutil.WriteFile(t, filepath.Join(dir, "environ"), []byte(strings.Join(p.env, "\x00")+"\x00"))
 		for i, th := range append([]string{"python3"}, p.threads...) {
-			write(t, filepath.Join(dir, "task", strconv.Itoa(p.pid+i), "comm"), th+"\n")
+			testutil.WriteFile(t, filepath.Join(dir, "task", strconv.Itoa(p.pid+i), "comm"), []byte(th+"\n"))
 		}
 		tree = append(tree, proctree.Process{PID: p.pid, Command: "python3"})
 	}
 	return root, tree
-}
-
-func write(t *testing.T, path, s string) {
-	t.Helper()
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
-		t.Fatal(err)
-	}
 }
 
 func checksOf(fs []Finding) []string {

@@ -52,7 +52,7 @@ func noCredentials(creds *credentials.Credentials) bool {
 	if creds == nil {
 		return true
 	}
-	v, err := creds.Get()
+	v, err := creds.GetWithContext(nil) // nil: the provider's own HTTP client and endpoint
 	return err != nil || v.SignerType.IsAnonymous()
 }
 
@@ -160,7 +160,7 @@ type s3Object struct {
 
 func (o *s3Object) Read(b []byte) (int, error) {
 	n, err := o.Object.Read(b)
-	if err != nil && err != io.EOF {
+	if err != nil && !errors.Is(err, io.EOF) {
 		err = o.s.wrap("read", o.key, err)
 	}
 	return n, err

@@ -97,18 +97,29 @@ func sameTree(t *testing.T, want, got string) {
 		t.Fatal(err)
 	}
 	n := 0
-	filepath.WalkDir(got, func(_ string, d fs.DirEntry, _ error) error {
-		if !d.IsDir() {
+	err = filepath.WalkDir(got, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
 			n++
 		}
-		return nil
+		return err
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if n != seen {
 		t.Errorf("pulled %d files, want %d", n, seen)
 	}
 }
 
 // stores are the backends every test runs on.
+// put stores b under key, failing the test if it cannot.
+func put(t *testing.T, st store.Store, key string, b []byte) {
+	t.Helper()
+	if err := st.Put(context.Background(), key, bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func stores(t *testing.T) map[string]func(t *testing.T) store.Store {
 	var srv *storetest.Server
 	return map[string]func(t *testing.T) store.Store{
@@ -163,7 +174,9 @@ func TestRoundTrip(t *testing.T) {
 
 			// Pulling into an empty directory works; into a full one is refused up front.
 			empty := filepath.Join(t.TempDir(), "empty")
-			os.Mkdir(empty, 0o755)
+			if err := os.Mkdir(empty, 0o755); err != nil {
+				t.Fatal(err)
+			}
 			if _, _, err := chunked.Pull(ctx, st, "jobs/ckpt-1", empty, chunked.Options{}); err != nil {
 				t.Fatal(err)
 			}
@@ -324,14 +337,17 @@ func TestPullDetectsBadChunks(t *testing.T) {
 				t.Fatal(err)
 			}
 			var saved bytes.Buffer
-			saved.ReadFrom(good)
+			_, err = saved.ReadFrom(good)
 			good.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
 			for _, tt := range tests {
 				t.Run(tt.name, func(t *testing.T) {
 					if err := tt.damage(ctx, st, key); err != nil {
 						t.Fatal(err)
 					}
-					defer st.Put(ctx, key, bytes.NewReader(saved.Bytes()), int64(saved.Len()))
+					defer put(t, st, key, saved.Bytes())
 					parent := t.TempDir()
 					_, _, err := chunked.Pull(ctx, st, "ckpt", filepath.Join(parent, "img"), chunked.Options{})
 					var ce *chunked.ChunkError
@@ -376,8 +392,8 @@ func TestList(t *testing.T) {
 		}
 	}
 	// Not checkpoints: a prefix with only data, and a damaged manifest, which is shown.
-	st.Put(ctx, "runs/other/file", strings.NewReader("x"), 1)
-	st.Put(ctx, "runs/broken/"+chunked.ManifestObject, strings.NewReader("{"), 1)
+	put(t, st, "runs/other/file", []byte("x"))
+	put(t, st, "runs/broken/"+chunked.ManifestObject, []byte("{"))
 
 	ls, err := chunked.List(ctx, st, "runs")
 	if err != nil {
@@ -433,10 +449,12 @@ func TestLoadRejects(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var c chunked.Manifest
 			b, _ := json.Marshal(m)
-			json.Unmarshal(b, &c)
+			if err := json.Unmarshal(b, &c); err != nil {
+				t.Fatal(err)
+			}
 			tt.edit(&c)
 			b, _ = json.Marshal(&c)
-			st.Put(ctx, chunked.ManifestKey("bad"), bytes.NewReader(b), int64(len(b)))
+			put(t, st, chunked.ManifestKey("bad"), b)
 			dst := filepath.Join(t.TempDir(), "img")
 			_, _, err := chunked.Pull(ctx, st, "bad", dst, chunked.Options{})
 			if err == nil || !strings.Contains(err.Error(), tt.want) {

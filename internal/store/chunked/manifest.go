@@ -23,9 +23,11 @@ import (
 	"github.com/gpucr/gpucr/internal/image"
 )
 
-// ChunkSize is the largest chunk. CRIU's pages-*.img files are cut where their pages'
-// virtual addresses cross a ChunkSize boundary (see pageCuts); other files every ChunkSize
-// bytes, so files smaller than this are one chunk.
+// ChunkSize is the largest chunk, the store's unit of deduplication: smaller finds more
+// unchanged memory between checkpoints, larger means fewer objects (docs/storage.md). CRIU's
+// pages-*.img files are cut where their pages' virtual addresses cross a ChunkSize boundary
+// (see pageCuts); other files every ChunkSize bytes, so files smaller than this are one chunk.
+// It is not image.HashChunkSize, the image's unit of checksumming: the two need not agree.
 const ChunkSize = 4 << 20
 
 // FormatVersion is the object manifest format this build writes and reads.

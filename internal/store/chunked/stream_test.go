@@ -57,7 +57,11 @@ func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer stage.Abort()
+			defer func() {
+				if err := stage.Abort(); err != nil {
+					t.Error(err)
+				}
+			}()
 			if err := os.WriteFile(filepath.Join(stage.CRIUDir(), "pagemap-42.img"), []byte("pagemap"), 0o600); err != nil {
 				t.Fatal(err)
 			}
