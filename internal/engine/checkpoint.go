@@ -89,7 +89,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, err
 	}
 	stage.SignWith = r.Sign
-	undo.Always("remove the staged image", func(context.Context) error { stage.Abort(); return nil })
+	undo.Always("remove the staged image", func(context.Context) error { return stage.Abort() })
 	if r.Stream != nil {
 		undo.Always("abort the stream", func(context.Context) error { r.Stream.Abort(); return nil })
 	}

@@ -92,7 +92,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 		return nil, err
 	}
 	verify := startVerify(r.Dir, memory, time.Since(start))
-	defer verify.wait() // never leave it reading the image after we return
+	defer func() { _ = verify.wait() }() // never leave it reading the image after we return; its verdict was taken where it mattered
 	if err := target.Check(); err != nil {
 		return nil, verify.prefer(err)
 	}
