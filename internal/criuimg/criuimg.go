@@ -24,6 +24,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	remap_file_path "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
+	"github.com/checkpoint-restore/go-criu/v7/magic"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -147,13 +148,16 @@ func openFile(fd *fdinfo.FdinfoEntry, f *fdinfo.FileEntry) OpenFile {
 	return o
 }
 
+// magics are the image magics CRIU writes.
+var magics = magic.LoadMagic()
+
 // maxImage bounds the CRIU image files gpucr decodes: metadata, read whole into memory.
 // Page files, which can be any size, are never decoded.
 const maxImage = 256 << 20
 
 // decode returns the entries of image name in fsys that are of entry's type.
 func decode[M proto.Message](fsys fs.FS, name string, entry M) ([]M, error) {
-	frames, err := readFrames(fsys, name)
+	frames, err := readFrames(fsys, name, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -170,8 +174,9 @@ func decode[M proto.Message](fsys fs.FS, name string, entry M) ([]M, error) {
 
 // readFrames reads image name in fsys and cuts it into its entries' bytes, as CRIU frames
 // them after the image's magic: each entry's size in 32 bits, then the entry. Every frame
-// is checked to fit in the file before it is taken, as CheckFrames checks a file.
-func readFrames(fsys fs.FS, name string) ([][]byte, error) {
+// is checked to fit in the file before it is taken, as CheckFrames checks a file. The
+// magic must be one CRIU writes, as crit requires, and want when want is not 0.
+func readFrames(fsys fs.FS, name string, want uint32) ([][]byte, error) {
 	f, err := fsys.Open(name)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
@@ -198,9 +203,12 @@ func readFrames(fsys fs.FS, name string) ([][]byte, error) {
 		return nil, err
 	}
 	if m == imgCommonMagic || m == imgServiceMagic {
-		if _, err := word(); err != nil {
+		if m, err = word(); err != nil {
 			return nil, err
 		}
+	}
+	if _, known := magics.ByValue[uint64(m)]; !known || want != 0 && m != want {
+		return nil, fmt.Errorf("read %s: not the CRIU image expected (magic %#x)", name, m)
 	}
 	for off < len(b) {
 		n, err := word()

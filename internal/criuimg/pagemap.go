@@ -43,7 +43,7 @@ func ReadPagemap(path string) (*Pagemap, error) {
 
 // readPagemap reads the pagemap image name in fsys: its first entry is the head.
 func readPagemap(fsys fs.FS, name string) (*Pagemap, error) {
-	frames, err := readFrames(fsys, name)
+	frames, err := readFrames(fsys, name, pagemapMagic)
 	if err != nil {
 		return nil, err
 	}
