@@ -173,7 +173,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	}
 	if err != nil {
 		// A damaged image explains any failure; CRIU leaves nothing running.
-		return nil, verify.prefer(explainRestoreFailure(keepLog(err)))
+		return nil, r.Streamed.prefer(verify.prefer(explainRestoreFailure(keepLog(err))))
 	}
 	if restored.Filled > 0 {
 		t.Phases = append(t.Phases, image.Phase{Name: PhaseMemoryFill, Duration: restored.Filled})

@@ -1,7 +1,10 @@
 package engine
 
 import (
+	"context"
+	"errors"
 	"path"
+	"sync"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
@@ -19,6 +22,9 @@ type Streamed struct {
 	// Owned are paths made for this restore (the fetched files): journaled from its start,
 	// so that a gpucr that dies leaves them to its recovery to remove.
 	Owned []string
+
+	mu     sync.Mutex
+	failed error // the first failure of Memory: what a failed restore reports
 }
 
 // localFiles are the files of the image that are in its directory: all but the streamed
@@ -41,8 +47,42 @@ func (s *Streamed) memory(dir string) memfill.Source {
 	if s == nil {
 		return memfill.Dir(dir)
 	}
-	return s.Memory
+	return recording{s}
 }
+
+// prefer returns the first failure of the streamed memory, if any, else err: the fill runs
+// inside CRIU's restore, which reports only that a step failed.
+func (s *Streamed) prefer(err error) error {
+	if s == nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed != nil {
+		return s.failed
+	}
+	return err
+}
+
+func (s *Streamed) record(err error) error {
+	if err != nil && !errors.Is(err, context.Canceled) {
+		s.mu.Lock()
+		if s.failed == nil {
+			s.failed = err
+		}
+		s.mu.Unlock()
+	}
+	return err
+}
+
+// recording is the Memory of s, whose failures s keeps.
+type recording struct{ s *Streamed }
+
+func (r recording) ReadAt(ctx context.Context, path string, p []byte, off int64) error {
+	return r.s.record(r.s.Memory.ReadAt(ctx, path, p, off))
+}
+
+func (r recording) Verify() error { return r.s.record(r.s.Memory.Verify()) }
 
 // beginRestore begins a restore of target, journaling the paths a streamed restore owns
 // with it.

@@ -39,7 +39,8 @@ type Staged struct {
 	Stats  Stats // of the files fetched into Dir
 	// Local is how much local disk the restore may use at most: the fetched files, and the
 	// copy of CRIU's page files that the restore makes without the runs it fills itself.
-	Local int64
+	// It is within Bound, LocalBound of the image.
+	Local, Bound int64
 }
 
 // Stage fetches the checkpoint at prefix for a streamed restore into a new directory under
@@ -63,7 +64,7 @@ func Stage(ctx context.Context, st store.Store, prefix, parent string, o Options
 	if err != nil {
 		return nil, fmt.Errorf("streamed restore: %w", err)
 	}
-	s := &Staged{Dir: dir, Local: need}
+	s := &Staged{Dir: dir, Local: need, Bound: LocalBound(all)}
 	if err := s.fetch(ctx, st, prefix, m, local, o); err != nil {
 		s.Close()
 		return nil, err
