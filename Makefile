@@ -10,7 +10,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 all: build
 
 deps:
-	bash scripts/install-deps.sh && bash scripts/install-minio.sh
+	bash scripts/install-deps.sh && bash scripts/install-minio.sh && bash scripts/install-checkpointctl.sh
 
 build: deps
 	$(GO) build -ldflags "$(LDFLAGS)" -o bin/gpucr ./cmd/gpucr

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what gpucr needs on Debian bookworm: build tools and runc from apt, and CRIU >= 4.1.
+# Installs what gpucr needs on Debian bookworm: build tools, runc and crun from apt, and CRIU >= 4.1.
 # CRIU: the system's criu if new enough, otherwise CRIU built from Debian's next release's
 # source package into $GPUCR_CRIU_PREFIX (default /opt/gpucr/criu), where gpucr looks for it.
 # Idempotent: each step is skipped when its result is already there.
@@ -20,7 +20,7 @@ command -v apt-get >/dev/null || die "apt-get not found: this script supports De
 BUILD_DEPS=(build-essential pkg-config git ca-certificates xz-utils
   libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler python3-protobuf
   libnl-3-dev libnet1-dev libcap-dev libbsd-dev libgnutls28-dev libnftables-dev libaio-dev
-  uuid-dev libdrm-dev iproute2 busybox-static patch runc)
+  uuid-dev libdrm-dev iproute2 busybox-static patch runc crun)
 
 missing=()
 for p in "${BUILD_DEPS[@]}"; do

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
-	"github.com/gpucr/gpucr/internal/cuda"
+	"github.com/gpucr/gpucr/internal/gpu/nvidia/cuda"
 )
 
 type config struct {

@@ -15,17 +15,15 @@ import (
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
-// actionStateDir holds what the CRIU action script passes from one step to a later one.
-const actionStateDir = "/run/gpucr/criu-action"
-
-// criuActionCmd is the CRIU action script of the runc integration (hidden: CRIU runs it,
+// criuActionCmd is what the CRIU integration's action script starts (hidden: CRIU runs it,
 // people do not). With --rollback-after it is instead the watcher that pre-dump starts.
 func (a *app) criuActionCmd() *cobra.Command {
-	var logPath, heldPath, work, owner string
+	var logPath, stateDir, heldPath, work, owner string
 	var lockTimeout time.Duration
+	var criuPID int
 	cmd := &cobra.Command{
 		Use:    "criu-action",
-		Short:  "CRIU action script that moves GPU state during runc checkpoint and restore",
+		Short:  "CRIU action that moves GPU state during runc and crun checkpoint and restore",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -37,7 +35,7 @@ func (a *app) criuActionCmd() *cobra.Command {
 					log.Error("rollback watcher", "err", err)
 					return err
 				}
-				backends, _ := gpu.Probe(a.cfg.gpu)
+				backends, _ := gpu.Probe(a.gpuConfig(""))
 				if err := container.RollBack(cmd.Context(), backends, heldPath, log); err != nil {
 					log.Error("rollback after dump", "err", err)
 					return err
@@ -53,14 +51,17 @@ func (a *app) criuActionCmd() *cobra.Command {
 			}
 			var backends []gpu.Backend
 			if os.Getenv(container.SkipEnv) != "skip" { // probing the driver costs time
-				backends, _ = gpu.Probe(a.cfg.gpu)
+				backends, _ = gpu.Probe(a.gpuConfig(""))
 			}
 			exe, err := os.Executable()
 			if err != nil {
 				return fmt.Errorf("find gpucr's own binary: %w", err)
 			}
+			if criuPID == 0 { // CRIU started gpucr itself
+				criuPID = os.Getppid()
+			}
 			act := &container.Action{
-				Backends: backends, Getenv: os.Getenv, CRIUPID: os.Getppid(), StateDir: actionStateDir,
+				Backends: backends, Getenv: os.Getenv, CRIUPID: criuPID, StateDir: stateDir,
 				LockTimeout: lockTimeout, Version: version, Log: log,
 				Watch: func(criuPID int, held string) error {
 					args := []string{"criu-action", "--rollback-after", held}
@@ -70,11 +71,22 @@ func (a *app) criuActionCmd() *cobra.Command {
 					return container.StartWatcher(exe, args, criuPID)
 				},
 			}
-			return act.Run(cmd.Context())
+			if err := act.Run(cmd.Context()); err != nil {
+				// One line, on the script's stderr (CRIU's log, which runc and crun name; "Error"
+				// is what runc quotes from it) and on the engine's, where its user looks first.
+				err = actionError{step: os.Getenv("CRTOOLS_SCRIPT_ACTION"), log: logPath, err: err}
+				container.TellEngine(act.CRIUPID, "gpucr: "+oneLine(err))
+				return err
+			}
+			return nil
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&logPath, "log", "", "append a line per step to this file (default: stderr)")
+	f.StringVar(&stateDir, "state-dir", container.StateDir, "where one step leaves what a later one needs")
+	_ = f.MarkHidden("state-dir")
+	f.IntVar(&criuPID, "criu-pid", 0, "the CRIU that runs the action script (default: gpucr's parent)")
+	_ = f.MarkHidden("criu-pid")
 	f.DurationVar(&lockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
 	f.StringVar(&heldPath, "rollback-after", "", "wait for the CRIU on descriptor 3 to exit, then resume the GPU processes listed in this file")
 	_ = f.MarkHidden("rollback-after")
@@ -85,34 +97,51 @@ func (a *app) criuActionCmd() *cobra.Command {
 	return cmd
 }
 
-// actionLog opens the action script's log for appending, falling back to stderr: a log
-// that cannot be opened must not fail a checkpoint.
+// actionLog opens the action script's log for appending, rotated, falling back to
+// stderr: a log that cannot be opened must not fail a checkpoint.
 func actionLog(path string, stderr io.Writer) (io.Writer, func()) {
 	if path == "" {
 		return stderr, func() {}
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err == nil {
-		if f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644); err == nil {
-			return f, func() { f.Close() }
-		}
+	f, err := container.OpenLog(path, container.LogMaxBytes, container.LogKept)
+	if err != nil {
+		return stderr, func() {}
 	}
-	return stderr, func() {}
+	return f, func() { f.Close() }
 }
 
-// installRuncCmd installs (or removes) the runc integration.
+// actionError is a failed step of the action script, worded for the user of runc, crun or
+// the engine above them, who did not call gpucr.
+type actionError struct {
+	step, log string
+	err       error
+}
+
+func (e actionError) Error() string {
+	where := ""
+	if e.log != "" {
+		where = "; gpucr's log: " + e.log
+	}
+	return fmt.Sprintf("Error (CRIU action %s): %v%s", e.step, e.err, where)
+}
+
+func (e actionError) Unwrap() error { return e.err }
+
+// installRuncCmd installs (or removes) the CRIU integration, of crun as well as runc.
 func (a *app) installRuncCmd() *cobra.Command {
 	var in container.Integration
 	var remove bool
 	cmd := &cobra.Command{
-		Use:   "install-runc-integration",
-		Short: "Make plain runc checkpoint/restore (and podman, containerd) move GPU state, through CRIU's runc.conf",
-		Args:  cobra.NoArgs,
+		Use:     "install-criu-integration",
+		Aliases: []string{"install-runc-integration"},
+		Short:   "Make plain runc and crun checkpoint/restore (and podman, containerd, CRI-O) move GPU state, through CRIU's runc.conf and crun.conf",
+		Args:    cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if remove {
 				if err := in.Remove(); err != nil {
 					return err
 				}
-				fmt.Fprintf(a.stdout, "removed %s from %s\n", in.Script, in.Config)
+				fmt.Fprintf(a.stdout, "removed %s and gpucr's copy beside it, and their lines from CRIU's configuration\n", in.Script)
 				return nil
 			}
 			exe, err := os.Executable()
@@ -125,14 +154,24 @@ func (a *app) installRuncCmd() *cobra.Command {
 			if err := in.Install(); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "installed: %s runs %s criu-action (log %s)\n", in.Config, in.Script, in.Log)
+			fmt.Fprintf(a.stdout, "installed: %s runs %s criu-action (log %s)\n", in.Config, in.Binary(), in.Log)
+			if in.CrunConfig != "" {
+				if in.CrunReadsRunc() {
+					fmt.Fprintf(a.stdout, "crun (1.26 or newer, with CRIU 4.2 or newer) reads %s while %s does not exist\n", in.Config, in.CrunConfig)
+				} else {
+					fmt.Fprintf(a.stdout, "installed: %s runs it too\n", in.CrunConfig)
+				}
+			}
 			return nil
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&in.Config, "config", container.DefaultRuncConfig, "CRIU configuration file that runc passes to CRIU")
+	f.StringVar(&in.Config, "config", container.DefaultRuncConfig, "CRIU configuration file that runc (and crun without its own) passes to CRIU")
+	f.StringVar(&in.CrunConfig, "crun-config", container.DefaultCrunConfig, "crun's own CRIU configuration file, added to where it exists (\"\" leaves it alone)")
 	f.StringVar(&in.Script, "script", container.DefaultScript, "where to write the action script")
 	f.StringVar(&in.Log, "log", container.DefaultActionLog, "where the action script logs each step")
+	f.StringVar(&in.StateDir, "state-dir", container.StateDir, "where the action script keeps what passes between steps")
+	_ = f.MarkHidden("state-dir") // for tests that must not share the host's
 	f.BoolVar(&remove, "remove", false, "take the integration out again")
 	return cmd
 }

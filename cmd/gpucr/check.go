@@ -3,14 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpucr/gpucr/internal/amd/kfd"
-	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -23,7 +24,6 @@ type checkReport struct {
 	Root  bool        `json:"root"`
 	CRIU  criuStatus  `json:"criu"`
 	GPUs  []gpuStatus `json:"gpuBackends"`
-	AMD   amdStatus   `json:"amd"`
 	// Operations are the checkpoints and restores in the journal: in progress (held), or
 	// left by a gpucr that died with its guardian (stale, for gpucr recover).
 	Operations []txn.Entry `json:"operations"`
@@ -40,44 +40,15 @@ type criuStatus struct {
 	Error       string `json:"error,omitempty"`
 }
 
-// amdStatus is AMD readiness: KFD present, CRIU's amdgpu plugin found.
-type amdStatus struct {
-	Available bool   `json:"available"`
-	Reason    string `json:"reason,omitempty"`
-	GPUs      int    `json:"gpus"`
-	Plugin    string `json:"pluginDir,omitempty"`
-	Note      string `json:"note"`
-}
-
-// amdUntested is said wherever AMD support shows: it is built and tested on fixtures only.
-const amdUntested = "gpucr's AMD support has not been run on AMD hardware"
-
-func checkAMD(criuPath string) amdStatus {
-	s := amdStatus{Note: amdUntested}
-	if criuPath != "" {
-		s.Plugin = plugin.Find(criuPath)
-	}
-	nodes, err := kfd.Read(kfd.DefaultRoot)
-	switch {
-	case err != nil:
-		s.Reason = "no AMD KFD driver (" + kfd.DefaultRoot + " unreadable); AMD GPU support is off"
-	case len(kfd.GPUs(nodes)) == 0:
-		s.Reason = "KFD lists no GPUs; AMD GPU support is off"
-	case s.Plugin == "":
-		s.Reason = plugin.ErrMissing.Error()
-	default:
-		s.Available, s.GPUs = true, len(kfd.GPUs(nodes))
-	}
-	return s
-}
-
+// gpuStatus is one GPU vendor's readiness on this host.
 type gpuStatus struct {
-	Backend   string       `json:"backend"`
-	Available bool         `json:"available"`
-	Reason    string       `json:"reason,omitempty"`
-	Driver    string       `json:"driverVersion,omitempty"`
-	CUDA      string       `json:"cudaVersion,omitempty"`
-	Devices   []gpu.Device `json:"devices,omitempty"`
+	Backend    string         `json:"backend"`
+	Available  bool           `json:"available"`
+	Reason     string         `json:"reason,omitempty"`
+	Driver     string         `json:"driverVersion,omitempty"`
+	Properties gpu.Properties `json:"properties,omitempty"`
+	Devices    []gpu.Device   `json:"devices,omitempty"`
+	Note       string         `json:"note,omitempty"`
 }
 
 func (a *app) checkCmd() *cobra.Command {
@@ -91,7 +62,7 @@ func (a *app) checkCmd() *cobra.Command {
 				return err
 			}
 			if !r.Ready {
-				return notReadyError{reason: notReadyReason(r)}
+				return notReadyError{reason: notReadyReason(r), reported: true}
 			}
 			return nil
 		},
@@ -115,21 +86,24 @@ func (a *app) check(ctx context.Context) checkReport {
 			r.CRIU.OK = true
 		}
 	}
-	ready, unavailable := gpu.Probe(a.cfg.gpu)
+	ready, off := gpu.Probe(a.gpuConfig(r.CRIU.Path))
+	notes := map[string]string{}
+	for _, v := range gpu.Vendors() {
+		notes[v.Name] = v.Note
+	}
 	for _, b := range ready {
-		s := gpuStatus{Backend: b.Name(), Available: true}
+		s := gpuStatus{Backend: b.Name(), Available: true, Note: notes[b.Name()]}
 		if h, err := b.Host(ctx); err != nil {
 			s.Available, s.Reason = false, err.Error()
 		} else {
-			s.Driver, s.CUDA, s.Devices = h.DriverVersion, h.CUDAVersion, h.Devices
+			s.Driver, s.Properties, s.Devices = h.DriverVersion, h.Properties, h.Devices
 		}
 		r.GPUs = append(r.GPUs, s)
 	}
-	for name, why := range unavailable {
-		r.GPUs = append(r.GPUs, gpuStatus{Backend: name, Reason: why.Error()})
+	for _, o := range off {
+		r.GPUs = append(r.GPUs, gpuStatus{Backend: o.Name, Reason: o.Reason.Error(), Note: o.Note})
 	}
 	sort.Slice(r.GPUs, func(i, j int) bool { return r.GPUs[i].Backend < r.GPUs[j].Backend })
-	r.AMD = checkAMD(r.CRIU.Path)
 	r.Operations, r.Stranded = a.checkOperations(ctx, ready)
 	for _, op := range r.Operations {
 		if !op.Held {
@@ -200,19 +174,18 @@ func printCheck(a *app, r checkReport) {
 		fmt.Fprintf(w, "%-4s criu: %s\n", mark[false], r.CRIU.Error)
 	}
 	for _, g := range r.GPUs {
+		note := ""
+		if g.Note != "" {
+			note = " (" + g.Note + ")"
+		}
 		if !g.Available {
-			fmt.Fprintf(w, "off  gpu %s: %s\n", g.Backend, g.Reason)
+			fmt.Fprintf(w, "off  gpu %s: %s%s\n", g.Backend, g.Reason, note)
 			continue
 		}
-		fmt.Fprintf(w, "ok   gpu %s: driver %s, CUDA %s, %d device(s)\n", g.Backend, g.Driver, g.CUDA, len(g.Devices))
+		fmt.Fprintf(w, "ok   gpu %s: driver %s%s, %d device(s)%s\n", g.Backend, g.Driver, propertiesLine(g.Properties), len(g.Devices), note)
 		for _, d := range g.Devices {
-			fmt.Fprintf(w, "       %d %s %s  cc %s  %s  numa %d\n", d.Index, d.UUID, d.Name, d.ComputeCapability, bytesHuman(d.MemoryTotal), d.NUMANode)
+			fmt.Fprintf(w, "       %d %s %s  %s  numa %d%s\n", d.Index, d.UUID, d.Name, bytesHuman(d.MemoryTotal), d.NUMANode, propertiesLine(d.Properties))
 		}
-	}
-	if r.AMD.Available {
-		fmt.Fprintf(w, "ok   gpu amd: %d GPU(s), CRIU amdgpu plugin in %s (%s)\n", r.AMD.GPUs, r.AMD.Plugin, r.AMD.Note)
-	} else {
-		fmt.Fprintf(w, "off  gpu amd: %s (%s)\n", r.AMD.Reason, r.AMD.Note)
 	}
 	for _, op := range r.Operations {
 		state := "in progress"
@@ -229,4 +202,13 @@ func printCheck(a *app, r checkReport) {
 	} else {
 		fmt.Fprintf(w, "not ready: %s\n", notReadyReason(r))
 	}
+}
+
+// propertiesLine shows a backend's own facts as ", name value" pairs in name order.
+func propertiesLine(p gpu.Properties) string {
+	var b strings.Builder
+	for _, k := range slices.Sorted(maps.Keys(p)) {
+		fmt.Fprintf(&b, ", %s %s", k, p[k])
+	}
+	return b.String()
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
@@ -43,13 +44,21 @@ type checkpointOutput struct {
 	GPUBytes     uint64        `json:"gpuMemoryBytes"`
 	LeftRunning  bool          `json:"leftRunning"`
 	Phases       []image.Phase `json:"phases"`
-	Total        float64       `json:"totalSeconds"`
+	// Paused is how long the workload was stopped: from its GPUs' lock (or its freeze) to
+	// running again, or to its end when not left running.
+	Paused float64 `json:"pausedSeconds"`
+	Total  float64 `json:"totalSeconds"`
 	// Pushed is the upload of --to: with -D the image is written to DIR first, then
 	// stored; without, it is Streamed: pages go to the store as CRIU dumps them.
 	Pushed   *transferOutput `json:"pushed,omitempty"`
 	Streamed bool            `json:"streamed,omitempty"`
 	// CRIUStats is CRIU's own account of the dump (local images: kept in DIR/logs).
 	CRIUStats *criuimg.DumpStats `json:"criuDumpStats,omitempty"`
+	// Exported is the archive of --export.
+	Exported *exportOutput `json:"exported,omitempty"`
+	// RootPID above is the host's PID; the image numbers a container's processes as the
+	// container does, its init as ContainerPID (1).
+	ContainerPID int `json:"containerPid,omitempty"`
 }
 
 // storeAndEmit stores the checkpoint written to dir at to, when given, and prints out.
@@ -72,7 +81,7 @@ func (a *app) storeAndEmit(ctx context.Context, out checkpointOutput, phases []i
 // checkpointStreamed checkpoints target straight into the store at loc: the memory pages
 // go from CRIU through gpucr's page server to the store, and only CRIU's other files are
 // staged, in a temporary directory that is removed afterwards.
-func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, target engine.Target, r engine.CheckpointRequest, loc string) (*transferOutput, *image.Manifest, error) {
+func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, target engine.Target, r engine.CheckpointRequest, loc string) (*transferOutput, *engine.Checkpointed, error) {
 	sc, err := a.openStream(ctx, loc)
 	if err != nil {
 		return nil, nil, err
@@ -133,6 +142,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 	var signPath string
 	var skips []string
 	var dryRun bool
+	var exportFile string
 	cmd := &cobra.Command{
 		Use:   "checkpoint {PID | --container ID} {-D DIR | --to LOCATION | -D DIR --to LOCATION}",
 		Short: "Checkpoint a running process tree or runc container (and its GPU state) to an image directory",
@@ -148,6 +158,12 @@ func (a *app) checkpointCmd() *cobra.Command {
 			if dryRun {
 				return a.dryRun(cmd, target, r)
 			}
+			var export *exporter
+			if exportFile != "" {
+				if export, err = newExporter(exportFile, ctr, to, rf.path, &r.Dir); err != nil {
+					return err
+				}
+			}
 			if r.Dir == "" && to == "" {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
 			}
@@ -155,14 +171,16 @@ func (a *app) checkpointCmd() *cobra.Command {
 				return err
 			}
 			start := time.Now()
-			var m *image.Manifest
+			var m *engine.Checkpointed
 			var streamed *transferOutput
 			var released error // the image is written, what became of the tree after failed
+			root := &hostRoot{}
 			err = a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
+				root.Target = target(e)
 				if r.Dir == "" {
-					streamed, m, err = a.checkpointStreamed(ctx, e, target(e), r, to)
+					streamed, m, err = a.checkpointStreamed(ctx, e, root, r, to)
 				} else {
-					m, err = e.Checkpoint(ctx, target(e), r)
+					m, err = e.Checkpoint(ctx, root, r)
 				}
 				if m != nil {
 					released, err = err, nil
@@ -170,11 +188,17 @@ func (a *app) checkpointCmd() *cobra.Command {
 				return err
 			})
 			if err != nil {
+				if m == nil {
+					export.abandon()
+				}
 				return classifyContainer(explainFullDisk(err))
 			}
 			out := checkpointOutput{
-				Dir: r.Dir, Container: ctr, RootPID: m.RootPID, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
-				LeftRunning: r.LeaveRunning, Phases: m.Phases, Total: time.Since(start).Seconds(),
+				Dir: r.Dir, Container: ctr, RootPID: root.pid, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
+				LeftRunning: r.LeaveRunning, Phases: m.Phases, Paused: m.Paused.Seconds(), Total: time.Since(start).Seconds(),
+			}
+			if ctr != "" {
+				out.ContainerPID = m.RootPID
 			}
 			if r.Sign != nil {
 				out.SignedBy = signing.ID(r.Sign.Public().(ed25519.PublicKey))
@@ -197,6 +221,14 @@ func (a *app) checkpointCmd() *cobra.Command {
 			}
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
+			if export != nil {
+				if out.Exported, err = export.write(ctx, m.Manifest); err != nil {
+					return err
+				}
+				if export.temp {
+					out.Dir = ""
+				}
+			}
 			if err := a.storeAndEmit(ctx, out, m.Phases, r.Dir, to); err != nil {
 				return err
 			}
@@ -215,9 +247,26 @@ func (a *app) checkpointCmd() *cobra.Command {
 	// Hidden: a slower way kept to measure what gpucr's page server wins (gpucr-bench).
 	f.BoolVar(&r.CRIUWritesPages, "criu-writes-pages", false, "let CRIU write all memory pages itself, not gpucr")
 	_ = f.MarkHidden("criu-writes-pages")
+	f.StringVar(&exportFile, "export", "", "with --container: also write the checkpoint as one archive FILE in podman's layout (.tar, .tar.gz or .tar.zst), readable by checkpointctl; without -D only the archive is kept")
+	f.BoolVar(&r.CRIUCompatible, "criu-compatible", false, "keep all memory in CRIU's own page files (none in gpucr's mem/), so that plain criu restore restores the CPU side")
 	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
 	return cmd
+}
+
+// hostRoot is a checkpoint's target that remembers the host's PID of the root of the tree
+// it opens: the image numbers a container's processes as the container does.
+type hostRoot struct {
+	engine.Target
+	pid int
+}
+
+func (h *hostRoot) Open(ctx context.Context) ([]proctree.Process, error) {
+	tree, err := h.Target.Open(ctx)
+	if len(tree) > 0 {
+		h.pid = tree[0].PID
+	}
+	return tree, err
 }
 
 func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
@@ -228,7 +277,11 @@ func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
 	if out.Streamed {
 		to = "streamed to"
 	}
-	fmt.Fprintf(a.stdout, "checkpointed %s (%d processes) %s %s in %.2fs\n", what, out.Processes, to, out.Dir, out.Total)
+	where := out.Dir
+	if where == "" && out.Exported != nil {
+		where = out.Exported.File
+	}
+	fmt.Fprintf(a.stdout, "checkpointed %s (%d processes) %s %s in %.2fs\n", what, out.Processes, to, where, out.Total)
 	fmt.Fprintf(a.stdout, "  memory  %s written\n", bytesHuman(out.MemoryBytes))
 	if out.GPUProcesses > 0 {
 		fmt.Fprintf(a.stdout, "  gpu     %d process(es), %s of GPU memory\n", out.GPUProcesses, bytesHuman(out.GPUBytes))
@@ -237,10 +290,13 @@ func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
 		fmt.Fprintf(a.stdout, "  signed  by key %s\n", out.SignedBy)
 	}
 	fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(phases))
+	if out.Exported != nil {
+		printExport(a.stdout, out.Exported)
+	}
 	switch {
 	case out.LeftRunning && out.Container != "":
-		fmt.Fprintln(a.stdout, "  the container was left running")
+		fmt.Fprintf(a.stdout, "  the container was left running (paused %.2fs)\n", out.Paused)
 	case out.LeftRunning:
-		fmt.Fprintln(a.stdout, "  the process tree was left running")
+		fmt.Fprintf(a.stdout, "  the process tree was left running (paused %.2fs)\n", out.Paused)
 	}
 }

@@ -13,7 +13,7 @@ import (
 // down: the packages below cmd read no variable of their own.
 type config struct {
 	criu string         // GPUCR_CRIU: the CRIU binary when --criu is not given
-	gpu  gpu.Config     // GPUCR_LIBCUDA, GPUCR_LIBNVML: driver libraries off the loader's path
+	gpu  gpu.Config     // each GPU vendor's settings (gpu.Vendor.Settings)
 	s3   store.S3Config // where S3 is and who we are there
 }
 
@@ -26,13 +26,34 @@ type config struct {
 func configFrom(getenv func(string) string) config {
 	return config{
 		criu: getenv("GPUCR_CRIU"),
-		gpu:  gpu.Config{LibCUDA: getenv("GPUCR_LIBCUDA"), LibNVML: getenv("GPUCR_LIBNVML")},
+		gpu:  gpu.Config{Settings: vendorSettings(getenv)},
 		s3: store.S3Config{
 			Endpoint: cmp.Or(getenv("GPUCR_S3_ENDPOINT"), getenv("AWS_ENDPOINT_URL")),
 			Region:   cmp.Or(getenv("AWS_REGION"), getenv("AWS_DEFAULT_REGION")),
 			Creds:    credentials.NewChainCredentials([]credentials.Provider{&credentials.EnvAWS{}, &credentials.FileAWSCredentials{}}),
 		},
 	}
+}
+
+// vendorSettings reads the settings every registered GPU vendor names.
+func vendorSettings(getenv func(string) string) map[string]string {
+	out := map[string]string{}
+	for _, v := range gpu.Vendors() {
+		for _, name := range v.Settings {
+			if val := getenv(name); val != "" {
+				out[name] = val
+			}
+		}
+	}
+	return out
+}
+
+// gpuConfig is the configuration backends open with, given the CRIU in use (a vendor's
+// CRIU plugin lives beside it); criuPath may be empty when no CRIU was found.
+func (a *app) gpuConfig(criuPath string) gpu.Config {
+	c := a.cfg.gpu
+	c.CRIU = criuPath
+	return c
 }
 
 // criuBinary is the CRIU to run: --criu, else $GPUCR_CRIU; empty lets criu.Find look.

@@ -1,9 +1,8 @@
 package main
 
 import (
+	"maps"
 	"testing"
-
-	"github.com/gpucr/gpucr/internal/gpu"
 )
 
 // gpucr's own S3 variables win over the AWS ones, and each setting is read from its variable.
@@ -31,8 +30,8 @@ func TestConfigFrom(t *testing.T) {
 	}
 	env := map[string]string{"GPUCR_CRIU": "/x/criu", "GPUCR_LIBCUDA": "/x/libcuda.so", "GPUCR_LIBNVML": "/x/libnvml.so"}
 	c := configFrom(func(k string) string { return env[k] })
-	if want := (gpu.Config{LibCUDA: "/x/libcuda.so", LibNVML: "/x/libnvml.so"}); c.criu != "/x/criu" || c.gpu != want {
-		t.Errorf("criu %q, libraries %+v; want /x/criu, %+v", c.criu, c.gpu, want)
+	if want := map[string]string{"GPUCR_LIBCUDA": "/x/libcuda.so", "GPUCR_LIBNVML": "/x/libnvml.so"}; c.criu != "/x/criu" || !maps.Equal(c.gpu.Settings, want) {
+		t.Errorf("criu %q, GPU settings %+v; want /x/criu, %+v", c.criu, c.gpu.Settings, want)
 	}
 	a := &app{cfg: c}
 	if got := a.criuBinary(); got != "/x/criu" {

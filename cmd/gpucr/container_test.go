@@ -251,11 +251,16 @@ func TestContainerLeaveRunningAndFailedCheckpointKeepItRunning(t *testing.T) {
 	waitContainerCount(t, bundle, n+3) // running, not left paused
 }
 
+// Plain runc with the integration: a container without GPU state is checkpointed and
+// restored with gpucr never started; one holding a GPU device (a stand-in, with the fake
+// driver) starts gpucr once for its dump, and its restore on a host without the GPU driver
+// is refused with gpucr's one line on runc's stderr and in the CRIU log runc names.
 func TestPlainRuncWithIntegration(t *testing.T) {
 	runc, criuPath := needRunc(t)
 	tmp := t.TempDir()
 	conf, script, log := filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "criu-action"), filepath.Join(tmp, "action.log")
-	mustGpucr(t, "install-runc-integration", "--config", conf, "--script", script, "--log", log)
+	mustGpucr(t, "install-criu-integration", "--config", conf, "--crun-config", "", "--script", script, "--log", log,
+		"--state-dir", filepath.Join(tmp, "state"))
 	// The annotation points runc at this test's configuration instead of /etc/criu/runc.conf,
 	// so that the test leaves the host's runc as it found it.
 	bundle := counterBundle(t, runc, conf)
@@ -266,21 +271,90 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 	img := filepath.Join(tmp, "img")
 	mustRunc(t, runc, "--criu", criuPath, "checkpoint", "--image-path", img, "--work-path", filepath.Join(tmp, "work"), id)
 	frozen := count(t, bundle)
-	logged, _ := os.ReadFile(log)
-	if !strings.Contains(string(logged), "action=pre-dump") {
-		t.Fatalf("plain runc checkpoint did not run gpucr's action script; its log:\n%s", logged)
-	}
 	if out := mustGpucr(t, "inspect", img); !strings.Contains(out, "runc/CRIU checkpoint") || !strings.Contains(out, " sh ") {
 		t.Errorf("inspect of runc's checkpoint:\n%s", out)
 	}
-
 	mustRunc(t, runc, "--criu", criuPath, "restore", "--detach", "--image-path", img, "--work-path", filepath.Join(tmp, "work2"), "--bundle", bundle, id2)
 	checkCountsOn(t, bundle, frozen)
+	if logged, err := os.ReadFile(log); !os.IsNotExist(err) {
+		t.Fatalf("gpucr started for a container without GPU state; its log:\n%s", logged)
+	}
+	if b, _ := os.ReadFile(filepath.Join(tmp, "work", "dump.log")); !bytes.Contains(b, []byte(script)) {
+		t.Fatal("CRIU did not run the action script: the test proves nothing")
+	}
+
+	drv := newFakeDriver(t)
+	gpuBundle := counterBundle(t, runc, conf)
+	holdGPUDevice(t, gpuBundle)
+	id3, id4 := containerID(t, runc, "c3"), containerID(t, runc, "c4")
+	runcRun(t, runc, gpuBundle, id3)
+	waitContainerCount(t, gpuBundle, 3)
+	drv.claim(t, runcPID(t, runc, id3))
+	gpuImg := filepath.Join(tmp, "gpu-img")
+	ck := exec.Command(runc, "--criu", criuPath, "checkpoint", "--image-path", gpuImg, "--work-path", filepath.Join(tmp, "work3"), id3)
+	ck.Env = append(os.Environ(), drv.env...)
+	if out, err := ck.CombinedOutput(); err != nil {
+		b, _ := os.ReadFile(log)
+		t.Fatalf("runc checkpoint of a GPU container: %v: %s\ngpucr's log:\n%s", err, out, b)
+	}
+	logged, _ := os.ReadFile(log)
+	if n := strings.Count(string(logged), "action=pre-dump"); n != 1 || !strings.Contains(string(logged), "GPU state checkpointed") {
+		t.Fatalf("gpucr's log of the dump, want one pre-dump line that checkpointed GPU state:\n%s", logged)
+	}
+	if _, err := os.Stat(filepath.Join(gpuImg, "gpucr-gpus.json")); err != nil {
+		t.Fatalf("no GPU record in the image: %v", err)
+	}
+
+	stderr := filepath.Join(tmp, "restore.stderr")
+	// Appended to, as a terminal or a pipe would be: runc's own writes do not overwrite gpucr's.
+	f, err := os.OpenFile(stderr, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs := exec.Command(runc, "--criu", criuPath, "restore", "--detach", "--image-path", gpuImg, "--work-path", filepath.Join(tmp, "work4"), "--bundle", gpuBundle, id4)
+	rs.Stdout, rs.Stderr = f, f
+	err = rs.Run()
+	f.Close()
+	out, _ := os.ReadFile(stderr)
+	if err == nil {
+		t.Fatalf("runc restored GPU state onto a host without the GPU driver:\n%s", out)
+	}
+	const reason = "gpucr: Error (CRIU action pre-restore): "
+	first, _, _ := strings.Cut(string(out), "\n")
+	if !strings.HasPrefix(first, reason) || !strings.Contains(first, "gpucr's log: "+log) {
+		t.Errorf("runc's stderr does not start with gpucr's reason:\n%s", out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(tmp, "work4", "restore.log")); !bytes.Contains(b, []byte(reason)) {
+		t.Errorf("the CRIU log runc names lacks gpucr's reason:\n%s", b)
+	}
 	logged, _ = os.ReadFile(log)
-	for _, step := range []string{"action=pre-restore", "action=post-resume"} {
-		if !strings.Contains(string(logged), step) {
-			t.Errorf("plain runc restore did not run the %s step; the log:\n%s", step, logged)
-		}
+	if n := strings.Count(string(logged), "action=pre-restore"); n != 1 {
+		t.Errorf("gpucr logged pre-restore %d times, want once:\n%s", n, logged)
+	}
+}
+
+// holdGPUDevice makes the bundle's container hold a device at /dev/nvidiactl (the host's
+// /dev/null, bound there) open, as a GPU process holds the driver's.
+func holdGPUDevice(t *testing.T, bundle string) {
+	t.Helper()
+	path := filepath.Join(bundle, "config.json")
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec map[string]any
+	if err := json.Unmarshal(raw, &spec); err != nil {
+		t.Fatal(err)
+	}
+	spec["mounts"] = append(spec["mounts"].([]any), map[string]any{
+		"destination": "/dev/nvidiactl", "type": "bind", "source": "/dev/null", "options": []string{"bind"}})
+	proc := spec["process"].(map[string]any)
+	proc["args"] = append([]any{"sh", "-c", `exec 3</dev/nvidiactl; exec "$@"`, "sh"}, proc["args"].([]any)...)
+	if raw, err = json.Marshal(spec); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -290,7 +364,7 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 // memory intact. A checkpoint that runs out of disk saving it leaves the container running;
 // one with --to is stored too, and restore --from streams it.
 func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
-	_, bundle, id, id2 := counterContainer(t, "m", "-mib", "64")
+	runc, bundle, id, id2 := counterContainer(t, "m", "-mib", "64")
 
 	// Onto a disk where CRIU's files fit and the 64 MiB do not: refused, nothing left, the
 	// container thawed and counting.
@@ -305,8 +379,12 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 
 	dir, storeDir := filepath.Join(t.TempDir(), "img"), t.TempDir()
 	var ck checkpointOutput
+	initPID := runcInitPID(t, runc, id)
 	if err := json.Unmarshal([]byte(mustGpucr(t, "checkpoint", "--json", "--container", id, "-D", dir, "--to", filepath.Join(storeDir, "ckpt"))), &ck); err != nil {
 		t.Fatal(err)
+	}
+	if ck.RootPID != initPID || ck.ContainerPID != 1 {
+		t.Errorf("checkpoint says rootPid %d, containerPid %d; want the host's %d and the container's 1", ck.RootPID, ck.ContainerPID, initPID)
 	}
 	if out := mustGpucr(t, "ls", storeDir); ck.Pushed == nil || !strings.Contains(out, "ckpt") {
 		t.Errorf("--to stored %+v; ls:\n%s", ck.Pushed, out)
@@ -332,6 +410,9 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	}
 	if rs.Streamed == nil || rs.Streamed.MemoryBytes < 64<<20 || rs.Streamed.Chunks == 0 {
 		t.Errorf("restore --from streamed %+v, want the container's 64 MiB", rs.Streamed)
+	}
+	if initPID := runcInitPID(t, runc, id2); rs.RootPID != initPID || rs.ContainerPID != 1 {
+		t.Errorf("restore says rootPid %d, containerPid %d; want the host's %d and the container's 1", rs.RootPID, rs.ContainerPID, initPID)
 	}
 	if !hasPhase(rs.Phases, "memory-fill") {
 		t.Errorf("restore phases %+v: no memory-fill", rs.Phases)
@@ -415,6 +496,22 @@ func counterContainer(t *testing.T, name string, args ...string) (runc, bundle, 
 	runcRun(t, runc, bundle, id)
 	waitContainerCount(t, bundle, 5)
 	return runc, bundle, id, id2
+}
+
+// runcInitPID is the host's PID of container id's init, as runc knows it.
+func runcInitPID(t *testing.T, runc, id string) int {
+	t.Helper()
+	out, err := exec.Command(runc, "state", id).Output()
+	var st struct {
+		PID int `json:"pid"`
+	}
+	if err == nil {
+		err = json.Unmarshal(out, &st)
+	}
+	if err != nil || st.PID <= 0 {
+		t.Fatalf("runc state %s: %v: %s", id, err, out)
+	}
+	return st.PID
 }
 
 func hasPhase(ps []image.Phase, name string) bool {

@@ -28,7 +28,7 @@ func newFakeDriver(t *testing.T) *fakeDriver {
 	t.Helper()
 	libs := t.TempDir()
 	build := map[string]string{
-		"libfakecuda.so": "../../internal/cuda/testdata/fakecuda.c",
+		"libfakecuda.so": "../../internal/gpu/nvidia/cuda/testdata/fakecuda.c",
 		"libfakenvml.so": "../../internal/gpu/nvidia/testdata/fakenvml.c",
 	}
 	for lib, src := range build {
@@ -160,6 +160,27 @@ func TestKilledCheckpointRollsBack(t *testing.T) {
 			untraced(t, w.pid)
 			if st := drv.state(w.pid); st != "0" {
 				t.Fatalf("GPU state %s after the rollback, want 0 (running)", st)
+			}
+			w.checkRunsOn(t, "gpucr was killed at "+point)
+			onlyImages(t, dir)
+		})
+	}
+}
+
+// A periodic checkpoint lets its workload run again before the image is durable: killed
+// anywhere from there, gpucr leaves the workload running on its GPU and no image, or a
+// whole one.
+func TestKilledPeriodicCheckpointLeavesTheWorkloadRunning(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	for _, point := range []string{"end memory-save", "start commit", "in commit", "start gpu-resume", "end commit"} {
+		t.Run(point, func(t *testing.T) {
+			host, w, dir := crashSetup(t, drv)
+			killedAt(t, point, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir, "--leave-running"}, host.flags()...)...)
+			host.checkClean(t)
+			untraced(t, w.pid)
+			if st := drv.state(w.pid); st != "0" {
+				t.Fatalf("GPU state %s after gpucr died at %s, want 0 (running)", st, point)
 			}
 			w.checkRunsOn(t, "gpucr was killed at "+point)
 			onlyImages(t, dir)
@@ -379,18 +400,19 @@ func TestKilledContainerCheckpointRollsBack(t *testing.T) {
 }
 
 // Under plain runc, gpucr runs as CRIU's action script: killed inside its pre-dump step,
-// CRIU aborts the dump, and the GPU processes are given back: by the script's second run
-// (CRIU runs each script twice a step), which finds them locked and rolls back, or by the
-// watcher the script started before locking, once CRIU exits. The container runs on.
+// CRIU aborts the dump (the script's second run repeats the first's failure), and the
+// watcher the script started before locking gives the GPU processes back once CRIU exits.
+// The container runs on.
 func TestKilledActionScriptRollsBack(t *testing.T) {
 	runc, criuPath := needRunc(t)
 	drv := newFakeDriver(t)
 	tmp := t.TempDir()
 	conf, script, log := filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "criu-action"), filepath.Join(tmp, "action.log")
-	mustGpucr(t, "install-runc-integration", "--config", conf, "--script", script, "--log", log)
+	mustGpucr(t, "install-runc-integration", "--config", conf, "--script", script, "--log", log, "--state-dir", filepath.Join(tmp, "state"))
 	for _, point := range []string{"end gpu-lock", "end gpu-checkpoint", "end pre-dump"} {
 		t.Run(point, func(t *testing.T) {
 			bundle := counterBundle(t, runc, conf)
+			holdGPUDevice(t, bundle)
 			id := containerID(t, runc, strings.ReplaceAll(point, " ", "-"))
 			runcRun(t, runc, bundle, id)
 			waitContainerCount(t, bundle, 3)
@@ -410,7 +432,7 @@ func TestKilledActionScriptRollsBack(t *testing.T) {
 			if st := drv.state(pid); st != "0" {
 				t.Fatalf("GPU state %s after the dump failed, want 0 (running)\n%s", st, b)
 			}
-			if !strings.Contains(string(b), "gpuProcesses=1") {
+			if !strings.Contains(string(b), "gpuProcesses=") || strings.Contains(string(b), "gpuProcesses=0") {
 				t.Errorf("the action script found no GPU process; its log:\n%s", b)
 			}
 			waitContainerCount(t, bundle, count(t, bundle)+3)

@@ -116,6 +116,12 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 					t.Errorf("gpucr %s: exit %d, want one line naming %q:\n%s", verb[0], code, c.want, out)
 				}
 			}
+			// verify --json fails as JSON, naming the damage too.
+			stdout, _, code := gpucrEnv(t, nil, "verify", "--json", dir)
+			var e errorOutput
+			if err := json.Unmarshal([]byte(stdout), &e); err != nil || code != exitFailed || e.ExitCode != code || !strings.Contains(e.Error, c.want) {
+				t.Errorf("verify --json: exit %d, stdout %q (%v); want the error naming %q as JSON", code, stdout, err, c.want)
+			}
 			// Damaged pages are found while CRIU restores; it kills the tasks before any runs
 			// (they may still be exiting when gpucr returns), and they are re-parented to the
 			// test. A task that had run would have counted.
@@ -158,6 +164,7 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 		{"parent is a file", []string{"checkpoint", pid, "-D", filepath.Join(aFile, "img")}, exitFailed, "not a directory"},
 		{"no criu", []string{"checkpoint", pid, "-D", filepath.Join(t.TempDir(), "i"), "--criu", "/nonexistent/criu"}, exitNotReady, "criu not found"},
 		{"restore of nothing", []string{"restore", "-D", t.TempDir()}, exitFailed, "not a gpucr image"},
+		{"inspect of nothing", []string{"inspect", t.TempDir()}, exitFailed, "not a gpucr image"},
 		{"unknown check", []string{"restore", "-D", t.TempDir(), "--skip-check", "colour"}, exitUsage, "unknown check"},
 		{"unknown verb", []string{"chekpoint", pid}, exitUsage, "unknown command"},
 		{"unknown flag", []string{"checkpoint", pid, "--nope"}, exitUsage, "unknown flag"},
@@ -214,6 +221,31 @@ func TestOldCRIUIsRefused(t *testing.T) {
 	}
 	if !alive(w.pid) {
 		t.Fatal("workload died")
+	}
+}
+
+// A host that is not ready makes check --json print its report, one JSON document that
+// says so, not the report and an error after it; exit 3 says it too.
+func TestCheckJSONOnAHostNotReadyIsOneDocument(t *testing.T) {
+	stdout, _, code := gpucrEnv(t, nil, "check", "--json", "--criu", "/nonexistent/criu")
+	var r checkReport
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != exitNotReady || r.Ready || r.CRIU.OK {
+		t.Fatalf("exit %d, stdout %q (%v); want exit 3 and one report saying not ready", code, stdout, err)
+	}
+}
+
+// --json written as --json=true is --json too for a command line cobra refuses before
+// parsing it.
+func TestRefusedCommandLineWithJSONEqualsTrue(t *testing.T) {
+	for _, args := range [][]string{{"--json=true", "chekpoint"}, {"verify", "--json=1"}} {
+		stdout, _, code := gpucrEnv(t, nil, args...)
+		var e errorOutput
+		if err := json.Unmarshal([]byte(stdout), &e); err != nil || code != exitUsage || e.ExitCode != exitUsage {
+			t.Errorf("gpucr %s: exit %d, stdout %q (%v); want exit 2 and the error as JSON", strings.Join(args, " "), code, stdout, err)
+		}
+	}
+	if stdout, _, code := gpucrEnv(t, nil, "--json=false", "chekpoint"); stdout != "" || code != exitUsage {
+		t.Errorf("--json=false: exit %d, stdout %q; want exit 2 and nothing on stdout", code, stdout)
 	}
 }
 

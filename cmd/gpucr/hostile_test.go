@@ -117,7 +117,8 @@ func TestInterruptedRestoreOfAHungCRIU(t *testing.T) {
 	for _, at := range []string{"pre-restore", "post-restore"} {
 		t.Run(at, func(t *testing.T) {
 			criuPID := filepath.Join(tmp, at+".pid")
-			cmd := exec.Command(bin.gpucr, "restore", "-D", dir)
+			// -q: the hung phase outlasts the interval at which progress is logged.
+			cmd := exec.Command(bin.gpucr, "restore", "-q", "-D", dir)
 			cmd.Env = append(os.Environ(), "CRIU_CONFIG_FILE="+conf, "HANG_AT="+at, "CRIU_PID="+criuPID)
 			var out strings.Builder
 			cmd.Stdout, cmd.Stderr = &out, &out
@@ -176,7 +177,7 @@ func TestInterruptedContainerRestoreOfAHungCRIU(t *testing.T) {
 				mustGpucr(t, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
 				frozen := count(t, bundle)
 				criuPID := filepath.Join(tmp, name+".pid")
-				cmd := exec.Command(bin.gpucr, append([]string{"restore", "--container", id, "-D", dir, "--criu", wrapper}, host.flags()...)...)
+				cmd := exec.Command(bin.gpucr, append([]string{"restore", "-q", "--container", id, "-D", dir, "--criu", wrapper}, host.flags()...)...)
 				cmd.Env = append(os.Environ(), "HANG_AT="+at, "CRIU_PID="+criuPID)
 				var out strings.Builder
 				cmd.Stdout, cmd.Stderr = &out, &out

@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpucr/gpucr/internal/amd/amdimg"
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -32,16 +33,27 @@ type inspectOutput struct {
 	CRIU        *criuimg.Summary  `json:"criu"`
 	// CRIUStats is CRIU's own account of the dump, kept with a gpucr image's logs.
 	CRIUStats *criuimg.DumpStats `json:"criuDumpStats,omitempty"`
-	AMD       *amdimg.Summary    `json:"amd,omitempty"`
+	// GPUState is what vendors' CRIU plugins keep in CRIU's files, by vendor.
+	GPUState map[string]any `json:"gpuPluginState,omitempty"`
+	// Archive describes a checkpoint archive (gpucr's export or podman's) read in place.
+	Archive *archiveInspect `json:"archive,omitempty"`
+	lines   map[string][]string
 }
 
 func (a *app) inspectCmd() *cobra.Command {
 	var files bool
 	cmd := &cobra.Command{
-		Use:   "inspect DIR",
-		Short: "Show what an image (or a runc checkpoint directory) holds: processes, memory, open files, GPUs, versions",
+		Use:   "inspect {DIR | ARCHIVE}",
+		Short: "Show what an image, a runc checkpoint directory or a checkpoint archive holds: processes, memory, open files, GPUs, versions",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
+			if isArchive(args[0]) {
+				out, err := inspectArchive(args[0])
+				if err != nil {
+					return err
+				}
+				return a.emit(out, func() { printInspect(a.stdout, out, files) })
+			}
 			out, criuDir, err := loadInspect(args[0])
 			if err != nil {
 				return err
@@ -62,10 +74,8 @@ func (a *app) inspectCmd() *cobra.Command {
 					out.CRIU.Processes[i].MemoryBytes += uint64(saved[p.PID])
 				}
 			}
-			if amd, err := amdimg.Summarize(criuDir); err != nil {
+			if err := describeGPUState(&out, criuDir); err != nil {
 				return err
-			} else if len(amd.Processes) > 0 {
-				out.AMD = amd
 			}
 			return a.emit(out, func() { printInspect(a.stdout, out, files) })
 		},
@@ -101,23 +111,33 @@ func loadInspect(dir string) (inspectOutput, string, error) {
 	return out, dir, nil
 }
 
-func printAMD(w io.Writer, s *amdimg.Summary) {
-	fmt.Fprintf(w, "amd gpus  (%s)\n", amdUntested)
-	for _, p := range s.Processes {
-		fmt.Fprintf(w, "  pid %d (%s): GPUs", p.PID, p.File)
-		for _, g := range p.GPUs {
-			fmt.Fprintf(w, " %d", g.GPUID)
+// describeGPUState asks each vendor what its CRIU plugin keeps in criuDir.
+func describeGPUState(out *inspectOutput, criuDir string) error {
+	for _, v := range gpu.Vendors() {
+		if v.Describe == nil {
+			continue
 		}
-		fmt.Fprintln(w)
-		for _, b := range p.Buffers {
-			fmt.Fprintf(w, "    gpu %d %-10s %d x %s = %s\n", b.GPUID, b.Domain, b.Count, bytesHuman(b.Size), bytesHuman(b.Bytes))
+		d, err := v.Describe(criuDir)
+		if err != nil {
+			return fmt.Errorf("%s GPU state: %w", v.Name, err)
 		}
+		if d == nil {
+			continue
+		}
+		if out.GPUState == nil {
+			out.GPUState, out.lines = map[string]any{}, map[string][]string{}
+		}
+		out.GPUState[v.Name], out.lines[v.Name] = d.Data, d.Lines
 	}
+	return nil
 }
 
 func printInspect(w io.Writer, o inspectOutput, files bool) {
 	m := o.Manifest
 	var gpus []gpu.Snapshot
+	if o.Archive != nil {
+		printArchive(w, o.Archive, o.Container)
+	}
 	if m != nil {
 		fmt.Fprintf(w, "image     %s (format %d)\n", o.Dir, m.FormatVersion)
 		fmt.Fprintf(w, "created   %s on %s (kernel %s, %s)\n", m.Created.Local().Format("2006-01-02 15:04:05 MST"), m.Host.Hostname, m.Host.Kernel, m.Host.Arch)
@@ -157,14 +177,17 @@ func printInspect(w io.Writer, o inspectOutput, files bool) {
 			}
 		}
 	}
-	if o.AMD != nil {
-		printAMD(w, o.AMD)
+	for _, name := range slices.Sorted(maps.Keys(o.lines)) {
+		fmt.Fprintf(w, "%s gpu state in CRIU's files\n", name)
+		for _, l := range o.lines[name] {
+			fmt.Fprintf(w, "  %s\n", l)
+		}
 	}
 	for _, s := range gpus {
-		fmt.Fprintf(w, "gpus      %s driver %s, CUDA %s\n", s.Backend, s.DriverVersion, s.CUDAVersion)
+		fmt.Fprintf(w, "gpus      %s driver %s%s\n", s.Backend, s.DriverVersion, propertiesLine(s.Properties))
 		for _, d := range s.Devices {
-			fmt.Fprintf(w, "  %d %s %s  cc %s  %s total, %s used  pci %s  numa %d\n", d.Index, d.UUID, d.Name, d.ComputeCapability,
-				bytesHuman(d.MemoryTotal), bytesHuman(d.MemoryUsed), d.PCIBusID, d.NUMANode)
+			fmt.Fprintf(w, "  %d %s %s  %s total, %s used  pci %s  numa %d%s\n", d.Index, d.UUID, d.Name,
+				bytesHuman(d.MemoryTotal), bytesHuman(d.MemoryUsed), d.PCIBusID, d.NUMANode, propertiesLine(d.Properties))
 		}
 		for _, p := range s.Processes {
 			fmt.Fprintf(w, "  pid %d: %s of GPU memory on %s\n", p.PID, bytesHuman(p.MemoryBytes), strings.Join(p.Devices, ", "))

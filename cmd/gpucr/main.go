@@ -5,23 +5,23 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"runtime/debug"
-	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpucr/gpucr/internal/amd"
-	"github.com/gpucr/gpucr/internal/amd/kfd"
-	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
+	_ "github.com/gpucr/gpucr/internal/gpu/amd"    // registers the AMD backend
 	_ "github.com/gpucr/gpucr/internal/gpu/nvidia" // registers the NVIDIA backend
 	"github.com/gpucr/gpucr/internal/hosttune"
 	"github.com/gpucr/gpucr/internal/interrupt"
@@ -70,6 +70,11 @@ type app struct {
 	verbose        bool
 	noTHP          bool
 	log            *slog.Logger
+	// quiet shows no progress; progressEvery is how often a long phase logs its progress
+	// when stderr is not a terminal. shown is the one progress display, once made.
+	quiet         bool
+	progressEvery time.Duration
+	shown         *progress
 	// runDir holds the journal and locks; thpSwitch is the THP switch to tune. Both are
 	// hidden flags, for tests that must not share the host's.
 	runDir    string
@@ -96,6 +101,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			a.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 		},
 	}
+	root.SetVersionTemplate(fmt.Sprintf("gpucr version {{.Version}}, JSON schema %d\n", jsonSchema))
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
@@ -103,6 +109,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pf.BoolVar(&a.json, "json", false, "print results as JSON")
 	pf.StringVar(&a.criuPath, "criu", "", "path to the criu binary (default: $GPUCR_CRIU, "+criu.DefaultPrefixBinary+", then PATH)")
 	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log each step to stderr")
+	pf.BoolVarP(&a.quiet, "quiet", "q", false, "show no progress on stderr (errors still go there)")
+	pf.DurationVar(&a.progressEvery, "progress-every", 5*time.Second, "when stderr is not a terminal, log a long phase's progress this often (0: never)")
 	pf.BoolVar(&a.noTHP, "no-thp", false, "do not switch transparent huge pages to always while GPU memory is staged (it is put back afterwards)")
 	pf.StringVar(&a.runDir, "run-dir", txn.DefaultRoot, "where operations are journaled and locked")
 	pf.StringVar(&a.thpSwitch, "thp-switch", hosttune.THPPath, "the transparent huge page switch to tune")
@@ -114,7 +122,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	root.AddCommand(a.recoverCmd(), a.guardCmd(), a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd(),
-		a.criuActionCmd(), a.installRuncCmd(), a.pushCmd(), a.pullCmd(), a.lsCmd(), a.rmCmd(), a.gcCmd(), a.keygenCmd(), a.signCmd())
+		a.criuActionCmd(), a.installRuncCmd(), a.pushCmd(), a.pullCmd(), a.lsCmd(), a.rmCmd(), a.gcCmd(), a.keygenCmd(), a.signCmd(), a.foldCmd())
 
 	usageErrors(root)
 	if err := root.Execute(); err != nil {
@@ -126,8 +134,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if isCobraUsage(err) {
 			code = exitUsage
 		}
-		// A command line cobra refused may not have been parsed as far as --json.
-		if a.json || slices.Contains(args, "--json") {
+		var nr notReadyError
+		if (a.json || askedJSON(args)) && !(errors.As(err, &nr) && nr.reported) {
 			// Machines read stdout: the failure is there too, in the same schema.
 			b, _ := json.Marshal(errorOutput{Error: oneLine(err), ExitCode: code})
 			fmt.Fprintf(stdout, "%s\n", b)
@@ -135,6 +143,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	return 0
+}
+
+// askedJSON reads --json from a command line that cobra refused before parsing it as far.
+func askedJSON(args []string) bool {
+	for _, arg := range args {
+		if arg == "--" {
+			return false
+		}
+		if v, ok := strings.CutPrefix(arg, "--json="); ok {
+			b, err := strconv.ParseBool(v)
+			return err == nil && b
+		}
+		if arg == "--json" {
+			return true
+		}
+	}
+	return false
 }
 
 // errorOutput is what --json prints on stdout when a verb fails.
@@ -173,28 +198,29 @@ func isCobraUsage(err error) bool {
 
 // engine finds CRIU and the GPU backends that work on this host.
 func (a *app) engine() (*engine.Engine, error) {
-	// CRIU's amdgpu plugin reads KFD_MAX_BUFFER_SIZE itself; a typo there is better caught here.
-	if v := os.Getenv("KFD_MAX_BUFFER_SIZE"); v != "" {
-		if _, err := amd.ParseBufferSize(v); err != nil {
-			return nil, usageError{err}
-		}
-	}
 	d, err := criu.Find(a.criuBinary())
 	if err != nil {
 		return nil, err
 	}
-	backends, unavailable := gpu.Probe(a.cfg.gpu)
-	for name, why := range unavailable {
-		a.log.Debug("GPU backend off", "backend", name, "reason", why)
+	backends, off := gpu.Probe(a.gpuConfig(d.Path))
+	for _, o := range off {
+		a.log.Debug("GPU backend off", "backend", o.Name, "reason", o.Reason)
 	}
-	e := &engine.Engine{CRIU: d, Backends: backends, Version: versionString(), Log: a.log, Report: newProgress(a.stderr),
-		AMDPluginDir: plugin.Find(d.Path), KFDTopology: kfd.DefaultRoot}
+	e := &engine.Engine{CRIU: d, Backends: backends, Off: off, Version: versionString(), Log: a.log, Report: a.progress()}
 	if !a.noTHP {
 		e.THPSwitch = a.thpSwitch
 	}
 	e.JournalRoot = a.runDir
 	e.Guardian = []string{"/proc/self/exe", "guard", "--run-dir", a.runDir}
 	return e, nil
+}
+
+// progress is the display of long phases on stderr that the engine, push and pull share.
+func (a *app) progress() *progress {
+	if a.shown == nil {
+		a.shown = newProgress(a.stderr, a.progressEvery, a.quiet)
+	}
+	return a.shown
 }
 
 // withEngine checks the CRIU options, builds the engine and runs f under a context that

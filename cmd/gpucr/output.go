@@ -20,6 +20,9 @@ const (
 	exitNotReady = 3
 )
 
+// jsonSchema is the version of the --json output that docs/json.md describes.
+const jsonSchema = 3
+
 // usageError marks errors in what the user asked for.
 type usageError struct{ error }
 
@@ -37,8 +40,12 @@ func exitCode(err error) int {
 	return exitFailed
 }
 
-// notReadyError is `gpucr check` finding the host not ready; the report was printed.
-type notReadyError struct{ reason string }
+// notReadyError is the host found not ready; reported says the verb's own output (`gpucr
+// check`'s report) already said so, and --json must not print a second document.
+type notReadyError struct {
+	reason   string
+	reported bool
+}
 
 func (n notReadyError) Error() string { return n.reason }
 

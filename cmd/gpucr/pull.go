@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
@@ -46,10 +47,11 @@ func (a *app) pull(ctx context.Context, loc, dir string, trust signing.Keys) (tr
 	if err != nil {
 		return transferOutput{}, classifyStore(err)
 	}
-	bar := newBarProgress(a.stderr, "pull")
+	count := new(meter.Counter)
+	a.progress().StartBytes("pull", count)
 	start := time.Now()
-	_, stats, err := chunked.Pull(ctx, st, prefix, dir, chunked.Options{Progress: bar.update, Trust: trust})
-	bar.finish()
+	_, stats, err := chunked.Pull(ctx, st, prefix, dir, chunked.Options{Progress: countInto(count), Trust: trust})
+	a.progress().Done("pull", time.Since(start))
 	if err != nil {
 		return transferOutput{}, classifyStore(err)
 	}

@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"os"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/term"
 
 	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
 )
@@ -68,10 +65,11 @@ func (a *app) push(ctx context.Context, dir, loc string) (transferOutput, error)
 	if err != nil {
 		return transferOutput{}, classifyStore(err)
 	}
-	bar := newBarProgress(a.stderr, "push")
+	count := new(meter.Counter)
+	a.progress().StartBytes("push", count)
 	start := time.Now()
-	_, stats, err := chunked.Push(ctx, st, prefix, dir, chunked.Options{Progress: bar.update})
-	bar.finish()
+	_, stats, err := chunked.Push(ctx, st, prefix, dir, chunked.Options{Progress: countInto(count)})
+	a.progress().Done("push", time.Since(start))
 	if err != nil {
 		return transferOutput{}, classifyStore(err)
 	}
@@ -100,49 +98,10 @@ func classifyStore(err error) error {
 	return classify(err)
 }
 
-// barProgress shows bytes done out of the total on a terminal, at most ten times a second;
-// elsewhere it is silent so that logs and pipes get only results.
-type barProgress struct {
-	w     io.Writer
-	verb  string
-	mu    sync.Mutex
-	last  time.Time
-	shown bool
-}
-
-func newBarProgress(w io.Writer, verb string) *barProgress {
-	f, ok := w.(*os.File)
-	if !ok || !term.IsTerminal(int(f.Fd())) {
-		return &barProgress{}
-	}
-	return &barProgress{w: w, verb: verb}
-}
-
-func (b *barProgress) update(done, total int64) {
-	if b.w == nil {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if now := time.Now(); now.Sub(b.last) >= 100*time.Millisecond || done == total {
-		b.last = now
-		pct := 100.0
-		if total > 0 {
-			pct = 100 * float64(done) / float64(total)
-		}
-		fmt.Fprintf(b.w, "\r\033[K  %s %s / %s (%.0f%%)", b.verb, bytesHuman(uint64(done)), bytesHuman(uint64(total)), pct)
-		b.shown = true
-	}
-}
-
-// finish clears the progress line.
-func (b *barProgress) finish() {
-	if b.w == nil {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.shown {
-		fmt.Fprint(b.w, "\r\033[K")
+// countInto is a transfer's progress callback that counts into c.
+func countInto(c *meter.Counter) func(done, total int64) {
+	return func(done, total int64) {
+		c.SetTotal(total)
+		c.SetDone(done)
 	}
 }

@@ -187,6 +187,8 @@ func TestStoreErrors(t *testing.T) {
 		{"push over a checkpoint", srv.Env(), []string{"push", img, url}, 2, "a checkpoint already exists"},
 		{"pull into a full directory", srv.Env(), []string{"pull", url, img}, 2, "destination is not empty"},
 		{"other scheme", nil, []string{"ls", "gs://bucket"}, 2, "only s3:// URLs and local paths"},
+		{"rm of no checkpoint", srv.Env(), []string{"rm", url + "-missing"}, 1, "no complete checkpoint"},
+		{"gc of another scheme", nil, []string{"gc", "gs://bucket"}, 2, "only s3:// URLs and local paths"},
 		{"bad endpoint", []string{"GPUCR_S3_ENDPOINT=localhost:9000"}, []string{"ls", url}, 1, "must be an http:// or https:// URL"},
 	}
 	for _, tt := range tests {
@@ -204,6 +206,12 @@ func TestStoreErrors(t *testing.T) {
 				if strings.Contains(errOut, secret) {
 					t.Errorf("the error shows a secret: %s", errOut)
 				}
+			}
+			// Under --json the same error is on stdout as JSON, for machines.
+			out, _, code = gpucrEnv(t, tt.env, append(tt.args, "--json")...)
+			var e errorOutput
+			if err := json.Unmarshal([]byte(out), &e); err != nil || code != tt.code || e.ExitCode != code || !strings.Contains(e.Error, tt.want) {
+				t.Errorf("with --json: exit %d, stdout %q (%v); want the error as JSON", code, out, err)
 			}
 		})
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/guardian"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -84,12 +85,16 @@ func resumeStranded(ctx context.Context, backends []gpu.Backend, pid int) error 
 
 // stranded finds those of pids whose device state is locked or checkpointed.
 func stranded(ctx context.Context, backends []gpu.Backend, pids []int) (engine.GPUSet, error) {
-	set, _, err := engine.FindGPUProcs(ctx, backends, pids)
+	procs := make([]proctree.Process, len(pids))
+	for i, pid := range pids {
+		procs[i] = proctree.Process{PID: pid}
+	}
+	found, err := engine.FindGPUProcs(ctx, backends, nil, proctree.Snap("/proc", procs))
 	if err != nil {
 		return nil, err
 	}
 	var out engine.GPUSet
-	for _, p := range set {
+	for _, p := range found.GPUs {
 		if st, err := p.Backend.State(ctx, p.PID); err == nil && st != gpu.StateRunning {
 			out = append(out, p)
 		}
@@ -151,6 +156,6 @@ func (a *app) recoveryEngine() (*engine.Engine, error) {
 	if os.Geteuid() != 0 {
 		return nil, engine.ErrNotRoot
 	}
-	backends, _ := gpu.Probe(a.cfg.gpu)
+	backends, _ := gpu.Probe(a.gpuConfig(a.criuBinary()))
 	return &engine.Engine{Backends: backends, Version: version, Log: a.log, JournalRoot: a.runDir}, nil
 }

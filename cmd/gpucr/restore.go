@@ -5,14 +5,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/gpucr/gpucr/internal/amd"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -26,19 +24,21 @@ type restoreOutput struct {
 	Container string                       `json:"container,omitempty"`
 	RootPID   int                          `json:"rootPid"`
 	GPUMap    map[string]map[string]string `json:"gpuMap,omitempty"`
-	AMDMap    map[string]map[uint32]uint32 `json:"amdGpuMap,omitempty"`
 	Pulled    *transferOutput              `json:"pulled,omitempty"`   // the fetch of --from with -D
 	Streamed  *streamOutput                `json:"streamed,omitempty"` // --from without -D
 	SignedBy  string                       `json:"signedBy,omitempty"`
 	Phases    []image.Phase                `json:"phases"`
 	Total     float64                      `json:"totalSeconds"`
 	CRIUStats *criuimg.RestoreStats        `json:"criuRestoreStats,omitempty"`
+
+	// RootPID above is the host's PID; a container's own, its init's, is ContainerPID (1).
+	ContainerPID int `json:"containerPid,omitempty"`
 }
 
 func (a *app) restoreCmd() *cobra.Command {
 	var r engine.RestoreRequest
 	var skips []string
-	var ctr, newID, bundle, from string
+	var ctr, newID, bundle, from, imported string
 	var pulled *transferOutput
 	var streamed *streamedRestore
 	var rf runcFlags
@@ -49,7 +49,7 @@ func (a *app) restoreCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var err error
-			if r.Skips, r.AMDSkips, err = splitSkips(skips); err != nil {
+			if r.Skips, err = gpu.SkipsFrom(gpu.Vendors(), skips, os.Getenv); err != nil {
 				return usageError{err}
 			}
 			if r.Trust, err = loadTrust(trust); err != nil {
@@ -57,6 +57,9 @@ func (a *app) restoreCmd() *cobra.Command {
 			}
 			if from == "" && r.Dir == "" {
 				return usageError{fmt.Errorf("restore needs --images-dir DIR, or --from LOCATION")}
+			}
+			if imported != "" && from != "" {
+				return usageError{fmt.Errorf("--import and --from cannot be combined")}
 			}
 			if from != "" && r.Dir == "" {
 				ctx, stop := interrupt.Context(cmd.Context())
@@ -75,6 +78,14 @@ func (a *app) restoreCmd() *cobra.Command {
 				}
 				pulled = &p
 			}
+			if imported != "" {
+				ctx, stop := interrupt.Context(cmd.Context())
+				err := importArchive(ctx, imported, r.Dir, r.Trust)
+				stop()
+				if err != nil {
+					return err
+				}
+			}
 			target, err := a.restoreTarget(cmd, rf, r.Dir, ctr, newID, bundle)
 			if err != nil {
 				return err
@@ -88,10 +99,10 @@ func (a *app) restoreCmd() *cobra.Command {
 			if err != nil {
 				return classifyContainer(err)
 			}
-			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, AMDMap: res.AMDMap, Pulled: pulled, SignedBy: res.SignedBy,
+			out := restoreOutput{Dir: r.Dir, RootPID: res.RootPID, GPUMap: res.GPUMap, Pulled: pulled, SignedBy: res.SignedBy,
 				Phases: res.Phases, Total: time.Since(start).Seconds(), CRIUStats: res.CRIUStats}
 			if ctr != "" {
-				out.Container = cmp.Or(newID, ctr)
+				out.Container, out.ContainerPID = cmp.Or(newID, ctr), res.Manifest.RootPID
 			}
 			if streamed != nil {
 				out.Dir, out.Streamed = streamed.url, streamed.output()
@@ -110,8 +121,9 @@ func (a *app) restoreCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to restore from")
 	f.StringVar(&from, "from", "", "restore from s3://BUCKET/PREFIX or a local store PATH, its memory streamed from the store; with -D, pull the whole image into DIR first")
+	f.StringVar(&imported, "import", "", "first unpack the checkpoint archive FILE (gpucr checkpoint --export) into DIR, verified")
 	f.StringVar(&r.GPUMap, "gpu-map", "", `restore onto other GPUs: "0=1,1=0" by index or "GPU-old=GPU-new" by UUID`)
-	f.StringSliceVar(&skips, "skip-check", nil, "switch off a GPU compatibility check by name (repeatable): "+strings.Join(checkNames(), ", "))
+	f.StringSliceVar(&skips, "skip-check", nil, "switch off a GPU compatibility check by name (repeatable): "+strings.Join(gpu.CheckNames(gpu.Vendors()), ", "))
 	f.StringVar(&ctr, "container", "", "restore the runc container the image holds, checkpointed with this ID")
 	f.StringVar(&newID, "new-id", "", "with --container: restore the container under this ID instead")
 	f.StringVar(&bundle, "bundle", "", "with --container: the OCI bundle to restore with (default: the one it was checkpointed from)")
@@ -143,51 +155,5 @@ func printRestore(a *app, out restoreOutput, phases []image.Phase) {
 			fmt.Fprintf(a.stdout, "  %s GPU %s -> %s\n", backend, o, m[o])
 		}
 	}
-	for img, m := range out.AMDMap {
-		for o, n := range m {
-			fmt.Fprintf(a.stdout, "  amd GPU %d -> %d (%s)\n", o, n, img)
-		}
-	}
 	fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(phases))
-}
-
-// splitSkips sends each --skip-check name to the vendors that have such a check, together
-// with what the checks' environment variables switch off.
-func splitSkips(names []string) (gpu.Skips, amd.Skips, error) {
-	var nv, am []string
-	for _, n := range names {
-		known := false
-		for _, c := range gpu.Checks() {
-			if c.Name == n {
-				nv, known = append(nv, n), true
-			}
-		}
-		for _, c := range amd.Checks() {
-			if c.Name == n {
-				am, known = append(am, n), true
-			}
-		}
-		if !known {
-			return nil, nil, fmt.Errorf("unknown check %q for --skip-check (known: %s)", n, strings.Join(checkNames(), ", "))
-		}
-	}
-	nvSkips, err := gpu.SkipsFrom(nv, os.Getenv)
-	if err != nil {
-		return nil, nil, err
-	}
-	amdSkips, err := amd.SkipsFrom(am, os.Getenv)
-	return nvSkips, amdSkips, err
-}
-
-func checkNames() []string {
-	var out []string
-	for _, c := range gpu.Checks() {
-		out = append(out, c.Name)
-	}
-	for _, c := range amd.Checks() {
-		if !slices.Contains(out, c.Name) {
-			out = append(out, c.Name)
-		}
-	}
-	return out
 }

@@ -13,7 +13,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -70,8 +69,8 @@ type Action struct {
 	Watch func(criuPID int, heldPath string) error
 }
 
-// Run does what the current step (CRTOOLS_SCRIPT_ACTION) needs. An error makes CRIU
-// abort the dump or restore.
+// Run does what the current step (CRTOOLS_SCRIPT_ACTION) needs, logging one line. An error
+// makes CRIU abort the dump or restore.
 func (a *Action) Run(ctx context.Context) error {
 	step := a.Getenv(envAction)
 	log := a.Log.With("action", step, "init", a.Getenv(envInitPID), "criu", a.CRIUPID)
@@ -121,16 +120,18 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
-	gpus, snaps, err := engine.Inspect(ctx, a.Backends, tree, nil)
+	found, err := engine.Inspect(ctx, a.Backends, nil, proctree.Snap("/proc", tree), nil)
 	if err != nil {
 		return err
 	}
-	log.Info("GPU processes found", "processes", len(tree), "gpuProcesses", len(gpus))
-	if len(gpus) == 0 {
-		return nil
+	if len(found.Plugins) > 0 {
+		p := found.Plugins[0]
+		return fmt.Errorf("process %d holds %s GPU state, which CRIU's plugin saves: containers with such GPUs are not supported yet", p.PID, p.Backend.Name())
 	}
-	if pid := plugin.UsesKFD(proctree.PIDs(tree)); pid != 0 {
-		return fmt.Errorf("process %d uses an AMD GPU (/dev/kfd): containers with AMD GPUs are not supported yet", pid)
+	gpus, snaps := found.GPUs, found.Snapshots
+	if len(gpus) == 0 {
+		log.Info("no GPU processes", "processes", len(tree), "gpuProcesses", 0)
+		return nil
 	}
 	inner, err := toInner(gpus)
 	if err != nil {
@@ -169,7 +170,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	}
 	crashpoint.Hit("end pre-dump")
 	undo.Commit()
-	log.Info("GPU state checkpointed", "gpuProcesses", len(gpus))
+	log.Info("GPU state checkpointed", "processes", len(tree), "gpuProcesses", len(gpus))
 	return nil
 }
 
@@ -211,8 +212,16 @@ func (a *Action) preRestore(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if _, _, err := engine.PlanGPUs(ctx, a.Backends, rec.GPUs, "", a.skips()); err != nil {
+	skips, err := a.skips()
+	if err != nil {
 		return err
+	}
+	plan, err := engine.PlanGPUs(ctx, a.Backends, nil, rec.GPUs, a.Getenv(envImageDir), "", skips)
+	if err != nil {
+		return err
+	}
+	if plan.PluginDir != "" {
+		return errors.New("the image holds GPU state that CRIU's plugin restores: containers with such GPUs are not supported yet")
 	}
 	log.Info("GPU state can be restored here", "backends", len(rec.GPUs))
 	return writeJSON(a.restorePath(), rec)
@@ -248,10 +257,15 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 		}
 		return fmt.Errorf("%w: %v; the restored processes were killed", engine.ErrGPURestore, cause)
 	}
-	gpus, remap, err := engine.PlanGPUs(ctx, a.Backends, rec.GPUs, "", a.skips())
+	skips, err := a.skips()
 	if err != nil {
 		return fail(err)
 	}
+	plan, err := engine.PlanGPUs(ctx, a.Backends, nil, rec.GPUs, "", "", skips)
+	if err != nil {
+		return fail(err)
+	}
+	gpus, remap := plan.GPUs, plan.Remap
 	if gpus, err = gpus.Renumber(host); err != nil {
 		return fail(err)
 	}
@@ -264,9 +278,8 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 
 // skips are the checks switched off through their environment variables, the one way to
 // reach a script that runc starts.
-func (a *Action) skips() gpu.Skips {
-	s, _ := gpu.SkipsFrom(nil, a.Getenv) // no flags: nothing to reject
-	return s
+func (a *Action) skips() (gpu.Skips, error) {
+	return gpu.SkipsFrom(gpu.Vendors(), nil, a.Getenv)
 }
 
 func (a *Action) restorePath() string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -31,10 +33,25 @@ type fakeGPU struct {
 
 func (f *fakeGPU) Name() string { return "fake" }
 func (f *fakeGPU) Host(context.Context) (gpu.Host, error) {
-	return gpu.Host{DriverVersion: "1.0", Devices: []gpu.Device{{UUID: "GPU-a", Name: "fake", ComputeCapability: "9.0", MemoryTotal: 1 << 30}}}, nil
+	return gpu.Host{DriverVersion: "1.0", Devices: []gpu.Device{{UUID: "GPU-a", Name: "fake", MemoryTotal: 1 << 30}}}, nil
 }
-func (f *fakeGPU) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
-	if slices.Contains(pids, f.pid) {
+
+// PlanRestore takes an image whose processes used only the fake's one device.
+func (f *fakeGPU) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
+	if in.Snapshot == nil {
+		return nil, nil
+	}
+	for _, p := range in.Snapshot.Processes {
+		for _, d := range p.Devices {
+			if d != "GPU-a" {
+				return nil, fmt.Errorf("%w: no device %s here", gpu.ErrIncompatible, d)
+			}
+		}
+	}
+	return &gpu.Plan{}, nil
+}
+func (f *fakeGPU) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
+	if slices.Contains(tree.PIDs(), f.pid) {
 		return []gpu.Process{{PID: f.pid, Devices: []string{"GPU-a"}, MemoryBytes: 1 << 20}}, nil
 	}
 	return nil, nil
@@ -327,6 +344,48 @@ func TestInstallKeepsOtherLinesAndRemoves(t *testing.T) {
 	}
 }
 
+// crun reads its own file only where it exists, runc's otherwise: the script goes into
+// crun's where it exists and comes out again, and none is created.
+func TestInstallAddsToCrunsFileOnlyWhereItExists(t *testing.T) {
+	dir := t.TempDir()
+	in := Integration{Config: filepath.Join(dir, "runc.conf"), CrunConfig: filepath.Join(dir, "crun.conf"),
+		Script: filepath.Join(dir, "bin", "criu-action"), Log: filepath.Join(dir, "action.log"), Gpucr: fakeGpucr(t, filepath.Join(dir, "ran"))}
+	if err := in.Install(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(in.CrunConfig); !os.IsNotExist(err) || !in.CrunReadsRunc() {
+		t.Fatalf("crun's file created (%v): crun would stop reading runc's", err)
+	}
+	if err := in.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(in.Config); !os.IsNotExist(err) {
+		t.Fatalf("runc's file, created by install, left by remove: %v", err)
+	}
+
+	for _, conf := range []string{in.Config, in.CrunConfig} {
+		if err := os.WriteFile(conf, []byte("tcp-established\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := in.Install(); err != nil {
+		t.Fatal(err)
+	}
+	for _, conf := range []string{in.Config, in.CrunConfig} {
+		if b, _ := os.ReadFile(conf); string(b) != "tcp-established\naction-script "+in.Script+"\n" {
+			t.Errorf("%s after install: %q", conf, b)
+		}
+	}
+	if err := in.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	for _, conf := range []string{in.Config, in.CrunConfig} {
+		if b, _ := os.ReadFile(conf); string(b) != "tcp-established\n" {
+			t.Errorf("%s after remove: %q", conf, b)
+		}
+	}
+}
+
 // fakeGpucr is a stand-in for the gpucr binary that records in ran that it ran.
 func fakeGpucr(t *testing.T, ran string) string {
 	t.Helper()
@@ -347,14 +406,25 @@ func TestIntegrationRunsOnlyARootOwnedCopy(t *testing.T) {
 	dir := t.TempDir()
 	ran := filepath.Join(dir, "ran")
 	in := Integration{Config: filepath.Join(dir, "runc.conf"), Script: filepath.Join(dir, "lib", "criu-action"),
-		Log: filepath.Join(dir, "action.log"), Gpucr: fakeGpucr(t, ran)}
+		Log: filepath.Join(dir, "action.log"), StateDir: filepath.Join(dir, "state"), Gpucr: fakeGpucr(t, ran)}
 	if err := in.Install(); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(in.Gpucr); err != nil { // the installed binary moves away: no matter
 		t.Fatal(err)
 	}
-	if out, err := exec.Command(in.Script).CombinedOutput(); err != nil {
+	// A restore of an image with GPU state: a step the script starts gpucr for.
+	img := t.TempDir()
+	if err := os.WriteFile(filepath.Join(img, RecordName), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script := func() *exec.Cmd {
+		os.RemoveAll(in.StateDir) // its record of the steps it ran
+		cmd := exec.Command(in.Script)
+		cmd.Env = append(os.Environ(), "CRTOOLS_SCRIPT_ACTION=pre-restore", "CRTOOLS_IMAGE_DIR="+img)
+		return cmd
+	}
+	if out, err := script().CombinedOutput(); err != nil {
 		t.Fatalf("action script: %v: %s", err, out)
 	}
 	if b, err := os.ReadFile(ran); err != nil || !strings.HasPrefix(string(b), "criu-action") {
@@ -364,7 +434,7 @@ func TestIntegrationRunsOnlyARootOwnedCopy(t *testing.T) {
 	if err := os.Chmod(filepath.Dir(in.Script), 0o777); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(in.Script).CombinedOutput()
+	out, err := script().CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "refusing to run") {
 		t.Fatalf("script under a world-writable directory: %v: %s", err, out)
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
@@ -24,6 +25,9 @@ const InfoName = "container.json"
 type Info struct {
 	ID     string `json:"id"`
 	Bundle string `json:"bundle"`
+	// Created is when runc created the container (absent from older images): an exported
+	// archive's config.dump says it.
+	Created time.Time `json:"created,omitzero"`
 }
 
 // ReadInfo reads dir's container description; os.ErrNotExist means dir holds a process
@@ -157,7 +161,7 @@ func (t *runcTarget) Dump(ctx context.Context, d criu.DumpRequest, commit func()
 
 // Describe records which container the image holds and where its bundle was.
 func (t *runcTarget) Describe(dir string) error {
-	info, err := json.MarshalIndent(Info{ID: t.id, Bundle: t.state.Bundle}, "", "  ")
+	info, err := json.MarshalIndent(Info{ID: t.id, Bundle: t.state.Bundle, Created: t.state.Created}, "", "  ")
 	if err != nil {
 		return err
 	}

@@ -10,32 +10,43 @@ import (
 	"syscall"
 )
 
-// Where the runc integration goes by default. runc hands CRIU /etc/criu/runc.conf (unless
-// a container's org.criu.config annotation names another file), so every runc user, and
-// podman and containerd through it, picks the action script up.
+// Where the integration goes by default. runc hands CRIU /etc/criu/runc.conf (unless a
+// container's org.criu.config annotation names another file), and so does crun 1.26 and
+// newer with CRIU 4.2's libcriu, which reads /etc/criu/crun.conf instead when that exists:
+// every runc and crun user, and podman, containerd and CRI-O through them, picks the
+// action script up.
 const (
 	DefaultRuncConfig = "/etc/criu/runc.conf"
+	DefaultCrunConfig = "/etc/criu/crun.conf"
 	DefaultScript     = "/usr/local/libexec/gpucr/criu-action"
 	DefaultActionLog  = "/var/log/gpucr/criu-action.log"
 )
 
-// Integration is the runc integration's files: CRIU's configuration for runc, the action
-// script it names, the copy of gpucr the script runs, and the log the script writes.
+// StateDir holds what the action script passes from one step to a later one, and the
+// script's record of which steps of which CRIU it already ran.
+const StateDir = "/run/gpucr/criu-action"
+
+// Integration is the CRIU integration's files: CRIU's configuration files for runc and
+// crun, the action script they name, the copy of gpucr the script runs, and its log.
 type Integration struct {
-	Config string // CRIU configuration file runc passes to CRIU
-	Script string // the action script; gpucr's copy goes beside it
-	Log    string // where the action script logs each step
-	Gpucr  string // the gpucr binary to install a copy of
+	Config     string // CRIU configuration file runc (and crun without CrunConfig) passes to CRIU
+	CrunConfig string // crun's own, used only when it exists; "" leaves it alone
+	Script     string // the action script; gpucr's copy goes beside it
+	Log        string // where the action script logs each step
+	StateDir   string // what passes between steps; "" is StateDir
+	Gpucr      string // the gpucr binary to install a copy of
 }
 
-// Binary is the copy of gpucr the action script runs, as root, on every CRIU run of runc.
+// Binary is the copy of gpucr the action script runs, as root, where a container has
+// GPU state.
 func (in Integration) Binary() string { return filepath.Join(filepath.Dir(in.Script), "gpucr") }
 
 // Install copies gpucr beside the action script, writes the script and adds it to the
-// configuration, keeping the configuration's other lines. Each is replaced whole by rename:
-// CRIU never reads half. The copy and the script live in a directory only root can change,
-// so neither a user nor a moved or rebuilt binary changes what runs; the script checks that
-// again before each run.
+// configuration files, keeping their other lines. Each is replaced whole by rename: CRIU
+// never reads half. The copy and the script live in a directory only root can change, so
+// neither a user nor a moved or rebuilt binary changes what runs; the script checks that
+// again before each run. crun's file gets the line only if it exists: without it crun reads
+// runc's, and creating it would take runc's other settings away from crun.
 func (in Integration) Install() error {
 	for _, p := range []string{in.Config, in.Script, in.Log, in.Gpucr} {
 		if !filepath.IsAbs(p) {
@@ -47,7 +58,7 @@ func (in Integration) Install() error {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
 	if err := rootOnly(dir); err != nil {
-		return fmt.Errorf("refusing to install the runc integration into %s: %w", dir, err)
+		return fmt.Errorf("refusing to install the CRIU integration into %s: %w", dir, err)
 	}
 	bin, err := os.ReadFile(in.Gpucr)
 	if err != nil {
@@ -56,38 +67,120 @@ func (in Integration) Install() error {
 	if err := writeAtomic(in.Binary(), bin, 0o755); err != nil {
 		return err
 	}
-	if err := writeAtomic(in.Script, []byte(actionScript(in.Binary(), in.Log)), 0o755); err != nil {
+	state := in.StateDir
+	if state == "" {
+		state = StateDir
+	}
+	if err := writeAtomic(in.Script, []byte(actionScript(in.Binary(), in.Log, state)), 0o755); err != nil {
 		return err
 	}
-	lines, err := in.otherLines()
-	if err != nil {
-		return err
+	for _, conf := range in.configs() {
+		lines, err := in.otherLines(conf)
+		if err != nil {
+			return err
+		}
+		lines = append(lines, "action-script "+in.Script)
+		if err := writeAtomic(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+			return err
+		}
 	}
-	lines = append(lines, "action-script "+in.Script)
-	return writeAtomic(in.Config, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+	return nil
 }
 
-// actionScript runs bin as CRIU's action script, once it has checked that bin and every
-// directory above it belong to root and that no one else can write them (a root-owned
-// sticky directory, like /tmp, cannot have root's entries replaced).
-func actionScript(bin, log string) string {
+// configs are the configuration files the script goes into: runc's, and crun's where it
+// exists.
+func (in Integration) configs() []string {
+	out := []string{in.Config}
+	if in.CrunConfig != "" && in.CrunConfig != in.Config {
+		if _, err := os.Stat(in.CrunConfig); err == nil {
+			out = append(out, in.CrunConfig)
+		}
+	}
+	return out
+}
+
+// CrunReadsRunc says whether crun will read runc's configuration file, crun's own being
+// absent.
+func (in Integration) CrunReadsRunc() bool { return len(in.configs()) == 1 }
+
+// actionScript is CRIU's action script. It decides in the shell, at the cost of a few
+// builtins, whether the step has GPU work — a process of the dumped tree holds a GPU
+// device open, the image being restored has gpucr's GPU record, or pre-restore kept it
+// for post-resume — and starts gpucr only then, once per step of one CRIU: CRIU runs each
+// script of an RPC configuration file twice a step, and the second run repeats the first's
+// exit status. Before starting bin it checks that bin and every directory above it belong
+// to root and that no one else can write them (a root-owned sticky directory, like /tmp,
+// cannot have root's entries replaced).
+func actionScript(bin, log, state string) string {
 	return fmt.Sprintf(`#!/bin/sh
-# Written by gpucr install-runc-integration. CRIU runs this at each step of a dump or
-# restore; gpucr moves the GPU state of the processes CRIU works on.
+# Written by gpucr install-criu-integration. CRIU runs this at each step of a dump or
+# restore; it starts gpucr, which moves the GPU state, only where there is some.
 bin=%s
+log=%s
+state=%s
+[ "$%s" = skip ] && exit 0
+# forget drops this CRIU's record of the steps it ran, once its last step is over.
+forget() {
+	for m in "$state/$PPID".*; do
+		[ -e "$m" ] && rm -f "$state/$PPID".*
+		break
+	done
+}
+case $CRTOOLS_SCRIPT_ACTION in
+pre-dump)
+	fds= pids=$CRTOOLS_INIT_PID
+	while [ -n "$pids" ]; do
+		next=
+		for p in $pids; do
+			fds="$fds /proc/$p/fd"
+			for c in /proc/$p/task/*/children; do
+				k=
+				read -r k 2>/dev/null < "$c"
+				next="$next $k"
+			done
+		done
+		pids=$next
+	done
+	[ -n "$fds" ] && [ -n "$(find $fds -maxdepth 1 \( -lname '/dev/nvidia*' -o -lname /dev/kfd -o -lname '/dev/dri/renderD*' \) -print -quit 2>/dev/null)" ] || exit 0
+	;;
+pre-restore)
+	[ -e "$CRTOOLS_IMAGE_DIR/%s" ] || exit 0
+	;;
+post-resume)
+	[ -e "$state/restore-$PPID.json" ] || { forget; exit 0; }
+	;;
+post-dump)
+	forget
+	exit 0
+	;;
+*)
+	exit 0
+	;;
+esac
+read -r s < /proc/$PPID/stat || exit 1
+set -- ${s##*") "}
+ran=$state/$PPID.${20}.$CRTOOLS_SCRIPT_ACTION
+if [ -e "$ran" ]; then
+	read -r rc < "$ran"
+	exit "${rc:-1}"
+fi
 p=$bin
 while :; do
 	s=$(stat -c '%%u %%a' -- "$p") || exit 1
 	u=${s%%%% *}; m=${s#* }
 	if [ "$u" != 0 ] || { [ $((0$m & 18)) -ne 0 ] && [ $((0$m & 512)) -eq 0 ]; }; then
-		echo "gpucr criu-action: refusing to run $bin: $p is not root's alone (owner $u, mode $m)" >&2
+		echo "Error (gpucr criu-action): refusing to run $bin: $p is not root's alone (owner $u, mode $m)" >&2
 		exit 1
 	fi
 	[ "$p" = / ] && break
 	p=$(dirname -- "$p")
 done
-exec "$bin" criu-action --log %s
-`, shellQuote(bin), shellQuote(log))
+mkdir -p -m 700 "$state" || exit 1
+"$bin" criu-action --log "$log" --state-dir "$state" --criu-pid "$PPID"
+rc=$?
+echo "$rc" > "$ran"
+exit "$rc"
+`, shellQuote(bin), shellQuote(log), shellQuote(state), SkipEnv, RecordName)
 }
 
 // rootOnly checks that path and every directory above it belong to root and are writable by
@@ -116,20 +209,23 @@ func rootOnly(path string) error {
 	}
 }
 
-// Remove takes the action script out of the configuration, removing the file if nothing
-// else is left in it, and deletes the script and gpucr's copy.
+// Remove takes the action script out of the configuration files, removing runc's if
+// nothing else is left in it (Install may have created it; crun's it never creates), and
+// deletes the script and gpucr's copy.
 func (in Integration) Remove() error {
-	lines, err := in.otherLines()
-	if err != nil {
-		return err
-	}
-	if len(lines) == 0 {
-		err = os.Remove(in.Config)
-	} else {
-		err = writeAtomic(in.Config, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
-	}
-	if err != nil && !os.IsNotExist(err) {
-		return fmt.Errorf("update %s: %w", in.Config, err)
+	for _, conf := range in.configs() {
+		lines, err := in.otherLines(conf)
+		if err != nil {
+			return err
+		}
+		if len(lines) == 0 && conf == in.Config {
+			err = os.Remove(conf)
+		} else {
+			err = writeAtomic(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
+		}
+		if err != nil && !os.IsNotExist(err) {
+			return fmt.Errorf("update %s: %w", conf, err)
+		}
 	}
 	for _, p := range []string{in.Script, in.Binary()} {
 		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
@@ -139,14 +235,14 @@ func (in Integration) Remove() error {
 	return nil
 }
 
-// otherLines is the configuration without the lines that name this script.
-func (in Integration) otherLines() ([]string, error) {
-	b, err := os.ReadFile(in.Config)
+// otherLines is the configuration file conf without the lines that name this script.
+func (in Integration) otherLines(conf string) ([]string, error) {
+	b, err := os.ReadFile(conf)
 	if os.IsNotExist(err) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", in.Config, err)
+		return nil, fmt.Errorf("read %s: %w", conf, err)
 	}
 	var out []string
 	sc := bufio.NewScanner(bytes.NewReader(b))

@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -56,6 +57,7 @@ type State struct {
 	PID         int               `json:"pid"`
 	Status      string            `json:"status"`
 	Bundle      string            `json:"bundle"`
+	Created     time.Time         `json:"created"`
 	Annotations map[string]string `json:"annotations"`
 }
 

@@ -1,10 +1,11 @@
 // Package criuimg owns CRIU's image formats as gpucr meets them: the memory files' names and
 // constants, pagemaps (read and written only here), and what `gpucr inspect` reads.
 //
-// Images are decoded one file at a time with go-criu's crit.Decode. crit's
-// Explore* helpers are not used: they cache files.img in package globals
-// (so a second directory would be resolved against the first one's files,
-// and concurrent calls race) and ExplorePs panics on an orphaned entry.
+// Images are decoded one file at a time, through an fs.FS (a directory, or the files of
+// an archive held in memory), into go-criu's generated messages. crit's Explore* helpers
+// are not used: they cache files.img in package globals (so a second directory would be
+// resolved against the first one's files, and concurrent calls race) and ExplorePs panics
+// on an orphaned entry; crit's Decode reads only an *os.File.
 package criuimg
 
 import (
@@ -13,12 +14,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
 	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
@@ -51,15 +52,18 @@ type OpenFile struct {
 
 // Read summarizes the CRIU images in dir. Processes come in the order of
 // pstree.img: the root first, every parent before its children.
-func Read(dir string) (*Summary, error) {
-	tree, err := decode(dir, "pstree.img", &pstree.PstreeEntry{})
+func Read(dir string) (*Summary, error) { return ReadFS(os.DirFS(dir)) }
+
+// ReadFS is Read of the CRIU images in fsys: those of an archive need not be on disk.
+func ReadFS(fsys fs.FS) (*Summary, error) {
+	tree, err := decode(fsys, "pstree.img", &pstree.PstreeEntry{})
 	if err != nil {
 		return nil, err
 	}
 	if len(tree) == 0 {
 		return nil, errors.New("read pstree.img: no processes")
 	}
-	entries, err := decode(dir, "files.img", &fdinfo.FileEntry{})
+	entries, err := decode(fsys, "files.img", &fdinfo.FileEntry{})
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +74,7 @@ func Read(dir string) (*Summary, error) {
 
 	s := &Summary{Processes: make([]Process, 0, len(tree))}
 	for _, t := range tree {
-		p, err := readProcess(dir, t, files)
+		p, err := readProcess(fsys, t, files)
 		if err != nil {
 			return nil, err
 		}
@@ -81,12 +85,12 @@ func Read(dir string) (*Summary, error) {
 }
 
 // readProcess reads the core, pagemap, ids and fdinfo images of one pstree entry.
-func readProcess(dir string, t *pstree.PstreeEntry, files map[uint32]*fdinfo.FileEntry) (Process, error) {
+func readProcess(fsys fs.FS, t *pstree.PstreeEntry, files map[uint32]*fdinfo.FileEntry) (Process, error) {
 	pid := t.GetPid()
 	p := Process{PID: int(pid), PPID: int(t.GetPpid()), Threads: len(t.GetThreads())}
 
 	name := fmt.Sprintf("core-%d.img", pid)
-	core, err := decode(dir, name, &criu_core.CoreEntry{})
+	core, err := decode(fsys, name, &criu_core.CoreEntry{})
 	if err != nil {
 		return p, err
 	}
@@ -95,7 +99,7 @@ func readProcess(dir string, t *pstree.PstreeEntry, files map[uint32]*fdinfo.Fil
 	}
 	p.Command = core[0].GetTc().GetComm()
 
-	pm, err := ReadPagemap(filepath.Join(dir, PagemapName(int(pid))))
+	pm, err := readPagemap(fsys, PagemapName(int(pid)))
 	if err != nil {
 		return p, err
 	}
@@ -104,14 +108,14 @@ func readProcess(dir string, t *pstree.PstreeEntry, files map[uint32]*fdinfo.Fil
 	}
 
 	name = fmt.Sprintf("ids-%d.img", pid)
-	ids, err := decode(dir, name, &criu_core.TaskKobjIdsEntry{})
+	ids, err := decode(fsys, name, &criu_core.TaskKobjIdsEntry{})
 	if err != nil {
 		return p, err
 	}
 	if len(ids) == 0 {
 		return p, fmt.Errorf("read %s: no entries", name)
 	}
-	fds, err := decode(dir, fmt.Sprintf("fdinfo-%d.img", ids[0].GetFilesId()), &fdinfo.FdinfoEntry{})
+	fds, err := decode(fsys, fmt.Sprintf("fdinfo-%d.img", ids[0].GetFilesId()), &fdinfo.FdinfoEntry{})
 	if err != nil {
 		return p, err
 	}
@@ -143,38 +147,73 @@ func openFile(fd *fdinfo.FdinfoEntry, f *fdinfo.FileEntry) OpenFile {
 	return o
 }
 
-// decode returns the entries of image name in dir that are of entry's type.
-func decode[M proto.Message](dir, name string, entry M) ([]M, error) {
-	img, err := decodeFile(filepath.Join(dir, name), entry)
+// maxImage bounds the CRIU image files gpucr decodes: metadata, read whole into memory.
+// Page files, which can be any size, are never decoded.
+const maxImage = 256 << 20
+
+// decode returns the entries of image name in fsys that are of entry's type.
+func decode[M proto.Message](fsys fs.FS, name string, entry M) ([]M, error) {
+	frames, err := readFrames(fsys, name)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]M, 0, len(img.Entries))
-	for _, e := range img.Entries {
-		if m, ok := e.Message.(M); ok {
-			out = append(out, m)
+	out := make([]M, 0, len(frames))
+	for _, b := range frames {
+		m := entry.ProtoReflect().New().Interface().(M)
+		if err := proto.Unmarshal(b, m); err != nil {
+			return nil, fmt.Errorf("read %s: %w", name, err)
 		}
+		out = append(out, m)
 	}
 	return out, nil
 }
 
-// decodeFile decodes the image at path, entry giving its entries' type, once CheckFrames
-// has found that its entries fit in the file.
-func decodeFile(path string, entry proto.Message) (*crit.CriuImage, error) {
-	name := filepath.Base(path)
-	f, err := os.Open(path)
+// readFrames reads image name in fsys and cuts it into its entries' bytes, as CRIU frames
+// them after the image's magic: each entry's size in 32 bits, then the entry. Every frame
+// is checked to fit in the file before it is taken, as CheckFrames checks a file.
+func readFrames(fsys fs.FS, name string) ([][]byte, error) {
+	f, err := fsys.Open(name)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
 	defer f.Close()
-	if err := CheckFrames(f); err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
-	img, err := crit.New(f, nil, "", false, true).Decode(entry)
+	b, err := io.ReadAll(io.LimitReader(f, maxImage+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	return img, nil
+	if len(b) > maxImage {
+		return nil, fmt.Errorf("read %s: larger than %d MiB, more than CRIU writes", name, maxImage>>20)
+	}
+	var frames [][]byte
+	off := 0
+	word := func() (uint32, error) {
+		if len(b)-off < 4 {
+			return 0, fmt.Errorf("read %s: at offset %d: %w", name, off, io.ErrUnexpectedEOF)
+		}
+		off += 4
+		return binary.LittleEndian.Uint32(b[off-4:]), nil
+	}
+	m, err := word()
+	if err != nil {
+		return nil, err
+	}
+	if m == imgCommonMagic || m == imgServiceMagic {
+		if _, err := word(); err != nil {
+			return nil, err
+		}
+	}
+	for off < len(b) {
+		n, err := word()
+		if err != nil {
+			return nil, err
+		}
+		if int64(n) > int64(len(b)-off) {
+			return nil, fmt.Errorf("read %s: entry at offset %d claims %d bytes, %d follow: %w", name, off-4, n, len(b)-off, io.ErrUnexpectedEOF)
+		}
+		frames = append(frames, b[off:off+int(n)])
+		off += int(n)
+	}
+	return frames, nil
 }
 
 // CheckFrames checks, before crit decodes the image f, that every entry the image's size
@@ -243,13 +282,14 @@ func MissingFiles(dir string) ([]string, error) {
 	if mnts, _ := filepath.Glob(filepath.Join(dir, "mountpoints-*.img")); len(mnts) > 0 {
 		return nil, nil
 	}
-	entries, err := decode(dir, "files.img", &fdinfo.FileEntry{})
+	fsys := os.DirFS(dir)
+	entries, err := decode(fsys, "files.img", &fdinfo.FileEntry{})
 	if err != nil {
 		return nil, err
 	}
 	carried := map[uint32]bool{}
 	if _, err := os.Stat(filepath.Join(dir, "remap-fpath.img")); err == nil {
-		remaps, err := decode(dir, "remap-fpath.img", &remap_file_path.RemapFilePathEntry{})
+		remaps, err := decode(fsys, "remap-fpath.img", &remap_file_path.RemapFilePathEntry{})
 		if err != nil {
 			return nil, err
 		}

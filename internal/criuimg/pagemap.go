@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -37,21 +38,27 @@ func (m *Pagemap) PagesName() string { return PagesName(m.Head.GetPagesId()) }
 // anyone can write: its frames are checked before they are decoded, and an image without
 // a head is refused.
 func ReadPagemap(path string) (*Pagemap, error) {
-	img, err := decodeFile(path, &pagemap.PagemapEntry{})
+	return readPagemap(os.DirFS(filepath.Dir(path)), filepath.Base(path))
+}
+
+// readPagemap reads the pagemap image name in fsys: its first entry is the head.
+func readPagemap(fsys fs.FS, name string) (*Pagemap, error) {
+	frames, err := readFrames(fsys, name)
 	if err != nil {
 		return nil, err
 	}
-	m := &Pagemap{}
-	for _, e := range img.Entries {
-		switch v := e.Message.(type) {
-		case *pagemap.PagemapHead:
-			m.Head = v
-		case *pagemap.PagemapEntry:
-			m.Entries = append(m.Entries, v)
-		}
+	if len(frames) == 0 {
+		return nil, fmt.Errorf("read %s: no pagemap head", name)
 	}
-	if m.Head == nil {
-		return nil, fmt.Errorf("read %s: no pagemap head", filepath.Base(path))
+	m := &Pagemap{Head: &pagemap.PagemapHead{}, Entries: make([]*pagemap.PagemapEntry, len(frames)-1)}
+	if err := proto.Unmarshal(frames[0], m.Head); err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	for i, b := range frames[1:] {
+		m.Entries[i] = &pagemap.PagemapEntry{}
+		if err := proto.Unmarshal(b, m.Entries[i]); err != nil {
+			return nil, fmt.Errorf("read %s: %w", name, err)
+		}
 	}
 	return m, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
@@ -30,8 +31,11 @@ type RestoreStats struct {
 }
 
 // ReadDumpStats reads CRIU's stats-dump in workDir; nil, nil if CRIU left none.
-func ReadDumpStats(workDir string) (*DumpStats, error) {
-	e, err := readStats(workDir, crit.StatsDump)
+func ReadDumpStats(workDir string) (*DumpStats, error) { return ReadDumpStatsFS(os.DirFS(workDir)) }
+
+// ReadDumpStatsFS is ReadDumpStats of the stats-dump in fsys.
+func ReadDumpStatsFS(fsys fs.FS) (*DumpStats, error) {
+	e, err := readStats(fsys, crit.StatsDump)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -48,7 +52,7 @@ func ReadDumpStats(workDir string) (*DumpStats, error) {
 
 // ReadRestoreStats reads CRIU's stats-restore in workDir; nil, nil if CRIU left none.
 func ReadRestoreStats(workDir string) (*RestoreStats, error) {
-	e, err := readStats(workDir, crit.StatsRestore)
+	e, err := readStats(os.DirFS(workDir), crit.StatsRestore)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -59,11 +63,11 @@ func ReadRestoreStats(workDir string) (*RestoreStats, error) {
 	return &RestoreStats{Forking: us(s.GetForkingTime()), Restore: us(s.GetRestoreTime()), PagesRestored: s.GetPagesRestored()}, nil
 }
 
-// readStats reads the stats file name in workDir. crit's own GetDumpStats and
+// readStats reads the stats file name in fsys. crit's own GetDumpStats and
 // GetRestoreStats panic on a file that holds no entry, and the stats inspect reads are in
 // an image's logs/, which no checksum covers.
-func readStats(workDir, name string) (*stats.StatsEntry, error) {
-	entries, err := decode(workDir, name, &stats.StatsEntry{})
+func readStats(fsys fs.FS, name string) (*stats.StatsEntry, error) {
+	entries, err := decode(fsys, name, &stats.StatsEntry{})
 	if err != nil {
 		return nil, err
 	}

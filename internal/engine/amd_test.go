@@ -5,18 +5,22 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/gpucr/gpucr/internal/amd"
-	"github.com/gpucr/gpucr/internal/amd/plugin"
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/gpu/amd"
+	"github.com/gpucr/gpucr/internal/gpu/amd/placement"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
 )
 
 // There is no AMD GPU here: these tests restore a real CRIU image that carries the amdgpu
-// plugin's image of a process on a four-GPU PCIe host (a fixture), onto fixture topologies.
+// plugin's image of a process on a four-GPU PCIe host (a fixture), onto fixture topologies,
+// through the engine's vendor-neutral path: the AMD backend is one gpu.CRIUPlugin among
+// the engine's backends.
 
 func amdImage(t *testing.T, e *Engine) string {
 	t.Helper()
@@ -29,7 +33,7 @@ func amdImage(t *testing.T, e *Engine) string {
 	if _, err := syscall.Wait4(pid, &ws, 0, nil); err != nil { // CRIU killed it: free its PID
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join("..", "amd", "amdimg", "testdata", "amdgpu-kfd-7.img"))
+	b, err := os.ReadFile(filepath.Join("..", "gpu", "amd", "amdimg", "testdata", "amdgpu-kfd-7.img"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,56 +45,51 @@ func amdImage(t *testing.T, e *Engine) string {
 }
 
 func topology(name string) string {
-	return filepath.Join("..", "amd", "kfd", "testdata", name)
+	return filepath.Join("..", "gpu", "amd", "kfd", "testdata", name)
+}
+
+// amdEngine is an engine whose AMD backend sees the fixture topology name.
+func amdEngine(t *testing.T, name string) (*Engine, string) {
+	e := newEngine(t, &fakeGPU{})
+	dir := amd.FindPlugin(e.CRIU.Path)
+	if dir == "" {
+		skipOrFail(t, "CRIU's amdgpu plugin is not installed (make deps)")
+	}
+	e.Backends = append(e.Backends, amd.New(topology(name), dir))
+	return e, dir
 }
 
 func TestAMDImageIsCheckedBeforeRestore(t *testing.T) {
-	e := newEngine(t, &fakeGPU{})
-	e.AMDPluginDir = plugin.Find(e.CRIU.Path)
-	if e.AMDPluginDir == "" {
-		skipOrFail(t, "CRIU's amdgpu plugin is not installed (make deps)")
-	}
+	e, _ := amdEngine(t, "mi210") // one GPU cannot take four
 	dir := amdImage(t, e)
-
-	e.KFDTopology = topology("mi210") // one GPU cannot take four
 	_, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir})
-	if !errors.Is(err, amd.ErrIncompatible) {
+	if !errors.Is(err, gpu.ErrIncompatible) {
 		t.Fatalf("restore of a 4-GPU image on a 1-GPU host: %v, want ErrIncompatible", err)
 	}
 
-	e.KFDTopology = topology("xgmi-hive4") // PCIe peers must not land in an xGMI hive
-	if _, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir}); !errors.Is(err, amd.ErrIncompatible) {
+	e.Backends[1] = amd.New(topology("xgmi-hive4"), "/plugins") // PCIe peers must not land in an xGMI hive
+	if _, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir}); !errors.Is(err, gpu.ErrIncompatible) {
 		t.Fatalf("restore of PCIe GPUs onto an xGMI hive: %v, want ErrIncompatible", err)
 	}
 
-	e.AMDPluginDir = ""
-	e.KFDTopology = topology("pcie4-numa2")
-	if _, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir}); !errors.Is(err, plugin.ErrMissing) {
-		t.Fatalf("restore without the plugin: %v, want ErrMissing", err)
-	}
-}
-
-func TestAMDSkipsReachThePlugin(t *testing.T) {
-	if got := plugin.Env(amd.Skips{amd.CheckFW: true, amd.CheckNUMA: true}); len(got) != 2 ||
-		got[0] != "KFD_FW_VER_CHECK=0" || got[1] != "KFD_NUMA_CHECK=0" {
-		t.Fatalf("plugin.Env = %v", got)
+	// Off here (no plugin): the image's plugin files name the vendor and the reason.
+	e.Backends = e.Backends[:1]
+	e.Off = []gpu.Off{{Vendor: gpu.Vendor{Name: amd.Name, ImageFiles: []string{"amdgpu-kfd-*.img"}}, Reason: amd.ErrMissing}}
+	if _, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir}); !errors.Is(err, ErrNoBackend) || !strings.Contains(err.Error(), amd.ErrMissing.Error()) {
+		t.Fatalf("restore without the plugin: %v, want ErrNoBackend naming the missing plugin", err)
 	}
 }
 
 func TestAMDImageRestoresThroughThePlugin(t *testing.T) {
-	e := newEngine(t, &fakeGPU{})
-	e.AMDPluginDir = plugin.Find(e.CRIU.Path)
-	if e.AMDPluginDir == "" {
-		skipOrFail(t, "CRIU's amdgpu plugin is not installed (make deps)")
-	}
+	e, _ := amdEngine(t, "pcie4-numa2") // the host the image was taken on
 	dir := amdImage(t, e)
-	e.KFDTopology = topology("pcie4-numa2") // the host the image was taken on
-	res, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir, AMDSkips: amd.Skips{amd.CheckFW: true}})
+	skips := gpu.Skips{amd.Name: {placement.CheckFW: true}}
+	res, err := e.Restore(context.Background(), e.TreeImage(), RestoreRequest{Dir: dir, Skips: skips})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(res.RootPID, syscall.SIGKILL) })
-	if m := res.AMDMap["amdgpu-kfd-7.img"]; len(m) != 4 || m[18346] != 18346 {
-		t.Errorf("AMD map = %v, want the four GPUs in place", res.AMDMap)
+	if res.GPUMap[amd.Name] != nil {
+		t.Errorf("GPU map = %v, want the four AMD GPUs in place", res.GPUMap)
 	}
 }

@@ -24,7 +24,8 @@ func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips)
 		return nil, err
 	}
 	a := &Analysis{Processes: len(tree), Findings: []safety.Finding{}}
-	gpus, _, err := FindGPUProcs(ctx, e.Backends, proctree.PIDs(tree))
+	snap := proctree.Snap("/proc", tree)
+	found, err := FindGPUProcs(ctx, e.Backends, e.Off, snap)
 	var refused *safety.Finding
 	switch {
 	case errors.As(err, &refused):
@@ -32,9 +33,9 @@ func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips)
 	case err != nil:
 		return nil, err
 	}
-	for _, g := range gpus {
-		a.GPUProcesses = append(a.GPUProcesses, g.Process)
+	for _, snap := range found.Snapshots {
+		a.GPUProcesses = append(a.GPUProcesses, snap.Processes...)
 	}
-	a.Findings = append(a.Findings, safety.Analyze("/proc", tree, gpus.safetyView(), skips)...)
+	a.Findings = append(a.Findings, safety.Analyze(snap, found.GPUs.safetyView(), skips)...)
 	return a, nil
 }

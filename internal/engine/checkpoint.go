@@ -11,7 +11,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/criuimg"
@@ -40,6 +39,9 @@ type CheckpointRequest struct {
 	// CRIUWritesPages lets CRIU write the page files itself instead of sending them to
 	// gpucr's page server: slower, kept to compare the two (checkpoint --criu-writes-pages).
 	CRIUWritesPages bool
+	// CRIUCompatible keeps every page in CRIU's own files, none in gpucr's mem/, so that
+	// plain `criu restore` restores the CPU side (checkpoint --criu-compatible).
+	CRIUCompatible bool
 	// Sign, when set, signs the image's manifest (gpucr checkpoint --sign).
 	Sign ed25519.PrivateKey
 	// SkipChecks switches off restorability checks by name (--skip-check).
@@ -53,7 +55,7 @@ type CheckpointRequest struct {
 // frozen, and only then the tree released (killed, or resumed with r.LeaveRunning). Each
 // change is journaled before it is made and pushed on one undo stack: on any failure the
 // tree keeps running with its GPUs unlocked, and nothing appears at r.Dir.
-func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequest) (m *image.Manifest, err error) {
+func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequest) (res *Checkpointed, err error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
@@ -66,18 +68,19 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, err
 	}
 	defer op.End()
-	gpus, snaps, err := Inspect(ctx, e.Backends, tree, r.SkipChecks)
+	found, err := Inspect(ctx, e.Backends, e.Off, proctree.Snap("/proc", tree), r.SkipChecks)
 	if err != nil {
 		return nil, err
 	}
-	if pid := plugin.UsesKFD(proctree.PIDs(tree)); pid != 0 {
-		switch {
-		case !target.CRIUPlugins():
-			return nil, fmt.Errorf("process %d of %s uses an AMD GPU (/dev/kfd): AMD GPUs are not supported there yet", pid, target.What())
-		case e.AMDPluginDir == "":
-			return nil, fmt.Errorf("process %d uses an AMD GPU (/dev/kfd): %w", pid, plugin.ErrMissing)
+	gpus, snaps := found.GPUs, found.Snapshots
+	if len(found.Plugins) > 0 {
+		if p := found.Plugins[0]; !target.CRIUPlugins() {
+			return nil, fmt.Errorf("process %d of %s holds %s GPU state, which CRIU's plugin saves: not supported there yet", p.PID, target.What(), p.Backend.Name())
 		}
-		r.PluginDir = e.AMDPluginDir // CRIU's plugin saves the /dev/kfd state within the dump
+		// The plugins save their device state within CRIU's dump.
+		if r.PluginDir, err = found.PluginDir(); err != nil {
+			return nil, err
+		}
 	}
 	var undo Undo
 	defer func() { err = undo.Unwind(ctx, err) }()
@@ -91,6 +94,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		undo.Always("abort the stream", func(context.Context) error { r.Stream.Abort(); return nil })
 	}
 	t := e.NewTimer(op)
+	pauseStart := time.Now() // the workload stops with its GPUs' lock (or CRIU's freeze)
 	if len(gpus) > 0 {
 		restoreTHP := e.TuneHost(op) // the driver stages device memory into huge pages
 		undo.Always("put transparent huge pages back", func(context.Context) error { restoreTHP(); return nil })
@@ -112,12 +116,12 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	if err != nil {
 		return nil, err
 	}
-	m = newManifest(e, tree, ids, snaps, r)
+	m := newManifest(e, tree, ids, snaps, r)
 
 	// The large runs of the processes' memory (a GPU process's staged device memory) are
 	// gpucr's to save, on all cores, once CRIU has frozen the tree; CRIU leaves them out.
 	var saved []memfill.Range
-	if !r.CRIUWritesPages && r.PluginDir == "" {
+	if !r.CRIUWritesPages && !r.CRIUCompatible && r.PluginDir == "" {
 		if saved, err = memfill.Select(tree); err != nil {
 			return nil, err
 		}
@@ -152,7 +156,11 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	}
 
 	// The image is committed while the tree is still frozen: if the commit fails, the tree
-	// is resumed instead of killed, so nothing is lost.
+	// is resumed instead of killed, so nothing is lost. A tree left running (a periodic
+	// checkpoint) runs again once its state is copied: its image is made durable and
+	// committed behind it, and counts only once committed.
+	early := r.LeaveRunning && r.Stream == nil
+	var copied []image.File // early: the memory saved, still to be made durable
 	dumpStart := time.Now()
 	op.Phase(PhaseCRIUDump)
 	e.reporter().Start(PhaseCRIUDump)
@@ -164,7 +172,11 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		t.Phases = append(t.Phases, image.Phase{Name: PhaseCRIUDump, Duration: d})
 		e.reporter().Done(PhaseCRIUDump, d)
 		crashpoint.Hit("end " + PhaseCRIUDump)
-		commitErr = e.commitFrozen(ctx, op, t, target, stage, m, pages, saved, r.Stream)
+		if early {
+			copied, commitErr = e.saveFrozen(ctx, t, target, stage, pages, saved)
+		} else {
+			commitErr = e.commitFrozen(ctx, op, t, target, stage, m, pages, saved, r.Stream)
+		}
 		return commitErr
 	}
 	if err := target.Dump(ctx, dump, commit); err != nil {
@@ -183,6 +195,9 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		}
 		return nil, keepLog(err)
 	}
+	if early {
+		return e.resumeAndCommit(ctx, op, t, &undo, target, stage, r.Dir, m, gpus, copied, pauseStart)
+	}
 	undo.Commit()
 
 	// The image is safe: now the tree goes, or carries on.
@@ -190,29 +205,75 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	if r.Stream != nil {
 		where = "the store"
 	}
+	res = &Checkpointed{Manifest: m}
 	if err := target.Release(context.WithoutCancel(ctx), r.LeaveRunning); err != nil {
-		return m, fmt.Errorf("image written to %s, but %w", where, err)
+		return res, fmt.Errorf("image written to %s, but %w", where, err)
 	}
 	if r.LeaveRunning && len(gpus) > 0 {
 		if err := t.Run(PhaseGPUResume, func() error { return gpus.Resume(context.WithoutCancel(ctx), nil) }); err != nil {
-			return m, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", where, err)
+			return res, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", where, err)
 		}
 	}
+	res.Paused = time.Since(pauseStart)
 	m.Phases = t.Phases
-	return m, nil
+	return res, nil
+}
+
+// Checkpointed is a committed checkpoint: its manifest, and how long the workload was
+// stopped (from its GPUs' lock, or CRIU's freeze, to running again; for a tree not left
+// running, to its end).
+type Checkpointed struct {
+	*image.Manifest
+	Paused time.Duration
+}
+
+// resumeAndCommit ends a checkpoint that leaves its tree running, once the tree's state is
+// copied into the staged image: the tree and its GPUs run again while the copy is made
+// durable and committed. If the commit fails the workload runs on and no image appears.
+func (e *Engine) resumeAndCommit(ctx context.Context, op *Op, t *Timer, undo *Undo, target Target, stage *image.Staging, dir string,
+	m *image.Manifest, gpus GPUSet, copied []image.File, pauseStart time.Time) (*Checkpointed, error) {
+	// From here a rollback has nothing to undo in the tree: it is released next, and a
+	// gpucr that dies before the commit leaves an uncommitted checkpoint, which the
+	// guardian rolls back by resuming the GPUs wherever they got to.
+	undo.Commit()
+	res := &Checkpointed{Manifest: m}
+	resume := Timer{r: e.reporter()} // runs beside the commit, so it journals no phase
+	resumed := make(chan error, 1)
+	go func() {
+		ctx := context.WithoutCancel(ctx)
+		err := target.Release(ctx, true)
+		if err == nil && len(gpus) > 0 {
+			err = resume.Run(PhaseGPUResume, func() error { return gpus.Resume(ctx, nil) })
+		}
+		res.Paused = time.Since(pauseStart)
+		resumed <- err
+	}()
+	commitErr := e.commitDurable(ctx, op, t, stage, m, copied)
+	resumeErr := <-resumed
+	t.Phases = append(t.Phases, resume.Phases...)
+	m.Phases = t.Phases
+	switch {
+	case commitErr != nil && resumeErr != nil:
+		return nil, fmt.Errorf("%w; and resuming the workload failed: %v", commitErr, resumeErr)
+	case commitErr != nil:
+		return nil, fmt.Errorf("%w (the workload runs on)", commitErr)
+	case resumeErr != nil:
+		return res, fmt.Errorf("image written to %s, but resuming the workload failed: %w", dir, resumeErr)
+	}
+	return res, nil
 }
 
 // Inspect finds the GPU processes of tree and refuses, before anything is locked, a tree
 // whose checkpoint could not be restored: the workload is untouched either way.
-func Inspect(ctx context.Context, backends []gpu.Backend, tree []proctree.Process, skips safety.Skips) (GPUSet, []gpu.Snapshot, error) {
-	gpus, snaps, err := FindGPUProcs(ctx, backends, proctree.PIDs(tree))
+func Inspect(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tree *proctree.Snapshot, skips safety.Skips) (Found, error) {
+	found, err := FindGPUProcs(ctx, backends, off, tree)
 	if err != nil {
-		return nil, nil, err
+		return Found{}, err
 	}
-	if err := safety.Check(tree, gpus.safetyView(), skips); err != nil {
-		return nil, nil, err
+	if err := safety.Check(tree, found.GPUs.safetyView(), skips); err != nil {
+		return Found{}, err
 	}
-	return gpus, snaps, nil
+	return found, nil
 }
 
 // CheckpointGPUs locks gpus, waiting at most timeout for work in flight, and checkpoints
@@ -235,6 +296,36 @@ func CheckpointGPUs(ctx context.Context, t *Timer, gpus GPUSet, timeout time.Dur
 // gpucr saves itself is saved, and the image is committed and journaled as such.
 func (e *Engine) commitFrozen(ctx context.Context, op *Op, t *Timer, target Target, stage *image.Staging, m *image.Manifest,
 	pages *pageserver.Server, saved []memfill.Range, s *chunked.Stream) error {
+	if s != nil {
+		if err := frozenFiles(ctx, target, stage, pages); err != nil {
+			return err
+		}
+		if len(saved) > 0 {
+			err := t.RunCounted(ctx, PhaseMemorySave, func(ctx context.Context) error {
+				return memfill.SaveTo(ctx, saved, func(path string) (criuimg.Receiver, error) { return s.Create(path) })
+			})
+			if err != nil {
+				return err
+			}
+		}
+		err := t.Run(PhaseCommit, func() error {
+			m.Phases = slices.Clone(t.Phases)
+			return storeStreamed(ctx, stage, m, s)
+		})
+		if err != nil {
+			return err
+		}
+		return op.Update(func(r *txn.Record) { r.Committed = true })
+	}
+	copied, err := e.saveFrozen(ctx, t, target, stage, pages, saved)
+	if err != nil {
+		return err
+	}
+	return e.commitDurable(ctx, op, t, stage, m, copied)
+}
+
+// frozenFiles waits for the pages CRIU sent and adds the target's own files to the image.
+func frozenFiles(ctx context.Context, target Target, stage *image.Staging, pages *pageserver.Server) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("checkpoint interrupted: %w", err)
 	}
@@ -243,10 +334,49 @@ func (e *Engine) commitFrozen(ctx context.Context, op *Op, t *Timer, target Targ
 			return err
 		}
 	}
-	if err := target.Describe(stage.Dir()); err != nil {
+	return target.Describe(stage.Dir())
+}
+
+// saveFrozen copies everything of a dumped, still frozen tree into the staged image: the
+// pages CRIU sent, the target's files and the memory gpucr saves itself. Nothing is durable
+// yet; the tree may run again once it returns.
+func (e *Engine) saveFrozen(ctx context.Context, t *Timer, target Target, stage *image.Staging,
+	pages *pageserver.Server, saved []memfill.Range) ([]image.File, error) {
+	if err := frozenFiles(ctx, target, stage, pages); err != nil {
+		return nil, err
+	}
+	if len(saved) == 0 {
+		return nil, nil
+	}
+	var copied []image.File
+	err := t.RunCounted(ctx, PhaseMemorySave, func(ctx context.Context) (err error) {
+		copied, err = memfill.Save(ctx, stage.Dir(), saved)
+		return err
+	})
+	return copied, err
+}
+
+// commitDurable makes the staged image durable and commits it: the memory gpucr saved
+// (copied) synced, every file checksummed into m, the manifest written and the directory
+// renamed into place, then journaled as committed.
+func (e *Engine) commitDurable(ctx context.Context, op *Op, t *Timer, stage *image.Staging, m *image.Manifest, copied []image.File) error {
+	pages, err := PagesBytes(stage.CRIUDir())
+	if err != nil {
 		return err
 	}
-	if err := SaveAndCommit(ctx, t, stage, m, saved, s); err != nil {
+	m.MemoryBytes = pages
+	for _, f := range copied {
+		m.MemoryBytes += uint64(f.Size)
+	}
+	// The commit's own time cannot be in the manifest it checksums; the caller's copy has it.
+	m.Phases = slices.Clone(t.Phases)
+	err = t.Run(PhaseCommit, func() error {
+		if err := memfill.Sync(ctx, stage.Dir(), copied); err != nil {
+			return err
+		}
+		return stage.CommitWith(m, copied)
+	})
+	if err != nil {
 		return err
 	}
 	return op.Update(func(r *txn.Record) { r.Committed = true })
@@ -316,47 +446,6 @@ func (e *Engine) BeginStaging(op *Op, dir string, scratch []string, tree []proct
 		return nil, err
 	}
 	return image.BeginAt(dir, staging)
-}
-
-// SaveAndCommit finishes a checkpoint whose tree CRIU has dumped and still holds frozen: the
-// memory gpucr saves itself goes into the staged image, or into s for a streamed checkpoint,
-// and the image is committed, or stored in s. m's memory counts all of it.
-func SaveAndCommit(ctx context.Context, t *Timer, stage *image.Staging, m *image.Manifest, saved []memfill.Range, s *chunked.Stream) error {
-	if s != nil {
-		if len(saved) > 0 {
-			err := t.Run(PhaseMemorySave, func() error {
-				return memfill.SaveTo(ctx, saved, func(path string) (criuimg.Receiver, error) { return s.Create(path) })
-			})
-			if err != nil {
-				return err
-			}
-		}
-		return t.Run(PhaseCommit, func() error {
-			m.Phases = slices.Clone(t.Phases)
-			return storeStreamed(ctx, stage, m, s)
-		})
-	}
-	var memFiles []image.File
-	if len(saved) > 0 {
-		err := t.Run(PhaseMemorySave, func() (err error) {
-			memFiles, err = memfill.Save(ctx, stage.Dir(), saved)
-			return err
-		})
-		if err != nil {
-			return err
-		}
-	}
-	pages, err := PagesBytes(stage.CRIUDir())
-	if err != nil {
-		return err
-	}
-	m.MemoryBytes = pages
-	for _, f := range memFiles {
-		m.MemoryBytes += uint64(f.Size)
-	}
-	// The commit's own time cannot be in the manifest it checksums; the caller's copy has it.
-	m.Phases = slices.Clone(t.Phases)
-	return t.Run(PhaseCommit, func() error { return stage.CommitWith(m, memFiles) })
 }
 
 // storeStreamed finishes a streamed checkpoint: once every file streamed is stored, the

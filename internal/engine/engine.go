@@ -3,6 +3,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/meter"
 )
 
 // Errors users act on; the CLI maps them to messages and exit codes.
@@ -28,16 +30,15 @@ var (
 type Engine struct {
 	CRIU     *criu.Driver
 	Backends []gpu.Backend
-	Version  string // gpucr's version, recorded in images
-	Log      *slog.Logger
-	Report   Reporter
+	// Off are the vendors whose backends cannot work here: a tree using their GPUs is
+	// refused, and an image holding their state too, with the reason.
+	Off     []gpu.Off
+	Version string // gpucr's version, recorded in images
+	Log     *slog.Logger
+	Report  Reporter
 	// THPSwitch is the transparent huge page switch to hold at "always" while GPU state
 	// moves through host memory, and put back after; empty leaves the host alone.
 	THPSwitch string
-	// AMDPluginDir holds CRIU's amdgpu plugin ("" when it is not installed); KFDTopology is
-	// where this host's KFD topology is read (kfd.DefaultRoot outside tests).
-	AMDPluginDir string
-	KFDTopology  string
 	// JournalRoot is where operations are journaled and locked (txn.DefaultRoot); empty
 	// journals nothing. Guardian is the command that watches an operation for gpucr's death
 	// (its record's ID is appended); empty starts none.
@@ -49,6 +50,14 @@ type Engine struct {
 type Reporter interface {
 	Start(phase string)
 	Done(phase string, d time.Duration)
+}
+
+// ByteReporter is a Reporter that can also show the bytes a phase moves: for a phase that
+// counts them, the engine calls StartBytes instead of Start, with the counter the phase's
+// work adds to as it goes.
+type ByteReporter interface {
+	Reporter
+	StartBytes(phase string, c *meter.Counter)
 }
 
 // Phase names, as recorded in manifests and printed in summaries.
@@ -97,10 +106,25 @@ func (e *Engine) NewTimer(op *Op) *Timer { return &Timer{r: e.reporter(), op: op
 
 // Run times f as the phase name. A zero Timer reports to no one and journals nothing.
 func (t *Timer) Run(name string, f func() error) error {
+	return t.run(name, nil, f)
+}
+
+// RunCounted is Run for a phase that moves bytes: f's context carries the meter.Counter
+// that the work below counts them into, for a ByteReporter to show.
+func (t *Timer) RunCounted(ctx context.Context, name string, f func(context.Context) error) error {
+	c := new(meter.Counter)
+	return t.run(name, c, func() error { return f(meter.With(ctx, c)) })
+}
+
+func (t *Timer) run(name string, c *meter.Counter, f func() error) error {
 	if t.r == nil {
 		t.r = noReport{}
 	}
-	t.r.Start(name)
+	if br, ok := t.r.(ByteReporter); ok && c != nil {
+		br.StartBytes(name, c)
+	} else {
+		t.r.Start(name)
+	}
 	t.op.Phase(name)
 	crashpoint.Hit("start " + name)
 	start := time.Now()

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // fakeGPU stands in for the GPU driver, the one hardware edge these CI tests cannot reach:
@@ -34,10 +36,25 @@ func (f *fakeGPU) record(c string) { f.mu.Lock(); f.calls = append(f.calls, c); 
 
 func (f *fakeGPU) Name() string { return "fake" }
 func (f *fakeGPU) Host(context.Context) (gpu.Host, error) {
-	return gpu.Host{DriverVersion: "1.0", Devices: []gpu.Device{{UUID: "GPU-a", Name: "fake", ComputeCapability: "9.0", MemoryTotal: 1 << 30}}}, nil
+	return gpu.Host{DriverVersion: "1.0", Devices: []gpu.Device{{UUID: "GPU-a", Name: "fake", MemoryTotal: 1 << 30}}}, nil
 }
-func (f *fakeGPU) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
-	if slices.Contains(pids, f.pid) {
+
+// PlanRestore takes an image whose processes used only the fake's one device.
+func (f *fakeGPU) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
+	if in.Snapshot == nil {
+		return nil, nil
+	}
+	for _, p := range in.Snapshot.Processes {
+		for _, d := range p.Devices {
+			if d != "GPU-a" {
+				return nil, fmt.Errorf("%w: no device %s here", gpu.ErrIncompatible, d)
+			}
+		}
+	}
+	return &gpu.Plan{}, nil
+}
+func (f *fakeGPU) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
+	if slices.Contains(tree.PIDs(), f.pid) {
 		return []gpu.Process{{PID: f.pid, Devices: []string{"GPU-a"}, MemoryBytes: 1 << 20}}, nil
 	}
 	return nil, nil

@@ -8,44 +8,106 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
 )
 
-// GPUProc is one process holding device state, with the backend that owns that state.
+// GPUProc is one process holding device state, with the backend that moves that state.
 type GPUProc struct {
-	Backend gpu.Backend
+	Backend gpu.Checkpointer
 	gpu.Process
 }
 
-// GPUSet is every process of a tree that holds device state. Its operations run on all
-// processes in parallel: device state moves at the speed of the slowest process, not the sum.
-// It is exported for the container paths, which drive the same steps around runc.
+// GPUSet is every process of a tree whose device state a Checkpointer moves. Its
+// operations run on all processes in parallel: device state moves at the speed of the
+// slowest process, not the sum. It is exported for the container paths, which drive the
+// same steps around runc.
 type GPUSet []GPUProc
 
-// FindGPUProcs asks every backend which of pids hold its device state, and snapshots the
-// hosts of the backends that have any.
-func FindGPUProcs(ctx context.Context, backends []gpu.Backend, pids []int) (GPUSet, []gpu.Snapshot, error) {
-	var set GPUSet
-	var snaps []gpu.Snapshot
+// Found is what the backends find in a tree.
+type Found struct {
+	GPUs      GPUSet         // processes whose device state a Checkpointer moves
+	Snapshots []gpu.Snapshot // each backend's devices and processes, for the image
+	// Plugins are the backends whose CRIU plugin carries device state of some process,
+	// with the first such process.
+	Plugins []PluginUse
+}
+
+// PluginUse is a backend whose CRIU plugin the dump needs, and a process that needs it.
+type PluginUse struct {
+	Backend gpu.CRIUPlugin
+	PID     int
+}
+
+// PluginDir is the one directory CRIU must load plugins from for found ("" for none).
+func (f Found) PluginDir() (string, error) {
+	dir := ""
+	for _, p := range f.Plugins {
+		switch d := p.Backend.PluginDir(); {
+		case dir == "":
+			dir = d
+		case d != dir:
+			return "", fmt.Errorf("the tree needs CRIU plugins from two directories (%s, %s): CRIU loads plugins from one", dir, d)
+		}
+	}
+	return dir, nil
+}
+
+// FindGPUProcs asks every backend which processes of tree hold its device state, and
+// snapshots the hosts of the backends that have any. A process holding the device files of
+// a vendor whose backend is off here (off) is refused: CRIU could not dump its state.
+func FindGPUProcs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tree *proctree.Snapshot) (Found, error) {
+	var f Found
+	if err := refuseOffVendors(off, tree); err != nil {
+		return f, err
+	}
 	for _, b := range backends {
-		procs, err := b.Processes(ctx, pids)
+		procs, err := b.Processes(ctx, tree)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: find GPU processes: %w", b.Name(), err)
+			return Found{}, fmt.Errorf("%s: find GPU processes: %w", b.Name(), err)
 		}
 		if len(procs) == 0 {
 			continue
 		}
 		host, err := b.Host(ctx)
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: describe GPUs: %w", b.Name(), err)
+			return Found{}, fmt.Errorf("%s: describe GPUs: %w", b.Name(), err)
 		}
 		host.Backend = b.Name()
-		snaps = append(snaps, gpu.Snapshot{Host: host, Processes: procs})
-		for _, p := range procs {
-			set = append(set, GPUProc{Backend: b, Process: p})
+		f.Snapshots = append(f.Snapshots, gpu.Snapshot{Host: host, Processes: procs})
+		switch b := b.(type) {
+		case gpu.Checkpointer:
+			for _, p := range procs {
+				f.GPUs = append(f.GPUs, GPUProc{Backend: b, Process: p})
+			}
+		case gpu.CRIUPlugin:
+			f.Plugins = append(f.Plugins, PluginUse{Backend: b, PID: procs[0].PID})
+		default:
+			return Found{}, fmt.Errorf("%s: the backend neither checkpoints device state nor has a CRIU plugin", b.Name())
 		}
 	}
-	return set, snaps, nil
+	return f, nil
+}
+
+// refuseOffVendors fails when a process of tree holds a device file of a vendor in off.
+func refuseOffVendors(off []gpu.Off, tree *proctree.Snapshot) error {
+	if len(off) == 0 {
+		return nil
+	}
+	for _, pid := range tree.PIDs() {
+		files, err := tree.Files(pid)
+		if err != nil {
+			continue // gone, or a kernel thread: it holds nothing
+		}
+		for _, o := range off {
+			for _, file := range files {
+				if o.Holds(file) {
+					return o.Error(pid, file)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // safetyView is the set as the restorability analysis sees it.

@@ -167,8 +167,8 @@ func HeldSet(backends []gpu.Backend, held []txn.GPUProc) (GPUSet, error) {
 		if !g.Alive() {
 			continue
 		}
-		b := gpu.Named(backends, g.Backend)
-		if b == nil {
+		b, ok := gpu.Named(backends, g.Backend).(gpu.Checkpointer)
+		if !ok {
 			return nil, fmt.Errorf("process %d holds %s GPU state and the %s backend is not available here", g.PID, g.Backend, g.Backend)
 		}
 		set = append(set, GPUProc{Backend: b, Process: gpu.Process{PID: g.PID}})

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/gpucr/gpucr/internal/amd"
-	"github.com/gpucr/gpucr/internal/amd/plugin"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -27,9 +27,8 @@ type RestoreRequest struct {
 	Dir string
 	// GPUMap is the user's --gpu-map ("0=1,1=0" or UUIDs); empty: same GPUs where present.
 	GPUMap string
-	Skips  gpu.Skips
-	// AMDSkips switches off checks of AMD GPUs, like the KFD_*_CHECK variables.
-	AMDSkips amd.Skips
+	// Skips switches off GPU compatibility checks, per backend (--skip-check, NV_*_CHECK).
+	Skips gpu.Skips
 	// CRIURestoresPages leaves the memory in CRIU's files to CRIU instead of gpucr writing
 	// the large runs itself: slower, kept to compare the two (restore --criu-restores-pages).
 	// Memory gpucr saved itself at checkpoint is always gpucr's to write.
@@ -47,10 +46,8 @@ type RestoreResult struct {
 	RootPID  int                          `json:"rootPid"`
 	SignedBy string                       `json:"signedBy,omitempty"` // the trusted key that signed the image
 	Manifest *image.Manifest              `json:"-"`
-	GPUMap   map[string]map[string]string `json:"gpuMap,omitempty"` // backend -> image UUID -> host UUID
-	// AMDMap is, per amdgpu-kfd image, where each image gpu_id goes on this host.
-	AMDMap map[string]map[uint32]uint32 `json:"amdGpuMap,omitempty"`
-	Phases []image.Phase                `json:"phases"`
+	GPUMap   map[string]map[string]string `json:"gpuMap,omitempty"` // backend -> image device -> host device
+	Phases   []image.Phase                `json:"phases"`
 	// CRIUStats is CRIU's own account of the restore.
 	CRIUStats *criuimg.RestoreStats `json:"criuRestoreStats,omitempty"`
 }
@@ -103,16 +100,16 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err := target.Check(); err != nil {
 		return nil, verify.prefer(err)
 	}
-	gpus, remap, err := PlanGPUs(ctx, e.Backends, m.GPUs, r.GPUMap, r.Skips)
+	plan, err := PlanGPUs(ctx, e.Backends, e.Off, m.GPUs, image.CRIUPath(r.Dir), r.GPUMap, r.Skips)
 	if err != nil {
 		return nil, err
 	}
-	amdMap, err := e.planAMD(&r)
-	if err != nil {
-		return nil, err
-	}
-	if amdMap != nil && !target.CRIUPlugins() {
-		return nil, fmt.Errorf("the image holds AMD GPU state: restoring it into %s is not supported yet", target.What())
+	gpus, remap := plan.GPUs, plan.Remap
+	if plan.PluginDir != "" {
+		if !target.CRIUPlugins() {
+			return nil, fmt.Errorf("the image holds GPU state that CRIU's plugin restores: restoring it into %s is not supported yet", target.What())
+		}
+		r.PluginDir, r.Env = plan.PluginDir, append(slices.Clip(r.Env), plan.Env...)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("restore interrupted: %w", err)
@@ -136,7 +133,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	opts.Flags = m.Options.ForRestore(r.Flags)
 	// The large runs of memory are gpucr's to restore, on all cores: those it saved itself
 	// at checkpoint always, and those in CRIU's files unless told otherwise or the image
-	// holds AMD state (its plugin restores memory of its own).
+	// holds state a CRIU plugin restores (the plugin may restore memory of its own).
 	var split []int
 	if !r.CRIURestoresPages && opts.PluginDir == "" {
 		split = m.Leaves()
@@ -194,7 +191,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 			return nil, target.Remove(gctx, fmt.Errorf("%w: %v", ErrGPURestore, err))
 		}
 	}
-	return &RestoreResult{RootPID: restored.Root, SignedBy: signer, Manifest: m, GPUMap: remap, AMDMap: amdMap, Phases: t.Phases, CRIUStats: restored.Stats}, nil
+	return &RestoreResult{RootPID: restored.Root, SignedBy: signer, Manifest: m, GPUMap: remap, Phases: t.Phases, CRIUStats: restored.Stats}, nil
 }
 
 // journalWhole records that a restore's tasks are whole (verified, filled) under the host
@@ -301,60 +298,74 @@ func explainRestoreFailure(err error) error {
 	return err
 }
 
-// planAMD checks, for an image with AMD GPU state, that this host's GPUs can take it and
-// that CRIU's amdgpu plugin is there to restore it, and passes the plugin its switches.
-func (e *Engine) planAMD(r *RestoreRequest) (map[string]map[uint32]uint32, error) {
-	imgs, err := plugin.KFDImages(image.CRIUPath(r.Dir))
-	if err != nil || len(imgs) == 0 {
-		return nil, err
-	}
-	if e.AMDPluginDir == "" {
-		return nil, fmt.Errorf("the image holds AMD GPU state: %w", plugin.ErrMissing)
-	}
-	m, err := plugin.CheckRestore(image.CRIUPath(r.Dir), e.KFDTopology, r.AMDSkips)
-	if err != nil {
-		return nil, err
-	}
-	r.PluginDir = e.AMDPluginDir
-	r.Env = append(r.Env, plugin.Env(r.AMDSkips)...)
-	return m, nil
+// RestorePlan is how an image's device state comes back on this host.
+type RestorePlan struct {
+	GPUs  GPUSet                       // processes a Checkpointer restores, at their image PIDs
+	Remap map[string]map[string]string // backend -> image device -> host device; nil: none move
+	// PluginDir is where CRIU loads the plugins that restore the rest ("" for none), and
+	// Env their settings.
+	PluginDir string
+	Env       []string
 }
 
-// PlanGPUs finds among backends one for each of an image's GPU snapshots, checks that this
-// host's devices can take the state, and decides which host device each image device goes
-// to; gpuMap is the user's --gpu-map. The set holds the image's PIDs.
-func PlanGPUs(ctx context.Context, backends []gpu.Backend, snaps []gpu.Snapshot, gpuMap string, skips gpu.Skips) (GPUSet, map[string]map[string]string, error) {
-	var set GPUSet
-	remap := map[string]map[string]string{}
+// PlanGPUs asks every backend to plan the restore of its state in an image (snaps, the
+// image's GPU snapshots, and criuDir, its CRIU files): that this host's devices can take
+// it, and which host device each image device goes to; gpuMap is the user's --gpu-map.
+// State of a vendor whose backend is off here (off, or not built in) is refused.
+func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps []gpu.Snapshot, criuDir, gpuMap string, skips gpu.Skips) (*RestorePlan, error) {
 	for _, snap := range snaps {
-		b := gpu.Named(backends, snap.Backend)
-		if b == nil {
-			return nil, nil, fmt.Errorf("%w: the image holds %s GPU state, and the %s backend is not available on this host (see gpucr check)",
-				ErrNoBackend, snap.Backend, snap.Backend)
-		}
-		host, err := b.Host(ctx)
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: describe GPUs: %w", b.Name(), err)
-		}
-		explicit, err := gpu.ParseGPUMap(gpuMap, snap.Host, host)
-		if err != nil {
-			return nil, nil, err
-		}
-		mapping, err := gpu.PlanMapping(snap, host, explicit, skips)
-		if err != nil {
-			return nil, nil, err
-		}
-		if len(mapping) > 0 {
-			remap[b.Name()] = mapping
-		}
-		for _, p := range snap.Processes {
-			set = append(set, GPUProc{Backend: b, Process: p})
+		if gpu.Named(backends, snap.Backend) == nil {
+			why := "it is not built into this gpucr"
+			if i := slices.IndexFunc(off, func(o gpu.Off) bool { return o.Name == snap.Backend }); i >= 0 {
+				why = off[i].Reason.Error()
+			}
+			return nil, fmt.Errorf("%w: the image holds %s GPU state, and the %s backend is off on this host: %s (see gpucr check)",
+				ErrNoBackend, snap.Backend, snap.Backend, why)
 		}
 	}
-	if len(remap) == 0 {
-		remap = nil
+	for _, o := range off {
+		for _, pattern := range o.ImageFiles {
+			if held, _ := filepath.Glob(filepath.Join(criuDir, pattern)); len(held) > 0 {
+				return nil, fmt.Errorf("%w: the image holds %s GPU state (%s), and the %s backend is off on this host: %v (see gpucr check)",
+					ErrNoBackend, o.Name, filepath.Base(held[0]), o.Name, o.Reason)
+			}
+		}
 	}
-	return set, remap, nil
+	plan := &RestorePlan{}
+	for _, b := range backends {
+		in := gpu.RestoreInput{CRIUDir: criuDir, GPUMap: gpuMap, Skips: skips}
+		if i := slices.IndexFunc(snaps, func(s gpu.Snapshot) bool { return s.Backend == b.Name() }); i >= 0 {
+			in.Snapshot = &snaps[i]
+		}
+		p, err := b.PlanRestore(ctx, in)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", b.Name(), err)
+		}
+		if p == nil {
+			continue
+		}
+		if len(p.Remap) > 0 {
+			if plan.Remap == nil {
+				plan.Remap = map[string]map[string]string{}
+			}
+			plan.Remap[b.Name()] = p.Remap
+		}
+		plan.Env = append(plan.Env, p.Env...)
+		switch b := b.(type) {
+		case gpu.Checkpointer:
+			if in.Snapshot != nil {
+				for _, proc := range in.Snapshot.Processes {
+					plan.GPUs = append(plan.GPUs, GPUProc{Backend: b, Process: proc})
+				}
+			}
+		case gpu.CRIUPlugin:
+			if plan.PluginDir != "" && plan.PluginDir != b.PluginDir() {
+				return nil, fmt.Errorf("the image needs CRIU plugins from two directories (%s, %s): CRIU loads plugins from one", plan.PluginDir, b.PluginDir())
+			}
+			plan.PluginDir = b.PluginDir()
+		}
+	}
+	return plan, nil
 }
 
 // pidWait bounds how long a restore waits for the image's PIDs to be let go by processes

@@ -30,7 +30,7 @@ type Target interface {
 	// ImagePID is how the image numbers host process pid: the same for a process tree,
 	// the container's own PID for a container (its restore gets new host PIDs).
 	ImagePID(pid int) (int, error)
-	// CRIUPlugins says whether CRIU plugins (AMD's, for /dev/kfd) can be loaded for it.
+	// CRIUPlugins says whether CRIU plugins (a gpu.CRIUPlugin backend's) can be loaded for it.
 	CRIUPlugins() bool
 	// Freeze stops the tree before its dump where CRIU's own freeze is not enough, pushing
 	// what undoes that, and returns the tree as it stopped (processes may have come and gone
@@ -145,7 +145,7 @@ type RestoreTarget interface {
 	// Check refuses, before anything changes, a restore that would fail halfway here (a
 	// PID or file the image needs taken or missing).
 	Check() error
-	// CRIUPlugins says whether CRIU plugins (AMD's, for /dev/kfd) can be loaded for it.
+	// CRIUPlugins says whether CRIU plugins (a gpu.CRIUPlugin backend's) can be loaded for it.
 	CRIUPlugins() bool
 	// Restore has CRIU restore s.ImagesDir, holding every task before it resumes until
 	// s.Verified passed and s.Fill is written, then calling s.Whole. It journals in op what
@@ -256,7 +256,7 @@ func (g *gate) PostRestore(int32) error {
 		return fmt.Errorf("restore interrupted: %w", err)
 	}
 	if g.s.Fill != nil {
-		if err := g.s.Timer.Run(PhaseMemoryFill, func() error { return g.s.Fill.Fill(g.ctx) }); err != nil {
+		if err := g.s.Timer.RunCounted(g.ctx, PhaseMemoryFill, g.s.Fill.Fill); err != nil {
 			return err
 		}
 	}

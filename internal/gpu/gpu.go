@@ -1,21 +1,37 @@
 // Package gpu defines what the engine needs from a GPU vendor backend, the plain data a
-// checkpoint records about devices, and the registry through which backends announce themselves.
+// checkpoint records about devices, and the registry through which backends announce
+// themselves. Nothing here names a vendor: each lives in its own package below this one.
 package gpu
 
 import (
 	"context"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
-// Backend moves one vendor's device state of a process into the process's host memory
-// (so CRIU can dump it) and back. Backends know their device; the engine knows the order.
+// Backend is one vendor's view of a host's GPUs: which processes hold its device state,
+// and whether and where an image's state can be restored here. A backend carries that
+// state across a checkpoint in one of two ways, and implements the matching interface:
+// Checkpointer (the driver moves it into host memory and back around CRIU) or CRIUPlugin
+// (CRIU's own plugin saves and restores it within CRIU's dump and restore).
 type Backend interface {
 	// Name is the short vendor name recorded in images ("nvidia", "amd").
 	Name() string
 	// Host describes the driver and the devices on this host.
 	Host(ctx context.Context) (Host, error)
-	// Processes returns those of pids that hold device state, with their usage.
-	Processes(ctx context.Context, pids []int) ([]Process, error)
+	// Processes returns the processes of tree that hold device state, with their usage.
+	Processes(ctx context.Context, tree *proctree.Snapshot) ([]Process, error)
+	// PlanRestore checks, before anything changes, that this host can take an image's
+	// device state of this backend, and decides which host device takes each image device.
+	// It returns nil when the image holds none of the backend's state.
+	PlanRestore(ctx context.Context, in RestoreInput) (*Plan, error)
+}
+
+// Checkpointer is a backend whose driver moves a process's device state into the process's
+// host memory, so that CRIU dumps it with the rest, and back after CRIU's restore.
+type Checkpointer interface {
+	Backend
 	// Lock stops new device work in pid, waiting at most timeout for work in flight.
 	Lock(ctx context.Context, pid int, timeout time.Duration) error
 	// Checkpoint moves pid's device state into its host memory and releases the device.
@@ -27,6 +43,34 @@ type Backend interface {
 	Unlock(ctx context.Context, pid int) error
 	// State reports where pid stands in the lock/checkpoint cycle.
 	State(ctx context.Context, pid int) (State, error)
+}
+
+// CRIUPlugin is a backend whose device state a CRIU plugin saves inside CRIU's dump and
+// restores inside CRIU's restore: the pipeline only has CRIU load it.
+type CRIUPlugin interface {
+	Backend
+	// PluginDir is the directory CRIU loads the plugin from.
+	PluginDir() string
+}
+
+// RestoreInput is what a backend plans a restore from.
+type RestoreInput struct {
+	// Snapshot is the image's record of this backend's devices and processes; nil when
+	// the image has none (the backend may still find its state in CRIU's files).
+	Snapshot *Snapshot
+	CRIUDir  string // the image's CRIU files
+	// GPUMap is the user's --gpu-map ("0=1,1=0" or UUIDs); empty: the backend decides.
+	GPUMap string
+	Skips  Skips
+}
+
+// Plan is how a backend restores an image's state on this host.
+type Plan struct {
+	// Remap holds the image devices that move: image device -> host device, as the
+	// backend names them. Nil: every device stays where it was.
+	Remap map[string]string
+	// Env holds settings for CRIU's run (a plugin's switches).
+	Env []string
 }
 
 // State is a process's position in the backend's checkpoint cycle.
@@ -52,29 +96,6 @@ func (s State) String() string {
 		return "failed"
 	}
 	return "unknown"
-}
-
-// Host is the driver and device inventory of one host, as recorded in an image.
-type Host struct {
-	Backend       string   `json:"backend"`
-	DriverVersion string   `json:"driverVersion"`
-	CUDAVersion   string   `json:"cudaVersion,omitempty"`
-	Devices       []Device `json:"devices"`
-}
-
-// Device is one GPU's identity and the properties that restore compatibility checks compare.
-type Device struct {
-	Index             int    `json:"index"`
-	UUID              string `json:"uuid"`
-	Name              string `json:"name"`
-	ComputeCapability string `json:"computeCapability"`
-	MemoryTotal       uint64 `json:"memoryTotalBytes"`
-	MemoryUsed        uint64 `json:"memoryUsedBytes"`
-	PCIBusID          string `json:"pciBusId"`
-	NUMANode          int    `json:"numaNode"`
-	L2CacheBytes      uint64 `json:"l2CacheBytes"`
-	MIGMode           string `json:"migMode"`
-	ECCMode           string `json:"eccMode"`
 }
 
 // Process is one process's device usage.

@@ -1,31 +1,74 @@
 package gpu
 
 import (
-	"sort"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 )
 
-// Config says where the backends find their driver libraries, for a driver off the
-// loader's path or a fake one in tests; an empty field means the loader's default.
-type Config struct {
-	LibCUDA string // NVIDIA's libcuda.so.1
-	LibNVML string // NVIDIA's libnvidia-ml.so.1
+// Vendor is what a backend package registers from its init: enough for the pipeline to
+// know the vendor without naming it — its checks and settings for the command line, the
+// device files its processes hold, and how to open its backend on this host.
+type Vendor struct {
+	Name string
+	// DeviceFiles are glob patterns of the device files a process using this vendor's
+	// GPUs holds open: a tree holding one is refused when the backend is off here.
+	DeviceFiles []string
+	// ImageFiles are glob patterns of the files its CRIU plugin adds to CRIU's images: an
+	// image holding one is refused when the backend is off here.
+	ImageFiles []string
+	Checks     []Check
+	// Settings are the environment variables the backend reads; the command line reads
+	// them once into Config.Settings.
+	Settings []string
+	// Note is said wherever the vendor shows (what has not been tested, say); may be empty.
+	Note string
+	// Open opens the backend with cfg, or says why it cannot work on this host.
+	Open func(cfg Config) (Backend, error)
+	// Describe, when set, summarizes the vendor's state in an image's CRIU files for
+	// gpucr inspect; nil when they hold none.
+	Describe func(criuDir string) (*Description, error)
 }
 
-// Opener opens a backend with cfg, or returns why it cannot work on this host (no
-// driver, say).
-type Opener func(cfg Config) (Backend, error)
+// Description is a vendor's summary of its state in an image: Data for JSON, Lines for people.
+type Description struct {
+	Data  any
+	Lines []string
+}
+
+// Config is what backends are opened with: where CRIU is (a plugin lives beside it) and
+// the vendors' settings, read once by the command line.
+type Config struct {
+	CRIU     string
+	Settings map[string]string
+}
+
+// Off is a registered vendor whose backend cannot work on this host, and why.
+type Off struct {
+	Vendor
+	Reason error
+}
 
 var (
 	mu      sync.Mutex
-	openers = map[string]Opener{}
+	vendors []Vendor
 )
 
-// Register makes a backend known; backends call it from init.
-func Register(name string, open Opener) {
+// Register makes a vendor known; backend packages call it from init.
+func Register(v Vendor) {
 	mu.Lock()
 	defer mu.Unlock()
-	openers[name] = open
+	vendors = append(vendors, v)
+	slices.SortFunc(vendors, func(a, b Vendor) int { return strings.Compare(a.Name, b.Name) })
+}
+
+// Vendors lists the registered vendors by name.
+func Vendors() []Vendor {
+	mu.Lock()
+	defer mu.Unlock()
+	return slices.Clone(vendors)
 }
 
 // Named returns the backend of backends called name, or nil.
@@ -38,27 +81,31 @@ func Named(backends []Backend, name string) Backend {
 	return nil
 }
 
-// Probe opens every registered backend with cfg. It returns those that work here and, for
-// each one that does not, the reason, so callers can say why GPU support is off.
-func Probe(cfg Config) (ready []Backend, unavailable map[string]error) {
-	mu.Lock()
-	names := make([]string, 0, len(openers))
-	for n := range openers {
-		names = append(names, n)
-	}
-	mu.Unlock()
-	sort.Strings(names)
-	unavailable = map[string]error{}
-	for _, n := range names {
-		mu.Lock()
-		open := openers[n]
-		mu.Unlock()
-		b, err := open(cfg)
+// Probe opens every registered backend with cfg. It returns those that work here and the
+// vendors that do not, with the reason, so callers can say why GPU support is off.
+func Probe(cfg Config) (ready []Backend, off []Off) {
+	for _, v := range Vendors() {
+		b, err := v.Open(cfg)
 		if err != nil {
-			unavailable[n] = err
+			off = append(off, Off{Vendor: v, Reason: err})
 			continue
 		}
 		ready = append(ready, b)
 	}
-	return ready, unavailable
+	return ready, off
+}
+
+// Holds reports whether file is one of the vendor's device files.
+func (v Vendor) Holds(file string) bool {
+	for _, p := range v.DeviceFiles {
+		if ok, _ := filepath.Match(p, file); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// OffError says that a process uses the GPUs of a vendor whose backend is off here.
+func (o Off) Error(pid int, file string) error {
+	return fmt.Errorf("process %d holds %s, and the %s GPU backend is off on this host: %v (see gpucr check)", pid, file, o.Name, o.Reason)
 }

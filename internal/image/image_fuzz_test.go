@@ -91,7 +91,7 @@ func FuzzLoad(f *testing.F) {
 	withGPUs.FormatVersion = FormatVersion
 	withGPUs.Processes = append(withGPUs.Processes, Process{PID: 43, PPID: 42, Command: "worker", Threads: 1})
 	withGPUs.GPUs = []gpu.Snapshot{{Host: gpu.Host{Backend: "nvidia", DriverVersion: "580.65.06",
-		Devices: []gpu.Device{{Index: 0, UUID: "GPU-a", Name: "NVIDIA H100", ComputeCapability: "9.0", NUMANode: -1}}},
+		Devices: []gpu.Device{{Index: 0, UUID: "GPU-a", Name: "NVIDIA H100", NUMANode: -1, Properties: gpu.Properties{"computeCapability": "9.0"}}}},
 		Processes: []gpu.Process{{PID: 43, Devices: []string{"GPU-a"}, MemoryBytes: 1 << 30}}}}
 	withGPUs.Files = []File{{Path: "criu/pages-1.img", Size: 5, XXH64: "0123456789abcdef"}, {Path: "mem/43-7f0000000000.img", Size: 1 << 24, XXH64: "fedcba9876543210"}}
 	f.Add(encodeManifest(f, withGPUs), uint8(sealRight))

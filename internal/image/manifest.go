@@ -12,9 +12,11 @@ import (
 )
 
 // FormatVersion is the manifest format this build writes; it restores this one and older.
-// Format 2 records phase durations in seconds, as every other output of gpucr does; format
-// 1 recorded them in nanoseconds ("durationNs") and is still read.
-const FormatVersion = 2
+// Format 3 keeps a GPU backend's own facts (compute capability, CUDA version, ...) under
+// "properties"; formats 1 and 2 kept them beside the common fields of a device and host
+// (package gpu reads both). Format 2 records phase durations in seconds, as every other
+// output of gpucr does; format 1 recorded them in nanoseconds ("durationNs").
+const FormatVersion = 3
 
 // ManifestName is the manifest's file name inside an image directory. SealName holds the
 // SHA-256 of the manifest's bytes: the manifest checksums every other file, the seal

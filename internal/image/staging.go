@@ -99,6 +99,10 @@ func BeginAt(final, staging string) (*Staging, error) {
 	return &Staging{dir: dir, final: final}, nil
 }
 
+// CheckFinal refuses a place for a new image that is neither absent nor an empty directory,
+// as Begin does: for images that arrive otherwise than by a checkpoint (an imported archive).
+func CheckFinal(final string) error { return checkFinal(filepath.Clean(final)) }
+
 // checkFinal accepts a final path that is absent or an empty directory.
 func checkFinal(final string) error {
 	fi, err := os.Stat(final)

@@ -100,21 +100,48 @@ func readSealed(dir string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read manifest of %s: %w", dir, err)
 	}
-	// The version is read alone first: a newer format may not decode as this one.
-	var head struct {
-		FormatVersion int `json:"formatVersion"`
-	}
-	if err := json.Unmarshal(b, &head); err != nil {
-		return nil, &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
-	}
-	if head.FormatVersion > FormatVersion {
-		return nil, sentinelf(ErrNewerFormat, "image format %d is newer than this gpucr supports (%d); upgrade gpucr",
-			head.FormatVersion, FormatVersion)
+	if err := checkFormat(b); err != nil {
+		return nil, err
 	}
 	if err := checkSeal(dir, b); err != nil {
 		return nil, err
 	}
 	return b, nil
+}
+
+// checkFormat refuses manifest bytes of a format newer than this gpucr's. The version is
+// read alone: a newer format may not decode as this one.
+func checkFormat(manifest []byte) error {
+	var head struct {
+		FormatVersion int `json:"formatVersion"`
+	}
+	if err := json.Unmarshal(manifest, &head); err != nil {
+		return &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
+	}
+	if head.FormatVersion > FormatVersion {
+		return sentinelf(ErrNewerFormat, "image format %d is newer than this gpucr supports (%d); upgrade gpucr",
+			head.FormatVersion, FormatVersion)
+	}
+	return nil
+}
+
+// Parse checks and decodes a manifest from its bytes and its seal's, as Load does from a
+// directory: for an image in an archive, read without writing it out.
+func Parse(manifest, sealFile []byte) (*Manifest, error) {
+	if err := checkFormat(manifest); err != nil {
+		return nil, err
+	}
+	if err := compareSeal(manifest, sealFile); err != nil {
+		return nil, err
+	}
+	var m Manifest
+	if err := json.Unmarshal(manifest, &m); err != nil {
+		return nil, &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
+	}
+	if reason := m.problem(); reason != "" {
+		return nil, &CorruptError{ManifestName, reason}
+	}
+	return &m, nil
 }
 
 // seal is the hex SHA-256 of a manifest's bytes.
@@ -133,7 +160,15 @@ func checkSeal(dir string, manifest []byte) error {
 	if err != nil {
 		return fmt.Errorf("read %s of %s: %w", SealName, dir, err)
 	}
-	if want := strings.TrimSpace(string(b)); want != seal(manifest) {
+	return compareSeal(manifest, b)
+}
+
+// compareSeal compares the manifest's bytes with the seal file's.
+func compareSeal(manifest, sealFile []byte) error {
+	if sealFile == nil {
+		return &CorruptError{SealName, "missing: the manifest cannot be checked"}
+	}
+	if want := strings.TrimSpace(string(sealFile)); want != seal(manifest) {
 		return &CorruptError{ManifestName, "does not match " + SealName + ": the manifest was changed or damaged"}
 	}
 	return nil

@@ -29,6 +29,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/parallel"
 )
 
@@ -152,7 +153,7 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	writable, err := writableAnon(filepath.Join(criuDir, fmt.Sprintf("mm-%d.img", pid)))
+	writable, err := WritableAnon(filepath.Join(criuDir, fmt.Sprintf("mm-%d.img", pid)))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -223,9 +224,10 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 	return runs, []string{pmName, pagesName}, nil
 }
 
-// writableAnon returns whether [addr, addr+size) lies in one writable private anonymous
-// mapping of the process whose mm image is at path: process_vm_writev writes only there.
-func writableAnon(path string) (func(addr, size uint64) bool, error) {
+// WritableAnon returns whether [addr, addr+size) lies in one writable private anonymous
+// mapping of the process whose mm image is at path: process_vm_writev writes only there,
+// and only there can CRIU's restore take memory gpucr saved.
+func WritableAnon(path string) (func(addr, size uint64) bool, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -278,13 +280,19 @@ func (p *Plan) Fill(ctx context.Context) error {
 			jobs = append(jobs, job{r, at, min(piece, r.size-at)})
 		}
 	}
+	count := meter.From(ctx)
+	count.SetTotal(p.Bytes())
 	err := parallel.Each(ctx, jobs, max(runtime.GOMAXPROCS(0), fillWorkers), func() []byte { return make([]byte, piece) },
 		func(ctx context.Context, j job, buf []byte) error {
 			data := buf[:j.len]
 			if err := j.r.src.ReadAt(ctx, j.r.file, data, j.r.off+j.at); err != nil {
 				return err
 			}
-			return moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, j.r.addr+uint64(j.at), data)
+			if err := moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, j.r.addr+uint64(j.at), data); err != nil {
+				return err
+			}
+			count.Add(j.len)
+			return nil
 		})
 	if err != nil {
 		return err

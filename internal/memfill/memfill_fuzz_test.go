@@ -222,7 +222,7 @@ func FuzzSplit(f *testing.F) {
 		if !slices.Equal(files, []string{"pagemap-1.img", pagesName}) {
 			t.Fatalf("rewrote %v", files)
 		}
-		writable, err := writableAnon(filepath.Join(criuDir, "mm-1.img"))
+		writable, err := WritableAnon(filepath.Join(criuDir, "mm-1.img"))
 		if err != nil {
 			t.Fatalf("split took runs, but the mm image does not read: %v", err)
 		}

@@ -6,6 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -13,6 +15,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"unsafe"
 
@@ -25,6 +28,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/proctree"
 )
 
@@ -128,8 +132,12 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 		t.Errorf("CRIU's view of the pagemap: %v (%v)", view, err)
 	}
 
-	if err := p.Fill(context.Background()); err != nil {
+	count := new(meter.Counter)
+	if err := p.Fill(meter.With(context.Background(), count)); err != nil {
 		t.Fatal(err)
+	}
+	if done, total := count.Load(); done != run || total != run {
+		t.Errorf("the fill counted %d of %d bytes, want %d of %d", done, total, run, run)
 	}
 	if !bytes.Equal(rw, want) {
 		t.Fatal("the filled memory differs from the image's run")
@@ -200,9 +208,14 @@ func TestSaveOwnMemory(t *testing.T) {
 	}
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	dir := t.TempDir()
-	files, err := Save(context.Background(), dir, []Range{{PID: os.Getpid(), Start: start, End: start + size}})
+	count := new(meter.Counter)
+	files, err := Save(meter.With(context.Background(), count), dir, []Range{{PID: os.Getpid(), Start: start, End: start + size}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The zero piece is counted too: it is done, as a hole.
+	if done, total := count.Load(); done != size || total != size {
+		t.Errorf("the save counted %d of %d bytes, want %d of %d", done, total, size, size)
 	}
 	if len(files) != 4 { // pieces of ChunkSize: one file each, as the memory is small
 		t.Fatalf("files %+v", files)
@@ -229,6 +242,72 @@ func TestSaveOwnMemory(t *testing.T) {
 	}
 	if !bytes.Equal(got, mem) {
 		t.Fatal("saved files differ from the memory")
+	}
+}
+
+// collected is a memory file SaveTo streams, kept whole.
+type collected struct {
+	mu   *sync.Mutex
+	data map[string][]byte
+	path string
+}
+
+func (c collected) Receive(addr uint64, size int, r io.Reader) error {
+	b := make([]byte, size)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if int(addr) != len(c.data[c.path]) {
+		return fmt.Errorf("%s: bytes at %d after %d", c.path, addr, len(c.data[c.path]))
+	}
+	c.data[c.path] = append(c.data[c.path], b...)
+	return nil
+}
+
+func (collected) Close() error { return nil }
+
+// SaveTo streams every byte of the ranges, and counts them as it goes.
+func TestSaveToStreamsAndCounts(t *testing.T) {
+	const size = 2*image.ChunkSize + 8192
+	mem, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	r := rand.New(rand.NewPCG(11, 12))
+	for i := range mem {
+		mem[i] = byte(r.Uint32())
+	}
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	got := collected{mu: new(sync.Mutex), data: map[string][]byte{}}
+	count := new(meter.Counter)
+	err = SaveTo(meter.With(context.Background(), count), []Range{{PID: os.Getpid(), Start: start, End: start + size}},
+		func(path string) (criuimg.Receiver, error) { c := got; c.path = path; return c, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done, total := count.Load(); done != size || total != size {
+		t.Errorf("the save counted %d of %d bytes, want %d of %d", done, total, size, size)
+	}
+	at := map[uint64][]byte{}
+	for p, b := range got.data {
+		pid, start, ok := criuimg.ParseMemName(filepath.Base(p))
+		if !ok || pid != os.Getpid() {
+			t.Fatalf("file %s does not name this process's memory", p)
+		}
+		at[start] = b
+	}
+	var all []byte
+	for _, a := range slices.Sorted(maps.Keys(at)) {
+		if a != start+uint64(len(all)) {
+			t.Fatalf("a file starts at %#x, want %#x", a, start+uint64(len(all)))
+		}
+		all = append(all, at[a]...)
+	}
+	if !bytes.Equal(all, mem) {
+		t.Fatal("the streamed files differ from the memory")
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/parallel"
 	"github.com/gpucr/gpucr/internal/proctree"
 )
@@ -163,10 +164,11 @@ func WriteRanges(path string, rs []Range) error {
 
 // Save reads every range from its process, on all cores, into imageDir's criuimg.MemDir,
 // and returns the files' manifest entries, checksummed as they were written. The processes
-// must be frozen. All-zero pieces are left as holes.
+// must be frozen. All-zero pieces are left as holes. Nothing is synced: Sync does that.
 func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error) {
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
+	count := counting(ctx, rs)
 	dir := filepath.Join(imageDir, criuimg.MemDir)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("memory save: %w", err)
@@ -204,22 +206,16 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 				return err
 			}
 			digests[j.file][j.index] = xxhash.Sum64(data)
-			if bytes.Equal(data, zero[:len(data)]) {
-				return nil
+			if !bytes.Equal(data, zero[:len(data)]) {
+				if err := writeAt(paths[j.file], data, off); err != nil {
+					return fmt.Errorf("memory save: %w", err)
+				}
 			}
-			if err := writeAt(paths[j.file], data, off); err != nil {
-				return fmt.Errorf("memory save: %w", err)
-			}
+			count.Add(int64(len(data)))
 			return nil
 		})
 	if err != nil {
 		return nil, err
-	}
-	err = parallel.Each(ctx, paths, workers, func() struct{} { return struct{}{} }, func(_ context.Context, path string, _ struct{}) error {
-		return syncFile(path)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("memory save: %w", err)
 	}
 	out := make([]image.File, len(rs))
 	for i, r := range rs {
@@ -228,12 +224,25 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 	return out, nil
 }
 
+// Sync makes the files Save wrote under imageDir durable. It is apart from Save so that a
+// tree left running can run again once Save has copied its memory.
+func Sync(ctx context.Context, imageDir string, files []image.File) error {
+	err := parallel.Each(ctx, files, runtime.GOMAXPROCS(0), func() struct{} { return struct{}{} }, func(_ context.Context, f image.File, _ struct{}) error {
+		return syncFile(filepath.Join(imageDir, filepath.FromSlash(f.Path)))
+	})
+	if err != nil {
+		return fmt.Errorf("memory save: make durable: %w", err)
+	}
+	return nil
+}
+
 // SaveTo is Save for a checkpoint streamed to a store: every range is read from its process,
 // on all cores, into the criuimg.MemDir file that create starts for it (path relative to
 // the image), a file per worker at a time. The processes must be frozen.
 func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.Receiver, error)) error {
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
+	count := counting(ctx, rs)
 	return parallel.Each(ctx, rs, workers, func() []byte { return make([]byte, image.ChunkSize) },
 		func(_ context.Context, r Range, buf []byte) error {
 			f, err := create(r.file())
@@ -249,12 +258,24 @@ func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.R
 				if err := f.Receive(at, len(data), bytes.NewReader(data)); err != nil {
 					return fmt.Errorf("memory save: %w", err)
 				}
+				count.Add(int64(len(data)))
 			}
 			if err := f.Close(); err != nil {
 				return fmt.Errorf("memory save: %w", err)
 			}
 			return nil
 		})
+}
+
+// counting is the meter.Counter ctx carries, told the bytes of rs as its total.
+func counting(ctx context.Context, rs []Range) *meter.Counter {
+	c := meter.From(ctx)
+	var total uint64
+	for _, r := range rs {
+		total += r.End - r.Start
+	}
+	c.SetTotal(int64(total))
+	return c
 }
 
 func createSized(path string, size int64) error {

@@ -8,10 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -109,12 +106,11 @@ type proc struct {
 	threads []string // thread names
 }
 
-// Analyze reads every process of tree once and returns every finding, checks in skip
-// excepted. procRoot is /proc outside tests.
-func Analyze(procRoot string, tree []proctree.Process, gpus []GPUProcess, skip Skips) []Finding {
-	procs := make([]*proc, 0, len(tree))
-	for _, p := range tree {
-		r := read(procRoot, p)
+// Analyze returns every finding on the processes of tree, checks in skip excepted.
+func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) []Finding {
+	procs := make([]*proc, 0, len(tree.Processes()))
+	for _, p := range tree.Processes() {
+		r := read(tree, p)
 		if i := slices.IndexFunc(gpus, func(g GPUProcess) bool { return g.PID == p.PID }); i >= 0 {
 			r.gpu = &gpus[i]
 		}
@@ -161,8 +157,8 @@ func Analyze(procRoot string, tree []proctree.Process, gpus []GPUProcess, skip S
 }
 
 // Check returns the first finding of Analyze as an error, or nil.
-func Check(tree []proctree.Process, gpus []GPUProcess, skip Skips) error {
-	f := Analyze("/proc", tree, gpus, skip)
+func Check(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) error {
+	f := Analyze(tree, gpus, skip)
 	switch len(f) {
 	case 0:
 		return nil
@@ -184,18 +180,9 @@ func (m *moreFindings) Error() string {
 	return fmt.Sprintf("%s; and %d more finding(s): gpucr checkpoint --dry-run lists them", m.Finding.Error(), m.more)
 }
 
-func read(procRoot string, p proctree.Process) *proc {
-	dir := filepath.Join(procRoot, strconv.Itoa(p.PID))
-	r := &proc{Process: p}
-	r.files, _ = proctree.OpenFiles(procRoot, p.PID)
-	r.maps, _ = os.ReadFile(filepath.Join(dir, "maps"))
-	r.env, _ = os.ReadFile(filepath.Join(dir, "environ"))
-	tasks, _ := os.ReadDir(filepath.Join(dir, "task"))
-	for _, t := range tasks {
-		if b, err := os.ReadFile(filepath.Join(dir, "task", t.Name(), "comm")); err == nil {
-			r.threads = append(r.threads, strings.TrimSpace(string(b)))
-		}
-	}
+func read(tree *proctree.Snapshot, p proctree.Process) *proc {
+	r := &proc{Process: p, maps: tree.Maps(p.PID), env: tree.Environ(p.PID), threads: tree.ThreadNames(p.PID)}
+	r.files, _ = tree.Files(p.PID)
 	return r
 }
 

@@ -120,7 +120,7 @@ func TestAnalyzeFixtures(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			root, tree := fixture(t, c.procs...)
-			got := Analyze(root, tree, c.gpus, c.skip)
+			got := Analyze(proctree.Snap(root, tree), c.gpus, c.skip)
 			if !slices.Equal(checksOf(got), c.want) {
 				t.Fatalf("findings %v, want %v", checksOf(got), c.want)
 			}
@@ -150,7 +150,7 @@ func TestIOURingIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	tree := []proctree.Process{self}
-	if err := Check(tree, nil, nil); err != nil {
+	if err := Check(proctree.Snap("/proc", tree), nil, nil); err != nil {
 		t.Fatalf("before io_uring: %v", err)
 	}
 	var params [120]byte // struct io_uring_params; the kernel fills it in
@@ -159,7 +159,7 @@ func TestIOURingIsRefused(t *testing.T) {
 		t.Skipf("io_uring_setup: %v", errno)
 	}
 	defer syscall.Close(int(fd))
-	err = Check(tree, nil, nil)
+	err = Check(proctree.Snap("/proc", tree), nil, nil)
 	if !errors.Is(err, ErrUnsafe) || !strings.Contains(err.Error(), "io_uring") {
 		t.Fatalf("with io_uring: %v", err)
 	}

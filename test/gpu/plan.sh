@@ -99,7 +99,7 @@ python3 - "$W/imgcc/manifest.json" <<'PY'
 import hashlib, json, os, sys
 p = sys.argv[1]; m = json.load(open(p))
 for s in m["gpus"]:
-    for d in s["devices"]: d["computeCapability"] = "8.0"
+    for d in s["devices"]: d["properties"]["computeCapability"] = "8.0"
 b = json.dumps(m).encode()
 open(p, "wb").write(b)
 open(os.path.join(os.path.dirname(p), "manifest.sha256"), "w").write(hashlib.sha256(b).hexdigest() + "\n")

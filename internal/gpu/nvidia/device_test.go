@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // holderScript keeps 512 MiB of known data on a GPU and, for each line on stdin, answers
@@ -88,7 +89,7 @@ func openDevice(t *testing.T) (*Backend, gpu.Host) {
 		t.Fatal(err)
 	}
 	for _, d := range h.Devices {
-		if d.L2CacheBytes == 0 || d.ComputeCapability == "" || d.MemoryTotal == 0 {
+		if d.Properties.Uint(propL2) == 0 || d.Properties[propCompute] == "" || d.MemoryTotal == 0 {
 			t.Errorf("device %+v lacks properties", d)
 		}
 	}
@@ -99,7 +100,7 @@ func openDevice(t *testing.T) (*Backend, gpu.Host) {
 // devicesOf says on which GPUs NVML sees pid.
 func devicesOf(t *testing.T, b *Backend, pid int) []string {
 	t.Helper()
-	procs, err := b.Processes(context.Background(), []int{pid})
+	procs, err := b.Processes(context.Background(), proctree.Snap("/proc", []proctree.Process{{PID: pid}}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,13 +18,31 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
-	"github.com/gpucr/gpucr/internal/cuda"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/gpu/nvidia/cuda"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
 )
 
-func init() { gpu.Register("nvidia", Open) }
+// Name is the backend's name in images and on the command line.
+const Name = "nvidia"
+
+// The settings the backend reads: driver libraries off the loader's path (a driver
+// installed elsewhere, or the fake ones of the tests).
+const (
+	SettingLibCUDA = "GPUCR_LIBCUDA"
+	SettingLibNVML = "GPUCR_LIBNVML"
+)
+
+func init() {
+	gpu.Register(gpu.Vendor{
+		Name:        Name,
+		DeviceFiles: []string{"/dev/nvidia*", "/dev/nvidia-caps/*"},
+		Checks:      checks,
+		Settings:    []string{SettingLibCUDA, SettingLibNVML},
+		Open:        Open,
+	})
+}
 
 // driver is what the backend needs of libcuda: *cuda.Driver, or a fake in tests.
 type driver interface {
@@ -37,11 +55,10 @@ type driver interface {
 	Unlock(pid int) error
 }
 
-// Backend is the NVIDIA implementation of gpu.Backend.
+// Backend is the NVIDIA implementation of gpu.Checkpointer.
 type Backend struct {
 	nvml nvml.Interface
 	cuda driver
-	proc string // procfs mount, where device files held by processes show
 	sys  string // sysfs mount, where PCI devices' NUMA nodes show
 
 	l2Once sync.Once
@@ -52,14 +69,14 @@ type Backend struct {
 // GPU support is off here.
 func Open(cfg gpu.Config) (gpu.Backend, error) {
 	var opts []nvml.LibraryOption
-	if cfg.LibNVML != "" {
-		opts = append(opts, nvml.WithLibraryPath(cfg.LibNVML))
+	if p := cfg.Settings[SettingLibNVML]; p != "" {
+		opts = append(opts, nvml.WithLibraryPath(p))
 	}
 	lib := nvml.New(opts...)
 	if r := lib.Init(); r != nvml.SUCCESS {
 		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", initError(r))
 	}
-	d, err := cuda.Open(cfg.LibCUDA)
+	d, err := cuda.Open(cfg.Settings[SettingLibCUDA])
 	if err != nil {
 		_ = lib.Shutdown() // NVML is of no use without libcuda; its own error adds nothing
 		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", err)
@@ -68,7 +85,7 @@ func Open(cfg gpu.Config) (gpu.Backend, error) {
 }
 
 func newBackend(lib nvml.Interface, d driver) *Backend {
-	return &Backend{nvml: lib, cuda: d, proc: "/proc", sys: "/sys"}
+	return &Backend{nvml: lib, cuda: d, sys: "/sys"}
 }
 
 // initError words NVML's refusal to start so a user can tell a host without a driver from
@@ -93,7 +110,7 @@ func nvmlError(what string, r nvml.Return) error {
 }
 
 // Name implements gpu.Backend.
-func (b *Backend) Name() string { return "nvidia" }
+func (b *Backend) Name() string { return Name }
 
 // Host implements gpu.Backend.
 func (b *Backend) Host(context.Context) (gpu.Host, error) {
@@ -106,7 +123,7 @@ func (b *Backend) Host(context.Context) (gpu.Host, error) {
 	if r != nvml.SUCCESS {
 		return gpu.Host{}, nvmlError("CUDA driver version", r)
 	}
-	h.CUDAVersion = fmt.Sprintf("%d.%d", v/1000, v%1000/10)
+	h.Properties = gpu.Properties{propCUDA: fmt.Sprintf("%d.%d", v/1000, v%1000/10)}
 	n, r := b.nvml.DeviceGetCount()
 	if r != nvml.SUCCESS {
 		return gpu.Host{}, nvmlError("device count", r)
@@ -127,7 +144,7 @@ func (b *Backend) device(i int) (gpu.Device, error) {
 	if r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("handle"), r)
 	}
-	d := gpu.Device{Index: i}
+	d := gpu.Device{Index: i, Properties: gpu.Properties{}}
 	if d.UUID, r = dev.GetUUID(); r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("UUID"), r)
 	}
@@ -138,7 +155,7 @@ func (b *Backend) device(i int) (gpu.Device, error) {
 	if r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("compute capability"), r)
 	}
-	d.ComputeCapability = fmt.Sprintf("%d.%d", major, minor)
+	d.Properties[propCompute] = fmt.Sprintf("%d.%d", major, minor)
 	mem, r := dev.GetMemoryInfo()
 	if r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("memory"), r)
@@ -151,14 +168,16 @@ func (b *Backend) device(i int) (gpu.Device, error) {
 	d.PCIBusID = cString(pci.BusId[:])
 	d.NUMANode = readNUMANode(filepath.Join(b.sys, "bus/pci/devices", sysfsPCIAddress(d.PCIBusID), "numa_node"))
 	mig, _, r := dev.GetMigMode()
-	if d.MIGMode, r = mode(r, mig == nvml.DEVICE_MIG_ENABLE); r != nvml.SUCCESS {
+	if d.Properties[propMIG], r = mode(r, mig == nvml.DEVICE_MIG_ENABLE); r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("MIG mode"), r)
 	}
 	ecc, _, r := dev.GetEccMode()
-	if d.ECCMode, r = mode(r, ecc == nvml.FEATURE_ENABLED); r != nvml.SUCCESS {
+	if d.Properties[propECC], r = mode(r, ecc == nvml.FEATURE_ENABLED); r != nvml.SUCCESS {
 		return gpu.Device{}, nvmlError(what("ECC mode"), r)
 	}
-	d.L2CacheBytes = b.l2Sizes()[d.UUID]
+	if l2 := b.l2Sizes()[d.UUID]; l2 != 0 { // 0: unknown, not recorded
+		d.Properties[propL2] = strconv.FormatUint(l2, 10)
+	}
 	return d, nil
 }
 
@@ -228,7 +247,8 @@ func readNUMANode(path string) int {
 // Processes implements gpu.Backend. A process holds NVIDIA state if NVML lists it as a
 // compute process or it has a GPU device file open, which a CUDA context always does
 // (NVML cannot see every process, e.g. across some PID namespaces).
-func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error) {
+func (b *Backend) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
+	pids := tree.PIDs()
 	wanted := map[int]bool{}
 	for _, pid := range pids {
 		wanted[pid] = true
@@ -276,7 +296,7 @@ func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error
 			delete(found, pid) // a pid listed twice is reported once
 			continue
 		}
-		holds, err := holdsDeviceFiles(b.proc, pid)
+		holds, err := holdsDeviceFiles(tree, pid)
 		if err != nil {
 			return nil, err
 		}
@@ -286,7 +306,7 @@ func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error
 		// Not listed by NVML: the driver must still know it, or it is a process that only
 		// inherited the files, which neither the driver nor CRIU can checkpoint.
 		if _, err := b.cuda.State(pid); err != nil {
-			return nil, noCUDAState(b.proc, pid, err)
+			return nil, noCUDAState(tree.Command(pid), pid, err)
 		}
 		out = append(out, gpu.Process{PID: pid})
 	}
@@ -296,10 +316,9 @@ func (b *Backend) Processes(_ context.Context, pids []int) ([]gpu.Process, error
 // noCUDAState is the refusal of a process that holds NVIDIA device files without CUDA state
 // of its own: typically a child forked after its parent started CUDA, which inherits the
 // open files but no context.
-func noCUDAState(proc string, pid int, cause error) error {
-	comm, _ := os.ReadFile(filepath.Join(proc, strconv.Itoa(pid), "comm"))
+func noCUDAState(command string, pid int, cause error) error {
 	return &safety.Finding{
-		Check: safety.CheckNoCUDAState, PID: pid, Command: strings.TrimSpace(string(comm)),
+		Check: safety.CheckNoCUDAState, PID: pid, Command: command,
 		Reason: fmt.Sprintf("holds NVIDIA device files but has no CUDA state the driver can checkpoint (%v), and CRIU cannot dump those files", cause),
 		Fix: "a child forked after its parent started CUDA is such a process, as PyTorch DataLoader workers are by default: " +
 			"start them with the spawn or forkserver method (multiprocessing_context=\"spawn\")",
@@ -313,8 +332,8 @@ var deviceFile = regexp.MustCompile(`^/dev/nvidia([0-9]+|ctl)$`)
 // holdsDeviceFiles reports whether pid has an NVIDIA device file open. A process that is
 // gone holds nothing; one whose fds cannot be read is an error, since guessing "no" would
 // send device state to CRIU, which cannot dump it.
-func holdsDeviceFiles(proc string, pid int) (bool, error) {
-	files, err := proctree.OpenFiles(proc, pid)
+func holdsDeviceFiles(tree *proctree.Snapshot, pid int) (bool, error) {
+	files, err := tree.Files(pid)
 	if err != nil {
 		return false, fmt.Errorf("look for NVIDIA device files: %w", err)
 	}

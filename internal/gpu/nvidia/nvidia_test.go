@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,8 +17,9 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
-	"github.com/gpucr/gpucr/internal/cuda"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/gpu/nvidia/cuda"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 const (
@@ -67,7 +69,7 @@ func busID(s string) [32]int8 {
 }
 
 // h100 is a mock H100 as NVML describes it, running procs.
-func h100(uuid, bus string, procs ...nvml.ProcessInfo) *mock.Device {
+func mockH100(uuid, bus string, procs ...nvml.ProcessInfo) *mock.Device {
 	return &mock.Device{
 		GetUUIDFunc:                  func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
 		GetNameFunc:                  func() (string, nvml.Return) { return "NVIDIA H100 80GB HBM3", nvml.SUCCESS },
@@ -98,6 +100,15 @@ func mockNVML(devs ...*mock.Device) *mock.Interface {
 	}
 }
 
+// snap is a snapshot of pids whose procfs is under root.
+func snap(root string, pids ...int) *proctree.Snapshot {
+	procs := make([]proctree.Process, len(pids))
+	for i, pid := range pids {
+		procs[i] = proctree.Process{PID: pid}
+	}
+	return proctree.Snap(root, procs)
+}
+
 // writeFile creates path under dir with its parents.
 func writeFile(t *testing.T, dir, path, content string) {
 	t.Helper()
@@ -111,7 +122,7 @@ func writeFile(t *testing.T, dir, path, content string) {
 }
 
 func TestHost(t *testing.T) {
-	d0, d1 := h100(uuidA, "00000000:1A:00.0"), h100(uuidB, "00000000:9A:00.0")
+	d0, d1 := mockH100(uuidA, "00000000:1A:00.0"), mockH100(uuidB, "00000000:9A:00.0")
 	d0.GetMigModeFunc = func() (int, int, nvml.Return) { return nvml.DEVICE_MIG_ENABLE, nvml.DEVICE_MIG_ENABLE, nvml.SUCCESS }
 	d1.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED }
 	d1.GetEccModeFunc = func() (nvml.EnableState, nvml.EnableState, nvml.Return) {
@@ -124,11 +135,13 @@ func TestHost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := gpu.Host{Backend: "nvidia", DriverVersion: "580.159.04", CUDAVersion: "13.0", Devices: []gpu.Device{
-		{Index: 0, UUID: uuidA, Name: "NVIDIA H100 80GB HBM3", ComputeCapability: "9.0", MemoryTotal: 80 << 30, MemoryUsed: 17 << 30,
-			PCIBusID: "00000000:1A:00.0", NUMANode: 1, L2CacheBytes: 50 << 20, MIGMode: "enabled", ECCMode: "enabled"},
-		{Index: 1, UUID: uuidB, Name: "NVIDIA H100 80GB HBM3", ComputeCapability: "9.0", MemoryTotal: 80 << 30, MemoryUsed: 17 << 30,
-			PCIBusID: "00000000:9A:00.0", NUMANode: -1, L2CacheBytes: 0, MIGMode: "unsupported", ECCMode: "disabled"},
+	want := gpu.Host{Backend: "nvidia", DriverVersion: "580.159.04", Properties: gpu.Properties{"cudaVersion": "13.0"}, Devices: []gpu.Device{
+		{Index: 0, UUID: uuidA, Name: "NVIDIA H100 80GB HBM3", MemoryTotal: 80 << 30, MemoryUsed: 17 << 30,
+			PCIBusID: "00000000:1A:00.0", NUMANode: 1, Properties: gpu.Properties{
+				"computeCapability": "9.0", "l2CacheBytes": "52428800", "migMode": "enabled", "eccMode": "enabled"}},
+		{Index: 1, UUID: uuidB, Name: "NVIDIA H100 80GB HBM3", MemoryTotal: 80 << 30, MemoryUsed: 17 << 30,
+			PCIBusID: "00000000:9A:00.0", NUMANode: -1, Properties: gpu.Properties{
+				"computeCapability": "9.0", "migMode": "unsupported", "eccMode": "disabled"}},
 	}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Host() =\n%+v\nwant\n%+v", got, want)
@@ -140,16 +153,16 @@ func TestHostCUDAVersion(t *testing.T) {
 		lib := mockNVML()
 		lib.SystemGetCudaDriverVersionFunc = func() (int, nvml.Return) { return v, nvml.SUCCESS }
 		h, err := newBackend(lib, &fakeDriver{}).Host(context.Background())
-		if err != nil || h.CUDAVersion != want {
-			t.Errorf("CUDA %d: Host() = %q, %v; want %q", v, h.CUDAVersion, err, want)
+		if err != nil || h.Properties["cudaVersion"] != want {
+			t.Errorf("CUDA %d: Host() = %q, %v; want %q", v, h.Properties["cudaVersion"], err, want)
 		}
 	}
 }
 
 func TestHostL2Unknown(t *testing.T) {
-	b := newBackend(mockNVML(h100(uuidA, "00000000:1A:00.0")), &fakeDriver{l2Err: errors.New("cuInit: CUDA_ERROR_NO_DEVICE (100)")})
+	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), &fakeDriver{l2Err: errors.New("cuInit: CUDA_ERROR_NO_DEVICE (100)")})
 	h, err := b.Host(context.Background())
-	if err != nil || h.Devices[0].L2CacheBytes != 0 {
+	if _, known := h.Devices[0].Properties["l2CacheBytes"]; err != nil || known {
 		t.Fatalf("Host() = %+v, %v; want L2 0 (unknown) and no error", h, err)
 	}
 }
@@ -181,7 +194,7 @@ func TestHostNVMLErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			d := h100(uuidA, "00000000:1A:00.0")
+			d := mockH100(uuidA, "00000000:1A:00.0")
 			lib := mockNVML(d)
 			c.breakIt(lib, d)
 			_, err := newBackend(lib, &fakeDriver{}).Host(context.Background())
@@ -195,14 +208,14 @@ func TestHostNVMLErrors(t *testing.T) {
 func TestProcesses(t *testing.T) {
 	notAvailable := ^uint64(0)
 	lib := mockNVML(
-		h100(uuidA, "00000000:1A:00.0", nvml.ProcessInfo{Pid: 10, UsedGpuMemory: 1 << 30}, nvml.ProcessInfo{Pid: 11, UsedGpuMemory: notAvailable},
+		mockH100(uuidA, "00000000:1A:00.0", nvml.ProcessInfo{Pid: 10, UsedGpuMemory: 1 << 30}, nvml.ProcessInfo{Pid: 11, UsedGpuMemory: notAvailable},
 			nvml.ProcessInfo{Pid: 50, UsedGpuMemory: 1 << 30}),
-		h100(uuidB, "00000000:9A:00.0", nvml.ProcessInfo{Pid: 10, UsedGpuMemory: 2 << 30}, nvml.ProcessInfo{Pid: 10, UsedGpuMemory: 1 << 30}),
+		mockH100(uuidB, "00000000:9A:00.0", nvml.ProcessInfo{Pid: 10, UsedGpuMemory: 2 << 30}, nvml.ProcessInfo{Pid: 10, UsedGpuMemory: 1 << 30}),
 	)
 	b := newBackend(lib, &fakeDriver{})
-	b.proc = t.TempDir()
+	proc := t.TempDir()
 	link := func(pid int, fd, target string) {
-		dir := filepath.Join(b.proc, fmt.Sprint(pid), "fd")
+		dir := filepath.Join(proc, fmt.Sprint(pid), "fd")
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -216,7 +229,7 @@ func TestProcesses(t *testing.T) {
 	link(14, "3", "/dev/nvidia-uvm")
 	link(14, "4", "/dev/nvidia-caps/nvidia-cap1")
 	link(14, "5", "socket:[1234]")
-	got, err := b.Processes(context.Background(), []int{10, 11, 12, 13, 14, 15, 10})
+	got, err := b.Processes(context.Background(), snap(proc, 10, 11, 12, 13, 14, 15, 10))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,34 +247,34 @@ func TestProcesses(t *testing.T) {
 // A process that holds a device file the driver knows nothing of (a child forked after its
 // parent started CUDA) is refused, named, with what to do.
 func TestProcessesRefusesDeviceFilesWithoutCUDAState(t *testing.T) {
-	b := newBackend(mockNVML(h100(uuidA, "00000000:1A:00.0")), &fakeDriver{stateErr: errors.New("CUDA_ERROR_NOT_FOUND")})
-	b.proc = t.TempDir()
-	if err := os.MkdirAll(filepath.Join(b.proc, "21", "fd"), 0o755); err != nil {
+	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), &fakeDriver{stateErr: errors.New("CUDA_ERROR_NOT_FOUND")})
+	proc := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, "21", "fd"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink("/dev/nvidiactl", filepath.Join(b.proc, "21", "fd", "9")); err != nil {
+	if err := os.Symlink("/dev/nvidiactl", filepath.Join(proc, "21", "fd", "9")); err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, b.proc, "21/comm", "pt_data_worker\n")
-	_, err := b.Processes(context.Background(), []int{21})
+	tree := proctree.Snap(proc, []proctree.Process{{PID: 21, Command: "pt_data_worker"}})
+	_, err := b.Processes(context.Background(), tree)
 	if !errors.Is(err, safety.ErrUnsafe) || !strings.Contains(err.Error(), "process 21 (pt_data_worker)") || !strings.Contains(err.Error(), "spawn") {
 		t.Fatalf("Processes() error = %v, want a refusal naming process 21 and the spawn method", err)
 	}
 }
 
 func TestProcessesUnreadableFds(t *testing.T) {
-	b := newBackend(mockNVML(h100(uuidA, "00000000:1A:00.0")), &fakeDriver{})
-	b.proc = t.TempDir()
-	writeFile(t, b.proc, "77/fd", "not a directory")
-	if _, err := b.Processes(context.Background(), []int{77}); err == nil || !strings.Contains(err.Error(), "pid 77") {
+	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), &fakeDriver{})
+	proc := t.TempDir()
+	writeFile(t, proc, "77/fd", "not a directory")
+	if _, err := b.Processes(context.Background(), snap(proc, 77)); err == nil || !strings.Contains(err.Error(), "pid 77") {
 		t.Fatalf("Processes() error = %v, want one naming pid 77", err)
 	}
 }
 
 func TestProcessesNVMLError(t *testing.T) {
-	d := h100(uuidA, "00000000:1A:00.0")
+	d := mockH100(uuidA, "00000000:1A:00.0")
 	d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_GPU_IS_LOST }
-	_, err := newBackend(mockNVML(d), &fakeDriver{}).Processes(context.Background(), []int{1})
+	_, err := newBackend(mockNVML(d), &fakeDriver{}).Processes(context.Background(), snap(t.TempDir(), 1))
 	if !errors.Is(err, nvml.ERROR_GPU_IS_LOST) || !strings.Contains(err.Error(), "GPU 0 compute processes") {
 		t.Fatalf("Processes() error = %v", err)
 	}
@@ -350,7 +363,7 @@ func TestRestore(t *testing.T) {
 		}
 		return u
 	}
-	lib := mockNVML(h100(uuidA, "00000000:1A:00.0"), h100(uuidB, "00000000:9A:00.0"), h100(uuidC, "00000000:AA:00.0"))
+	lib := mockNVML(mockH100(uuidA, "00000000:1A:00.0"), mockH100(uuidB, "00000000:9A:00.0"), mockH100(uuidC, "00000000:AA:00.0"))
 	cases := []struct {
 		name      string
 		remap     map[string]string
@@ -491,7 +504,8 @@ func TestNoDriverMeansGPUSupportOff(t *testing.T) {
 			t.Fatalf("Probe() lists nvidia as ready")
 		}
 	}
-	if off["nvidia"] == nil || off["nvidia"].Error() != err.Error() {
-		t.Fatalf("Probe() unavailable = %v, want nvidia: %v", off, err)
+	i := slices.IndexFunc(off, func(o gpu.Off) bool { return o.Name == Name })
+	if i < 0 || off[i].Reason.Error() != err.Error() || !off[i].Holds("/dev/nvidia0") {
+		t.Fatalf("Probe() off = %v, want nvidia: %v, holding /dev/nvidia*", off, err)
 	}
 }

@@ -1,4 +1,4 @@
-package amd
+package placement
 
 import (
 	"errors"
@@ -7,12 +7,22 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpucr/gpucr/internal/amd/kfd"
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/gpu/amd/kfd"
 )
 
 // TestSkipsFrom proves every check is on by default, each goes off by its variable or its
 // name, and bad values or names are refused.
-func TestSkipsFrom(t *testing.T) {
+// skipsFrom switches the backend's checks off as the command line does.
+func skipsFrom(names []string, getenv func(string) string) (Skips, error) {
+	s, err := gpu.SkipsFrom([]gpu.Vendor{{Name: "amd", Checks: checks}}, names, getenv)
+	if err != nil {
+		return nil, err
+	}
+	return Skips(s.For("amd")), nil
+}
+
+func TestSkipsOfTheAMDChecks(t *testing.T) {
 	tests := []struct {
 		name    string
 		env     map[string]string
@@ -30,11 +40,11 @@ func TestSkipsFrom(t *testing.T) {
 		}, want: []string{CheckCaches, CheckCapability, CheckFW, CheckGWS, CheckNUMA, CheckSDMAFW, CheckVRAM}},
 		{name: "names", names: []string{"vram-size", "num-gws", "caches-count"}, want: []string{CheckCaches, CheckGWS, CheckVRAM}},
 		{name: "bad env", env: map[string]string{"KFD_VRAM_SIZE_CHECK": "off"}, wantErr: `KFD_VRAM_SIZE_CHECK="off"`},
-		{name: "bad name", names: []string{"vram"}, wantErr: `unknown AMD restore check "vram"`},
+		{name: "bad name", names: []string{"vram"}, wantErr: `unknown check "vram" for --skip-check`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, err := SkipsFrom(tt.names, func(k string) string { return tt.env[k] })
+			s, err := skipsFrom(tt.names, func(k string) string { return tt.env[k] })
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("err = %v, want %q", err, tt.wantErr)
@@ -112,17 +122,17 @@ func TestDeviceCheck(t *testing.T) {
 		{name: "newer firmware", host: func(n *kfd.Node) { n.FWVersion, n.SDMAFWVersion = 60, 19 }},
 		{name: "more of everything", host: func(n *kfd.Node) { n.CachesCount, n.NumGWS, n.LocalMemSize = 5, 128, 64<<30 }},
 		{name: "older fw", host: func(n *kfd.Node) { n.FWVersion = 58 }, check: CheckFW,
-			want: "image GPU 7 on host GPU 9: fw_version (host must be >= image): image 59, host 58 (switch off with KFD_FW_VER_CHECK=0 or skip fw-version)"},
+			want: "image GPU 7 on host GPU 9: fw_version (host must be >= image): image 59, host 58 (skip with --skip-check fw-version or KFD_FW_VER_CHECK=0)"},
 		{name: "older fw skipped", host: func(n *kfd.Node) { n.FWVersion = 58 }, skip: CheckFW},
-		{name: "older sdma fw", host: func(n *kfd.Node) { n.SDMAFWVersion = 17 }, check: CheckSDMAFW, want: "sdma_fw_version (host must be >= image): image 18, host 17 (switch off with KFD_SDMA_FW_VER_CHECK=0"},
+		{name: "older sdma fw", host: func(n *kfd.Node) { n.SDMAFWVersion = 17 }, check: CheckSDMAFW, want: "sdma_fw_version (host must be >= image): image 18, host 17 (skip with --skip-check"},
 		{name: "older sdma fw skipped", host: func(n *kfd.Node) { n.SDMAFWVersion = 17 }, skip: CheckSDMAFW},
-		{name: "fewer caches", host: func(n *kfd.Node) { n.CachesCount = 3 }, check: CheckCaches, want: "caches_count (host must be >= image): image 4, host 3 (switch off with KFD_CACHES_COUNT_CHECK=0"},
+		{name: "fewer caches", host: func(n *kfd.Node) { n.CachesCount = 3 }, check: CheckCaches, want: "caches_count (host must be >= image): image 4, host 3 (skip with --skip-check"},
 		{name: "fewer caches skipped", host: func(n *kfd.Node) { n.CachesCount = 3 }, skip: CheckCaches},
-		{name: "fewer gws", host: func(n *kfd.Node) { n.NumGWS = 0 }, check: CheckGWS, want: "num_gws (host must be >= image): image 64, host 0 (switch off with KFD_NUM_GWS_CHECK=0"},
+		{name: "fewer gws", host: func(n *kfd.Node) { n.NumGWS = 0 }, check: CheckGWS, want: "num_gws (host must be >= image): image 64, host 0 (skip with --skip-check"},
 		{name: "fewer gws skipped", host: func(n *kfd.Node) { n.NumGWS = 0 }, skip: CheckGWS},
-		{name: "less vram", host: func(n *kfd.Node) { n.LocalMemSize = 16 << 30 }, check: CheckVRAM, want: "VRAM bytes (host must be >= image): image 34359738368, host 17179869184 (switch off with KFD_VRAM_SIZE_CHECK=0"},
+		{name: "less vram", host: func(n *kfd.Node) { n.LocalMemSize = 16 << 30 }, check: CheckVRAM, want: "VRAM bytes (host must be >= image): image 34359738368, host 17179869184 (skip with --skip-check"},
 		{name: "less vram skipped", host: func(n *kfd.Node) { n.LocalMemSize = 16 << 30 }, skip: CheckVRAM},
-		{name: "more capability bits", host: func(n *kfd.Node) { n.Capability |= 1 }, check: CheckCapability, want: "capability (must be equal): image 0x2e3a8280, host 0x2e3a8281 (switch off with KFD_CAPABILITY_CHECK=0"},
+		{name: "more capability bits", host: func(n *kfd.Node) { n.Capability |= 1 }, check: CheckCapability, want: "capability (must be equal): image 0x2e3a8280, host 0x2e3a8281 (skip with --skip-check"},
 		{name: "capability skipped", host: func(n *kfd.Node) { n.Capability = 0 }, skip: CheckCapability},
 		{name: "other model", host: func(n *kfd.Node) { n.DeviceID = 0x740f }, skip: CheckFW, check: checkModel,
 			want: "model (vendor:device, SIMDs) must be equal: image 1002:738c with 480 SIMDs, host 1002:740f with 480 SIMDs (this check cannot be switched off)"},
@@ -139,9 +149,9 @@ func TestDeviceCheck(t *testing.T) {
 				}
 				return
 			}
-			var ie *IncompatibleError
-			if !errors.Is(err, ErrIncompatible) || !errors.As(err, &ie) || ie.Check != tt.check {
-				t.Fatalf("err = %#v, want an IncompatibleError of check %s", err, tt.check)
+			var ie *gpu.IncompatibleError
+			if !errors.Is(err, gpu.ErrIncompatible) || !errors.As(err, &ie) || ie.Check != tt.check {
+				t.Fatalf("err = %#v, want an gpu.IncompatibleError of check %s", err, tt.check)
 			}
 			if msg := err.Error(); !strings.Contains(msg, tt.want) || strings.Contains(msg, "\n") {
 				t.Errorf("error %q, want one line containing %q", msg, tt.want)

@@ -1,31 +1,52 @@
-package gpu
+package nvidia
 
 import (
 	"errors"
 	"fmt"
+	"github.com/gpucr/gpucr/internal/gpu"
 	"maps"
+	"strconv"
 	"strings"
 	"testing"
 )
 
-func h100(index int, uuid string, numa int) Device {
-	return Device{Index: index, UUID: uuid, Name: "NVIDIA H100 80GB HBM3", ComputeCapability: "9.0",
-		MemoryTotal: 80 << 30, MemoryUsed: 17 << 30, L2CacheBytes: 50 << 20, NUMANode: numa}
+func h100(index int, uuid string, numa int) gpu.Device {
+	return gpu.Device{Index: index, UUID: uuid, Name: "NVIDIA H100 80GB HBM3", MemoryTotal: 80 << 30, MemoryUsed: 17 << 30, NUMANode: numa,
+		Properties: gpu.Properties{propCompute: "9.0", propL2: strconv.Itoa(50 << 20)}}
 }
 
 // image describes a checkpoint of devs where one process used the devices named in used.
-func image(used []string, devs ...Device) Snapshot {
-	return Snapshot{
-		Host:      Host{Backend: "nvidia", DriverVersion: "580.159.04", Devices: devs},
-		Processes: []Process{{PID: 100, Devices: used}},
+func image(used []string, devs ...gpu.Device) gpu.Snapshot {
+	return gpu.Snapshot{
+		Host:      gpu.Host{Backend: "nvidia", DriverVersion: "580.159.04", Devices: devs},
+		Processes: []gpu.Process{{PID: 100, Devices: used}},
 	}
 }
 
-func host(devs ...Device) Host {
-	return Host{Backend: "nvidia", DriverVersion: "580.159.04", Devices: devs}
+func host(devs ...gpu.Device) gpu.Host {
+	return gpu.Host{Backend: "nvidia", DriverVersion: "580.159.04", Devices: devs}
 }
 
 func noEnv(string) string { return "" }
+
+// withProp is a copy of d's properties with name set to v ("" removes it).
+func withProp(d gpu.Device, name, v string) gpu.Properties {
+	p := maps.Clone(d.Properties)
+	delete(p, name)
+	if v != "" {
+		p[name] = v
+	}
+	return p
+}
+
+// skipsFrom switches the backend's checks off as the command line does.
+func skipsFrom(flags []string, getenv func(string) string) (Skips, error) {
+	s, err := gpu.SkipsFrom([]gpu.Vendor{{Name: Name, Checks: checks}}, flags, getenv)
+	if err != nil {
+		return nil, err
+	}
+	return Skips(s.For(Name)), nil
+}
 
 func TestChecksList(t *testing.T) {
 	want := map[string]string{
@@ -33,14 +54,14 @@ func TestChecksList(t *testing.T) {
 		"memory": "NV_MEMORY_CHECK", "model": "NV_MODEL_CHECK", "l2-cache": "NV_L2_CHECK", "numa": "NV_NUMA_CHECK",
 	}
 	got := map[string]string{}
-	for _, c := range Checks() {
+	for _, c := range checks {
 		if c.Doc == "" {
 			t.Errorf("check %s has no Doc", c.Name)
 		}
 		got[c.Name] = c.Env
 	}
 	if !maps.Equal(got, want) {
-		t.Fatalf("Checks() = %v, want %v", got, want)
+		t.Fatalf("checks = %v, want %v", got, want)
 	}
 }
 
@@ -50,27 +71,27 @@ func TestEachCheckFailsAndSkips(t *testing.T) {
 	a, b := h100(0, "GPU-a", 0), h100(1, "GPU-b", 0)
 	cases := []struct {
 		check, env string
-		image      Snapshot
-		host       func(h *Host)
+		image      gpu.Snapshot
+		host       func(h *gpu.Host)
 		want       string // the whole message, or a part of it
 	}{
 		{"driver-version", "NV_DRIVER_VER_CHECK", image([]string{"GPU-a"}, a),
-			func(h *Host) { h.DriverVersion = "535.104.05" },
+			func(h *gpu.Host) { h.DriverVersion = "535.104.05" },
 			"GPU driver: version older than the image's: image 580.159.04, host 535.104.05 (skip with --skip-check driver-version or NV_DRIVER_VER_CHECK=0)"},
 		{"compute-capability", "NV_COMPUTE_CAP_CHECK", image([]string{"GPU-a"}, a),
-			func(h *Host) { h.Devices[0].ComputeCapability = "8.0" },
+			func(h *gpu.Host) { h.Devices[0].Properties = withProp(h.Devices[0], propCompute, "8.0") },
 			"GPU 0 (GPU-a): compute capability differs: image 9.0, host 8.0 (skip with --skip-check compute-capability or NV_COMPUTE_CAP_CHECK=0)"},
 		{"memory", "NV_MEMORY_CHECK", image([]string{"GPU-a"}, a),
-			func(h *Host) { h.Devices[0].MemoryTotal = 16 << 30 },
+			func(h *gpu.Host) { h.Devices[0].MemoryTotal = 16 << 30 },
 			"GPU 0 (GPU-a): not enough memory: image 17.0 GiB in use, host 16.0 GiB in all (skip with --skip-check memory or NV_MEMORY_CHECK=0)"},
 		{"model", "NV_MODEL_CHECK", image([]string{"GPU-a"}, a),
-			func(h *Host) { h.Devices[0].Name = "NVIDIA H100 PCIe" },
+			func(h *gpu.Host) { h.Devices[0].Name = "NVIDIA H100 PCIe" },
 			"GPU 0 (GPU-a): model differs: image NVIDIA H100 80GB HBM3, host NVIDIA H100 PCIe (skip with --skip-check model or NV_MODEL_CHECK=0)"},
 		{"l2-cache", "NV_L2_CHECK", image([]string{"GPU-a"}, a),
-			func(h *Host) { h.Devices[0].L2CacheBytes = 60 << 20 },
+			func(h *gpu.Host) { h.Devices[0].Properties = withProp(h.Devices[0], propL2, strconv.Itoa(60<<20)) },
 			"GPU 0 (GPU-a): L2 cache size differs: image 50 MiB, host 60 MiB (skip with --skip-check l2-cache or NV_L2_CHECK=0)"},
 		{"numa", "NV_NUMA_CHECK", image([]string{"GPU-a", "GPU-b"}, a, b),
-			func(h *Host) { h.Devices[1].NUMANode = 1 },
+			func(h *gpu.Host) { h.Devices[1].NUMANode = 1 },
 			"image GPUs 0 and 1 on host GPUs 0 and 1: NUMA grouping differs: image both on node 0, host on nodes 0 and 1 (skip with --skip-check numa or NV_NUMA_CHECK=0)"},
 	}
 	for _, c := range cases {
@@ -78,18 +99,18 @@ func TestEachCheckFailsAndSkips(t *testing.T) {
 			h := host(a, b)
 			c.host(&h)
 			_, err := PlanMapping(c.image, h, nil, Skips{})
-			var ie *IncompatibleError
-			if !errors.As(err, &ie) || !errors.Is(err, ErrIncompatible) {
-				t.Fatalf("err = %v, want an *IncompatibleError matching ErrIncompatible", err)
+			var ie *gpu.IncompatibleError
+			if !errors.As(err, &ie) || !errors.Is(err, gpu.ErrIncompatible) {
+				t.Fatalf("err = %v, want an *gpu.IncompatibleError matching gpu.ErrIncompatible", err)
 			}
 			if ie.Check != c.check || ie.Env != c.env || err.Error() != c.want {
 				t.Fatalf("err = %q (check %s, env %s)\nwant %q", err, ie.Check, ie.Env, c.want)
 			}
-			byFlag, err := SkipsFrom([]string{c.check}, noEnv)
+			byFlag, err := skipsFrom([]string{c.check}, noEnv)
 			if err != nil {
 				t.Fatal(err)
 			}
-			byEnv, err := SkipsFrom(nil, func(k string) string { return map[string]string{c.env: "0"}[k] })
+			byEnv, err := skipsFrom(nil, func(k string) string { return map[string]string{c.env: "0"}[k] })
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,7 +123,7 @@ func TestEachCheckFailsAndSkips(t *testing.T) {
 	}
 }
 
-func TestSkipsFrom(t *testing.T) {
+func TestSkipsOfTheNVIDIAChecks(t *testing.T) {
 	cases := []struct {
 		name    string
 		flags   []string
@@ -121,7 +142,7 @@ func TestSkipsFrom(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := SkipsFrom(c.flags, func(k string) string { return c.env[k] })
+			got, err := skipsFrom(c.flags, func(k string) string { return c.env[k] })
 			if c.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
 					t.Fatalf("err = %v, want %q", err, c.wantErr)
@@ -190,18 +211,18 @@ func TestParseGPUMapRefusesAnAmbiguousRef(t *testing.T) {
 func TestPlanMapping(t *testing.T) {
 	a, b := h100(0, "GPU-a", 0), h100(1, "GPU-b", 0)
 	x, y, z := h100(0, "GPU-x", 0), h100(1, "GPU-y", 0), h100(2, "GPU-z", 1)
-	ampere := Device{Index: 0, UUID: "GPU-old", Name: "NVIDIA A100-SXM4-80GB", ComputeCapability: "8.0",
-		MemoryTotal: 80 << 30, L2CacheBytes: 40 << 20, NUMANode: 0}
-	at := func(d Device, index, numa int) Device { d.Index, d.NUMANode = index, numa; return d }
+	ampere := gpu.Device{Index: 0, UUID: "GPU-old", Name: "NVIDIA A100-SXM4-80GB", MemoryTotal: 80 << 30, NUMANode: 0,
+		Properties: gpu.Properties{propCompute: "8.0", propL2: strconv.Itoa(40 << 20)}}
+	at := func(d gpu.Device, index, numa int) gpu.Device { d.Index, d.NUMANode = index, numa; return d }
 	cases := []struct {
 		name      string
-		image     Snapshot
-		host      Host
+		image     gpu.Snapshot
+		host      gpu.Host
 		gpuMap    string
 		skip      []string
 		want      map[string]string
 		wantErr   string
-		wantCheck string // the IncompatibleError's check, when one is expected
+		wantCheck string // the gpu.IncompatibleError's check, when one is expected
 	}{
 		{name: "same GPUs stay", image: image([]string{"GPU-a", "GPU-b"}, a, b), host: host(a, b)},
 		{name: "unused GPUs stay too", image: image([]string{"GPU-b"}, a, b), host: host(a, b, x)},
@@ -222,7 +243,7 @@ func TestPlanMapping(t *testing.T) {
 		{name: "unused image GPUs beyond the host's are left out", image: image([]string{"GPU-a"}, a, b), host: host(x),
 			want: map[string]string{"GPU-a": "GPU-x"}},
 		{name: "unknown L2 size is not compared", image: image([]string{"GPU-a"}, a),
-			host: host(func() Device { d := a; d.L2CacheBytes = 0; return d }())},
+			host: host(func() gpu.Device { d := a; d.Properties = withProp(a, propL2, ""); return d }())},
 		{name: "NUMA: absent GPUs that shared a node get a shared node", image: image([]string{"GPU-a", "GPU-b"}, a, b),
 			host: host(at(x, 0, 0), at(y, 1, 1), at(z, 2, 1)), want: map[string]string{"GPU-a": "GPU-y", "GPU-b": "GPU-z"}},
 		{name: "NUMA: absent GPUs on distinct nodes stay distinct", image: image([]string{"GPU-a", "GPU-b"}, a, at(b, 1, 1)),
@@ -246,8 +267,8 @@ func TestPlanMapping(t *testing.T) {
 			wantErr: "image GPU 0 (GPU-a) on host GPU 1 (GPU-old): compute capability differs", wantCheck: "compute-capability"},
 		{name: "explicit map of an unused GPU is not checked", image: image([]string{"GPU-a"}, a, b), host: host(a, at(ampere, 1, 0)), gpuMap: "1=1",
 			want: map[string]string{"GPU-b": "GPU-old"}},
-		{name: "host driver newer", image: image([]string{"GPU-a"}, a), host: func() Host { h := host(a); h.DriverVersion = "590.1"; return h }()},
-		{name: "host driver older", image: image([]string{"GPU-a"}, a), host: func() Host { h := host(a); h.DriverVersion = "580.65.06"; return h }(),
+		{name: "host driver newer", image: image([]string{"GPU-a"}, a), host: func() gpu.Host { h := host(a); h.DriverVersion = "590.1"; return h }()},
+		{name: "host driver older", image: image([]string{"GPU-a"}, a), host: func() gpu.Host { h := host(a); h.DriverVersion = "580.65.06"; return h }(),
 			wantErr: "image 580.159.04, host 580.65.06", wantCheck: "driver-version"},
 		{name: "process on a GPU the image does not describe", image: image([]string{"GPU-q"}, a), host: host(a),
 			wantErr: "image process 100 used GPU GPU-q, which the image does not describe"},
@@ -258,7 +279,7 @@ func TestPlanMapping(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			skips, err := SkipsFrom(c.skip, noEnv)
+			skips, err := skipsFrom(c.skip, noEnv)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -267,12 +288,12 @@ func TestPlanMapping(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
 					t.Fatalf("err = %v\nwant %q", err, c.wantErr)
 				}
-				var ie *IncompatibleError
+				var ie *gpu.IncompatibleError
 				if c.wantCheck != "" && (!errors.As(err, &ie) || ie.Check != c.wantCheck) {
-					t.Fatalf("err = %v, want an *IncompatibleError of check %s", err, c.wantCheck)
+					t.Fatalf("err = %v, want an *gpu.IncompatibleError of check %s", err, c.wantCheck)
 				}
-				if c.wantCheck != "" && !errors.Is(err, ErrIncompatible) {
-					t.Fatalf("err = %v does not match ErrIncompatible", err)
+				if c.wantCheck != "" && !errors.Is(err, gpu.ErrIncompatible) {
+					t.Fatalf("err = %v does not match gpu.ErrIncompatible", err)
 				}
 				return
 			}
@@ -299,7 +320,7 @@ func TestPlanMappingExplicitMustNameKnownGPUs(t *testing.T) {
 // TestPlanMappingSearchStaysSmall gives the search a NUMA grouping it cannot keep on 16
 // GPUs, where trying every assignment would never end.
 func TestPlanMappingSearchStaysSmall(t *testing.T) {
-	var img, here []Device
+	var img, here []gpu.Device
 	var used []string
 	for i := range 16 {
 		img = append(img, h100(i, fmt.Sprintf("GPU-img%d", i), 0))
@@ -307,7 +328,7 @@ func TestPlanMappingSearchStaysSmall(t *testing.T) {
 		here = append(here, h100(i, fmt.Sprintf("GPU-host%d", i), i/8))
 	}
 	_, err := PlanMapping(image(used, img...), host(here...), nil, nil)
-	if !errors.Is(err, ErrIncompatible) || !strings.Contains(err.Error(), "NUMA grouping differs") {
+	if !errors.Is(err, gpu.ErrIncompatible) || !strings.Contains(err.Error(), "NUMA grouping differs") {
 		t.Fatalf("err = %v, want a NUMA incompatibility", err)
 	}
 	got, err := PlanMapping(image(used, img...), host(here...), nil, Skips{"numa": true})

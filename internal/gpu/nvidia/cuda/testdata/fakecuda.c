@@ -1,4 +1,4 @@
-// A stand-in for libcuda, so internal/cuda's tests run on hosts without a GPU: it keeps
+// A stand-in for libcuda, so the cuda package's tests run on hosts without a GPU: it keeps
 // each pid's checkpoint state in a table and enforces the driver's transitions.
 // Every call that changes state appends a line to $FAKECUDA_LOG, so tests see what the
 // driver was given. With $FAKEGPU_DIR set, each pid's state lives in the file DIR/PID

@@ -1,4 +1,4 @@
-package amd
+package placement
 
 import (
 	"cmp"
@@ -6,7 +6,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpucr/gpucr/internal/amd/kfd"
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/gpu/amd/kfd"
 )
 
 // Map chooses a distinct host GPU for every GPU of a checkpoint: image and host list KFD
@@ -35,13 +36,13 @@ func Map(image, host []kfd.Node, skips Skips) (map[uint32]uint32, error) {
 		}
 	}
 	if len(s.img.gpus) > len(s.host.gpus) {
-		return nil, fmt.Errorf("%w: the image has %d GPUs, this host %d", ErrIncompatible, len(s.img.gpus), len(s.host.gpus))
+		return nil, fmt.Errorf("%w: the image has %d GPUs, this host %d", gpu.ErrIncompatible, len(s.img.gpus), len(s.host.gpus))
 	}
 	s.assign = make([]int, len(s.img.gpus))
 	s.used = make([]bool, len(s.host.gpus))
 	if !s.place(0) {
 		if s.tries > maxTries {
-			return nil, fmt.Errorf("%w: no placement of the image's %d GPUs on this host's %d found in %d tries", ErrIncompatible, len(s.img.gpus), len(s.host.gpus), maxTries)
+			return nil, fmt.Errorf("%w: no placement of the image's %d GPUs on this host's %d found in %d tries", gpu.ErrIncompatible, len(s.img.gpus), len(s.host.gpus), maxTries)
 		}
 		return nil, s.failure()
 	}

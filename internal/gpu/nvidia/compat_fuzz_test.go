@@ -1,6 +1,7 @@
-package gpu
+package nvidia
 
 import (
+	"github.com/gpucr/gpucr/internal/gpu"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,7 +18,7 @@ func FuzzParseGPUMap(f *testing.F) {
 	img := image([]string{"GPU-a", "GPU-b", "GPU-c"}, h100(0, "GPU-a", 0), h100(1, "GPU-b", 0), h100(2, "GPU-c", 1))
 	here := host(h100(0, "GPU-x", 0), h100(1, "GPU-y", 0), h100(2, "GPU-a", 1))
 	// resolve finds the device ref names as the flag's documentation says: by UUID or index.
-	resolve := func(h Host, ref string) (string, bool) {
+	resolve := func(h gpu.Host, ref string) (string, bool) {
 		ref = strings.TrimSpace(ref)
 		for _, d := range h.Devices {
 			if d.UUID == ref || strconv.Itoa(d.Index) == ref {

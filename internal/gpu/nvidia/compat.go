@@ -1,21 +1,15 @@
-package gpu
+package nvidia
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
-)
 
-// Check is one restore compatibility check. Like the KFD_*_CHECK switches of AMD's CRIU
-// plugin, each is on by default: a user who knows better switches it off by name or by Env.
-type Check struct {
-	Name string // for --skip-check
-	Env  string // setting it to 0 switches the check off too
-	Doc  string
-}
+	"github.com/gpucr/gpucr/internal/gpu"
+)
 
 // Names of the checks.
 const (
@@ -27,84 +21,58 @@ const (
 	checkNUMA    = "numa"
 )
 
-var checks = []Check{
-	{checkDriver, "NV_DRIVER_VER_CHECK", "the host's driver is at least as new as the image's"},
-	{checkCompute, "NV_COMPUTE_CAP_CHECK", "each GPU has the compute capability of the image GPU it takes"},
-	{checkMemory, "NV_MEMORY_CHECK", "each GPU has at least as much memory as its image GPU had in use"},
-	{checkModel, "NV_MODEL_CHECK", "each GPU is the same model as its image GPU"},
-	{checkL2, "NV_L2_CHECK", "each GPU has the L2 cache size of its image GPU"},
-	{checkNUMA, "NV_NUMA_CHECK", "GPUs that shared a NUMA node still do, and GPUs that did not still do not"},
+// checks are the NVIDIA backend's restore checks, in the order they run.
+var checks = []gpu.Check{
+	{Name: checkDriver, Env: "NV_DRIVER_VER_CHECK", Doc: "the host's driver is at least as new as the image's"},
+	{Name: checkCompute, Env: "NV_COMPUTE_CAP_CHECK", Doc: "each GPU has the compute capability of the image GPU it takes"},
+	{Name: checkMemory, Env: "NV_MEMORY_CHECK", Doc: "each GPU has at least as much memory as its image GPU had in use"},
+	{Name: checkModel, Env: "NV_MODEL_CHECK", Doc: "each GPU is the same model as its image GPU"},
+	{Name: checkL2, Env: "NV_L2_CHECK", Doc: "each GPU has the L2 cache size of its image GPU"},
+	{Name: checkNUMA, Env: "NV_NUMA_CHECK", Doc: "GPUs that shared a NUMA node still do, and GPUs that did not still do not"},
 }
 
-// Checks lists the compatibility checks in the order they run.
-func Checks() []Check { return slices.Clone(checks) }
+// The backend's own facts about devices and hosts, as gpu.Properties names them.
+const (
+	propCompute = "computeCapability"
+	propL2      = "l2CacheBytes"
+	propMIG     = "migMode"
+	propECC     = "eccMode"
+	propCUDA    = "cudaVersion"
+)
 
-func checkNamed(name string) Check {
-	for _, c := range checks {
-		if c.Name == name {
-			return c
-		}
-	}
-	panic("gpu: no check named " + name)
-}
-
-// Skips holds the names of the checks switched off.
+// Skips holds the names of the backend's checks switched off.
 type Skips map[string]bool
 
-// SkipsFrom collects the checks switched off by --skip-check names (flags) and by their
-// environment variables set to 0 (read through getenv, os.Getenv outside tests).
-func SkipsFrom(flags []string, getenv func(string) string) (Skips, error) {
-	s := Skips{}
-	for _, c := range checks {
-		if getenv(c.Env) == "0" {
-			s[c.Name] = true
-		}
+func incompatible(check, device, property, image, host string) *gpu.IncompatibleError {
+	i := slices.IndexFunc(checks, func(c gpu.Check) bool { return c.Name == check })
+	return gpu.Incompatible(checks[i], device, property, image, host)
+}
+
+// PlanRestore checks that this host's GPUs can take the image's NVIDIA state and decides
+// which GPU takes each image GPU: where --gpu-map says, else PlanMapping's choice.
+func (b *Backend) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
+	if in.Snapshot == nil {
+		return nil, nil
 	}
-	for _, f := range flags {
-		if !slices.ContainsFunc(checks, func(c Check) bool { return c.Name == f }) {
-			names := make([]string, len(checks))
-			for i, c := range checks {
-				names[i] = c.Name
-			}
-			return nil, fmt.Errorf("unknown check %q for --skip-check; the checks are %s", f, strings.Join(names, ", "))
-		}
-		s[f] = true
+	host, err := b.Host(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("describe GPUs: %w", err)
 	}
-	return s, nil
+	explicit, err := ParseGPUMap(in.GPUMap, in.Snapshot.Host, host)
+	if err != nil {
+		return nil, err
+	}
+	remap, err := PlanMapping(*in.Snapshot, host, explicit, Skips(in.Skips.For(Name)))
+	if err != nil {
+		return nil, err
+	}
+	return &gpu.Plan{Remap: remap}, nil
 }
 
-// ErrIncompatible means this host's GPUs cannot take an image's device state; every
-// *IncompatibleError matches it with errors.Is.
-var ErrIncompatible = errors.New("incompatible GPU")
-
-// IncompatibleError is one failed check, worded so the user sees what differs and how to
-// switch the check off when they know the restore will work anyway.
-type IncompatibleError struct {
-	Check    string // the check's name, as --skip-check takes it
-	Env      string // the check's environment switch
-	Device   string // which GPU, e.g. "GPU 0 (GPU-…)", or "driver"
-	Property string // what is wrong, e.g. "compute capability differs"
-	Image    string // the image's value
-	Host     string // this host's value
-}
-
-func (e *IncompatibleError) Error() string {
-	return fmt.Sprintf("%s: %s: image %s, host %s (skip with --skip-check %s or %s=0)",
-		e.Device, e.Property, e.Image, e.Host, e.Check, e.Env)
-}
-
-// Is makes errors.Is(err, ErrIncompatible) true.
-func (e *IncompatibleError) Is(target error) bool { return target == ErrIncompatible }
-
-func incompatible(check, device, property, image, host string) *IncompatibleError {
-	c := checkNamed(check)
-	return &IncompatibleError{Check: c.Name, Env: c.Env, Device: device, Property: property, Image: image, Host: host}
-}
-
-func gpuName(d Device) string { return fmt.Sprintf("GPU %d (%s)", d.Index, d.UUID) }
+func gpuName(d gpu.Device) string { return fmt.Sprintf("GPU %d (%s)", d.Index, d.UUID) }
 
 // placement names an image GPU and the host GPU it would go to, as one GPU if it stays.
-func placement(img, host Device) string {
+func placement(img, host gpu.Device) string {
 	if img.UUID == host.UUID {
 		return gpuName(host)
 	}
@@ -113,40 +81,42 @@ func placement(img, host Device) string {
 
 // deviceChecks runs the enabled per-device checks of img going to host, in Checks order.
 // An L2 size of 0 is unknown (the backend could not read it) and not compared.
-func deviceChecks(img, host Device, skips Skips) error {
+func deviceChecks(img, host gpu.Device, skips Skips) error {
 	where := placement(img, host)
 	switch {
-	case !skips[checkCompute] && img.ComputeCapability != host.ComputeCapability:
-		return incompatible(checkCompute, where, "compute capability differs", img.ComputeCapability, host.ComputeCapability)
+	case !skips[checkCompute] && img.Properties[propCompute] != host.Properties[propCompute]:
+		return incompatible(checkCompute, where, "compute capability differs", img.Properties[propCompute], host.Properties[propCompute])
 	case !skips[checkMemory] && host.MemoryTotal < img.MemoryUsed:
 		return incompatible(checkMemory, where, "not enough memory", gib(img.MemoryUsed)+" in use", gib(host.MemoryTotal)+" in all")
 	case !skips[checkModel] && img.Name != host.Name:
 		return incompatible(checkModel, where, "model differs", img.Name, host.Name)
-	case !skips[checkL2] && img.L2CacheBytes != 0 && host.L2CacheBytes != 0 && img.L2CacheBytes != host.L2CacheBytes:
-		return incompatible(checkL2, where, "L2 cache size differs", mib(img.L2CacheBytes), mib(host.L2CacheBytes))
+	case !skips[checkL2] && l2(img) != 0 && l2(host) != 0 && l2(img) != l2(host):
+		return incompatible(checkL2, where, "L2 cache size differs", mib(l2(img)), mib(l2(host)))
 	}
 	return nil
 }
+
+func l2(d gpu.Device) uint64 { return d.Properties.Uint(propL2) }
 
 func gib(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<30), 'f', 1, 64) + " GiB" }
 func mib(b uint64) string { return strconv.FormatFloat(float64(b)/(1<<20), 'f', -1, 64) + " MiB" }
 
 // numaConflict reports whether placing image GPUs a and b on host GPUs ha and hb changes
 // whether they share a NUMA node. A node of -1 is unknown and conflicts with nothing.
-func numaConflict(a, b, ha, hb Device) bool {
+func numaConflict(a, b, ha, hb gpu.Device) bool {
 	if a.NUMANode < 0 || b.NUMANode < 0 || ha.NUMANode < 0 || hb.NUMANode < 0 {
 		return false
 	}
 	return (a.NUMANode == b.NUMANode) != (ha.NUMANode == hb.NUMANode)
 }
 
-func numaError(a, b, ha, hb Device) error {
+func numaError(a, b, ha, hb gpu.Device) error {
 	return incompatible(checkNUMA,
 		fmt.Sprintf("image GPUs %d and %d on host GPUs %d and %d", a.Index, b.Index, ha.Index, hb.Index),
 		"NUMA grouping differs", numaNodes(a, b), numaNodes(ha, hb))
 }
 
-func numaNodes(a, b Device) string {
+func numaNodes(a, b gpu.Device) string {
 	if a.NUMANode == b.NUMANode {
 		return fmt.Sprintf("both on node %d", a.NUMANode)
 	}
@@ -178,12 +148,12 @@ func compareVersions(a, b string) int {
 // ParseGPUMap reads a --gpu-map spec: comma-separated OLD=NEW pairs, where OLD is an
 // image GPU and NEW a host GPU, each given by index or UUID. It returns image UUID -> host
 // UUID; an empty spec gives nil.
-func ParseGPUMap(spec string, image, host Host) (map[string]string, error) {
+func ParseGPUMap(spec string, image, host gpu.Host) (map[string]string, error) {
 	if strings.TrimSpace(spec) == "" {
 		return nil, nil
 	}
 	out := map[string]string{}
-	onto := map[string]Device{} // host UUID -> the image GPU mapped onto it
+	onto := map[string]gpu.Device{} // host UUID -> the image GPU mapped onto it
 	for _, pair := range strings.Split(spec, ",") {
 		oldRef, newRef, ok := strings.Cut(pair, "=")
 		if !ok {
@@ -210,9 +180,9 @@ func ParseGPUMap(spec string, image, host Host) (map[string]string, error) {
 
 // findDevice finds the device of h that ref names by index or UUID. A ref that is the
 // UUID of one device and the index of another (an image may carry any UUID) is refused.
-func findDevice(h Host, ref string) (Device, error) {
+func findDevice(h gpu.Host, ref string) (gpu.Device, error) {
 	ref = strings.TrimSpace(ref)
-	var found []Device
+	var found []gpu.Device
 	for _, d := range h.Devices {
 		if d.UUID == ref || strconv.Itoa(d.Index) == ref {
 			found = append(found, d)
@@ -220,11 +190,11 @@ func findDevice(h Host, ref string) (Device, error) {
 	}
 	switch len(found) {
 	case 0:
-		return Device{}, fmt.Errorf("no GPU %q", ref)
+		return gpu.Device{}, fmt.Errorf("no GPU %q", ref)
 	case 1:
 		return found[0], nil
 	}
-	return Device{}, fmt.Errorf("two GPUs named %q (the index of one, the UUID of another): name it by the other form", ref)
+	return gpu.Device{}, fmt.Errorf("two GPUs named %q (the index of one, the UUID of another): name it by the other form", ref)
 }
 
 // PlanMapping decides which host GPU takes each image GPU. GPUs the image's processes used
@@ -234,7 +204,7 @@ func findDevice(h Host, ref string) (Device, error) {
 // other image GPUs then take the remaining host GPUs, unchecked, because the driver wants
 // a home for every GPU of the checkpoint. The result holds only GPUs that move (image UUID
 // -> host UUID); nil means all stay where they were.
-func PlanMapping(image Snapshot, host Host, explicit map[string]string, skips Skips) (map[string]string, error) {
+func PlanMapping(image gpu.Snapshot, host gpu.Host, explicit map[string]string, skips Skips) (map[string]string, error) {
 	if !skips[checkDriver] && compareVersions(host.DriverVersion, image.DriverVersion) < 0 {
 		return nil, incompatible(checkDriver, "GPU driver", "version older than the image's", image.DriverVersion, host.DriverVersion)
 	}
@@ -264,18 +234,18 @@ func PlanMapping(image Snapshot, host Host, explicit map[string]string, skips Sk
 // planner holds a mapping under construction. Devices are kept in index order so that
 // every choice is deterministic.
 type planner struct {
-	image, host []Device
-	used        map[string]bool   // image UUIDs the processes used
-	plan        map[string]Device // image UUID -> host device
-	taken       map[string]bool   // host UUIDs in plan
-	missing     []Device          // used image devices still without a host device
+	image, host []gpu.Device
+	used        map[string]bool       // image UUIDs the processes used
+	plan        map[string]gpu.Device // image UUID -> host device
+	taken       map[string]bool       // host UUIDs in plan
+	missing     []gpu.Device          // used image devices still without a host device
 	skips       Skips
 }
 
-func newPlanner(image Snapshot, host Host, explicit map[string]string, skips Skips) (*planner, error) {
+func newPlanner(image gpu.Snapshot, host gpu.Host, explicit map[string]string, skips Skips) (*planner, error) {
 	p := &planner{
 		image: byIndex(image.Devices), host: byIndex(host.Devices),
-		used: map[string]bool{}, plan: map[string]Device{}, taken: map[string]bool{}, skips: skips,
+		used: map[string]bool{}, plan: map[string]gpu.Device{}, taken: map[string]bool{}, skips: skips,
 	}
 	imageUUIDs := map[string]bool{}
 	for _, d := range p.image {
@@ -321,33 +291,33 @@ func newPlanner(image Snapshot, host Host, explicit map[string]string, skips Ski
 	return p, nil
 }
 
-func byIndex(ds []Device) []Device {
+func byIndex(ds []gpu.Device) []gpu.Device {
 	ds = slices.Clone(ds)
-	slices.SortStableFunc(ds, func(a, b Device) int { return a.Index - b.Index })
+	slices.SortStableFunc(ds, func(a, b gpu.Device) int { return a.Index - b.Index })
 	return ds
 }
 
-func (p *planner) hostDevice(uuid string) (Device, bool) {
-	i := slices.IndexFunc(p.host, func(d Device) bool { return d.UUID == uuid })
+func (p *planner) hostDevice(uuid string) (gpu.Device, bool) {
+	i := slices.IndexFunc(p.host, func(d gpu.Device) bool { return d.UUID == uuid })
 	if i < 0 {
-		return Device{}, false
+		return gpu.Device{}, false
 	}
 	return p.host[i], true
 }
 
-func (p *planner) assign(img, host Device) {
+func (p *planner) assign(img, host gpu.Device) {
 	p.plan[img.UUID] = host
 	p.taken[host.UUID] = true
 }
 
-func (p *planner) unassign(img Device) {
+func (p *planner) unassign(img gpu.Device) {
 	delete(p.taken, p.plan[img.UUID].UUID)
 	delete(p.plan, img.UUID)
 }
 
 // checkPlaced runs every enabled check on the used GPUs placed so far.
 func (p *planner) checkPlaced() error {
-	var placed []Device
+	var placed []gpu.Device
 	for _, d := range p.image {
 		if h, ok := p.plan[d.UUID]; ok && p.used[d.UUID] {
 			if err := deviceChecks(d, h, p.skips); err != nil {
@@ -410,7 +380,7 @@ func (p *planner) placeMissing() error {
 	for i, d := range p.missing {
 		names[i] = gpuName(d)
 	}
-	return fmt.Errorf("%w: this host lacks image %s and has too few free GPUs that pass the checks", ErrIncompatible, strings.Join(names, ", "))
+	return fmt.Errorf("%w: this host lacks image %s and has too few free GPUs that pass the checks", gpu.ErrIncompatible, strings.Join(names, ", "))
 }
 
 // search places p.missing[i:] by backtracking over the free host GPUs in index order.
@@ -423,7 +393,7 @@ func (p *planner) search(i int) bool {
 	d := p.missing[i]
 	tried := map[string]bool{}
 	for _, h := range p.host {
-		twin := fmt.Sprintf("%q %q %d %d %d", h.Name, h.ComputeCapability, h.MemoryTotal, h.L2CacheBytes, h.NUMANode)
+		twin := fmt.Sprintf("%q %q %d %d %d", h.Name, h.Properties[propCompute], h.MemoryTotal, l2(h), h.NUMANode)
 		if p.taken[h.UUID] || tried[twin] || deviceChecks(d, h, p.skips) != nil || p.numaConflicts(d, h) {
 			continue
 		}
@@ -439,7 +409,7 @@ func (p *planner) search(i int) bool {
 
 // numaConflicts reports whether placing used image GPU d on h breaks the NUMA grouping
 // with the used GPUs placed so far.
-func (p *planner) numaConflicts(d, h Device) bool {
+func (p *planner) numaConflicts(d, h gpu.Device) bool {
 	if p.skips[checkNUMA] {
 		return false
 	}
@@ -462,7 +432,7 @@ func (p *planner) placeUnused() {
 			p.assign(d, h)
 			continue
 		}
-		if i := slices.IndexFunc(p.host, func(h Device) bool { return !p.taken[h.UUID] }); i >= 0 {
+		if i := slices.IndexFunc(p.host, func(h gpu.Device) bool { return !p.taken[h.UUID] }); i >= 0 {
 			p.assign(d, p.host[i])
 		}
 	}

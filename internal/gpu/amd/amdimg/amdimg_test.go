@@ -17,8 +17,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/gpucr/gpucr/internal/amd"
-	"github.com/gpucr/gpucr/internal/amd/kfd"
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/gpu/amd/kfd"
+	"github.com/gpucr/gpucr/internal/gpu/amd/placement"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden images in testdata/")
@@ -300,9 +301,9 @@ func TestNodesMapOntoHost(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := amd.Map(nodes, host, nil)
+		got, err := placement.Map(nodes, host, nil)
 		if tt.want == nil {
-			if !errors.Is(err, amd.ErrIncompatible) {
+			if !errors.Is(err, gpu.ErrIncompatible) {
 				t.Errorf("%s: Map = %v, %v; want ErrIncompatible", tt.host, got, err)
 			}
 		} else if err != nil || !maps.Equal(got, tt.want) {

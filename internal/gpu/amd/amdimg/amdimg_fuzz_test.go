@@ -9,9 +9,9 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/gpucr/gpucr/internal/amd"
-	"github.com/gpucr/gpucr/internal/amd/kfd"
 	"github.com/gpucr/gpucr/internal/fuzzcheck"
+	"github.com/gpucr/gpucr/internal/gpu/amd/kfd"
+	"github.com/gpucr/gpucr/internal/gpu/amd/placement"
 )
 
 // The plugin's images come with the checkpoint. Read refuses a file whose size header does
@@ -117,7 +117,7 @@ func FuzzRead(f *testing.F) {
 			t.Fatalf("%d buffers summarized as %d", len(k.GetBoEntries()), count)
 		}
 
-		mapping, err := amd.Map(nodes, host, nil)
+		mapping, err := placement.Map(nodes, host, nil)
 		if err != nil {
 			return
 		}

@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/archive"
+	"github.com/gpucr/gpucr/internal/beneath"
+	"github.com/gpucr/gpucr/internal/container"
+	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/memfill"
+	"github.com/gpucr/gpucr/internal/signing"
+)
+
+// exportOutput is the archive `checkpoint --export` wrote.
+type exportOutput struct {
+	File        string              `json:"file"`
+	Bytes       int64               `json:"bytes"`
+	Compression archive.Compression `json:"compression"`
+	Seconds     float64             `json:"seconds"`
+}
+
+// exporter is a checkpoint's --export: where the archive goes, and the image directory it
+// is packed from, a temporary one beside the archive when -D was not given.
+type exporter struct {
+	file, dir, runtime string
+	temp               bool
+}
+
+// newExporter checks --export before anything is checkpointed; dir is -D, set to a
+// temporary directory beside file when empty.
+func newExporter(file, ctr, to, runc string, dir *string) (*exporter, error) {
+	switch {
+	case ctr == "":
+		return nil, usageError{errors.New("--export needs --container: the archive describes a container")}
+	case to != "":
+		return nil, usageError{errors.New("--export and --to cannot be combined: export to a file, or store, not both")}
+	}
+	if err := archive.CheckDest(file); err != nil {
+		return nil, usageError{err}
+	}
+	x := &exporter{file: file, dir: *dir, runtime: "runc"}
+	if runc != "" {
+		x.runtime = filepath.Base(runc)
+	}
+	if x.dir == "" {
+		tmp, err := os.MkdirTemp(filepath.Dir(file), "."+filepath.Base(file)+".image-*")
+		if err != nil {
+			return nil, fmt.Errorf("stage the checkpoint for %s: %w", file, err)
+		}
+		x.dir, x.temp, *dir = tmp, true, tmp
+	}
+	return x, nil
+}
+
+// abandon removes the temporary image directory of a checkpoint that wrote nothing.
+func (x *exporter) abandon() {
+	if x != nil && x.temp {
+		os.Remove(x.dir) // empty when the checkpoint failed: rmdir is enough, and safe
+	}
+}
+
+// write packs the checkpoint m into the archive. A temporary image directory is removed
+// once the archive is whole, and kept, and named, when it is not.
+func (x *exporter) write(ctx context.Context, m *image.Manifest) (*exportOutput, error) {
+	start := time.Now()
+	e, err := exportOf(x.dir, x.runtime, m)
+	var size int64
+	if err == nil {
+		size, err = archive.Write(ctx, x.file, x.dir, m, e, archive.CompressionFor(x.file))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the checkpoint is in %s, but exporting it failed (restore it with gpucr restore --container -D %s): %w", x.dir, x.dir, err)
+	}
+	if x.temp {
+		if err := beneath.RemoveAll(x.dir); err != nil {
+			return nil, fmt.Errorf("exported to %s, but removing its staging directory failed: %w", x.file, err)
+		}
+	}
+	return &exportOutput{File: x.file, Bytes: size, Compression: archive.CompressionFor(x.file), Seconds: time.Since(start).Seconds()}, nil
+}
+
+// exportOf is what the archive says of the container in the image at dir: its ID, runtime
+// and times (config.dump), and its bundle's OCI spec (spec.dump).
+func exportOf(dir, runtime string, m *image.Manifest) (archive.Export, error) {
+	info, err := container.ReadInfo(dir)
+	if err != nil {
+		return archive.Export{}, fmt.Errorf("%s does not hold a container: %w", dir, err)
+	}
+	specPath := filepath.Join(info.Bundle, "config.json")
+	spec, err := os.ReadFile(specPath)
+	if err != nil {
+		return archive.Export{}, fmt.Errorf("read the container's OCI spec: %w", err)
+	}
+	if !json.Valid(spec) {
+		return archive.Export{}, fmt.Errorf("the container's OCI spec %s is not JSON", specPath)
+	}
+	return archive.Export{
+		Config: archive.Config{ID: info.ID, Runtime: runtime, Created: info.Created, Checkpointed: m.Created},
+		Spec:   spec,
+	}, nil
+}
+
+func printExport(w io.Writer, out *exportOutput) {
+	fmt.Fprintf(w, "  export  %s (%s, %s) in %.2fs\n", out.File, out.Compression, bytesHuman(uint64(out.Bytes)), out.Seconds)
+}
+
+// importArchive unpacks the archive at file into dir, verified: restore --import.
+func importArchive(ctx context.Context, file, dir string, trust signing.Keys) error {
+	if _, _, err := archive.Import(ctx, file, dir, trust); err != nil {
+		if errors.Is(err, archive.ErrRefused) || errors.Is(err, image.ErrCorrupt) || errors.Is(err, image.ErrNotEmpty) ||
+			errors.Is(err, signing.ErrUntrusted) {
+			return usageError{err}
+		}
+		return err
+	}
+	return nil
+}
+
+// isArchive says whether inspect's argument is a file (an archive), not an image directory.
+func isArchive(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// archiveInspect is what inspect says of an archive beside the image it holds.
+type archiveInspect struct {
+	Compression archive.Compression `json:"compression"`
+	Layout      string              `json:"layout"` // "gpucr" (exported by gpucr) or "podman"
+	Bytes       int64               `json:"bytes"`  // its files, uncompressed
+	Config      *archive.Config     `json:"config,omitempty"`
+}
+
+// inspectArchive reads the archive at file in one pass, holding CRIU's metadata in memory:
+// nothing is written out.
+func inspectArchive(file string) (inspectOutput, error) {
+	out := inspectOutput{Dir: file}
+	c, err := archive.Read(file)
+	if err != nil {
+		return out, err
+	}
+	out.Archive = &archiveInspect{Compression: c.Compression, Layout: "podman", Bytes: c.Bytes, Config: c.Config}
+	if out.CRIU, err = criuimg.ReadFS(c.CRIU()); err != nil {
+		return out, err
+	}
+	if out.CRIUStats, err = criuimg.ReadDumpStatsFS(c.Top()); err != nil {
+		return out, err
+	}
+	if !c.Gpucr {
+		if b, err := c.File(archive.CheckpointDir + "/descriptors.json"); err == nil {
+			if err := json.Unmarshal(b, &out.Descriptors); err != nil {
+				return out, fmt.Errorf("read descriptors.json of %s: %w", file, err)
+			}
+		}
+		if b, err := c.File(archive.CheckpointDir + "/" + container.RecordName); err == nil {
+			out.GPURecord = &container.Record{}
+			if err := json.Unmarshal(b, out.GPURecord); err != nil {
+				return out, fmt.Errorf("read %s of %s: %w", container.RecordName, file, err)
+			}
+		}
+		return out, nil
+	}
+	out.Archive.Layout = "gpucr"
+	if out.Manifest, err = c.Manifest(); err != nil {
+		return out, err
+	}
+	if b, err := c.File(archive.GpucrDir + "/" + container.InfoName); err == nil {
+		out.Container = &container.Info{}
+		if err := json.Unmarshal(b, out.Container); err != nil {
+			return out, fmt.Errorf("read %s of %s: %w", container.InfoName, file, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return out, err
+	}
+	saved, err := memfill.SavedBytes("", out.Manifest)
+	if err != nil {
+		return out, err
+	}
+	for i, p := range out.CRIU.Processes {
+		out.CRIU.Processes[i].MemoryBytes += uint64(saved[p.PID])
+	}
+	return out, nil
+}
+
+// printArchive prints the archive's lines of inspect; its config.dump only where no
+// container.json says more (podman's layout).
+func printArchive(w io.Writer, a *archiveInspect, info *container.Info) {
+	fmt.Fprintf(w, "archive   %s layout, %s compression, %s of files\n", a.Layout, a.Compression, bytesHuman(uint64(a.Bytes)))
+	if c := a.Config; c != nil && info == nil {
+		fmt.Fprintf(w, "container %s", c.ID)
+		if c.Name != "" {
+			fmt.Fprintf(w, " (%s)", c.Name)
+		}
+		if c.RootfsImageName != "" {
+			fmt.Fprintf(w, " from %s", c.RootfsImageName)
+		}
+		if c.Runtime != "" {
+			fmt.Fprintf(w, ", runtime %s", c.Runtime)
+		}
+		fmt.Fprintln(w)
+	}
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/gpucr/gpucr/internal/criu"
+)
+
+// plainCRIURestore restores the CRIU images at criuDir with CRIU alone, detached, as
+// someone without gpucr would, and fails t with CRIU's log if that fails.
+func plainCRIURestore(t *testing.T, criuDir string) {
+	t.Helper()
+	d, err := criu.Find(os.Getenv("GPUCR_CRIU"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := t.TempDir()
+	out, err := exec.Command(d.Path, "restore", "-D", criuDir, "--restore-detached", "-W", work, "-o", "restore.log", "-v4").CombinedOutput()
+	if err != nil {
+		log, _ := os.ReadFile(filepath.Join(work, "restore.log"))
+		t.Fatalf("criu restore -D %s: %v\n%s\n%s", criuDir, err, out, log)
+	}
+}
+
+// An image whose 64 MiB run gpucr saved in mem/ is not whole for CRIU alone (restored by
+// plain criu restore, the counter's Go heap is zeros and it dies). Folded by gpucr fold, or
+// checkpointed with --criu-compatible, it is: plain criu restore brings the counter back
+// counting from where it stopped, its memory identical.
+func TestPlainCRIURestoresFoldedAndCompatibleImages(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "64")
+	w.waitCount(t, 5)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--leave-running")
+	if saved, _ := filepath.Glob(filepath.Join(dir, "mem", "*.img")); len(saved) == 0 {
+		t.Fatal("gpucr saved no memory itself: nothing to fold")
+	}
+	killAndReap(w.pid)
+
+	folded := filepath.Join(t.TempDir(), "folded")
+	var fo foldOutput
+	if err := json.Unmarshal([]byte(mustGpucr(t, "fold", "--json", dir, folded)), &fo); err != nil {
+		t.Fatal(err)
+	}
+	if fo.Runs == 0 || fo.Bytes < 64<<20 {
+		t.Errorf("fold output %+v", fo)
+	}
+	if _, err := os.Stat(filepath.Join(folded, "mem")); err == nil {
+		t.Error("the folded image has a mem/")
+	}
+	mustGpucr(t, "verify", folded)
+	frozen := w.read(t, "count")
+	plainCRIURestore(t, filepath.Join(folded, "criu"))
+	w.waitCount(t, frozen+3)
+	if v := w.verify(t, w.pid); v != "ok" {
+		t.Fatalf("memory after plain CRIU restored the folded image: %s", v)
+	}
+
+	compat := filepath.Join(t.TempDir(), "compat")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", compat, "--criu-compatible")
+	waitGone(t, w.pid)
+	if saved, _ := filepath.Glob(filepath.Join(compat, "mem", "*")); len(saved) > 0 {
+		t.Errorf("--criu-compatible saved memory in mem/: %v", saved)
+	}
+	frozen = w.read(t, "count")
+	plainCRIURestore(t, filepath.Join(compat, "criu"))
+	t.Cleanup(func() { killAndReap(w.pid) })
+	w.waitCount(t, frozen+3)
+	if v := w.verify(t, w.pid); v != "ok" {
+		t.Fatalf("memory after plain CRIU restored a --criu-compatible image: %s", v)
+	}
+}

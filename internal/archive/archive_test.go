@@ -1,0 +1,323 @@
+package archive
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/signing"
+)
+
+// testImage commits a small container image: CRIU's files, a saved memory run, the
+// container description and CRIU's logs, with bytes that tell the files apart.
+func testImage(t testing.TB, sign ed25519.PrivateKey) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "img")
+	s, err := image.Begin(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SignWith = sign
+	for p, b := range map[string][]byte{
+		"criu/pstree.img":       []byte("pstree"),
+		"criu/pages-1.img":      bytes.Repeat([]byte{7}, 3*4096),
+		"criu/pagemap-1.img":    []byte("pagemap"),
+		"mem/1-7f0000000.img":   bytes.Repeat([]byte{9}, 2*4096),
+		"container.json":        []byte(`{"id":"c1","bundle":"/b"}`),
+		"logs/dump.log":         []byte("CRIU said"),
+		"logs/" + StatsDump:     []byte("stats"),
+		"criu/descriptors.json": []byte(`["/dev/null"]`),
+	} {
+		full := filepath.Join(s.Dir(), p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := &image.Manifest{RootPID: 1, Processes: []image.Process{{PID: 1, Command: "counter", Threads: 1}}, Created: time.Now()}
+	if err := s.Commit(m); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func testExport() Export {
+	return Export{Config: Config{ID: "c1", Runtime: "runc"}, Spec: []byte(`{"ociVersion":"1.0.2"}`)}
+}
+
+// export writes dir as an archive named name in a new directory and returns its path.
+func export(t testing.TB, dir, name string) string {
+	t.Helper()
+	m, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), name)
+	if _, err := Write(context.Background(), file, dir, m, testExport(), CompressionFor(name)); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// An exported image comes back by import byte for byte, verified, in every compression,
+// and its parts are where podman puts them.
+func TestExportImportRoundTrip(t *testing.T) {
+	dir := testImage(t, nil)
+	for _, name := range []string{"c.tar", "c.tar.gz", "c.tar.zst"} {
+		t.Run(name, func(t *testing.T) {
+			file := export(t, dir, name)
+			c, err := Read(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Compression != CompressionFor(name) || !c.Gpucr || c.Config == nil || c.Config.ID != "c1" {
+				t.Errorf("read back as %+v", c)
+			}
+			if _, err := c.File(CheckpointDir + "/pages-1.img"); err == nil {
+				t.Error("inspect held a page file in memory")
+			}
+			if b, err := c.File(StatsDump); err != nil || string(b) != "stats" {
+				t.Errorf("stats-dump at the top: %q, %v", b, err)
+			}
+			if m, err := c.Manifest(); err != nil || m.RootPID != 1 {
+				t.Errorf("manifest from the archive: %v", err)
+			}
+			out := filepath.Join(t.TempDir(), "imported")
+			m, _, err := Import(context.Background(), file, out, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := image.Open(out); err != nil {
+				t.Fatalf("imported image does not verify: %v", err)
+			}
+			for _, f := range append(m.Files, image.File{Path: "logs/dump.log"}) {
+				a, _ := os.ReadFile(filepath.Join(dir, f.Path))
+				b, err := os.ReadFile(filepath.Join(out, f.Path))
+				if err != nil || !bytes.Equal(a, b) {
+					t.Errorf("%s differs after the round trip (%v)", f.Path, err)
+				}
+			}
+			if left := leftovers(t, filepath.Dir(out)); !slices.Equal(left, []string{"imported"}) {
+				t.Errorf("import left %v beside the image", left)
+			}
+		})
+	}
+}
+
+func leftovers(t *testing.T, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+// An archive appears whole or not at all: an existing file is never replaced, and an
+// export that fails (here, cancelled) leaves neither the file nor its temporary.
+func TestWriteIsAtomic(t *testing.T) {
+	dir := testImage(t, nil)
+	m, err := image.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	existing := filepath.Join(out, "there.tar")
+	if err := os.WriteFile(existing, []byte("keep"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Write(context.Background(), existing, dir, m, testExport(), None); err == nil {
+		t.Error("an existing archive was overwritten")
+	}
+	if b, _ := os.ReadFile(existing); string(b) != "keep" {
+		t.Errorf("existing file now holds %q", b)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Write(ctx, filepath.Join(out, "new.tar"), dir, m, testExport(), Zstd); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled export: %v", err)
+	}
+	if left := leftovers(t, out); !slices.Equal(left, []string{"there.tar"}) {
+		t.Errorf("a failed export left %v", left)
+	}
+	if _, err := Write(context.Background(), filepath.Join(out, "missing", "x.tar"), dir, m, testExport(), None); err == nil {
+		t.Error("an archive in a missing directory was written")
+	}
+}
+
+// entry is one crafted tar entry.
+type entry struct {
+	h    tar.Header
+	data []byte
+}
+
+func reg(name string, data []byte) entry {
+	return entry{tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o600, Size: int64(len(data))}, data}
+}
+
+// craft builds an archive: the valid export's manifest entries first, then those given.
+func craft(t *testing.T, head []entry, es ...entry) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	for _, e := range append(slices.Clone(head), es...) {
+		if err := tw.WriteHeader(&e.h); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tw.Write(e.data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// validEntries are the entries of a valid export of dir, in order.
+func validEntries(t *testing.T, file string) []entry {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []entry
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := io.ReadAll(tr)
+		out = append(out, entry{*h, data})
+	}
+}
+
+// Hostile archives are refused in one line, and nothing is written: not at the
+// destination, not beside it, not outside it.
+func TestHostileArchivesAreRefused(t *testing.T) {
+	valid := validEntries(t, export(t, testImage(t, nil), "c.tar"))
+	manifest := valid[:4] // the two top directories, the manifest and its seal
+	if manifest[2].h.Name != GpucrDir+"/"+image.ManifestName || manifest[3].h.Name != GpucrDir+"/"+image.SealName {
+		t.Fatalf("the export does not start with its manifest: %s, %s", manifest[2].h.Name, manifest[3].h.Name)
+	}
+	rest := valid[4:]
+	tampered := slices.Clone(valid)
+	for i, e := range tampered {
+		if e.h.Name == CheckpointDir+"/pages-1.img" {
+			tampered[i].data = bytes.Repeat([]byte{8}, len(e.data))
+		}
+	}
+	var huge bytes.Buffer
+	tw := tar.NewWriter(&huge)
+	for _, e := range manifest {
+		_ = tw.WriteHeader(&e.h)
+		_, _ = tw.Write(e.data)
+	}
+	_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: CheckpointDir + "/pages-1.img", Mode: 0o600, Size: 1 << 40})
+	_ = tw.Flush() // the header is out; its terabyte never follows
+
+	for _, c := range []struct {
+		name, want string
+		archive    []byte
+	}{
+		{"parent path", "no place", craft(t, manifest, reg("../evil", []byte("x")))},
+		{"parent path inside", "no place", craft(t, manifest, reg("gpucr/../../evil", []byte("x")))},
+		{"absolute path", "no place", craft(t, manifest, reg("/tmp/evil", []byte("x")))},
+		{"second criu directory", "no place", craft(t, manifest, reg("gpucr/criu/pstree.img", []byte("x")))},
+		{"unknown top entry", "no place", craft(t, manifest, reg("rootfs-diff.tar", []byte("x")))},
+		{"symlink", "symbolic link", craft(t, manifest, entry{tar.Header{Typeflag: tar.TypeSymlink, Name: "checkpoint/pstree.img", Linkname: "/etc/shadow"}, nil})},
+		{"hard link", "hard link", craft(t, manifest, entry{tar.Header{Typeflag: tar.TypeLink, Name: "checkpoint/pstree.img", Linkname: "gpucr/manifest.json"}, nil})},
+		{"device", "device", craft(t, manifest, entry{tar.Header{Typeflag: tar.TypeChar, Name: "checkpoint/pstree.img", Devmajor: 1, Devminor: 3}, nil})},
+		{"fifo", "FIFO", craft(t, manifest, entry{tar.Header{Typeflag: tar.TypeFifo, Name: "gpucr/mem/x"}, nil})},
+		{"huge file", "bytes where the manifest lists", huge.Bytes()},
+		{"unlisted file", "not listed", craft(t, manifest, reg("gpucr/extra.bin", []byte("x")))},
+		{"file twice", "appears twice", craft(t, valid, reg("checkpoint/pstree.img", []byte("pstree")))},
+		{"huge log", "more than", craft(t, manifest, reg("gpucr/logs/x.log", make([]byte, maxLog+1)))},
+		{"no manifest", "not a checkpoint gpucr exported", craft(t, nil, rest...)},
+		{"manifest after files", "not a checkpoint gpucr exported", craft(t, rest, manifest...)},
+		{"file where a directory goes", "a directory where", craft(t, manifest, reg("gpucr/container.json", []byte(`{"id":"c1","bundle":"/b"}`)),
+			entry{tar.Header{Typeflag: tar.TypeDir, Name: "gpucr/container.json/x/", Mode: 0o700}, nil})},
+		{"tampered pages", "checksum mismatch", craft(t, tampered)},
+		{"missing file", "missing", craft(t, valid[:len(valid)-1])},
+		{"not a tar", "not a tar archive", bytes.Repeat([]byte("garbage!"), 200)},
+		{"bad gzip", "gzip", []byte{0x1f, 0x8b, 0, 0}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			root := t.TempDir()
+			file := filepath.Join(root, "in.tar")
+			if err := os.WriteFile(file, c.archive, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			sub := filepath.Join(root, "a", "b")
+			if err := os.MkdirAll(sub, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			_, _, err := Import(context.Background(), file, filepath.Join(sub, "img"), nil)
+			if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
+				t.Fatalf("import: %v, want one line with %q", err, c.want)
+			}
+			if left := leftovers(t, sub); len(left) > 0 {
+				t.Errorf("a refused import left %v", left)
+			}
+			if left := leftovers(t, root); !slices.Equal(left, []string{"a", "in.tar"}) {
+				t.Errorf("a refused import wrote %v outside its destination", left)
+			}
+		})
+	}
+}
+
+// With trusted keys an import takes only an archive signed by one of them, checked before
+// the image's files are written.
+func TestImportChecksTheSignature(t *testing.T) {
+	_, key, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _, _ := ed25519.GenerateKey(nil)
+	signed := export(t, testImage(t, key), "s.tar")
+	out := filepath.Join(t.TempDir(), "img")
+	pub := key.Public().(ed25519.PublicKey)
+	if _, signer, err := Import(context.Background(), signed, out, signing.Keys{signing.ID(pub): pub}); err != nil || signer != signing.ID(pub) {
+		t.Fatalf("signed import: %q, %v", signer, err)
+	}
+	out2 := filepath.Join(t.TempDir(), "img")
+	if _, _, err := Import(context.Background(), signed, out2, signing.Keys{signing.ID(other): other}); !errors.Is(err, signing.ErrUntrusted) {
+		t.Fatalf("import with another key trusted: %v", err)
+	}
+	if _, err := os.Stat(out2); err == nil {
+		t.Error("an untrusted import appeared")
+	}
+}
+
+// A destination that holds something is refused before anything is read.
+func TestImportNeverOverwrites(t *testing.T) {
+	file := export(t, testImage(t, nil), "c.tar")
+	out := t.TempDir()
+	if err := os.WriteFile(filepath.Join(out, "x"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Import(context.Background(), file, out, nil); !errors.Is(err, image.ErrNotEmpty) {
+		t.Fatalf("import into a non-empty directory: %v", err)
+	}
+}

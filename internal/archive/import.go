@@ -1,0 +1,252 @@
+package archive
+
+import (
+	"archive/tar"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"syscall"
+
+	"github.com/gpucr/gpucr/internal/durable"
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/signing"
+)
+
+// Bounds on what an import writes besides the files the manifest lists, whose sizes it
+// names: the manifest itself, its seal and signatures, CRIU's logs, directories.
+const (
+	maxManifest = 64 << 20
+	maxSmall    = 1 << 20 // the seal, the signatures
+	maxLog      = 64 << 20
+	maxLogs     = 256 << 20
+	maxDirs     = 4096
+)
+
+// Import unpacks the archive gpucr exported at file into the new image directory dir,
+// and verifies it as a restore verifies an image directory (with trusted keys, its
+// signature too) before it appears at dir. The manifest, which comes first, is checked
+// before any other byte is written, and each entry is refused as it comes unless it is a
+// regular file the manifest lists, of the size it lists (or one of CRIU's logs), or a
+// directory: no link, device or unlisted file is written, nothing outside dir.
+func Import(ctx context.Context, file, dir string, trusted signing.Keys) (*image.Manifest, string, error) {
+	dir = filepath.Clean(dir)
+	parent := filepath.Dir(dir)
+	if fi, err := os.Stat(parent); err != nil || !fi.IsDir() {
+		return nil, "", fmt.Errorf("import %s: the parent directory of %s does not exist", file, dir)
+	}
+	if err := image.CheckFinal(dir); err != nil {
+		return nil, "", err
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, "", fmt.Errorf("import %w", err)
+	}
+	defer f.Close()
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+partial+"*")
+	if err != nil {
+		return nil, "", fmt.Errorf("import %s: %w", file, err)
+	}
+	defer os.RemoveAll(tmp)
+	// The image is staged one level down, under a name an image may have (image.Load
+	// refuses a directory named as a checkpoint's staging one).
+	stage := filepath.Join(tmp, "image")
+	if err := os.Mkdir(stage, 0o700); err != nil {
+		return nil, "", fmt.Errorf("import %s: %w", file, err)
+	}
+	u := &unpacker{ctx: ctx, stage: stage, trusted: trusted, dirs: []string{stage}}
+	if err := u.unpack(f); err != nil {
+		return nil, "", fmt.Errorf("import %s: %w", file, err)
+	}
+	m, signer, err := image.OpenTrusted(stage, trusted)
+	if err != nil {
+		return nil, "", fmt.Errorf("import %s: %w", file, err)
+	}
+	for _, d := range u.dirs {
+		if err := durable.SyncDir(d); err != nil {
+			return nil, "", err
+		}
+	}
+	// rename(2) replaces an empty directory at dir and fails on a non-empty one.
+	if err := syscall.Rename(stage, dir); err != nil {
+		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
+			return nil, "", fmt.Errorf("%w: %s", image.ErrNotEmpty, dir)
+		}
+		return nil, "", fmt.Errorf("import %s into %s: %w", file, dir, err)
+	}
+	return m, signer, durable.SyncDir(parent)
+}
+
+// unpacker writes an archive's entries into the staged image.
+type unpacker struct {
+	ctx     context.Context
+	stage   string
+	trusted signing.Keys
+	m       *image.Manifest
+	listed  map[string]int64
+	dirs    []string
+	logs    int64
+}
+
+func (u *unpacker) unpack(r io.Reader) error {
+	stream, _, closeFn, err := decompress(r)
+	if err != nil {
+		return &Refusal{Reason: err.Error()}
+	}
+	defer closeFn()
+	tr := tar.NewReader(stream)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return &Refusal{Reason: "not a tar archive, or a damaged one: " + err.Error()}
+		}
+		if err := u.ctx.Err(); err != nil {
+			return err
+		}
+		if err := u.entry(h, tr); err != nil {
+			return err
+		}
+	}
+	if u.m == nil {
+		return u.noManifest()
+	}
+	return nil
+}
+
+func (u *unpacker) noManifest() error {
+	return &Refusal{Reason: "no " + GpucrDir + "/" + image.ManifestName + " before the image's files: not a checkpoint gpucr exported " +
+		"(a podman checkpoint is restored by podman container restore --import)"}
+}
+
+func (u *unpacker) entry(h *tar.Header, r io.Reader) error {
+	p, ok := imagePath(h.Name)
+	if !ok {
+		return &Refusal{h.Name, "has no place in a gpucr export, which holds only checkpoint/, gpucr/, config.dump, spec.dump and stats-dump"}
+	}
+	switch h.Typeflag {
+	case tar.TypeReg:
+	case tar.TypeDir:
+		if p == "" {
+			return nil
+		}
+		if len(u.dirs) >= maxDirs {
+			return &Refusal{h.Name, fmt.Sprintf("more than %d directories", maxDirs)}
+		}
+		return u.mkdir(p)
+	default:
+		return &Refusal{h.Name, kind(h.Typeflag) + ": an image holds only regular files and directories"}
+	}
+	if p == "" {
+		return nil // written for podman and checkpointctl: a restore reads none of them
+	}
+	if u.m == nil {
+		switch p {
+		case image.ManifestName:
+			return u.write(h.Name, p, r, h.Size, maxManifest)
+		case image.SealName, image.SigName:
+			return u.write(h.Name, p, r, h.Size, maxSmall)
+		}
+		if err := u.load(); err != nil {
+			return err
+		}
+	}
+	if size, ok := u.listed[p]; ok {
+		if h.Size != size {
+			return &Refusal{h.Name, fmt.Sprintf("%d bytes where the manifest lists %d", h.Size, size)}
+		}
+		return u.write(h.Name, p, r, h.Size, size)
+	}
+	if path.Dir(p) == image.LogsDir {
+		u.logs += h.Size
+		if u.logs > maxLogs {
+			return &Refusal{h.Name, fmt.Sprintf("CRIU's logs exceed %d MiB", maxLogs>>20)}
+		}
+		return u.write(h.Name, p, r, h.Size, maxLog)
+	}
+	return &Refusal{h.Name, "not listed in the image's manifest"}
+}
+
+// load reads the manifest (and with trusted keys checks its signature) from what the
+// archive gave so far: before anything else is written.
+func (u *unpacker) load() error {
+	m, _, err := image.LoadTrusted(u.stage, u.trusted)
+	if errors.Is(err, image.ErrNoManifest) {
+		return u.noManifest()
+	}
+	if err != nil {
+		return err
+	}
+	u.m, u.listed = m, make(map[string]int64, len(m.Files))
+	for _, f := range m.Files {
+		u.listed[f.Path] = f.Size
+	}
+	return nil
+}
+
+func (u *unpacker) mkdir(p string) error {
+	full := filepath.Join(u.stage, filepath.FromSlash(p))
+	for d := full; d != u.stage; d = filepath.Dir(d) {
+		if fi, err := os.Lstat(d); err == nil {
+			if !fi.IsDir() {
+				return &Refusal{p, "a directory where the archive has a file"}
+			}
+			break
+		}
+		u.dirs = append(u.dirs, d)
+	}
+	if err := os.MkdirAll(full, 0o700); err != nil {
+		return fmt.Errorf("create %s: %w", p, err)
+	}
+	return nil
+}
+
+// write writes entry name, at most limit bytes, as the image's file p.
+func (u *unpacker) write(name, p string, r io.Reader, size, limit int64) error {
+	if size > limit {
+		return &Refusal{name, fmt.Sprintf("%d bytes, more than the %d this part may have", size, limit)}
+	}
+	if err := u.mkdir(path.Dir(p)); err != nil {
+		return err
+	}
+	full := filepath.Join(u.stage, filepath.FromSlash(p))
+	f, err := os.OpenFile(full, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return &Refusal{name, "appears twice"}
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	_, err = io.Copy(f, ctxReader{u.ctx, io.LimitReader(r, size)})
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", p, err)
+	}
+	return nil
+}
+
+// kind names a tar entry type that an image never holds.
+func kind(t byte) string {
+	switch t {
+	case tar.TypeSymlink:
+		return "a symbolic link"
+	case tar.TypeLink:
+		return "a hard link"
+	case tar.TypeChar, tar.TypeBlock:
+		return "a device"
+	case tar.TypeFifo:
+		return "a FIFO"
+	}
+	return fmt.Sprintf("of tar type %q", t)
+}

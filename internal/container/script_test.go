@@ -1,0 +1,173 @@
+package container
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// scriptHost is an installed integration whose gpucr is a stand-in that appends each run's
+// step to runs and exits with the status in the file exit (0 without it).
+type scriptHost struct {
+	in                Integration
+	runs, exit, state string
+}
+
+func newScriptHost(t *testing.T) *scriptHost {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the script runs only a root-owned gpucr")
+	}
+	dir := t.TempDir()
+	h := &scriptHost{runs: filepath.Join(dir, "runs"), exit: filepath.Join(dir, "exit"), state: filepath.Join(dir, "state")}
+	fake := filepath.Join(t.TempDir(), "gpucr")
+	body := "#!/bin/sh\necho \"$CRTOOLS_SCRIPT_ACTION $*\" >> " + h.runs + "\n[ -e " + h.exit + " ] && exit $(cat " + h.exit + ")\nexit 0\n"
+	if err := os.WriteFile(fake, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.in = Integration{Config: filepath.Join(dir, "runc.conf"), Script: filepath.Join(dir, "lib", "criu-action"),
+		Log: filepath.Join(dir, "action.log"), StateDir: h.state, Gpucr: fake}
+	if err := h.in.Install(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// step runs the script as CRIU would for one step, with env added; this test process
+// stands for CRIU, the script's parent.
+func (h *scriptHost) step(t *testing.T, action string, env ...string) (string, error) {
+	t.Helper()
+	cmd := exec.Command(h.in.Script)
+	cmd.Env = append(append(os.Environ(), "CRTOOLS_SCRIPT_ACTION="+action), env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// ran is the steps the stand-in gpucr ran, in order.
+func (h *scriptHost) ran() []string {
+	b, _ := os.ReadFile(h.runs)
+	var steps []string
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			steps = append(steps, f[0])
+		}
+	}
+	return steps
+}
+
+// holdingGPUDevice starts a tree whose child holds a file that reads as /dev/nvidiactl
+// (in a mount namespace of its own: the host's /dev is left alone) and returns the root.
+func holdingGPUDevice(t *testing.T) int {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", "unshare -m --propagation private sh -c 'mount -t tmpfs none /dev && : > /dev/nvidiactl && exec 3</dev/nvidiactl && exec sleep 60' & wait")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	root := cmd.Process.Pid
+	t.Cleanup(func() {
+		syscall.Kill(-root, syscall.SIGKILL)
+		cmd.Wait()
+	})
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", root, root))
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			if l, _ := os.Readlink("/proc/" + f[0] + "/fd/3"); l == "/dev/nvidiactl" {
+				return root
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("the stand-in GPU process did not open its device")
+	return 0
+}
+
+// The script starts gpucr only for a dump whose tree holds a GPU device, a restore whose
+// image has gpucr's GPU record, and the post-resume that pre-restore prepared; and once a
+// step, CRIU running it twice.
+func TestScriptStartsGpucrOnlyForGPUState(t *testing.T) {
+	h := newScriptHost(t)
+	cpu := startSleep(t).Process.Pid
+	img := t.TempDir()
+	env := func(init int) []string {
+		return []string{"CRTOOLS_INIT_PID=" + strconv.Itoa(init), "CRTOOLS_IMAGE_DIR=" + img}
+	}
+	for _, step := range []string{"pre-dump", "network-lock", "post-dump", "pre-restore", "post-restore", "pre-resume", "post-resume"} {
+		for range 2 {
+			if out, err := h.step(t, step, env(cpu)...); err != nil {
+				t.Fatalf("%s: %v: %s", step, err, out)
+			}
+		}
+	}
+	if got := h.ran(); len(got) != 0 {
+		t.Fatalf("gpucr started for a tree and an image without GPU state: %v", got)
+	}
+
+	gpuTree := holdingGPUDevice(t)
+	for range 2 {
+		if out, err := h.step(t, "pre-dump", env(gpuTree)...); err != nil {
+			t.Fatalf("pre-dump: %v: %s", err, out)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(img, RecordName), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if out, err := h.step(t, "pre-restore", env(0)...); err != nil {
+			t.Fatalf("pre-restore: %v: %s", err, out)
+		}
+	}
+	// What pre-restore keeps for post-resume, named by the CRIU that runs both.
+	kept := filepath.Join(h.state, "restore-"+strconv.Itoa(os.Getpid())+".json")
+	if err := os.WriteFile(kept, []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if out, err := h.step(t, "post-resume", env(cpu)...); err != nil {
+			t.Fatalf("post-resume: %v: %s", err, out)
+		}
+		os.Remove(kept) // as gpucr's post-resume does
+	}
+	if got := strings.Join(h.ran(), " "); got != "pre-dump pre-restore post-resume" {
+		t.Fatalf("gpucr ran for %q, want once for each step with GPU work", got)
+	}
+	if left, _ := filepath.Glob(filepath.Join(h.state, strconv.Itoa(os.Getpid())+".*")); len(left) != 0 {
+		t.Errorf("the record of steps run outlives the restore: %v", left)
+	}
+	b, _ := os.ReadFile(h.runs)
+	if !strings.Contains(string(b), "--state-dir "+h.state) || !strings.Contains(string(b), "--log "+h.in.Log) ||
+		!strings.Contains(string(b), "--criu-pid "+strconv.Itoa(os.Getpid())) {
+		t.Errorf("gpucr started with %q", b)
+	}
+	if out, err := h.step(t, "pre-dump", append(env(gpuTree), SkipEnv+"=skip")...); err != nil || len(h.ran()) != 3 {
+		t.Errorf("under %s=skip: %v %s, gpucr ran %v", SkipEnv, err, out, h.ran())
+	}
+}
+
+// A failed step fails both of CRIU's runs of the script, with gpucr run once.
+func TestScriptRepeatsAFailureWithoutRunningAgain(t *testing.T) {
+	h := newScriptHost(t)
+	img := t.TempDir()
+	if err := os.WriteFile(filepath.Join(img, RecordName), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(h.exit, []byte("3"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		_, err := h.step(t, "pre-restore", "CRTOOLS_IMAGE_DIR="+img)
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 {
+			t.Fatalf("run %d of a failing pre-restore: %v, want exit 3", i+1, err)
+		}
+	}
+	if got := h.ran(); len(got) != 1 {
+		t.Fatalf("gpucr ran %v, want once", got)
+	}
+}

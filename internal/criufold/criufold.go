@@ -1,0 +1,309 @@
+// Package criufold writes a copy of a gpucr image whose memory is all in CRIU's own page
+// files, so that plain `criu restore` restores every process's memory: the runs gpucr saved
+// itself in mem/ go back into their processes' pagemaps and page files.
+package criufold
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/memfill"
+)
+
+// entryPages is the most pages one pagemap entry of a folded run lists, as CRIU cuts
+// long runs into entries of its own.
+const entryPages = 1024
+
+// Result is what a fold moved.
+type Result struct {
+	Manifest *image.Manifest
+	Runs     int   // the files of mem/ folded
+	Bytes    int64 // their bytes
+}
+
+// Fold writes the image at src, which m describes and the caller verified, as a new image
+// at dst (absent or empty) whose mem/ is folded into CRIU's files. The new image is a gpucr
+// image like any other (committed atomically, checksummed; unsigned, as its files differ
+// from those src's signatures cover), and its criu/ is restorable by CRIU alone.
+func Fold(ctx context.Context, src string, m *image.Manifest, dst string) (*Result, error) {
+	runs, err := memRuns(src, m)
+	if err != nil {
+		return nil, err
+	}
+	stage, err := image.Begin(dst)
+	if err != nil {
+		return nil, err
+	}
+	defer stage.Abort()
+	res := &Result{}
+	rewritten := map[string]bool{}
+	for _, pid := range slices.Sorted(maps.Keys(runs)) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		files, err := foldProcess(src, stage.Dir(), pid, runs[pid])
+		if err != nil {
+			return nil, fmt.Errorf("fold process %d: %w", pid, err)
+		}
+		for _, f := range files {
+			rewritten[f] = true
+		}
+		for _, r := range runs[pid] {
+			res.Runs++
+			res.Bytes += r.size
+		}
+	}
+	for _, f := range m.Files {
+		if path.Dir(f.Path) == criuimg.MemDir || rewritten[f.Path] {
+			continue
+		}
+		if err := copyFile(ctx, filepath.Join(src, f.Path), filepath.Join(stage.Dir(), f.Path)); err != nil {
+			return nil, err
+		}
+	}
+	if err := copyLogs(ctx, src, stage.Dir()); err != nil {
+		return nil, err
+	}
+	folded := *m
+	folded.Files = nil
+	if err := stage.Commit(&folded); err != nil {
+		return nil, err
+	}
+	res.Manifest = &folded
+	return res, nil
+}
+
+// run is a file of mem/: size bytes of process memory at addr.
+type run struct {
+	addr uint64
+	size int64
+	file string
+}
+
+// memRuns reads the runs of mem/ from m, by process.
+func memRuns(src string, m *image.Manifest) (map[int][]run, error) {
+	procs := map[int]bool{}
+	for _, p := range m.Processes {
+		procs[p.PID] = true
+	}
+	out := map[int][]run{}
+	for _, f := range m.Files {
+		if path.Dir(f.Path) != criuimg.MemDir {
+			continue
+		}
+		pid, addr, ok := criuimg.ParseMemName(path.Base(f.Path))
+		switch {
+		case !ok:
+			return nil, &image.CorruptError{Path: f.Path, Reason: "not a memory range gpucr saved"}
+		case !procs[pid]:
+			return nil, &image.CorruptError{Path: f.Path, Reason: fmt.Sprintf("names process %d, which is not in the image's tree", pid)}
+		case f.Size%criuimg.PageSize != 0 || addr%criuimg.PageSize != 0 || addr+uint64(f.Size) < addr:
+			return nil, &image.CorruptError{Path: f.Path, Reason: "not a run of whole pages"}
+		}
+		out[pid] = append(out[pid], run{addr: addr, size: f.Size, file: filepath.Join(src, filepath.FromSlash(f.Path))})
+	}
+	return out, nil
+}
+
+// piece is one present entry of the folded pagemap and where its pages come from.
+type piece struct {
+	e    *pagemap.PagemapEntry
+	file string
+	off  int64
+}
+
+// foldProcess writes pid's pagemap and pages file into the staged image with runs added,
+// in address order, and returns their image paths.
+func foldProcess(src, stage string, pid int, runs []run) ([]string, error) {
+	criuDir := image.CRIUPath(src)
+	pmName := criuimg.PagemapName(pid)
+	pm, err := criuimg.ReadPagemap(filepath.Join(criuDir, pmName))
+	if err != nil {
+		return nil, err
+	}
+	pagesName := pm.PagesName()
+	if err := soleUser(criuDir, pmName, pm.Head.GetPagesId()); err != nil {
+		return nil, err
+	}
+	writable, err := memfill.WritableAnon(filepath.Join(criuDir, fmt.Sprintf("mm-%d.img", pid)))
+	if err != nil {
+		return nil, err
+	}
+	var pieces []piece
+	var off int64
+	for _, e := range pm.Entries {
+		p := piece{e: e}
+		if criuimg.Present(e) {
+			p.file, p.off = filepath.Join(criuDir, pagesName), off
+			off += int64(e.GetNrPages()) * criuimg.PageSize
+		}
+		pieces = append(pieces, p)
+	}
+	for _, r := range runs {
+		if !writable(r.addr, uint64(r.size)) {
+			return nil, fmt.Errorf("%w: the run at %#x is not in one writable private anonymous mapping of the process", image.ErrCorrupt, r.addr)
+		}
+		for at := int64(0); at < r.size; at += entryPages * criuimg.PageSize {
+			n := min(r.size-at, entryPages*criuimg.PageSize)
+			e := &pagemap.PagemapEntry{Vaddr: proto.Uint64(r.addr + uint64(at)), NrPages: proto.Uint32(uint32(n / criuimg.PageSize)),
+				Flags: proto.Uint32(criuimg.PEPresent)}
+			pieces = append(pieces, piece{e: e, file: r.file, off: at})
+		}
+	}
+	slices.SortStableFunc(pieces, func(a, b piece) int {
+		switch va, vb := a.e.GetVaddr(), b.e.GetVaddr(); {
+		case va < vb:
+			return -1
+		case va > vb:
+			return 1
+		}
+		return 0
+	})
+	entries := make([]*pagemap.PagemapEntry, len(pieces))
+	for i, p := range pieces {
+		entries[i] = p.e
+		if i > 0 {
+			prev := pieces[i-1].e
+			if prev.GetVaddr()+uint64(prev.GetNrPages())*criuimg.PageSize > p.e.GetVaddr() {
+				return nil, fmt.Errorf("%w: memory at %#x is both in CRIU's pages and in mem/", image.ErrCorrupt, p.e.GetVaddr())
+			}
+		}
+	}
+	if err := criuimg.WritePagemap(filepath.Join(stage, image.CRIUDir, pmName), &criuimg.Pagemap{Head: pm.Head, Entries: entries}); err != nil {
+		return nil, err
+	}
+	if err := writePages(filepath.Join(stage, image.CRIUDir, pagesName), pieces); err != nil {
+		return nil, err
+	}
+	return []string{image.CRIUDir + "/" + pmName, image.CRIUDir + "/" + pagesName}, nil
+}
+
+// soleUser refuses to rewrite a pages file that another pagemap than pmName reads too.
+func soleUser(criuDir, pmName string, id uint32) error {
+	maps, err := filepath.Glob(filepath.Join(criuDir, criuimg.PagemapGlob))
+	if err != nil {
+		return err
+	}
+	for _, p := range maps {
+		if filepath.Base(p) == pmName {
+			continue
+		}
+		other, err := criuimg.ReadPagemap(p)
+		if err != nil {
+			return err
+		}
+		if other.Head.GetPagesId() == id {
+			return fmt.Errorf("%w: %s and %s share %s", image.ErrCorrupt, pmName, filepath.Base(p), criuimg.PagesName(id))
+		}
+	}
+	return nil
+}
+
+// chunk is how much writePages copies at a time; all-zero chunks are left as holes.
+const chunk = 1 << 20
+
+// writePages writes the present pieces' pages one after another, as CRIU reads them.
+func writePages(dst string, pieces []piece) error {
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	buf, zero := make([]byte, chunk), make([]byte, chunk)
+	files := map[string]*os.File{}
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	var at int64
+	for _, p := range pieces {
+		if p.file == "" {
+			continue
+		}
+		in := files[p.file]
+		if in == nil {
+			if in, err = os.Open(p.file); err != nil {
+				return err
+			}
+			files[p.file] = in
+		}
+		size := int64(p.e.GetNrPages()) * criuimg.PageSize
+		for done := int64(0); done < size; {
+			b := buf[:min(chunk, size-done)]
+			if _, err := in.ReadAt(b, p.off+done); err != nil {
+				return fmt.Errorf("read %s: %w", filepath.Base(p.file), err)
+			}
+			if !bytes.Equal(b, zero[:len(b)]) {
+				if _, err := out.WriteAt(b, at); err != nil {
+					return err
+				}
+			}
+			done += int64(len(b))
+			at += int64(len(b))
+		}
+	}
+	if err := out.Truncate(at); err != nil {
+		return err
+	}
+	return out.Close()
+}
+
+// copyFile copies the image file src to dst, creating its directory.
+func copyFile(ctx context.Context, src, dst string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	// os.File's ReadFrom copies in the kernel (copy_file_range) where it can.
+	if _, err := out.ReadFrom(in); err != nil {
+		out.Close()
+		return fmt.Errorf("copy %s: %w", src, err)
+	}
+	return out.Close()
+}
+
+// copyLogs copies CRIU's logs, which no manifest lists, for whoever reads the new image.
+func copyLogs(ctx context.Context, src, dst string) error {
+	entries, err := os.ReadDir(filepath.Join(src, image.LogsDir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		if err := copyFile(ctx, filepath.Join(src, image.LogsDir, e.Name()), filepath.Join(dst, image.LogsDir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
+}
