@@ -360,7 +360,7 @@ func holdGPUDevice(t *testing.T, bundle string) {
 // container paused (CRIU's page files stay small), and writes it back at restore through
 // the action script it hands CRIU, before the container resumes; it counts on with its
 // memory intact. A checkpoint that runs out of disk saving it leaves the container running;
-// one with --to is stored too, and restore --from fetches it.
+// one with --to is stored too, and restore --from streams it.
 func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	runc, bundle, id, id2 := counterContainer(t, "m", "-mib", "64")
 
@@ -402,13 +402,12 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	}
 
 	var rs restoreOutput
-	// Restored from the store it was stored in: pulled first, then restored.
-	pulled := filepath.Join(t.TempDir(), "pulled")
-	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "--container", id, "--from", filepath.Join(storeDir, "ckpt"), "-D", pulled, "--new-id", id2)), &rs); err != nil {
+	// Restored from the store it was stored in, its memory streamed from there.
+	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "--container", id, "--from", filepath.Join(storeDir, "ckpt"), "--new-id", id2)), &rs); err != nil {
 		t.Fatal(err)
 	}
-	if rs.Pulled == nil {
-		t.Error("restore --from reports no pull")
+	if rs.Streamed == nil || rs.Streamed.MemoryBytes < 64<<20 || rs.Streamed.Chunks == 0 {
+		t.Errorf("restore --from streamed %+v, want the container's 64 MiB", rs.Streamed)
 	}
 	if initPID := runcInitPID(t, runc, id2); rs.RootPID != initPID || rs.ContainerPID != 1 {
 		t.Errorf("restore says rootPid %d, containerPid %d; want the host's %d and the container's 1", rs.RootPID, rs.ContainerPID, initPID)

@@ -24,7 +24,8 @@ type restoreOutput struct {
 	Container string                       `json:"container,omitempty"`
 	RootPID   int                          `json:"rootPid"`
 	GPUMap    map[string]map[string]string `json:"gpuMap,omitempty"`
-	Pulled    *transferOutput              `json:"pulled,omitempty"` // the fetch of --from
+	Pulled    *transferOutput              `json:"pulled,omitempty"`   // the fetch of --from with -D
+	Streamed  *streamOutput                `json:"streamed,omitempty"` // --from without -D
 	SignedBy  string                       `json:"signedBy,omitempty"`
 	Phases    []image.Phase                `json:"phases"`
 	Total     float64                      `json:"totalSeconds"`
@@ -39,10 +40,11 @@ func (a *app) restoreCmd() *cobra.Command {
 	var skips []string
 	var ctr, newID, bundle, from, imported string
 	var pulled *transferOutput
+	var streamed *streamedRestore
 	var rf runcFlags
 	var trust []string
 	cmd := &cobra.Command{
-		Use:   "restore [--container ID] -D DIR",
+		Use:   "restore [--container ID] -D DIR | --from LOCATION",
 		Short: "Restore a process tree or runc container (and its GPU state) from an image directory, detached",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -53,7 +55,21 @@ func (a *app) restoreCmd() *cobra.Command {
 			if r.Trust, err = loadTrust(trust); err != nil {
 				return err
 			}
-			if from != "" {
+			if from == "" && r.Dir == "" {
+				return usageError{fmt.Errorf("restore needs --images-dir DIR, or --from LOCATION")}
+			}
+			if imported != "" && from != "" {
+				return usageError{fmt.Errorf("--import and --from cannot be combined")}
+			}
+			if from != "" && r.Dir == "" {
+				ctx, stop := interrupt.Context(cmd.Context())
+				streamed, err = a.stream(ctx, from, r.Trust, &r)
+				stop()
+				if err != nil {
+					return err
+				}
+				defer streamed.Close()
+			} else if from != "" {
 				ctx, stop := interrupt.Context(cmd.Context())
 				p, err := a.pull(ctx, from, r.Dir, r.Trust)
 				stop()
@@ -63,9 +79,6 @@ func (a *app) restoreCmd() *cobra.Command {
 				pulled = &p
 			}
 			if imported != "" {
-				if from != "" {
-					return usageError{fmt.Errorf("--import and --from cannot be combined")}
-				}
 				ctx, stop := interrupt.Context(cmd.Context())
 				err := importArchive(ctx, imported, r.Dir, r.Trust)
 				stop()
@@ -91,9 +104,15 @@ func (a *app) restoreCmd() *cobra.Command {
 			if ctr != "" {
 				out.Container, out.ContainerPID = cmp.Or(newID, ctr), res.Manifest.RootPID
 			}
+			if streamed != nil {
+				out.Dir, out.Streamed = streamed.url, streamed.output()
+			}
 			return a.emit(out, func() {
 				if pulled != nil {
 					printPull(a, *pulled)
+				}
+				if out.Streamed != nil {
+					printStream(a, out.Streamed)
 				}
 				printRestore(a, out, res.Phases)
 			})
@@ -101,7 +120,7 @@ func (a *app) restoreCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVarP(&r.Dir, "images-dir", "D", "", "image directory to restore from")
-	f.StringVar(&from, "from", "", "first fetch the image from s3://BUCKET/PREFIX or a local store PATH into DIR (as gpucr pull)")
+	f.StringVar(&from, "from", "", "restore from s3://BUCKET/PREFIX or a local store PATH, its memory streamed from the store; with -D, pull the whole image into DIR first")
 	f.StringVar(&imported, "import", "", "first unpack the checkpoint archive FILE (gpucr checkpoint --export) into DIR, verified")
 	f.StringVar(&r.GPUMap, "gpu-map", "", `restore onto other GPUs: "0=1,1=0" by index or "GPU-old=GPU-new" by UUID`)
 	f.StringSliceVar(&skips, "skip-check", nil, "switch off a GPU compatibility check by name (repeatable): "+strings.Join(gpu.CheckNames(gpu.Vendors()), ", "))
@@ -114,7 +133,6 @@ func (a *app) restoreCmd() *cobra.Command {
 	trustFlag(cmd, &trust)
 	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
-	_ = cmd.MarkFlagRequired("images-dir")
 	return cmd
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -12,32 +11,28 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpucr/gpucr/internal/memfill"
+	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
-// What gpucr's post-restore hook finds in the restore's work directory: the plan of the
-// memory it fills (absent when there is none), the verdict on the image's memory, the
-// record of its run, and its log.
+// What gpucr's post-restore hook and the restoring gpucr pass each other in the restore's
+// work directory: the init PID CRIU named once every task is restored (the hook's), the
+// verdict on the tasks' memory (gpucr's: verified and filled, or why not), the record of
+// the hook's run, and its log.
 const (
-	planName    = "fill-plan.json"
-	verdictName = "verdict"
-	doneName    = "post-restore.done"
-	hookLog     = "post-restore.log"
-	verdictOK   = "ok"
+	restoredName = "restored"
+	verdictName  = "verdict"
+	doneName     = "post-restore.done"
+	hookLog      = "post-restore.log"
+	verdictOK    = "ok"
 )
 
 // postRestoreHook sets up what holds the restored container's tasks at post-restore,
-// every one restored and none resumed, until the image is verified, and fills plan's
-// memory into them: a CRIU configuration, named in CRIU's environment, whose action script
-// is gpucr's criu-action --post-restore. The hook gives up if owner, the restoring gpucr,
+// every one restored and none resumed, until gpucr has verified the image and filled their
+// memory: a CRIU configuration, named in CRIU's environment, whose action script is
+// gpucr's criu-action --post-restore. The hook gives up if owner, the restoring gpucr,
 // dies. It returns the environment to add to runc's.
-func postRestoreHook(work, gpucr string, plan *memfill.Plan, owner txn.Proc) ([]string, error) {
-	if plan != nil {
-		if err := plan.WriteFile(filepath.Join(work, planName)); err != nil {
-			return nil, err
-		}
-	}
+func postRestoreHook(work, gpucr string, owner txn.Proc) ([]string, error) {
 	script := filepath.Join(work, "post-restore-action")
 	body := fmt.Sprintf("#!/bin/sh\nexec %s criu-action --post-restore %s --owner %d:%d --log %s\n",
 		shellQuote(gpucr), shellQuote(work), owner.PID, owner.Start, shellQuote(filepath.Join(work, hookLog)))
@@ -51,24 +46,20 @@ func postRestoreHook(work, gpucr string, plan *memfill.Plan, owner txn.Proc) ([]
 	return []string{"CRIU_CONFIG_FILE=" + conf}, nil
 }
 
-// writeVerdict tells the hook in work whether the image's memory is whole: "ok", or why not.
-func writeVerdict(work string, verified error) {
+// writeVerdict tells the hook in work whether the tasks may go: "ok", or why not.
+func writeVerdict(work string, err error) {
 	v := verdictOK
-	if verified != nil {
-		v = verified.Error()
+	if err != nil {
+		v = err.Error()
 	}
-	tmp := filepath.Join(work, verdictName+".tmp")
-	// A failure leaves the hook waiting for its owner, which is how a lost verdict is seen.
-	if os.WriteFile(tmp, []byte(v), 0o600) == nil {
-		_ = os.Rename(tmp, filepath.Join(work, verdictName))
-	}
+	_ = writeAtomic(filepath.Join(work, verdictName), []byte(v), 0o600) // a failure leaves the hook waiting for its owner
 }
 
-// PostRestore is criu-action --post-restore: it waits for the restoring gpucr's verdict on
-// the image, then writes the plan's memory into the restored container, whose init CRIU
-// names, and records how long that took. A damaged image, or the death of owner, fails the
-// step, and CRIU kills the tasks. CRIU may run an action script twice per step; the second
-// run finds the first's record and does nothing.
+// PostRestore is criu-action --post-restore: it tells the restoring gpucr which init CRIU
+// restored, waits for gpucr's verdict (the image verified and the memory gpucr restores
+// itself written into the tasks), and records its run. A damaged image, a failed fill or
+// the death of owner fails the step, and CRIU kills the tasks. CRIU may run an action
+// script twice per step; the second run finds the first's record and does nothing.
 func PostRestore(ctx context.Context, getenv func(string) string, work string, owner txn.Proc, log *slog.Logger) (err error) {
 	if getenv(envAction) != "post-restore" {
 		return nil
@@ -83,25 +74,20 @@ func PostRestore(ctx context.Context, getenv func(string) string, work string, o
 		log.Info("already done by this step's first run")
 		return nil
 	}
+	root, err := strconv.Atoi(getenv(envInitPID))
+	if err != nil || root <= 0 {
+		return fmt.Errorf("CRIU gave no usable %s (%q)", envInitPID, getenv(envInitPID))
+	}
+	if err := writeAtomic(filepath.Join(work, restoredName), []byte(strconv.Itoa(root)), 0o600); err != nil {
+		return fmt.Errorf("post-restore: %w", err)
+	}
 	if err := waitVerdict(ctx, work, owner); err != nil {
 		return err
 	}
-	var took time.Duration
-	plan, err := memfill.ReadPlan(filepath.Join(work, planName))
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		return err
-	default:
-		if took, err = fill(ctx, getenv, plan); err != nil {
-			return err
-		}
-		log.Info("memory filled", "bytes", plan.Bytes(), "seconds", took.Seconds())
-	}
-	return os.WriteFile(done, []byte(strconv.FormatInt(int64(took), 10)+"\n"), 0o600)
+	return os.WriteFile(done, nil, 0o600)
 }
 
-// waitVerdict waits for the verdict on the image's memory as long as owner lives.
+// waitVerdict waits for the verdict on the tasks as long as owner lives.
 func waitVerdict(ctx context.Context, work string, owner txn.Proc) error {
 	for {
 		b, err := os.ReadFile(filepath.Join(work, verdictName))
@@ -111,7 +97,7 @@ func waitVerdict(ctx context.Context, work string, owner txn.Proc) error {
 		case err == nil:
 			return errors.New(string(b))
 		case !owner.Alive():
-			return fmt.Errorf("gpucr (PID %d), which runs this restore, is gone before the image was verified", owner.PID)
+			return fmt.Errorf("gpucr (PID %d), which runs this restore, is gone before the tasks were verified and filled", owner.PID)
 		}
 		select {
 		case <-ctx.Done():
@@ -121,21 +107,47 @@ func waitVerdict(ctx context.Context, work string, owner txn.Proc) error {
 	}
 }
 
-// fill writes plan's memory into the container whose init CRIU names.
-func fill(ctx context.Context, getenv func(string) string, plan *memfill.Plan) (time.Duration, error) {
-	root, err := strconv.Atoi(getenv(envInitPID))
-	if err != nil || root <= 0 {
-		return 0, fmt.Errorf("memory fill: CRIU gave no usable %s (%q)", envInitPID, getenv(envInitPID))
+// holdTasks is the restoring gpucr's side of the hook in s.WorkDir: once the hook says
+// which init CRIU restored, it waits for the image's verification, writes s.Fill into the
+// container's tasks (renumbered to their host PIDs) and gives the hook its verdict. It
+// returns how long the fill took, when the hook called before stop closed (runc ended).
+func holdTasks(ctx context.Context, s engine.RestoreSpec, stop <-chan struct{}) (time.Duration, bool) {
+	var root int
+	for root == 0 {
+		if b, err := os.ReadFile(filepath.Join(s.WorkDir, restoredName)); err == nil {
+			root, _ = strconv.Atoi(string(b))
+			break
+		}
+		select {
+		case <-stop:
+			return 0, false
+		case <-ctx.Done():
+			return 0, false
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	took, err := fill(ctx, s, root)
+	writeVerdict(s.WorkDir, err)
+	return took, err == nil
+}
+
+// fill verifies the image and writes s.Fill's memory into the container whose init is root.
+func fill(ctx context.Context, s engine.RestoreSpec, root int) (time.Duration, error) {
+	if err := s.Verified(); err != nil {
+		return 0, err
+	}
+	if s.Fill == nil {
+		return 0, nil
 	}
 	host, err := hostPIDs(root)
 	if err != nil {
 		return 0, fmt.Errorf("memory fill: %w", err)
 	}
-	if err := plan.Renumber(host); err != nil {
+	if err := s.Fill.Renumber(host); err != nil {
 		return 0, err
 	}
 	start := time.Now()
-	if err := plan.Fill(ctx); err != nil {
+	if err := s.Fill.Fill(ctx); err != nil {
 		return 0, err
 	}
 	return time.Since(start), nil
@@ -159,12 +171,8 @@ func hookFailure(work string) string {
 	return why
 }
 
-// hookTook is how long the hook in work spent filling memory, once it ran.
-func hookTook(work string) (time.Duration, bool) {
-	b, err := os.ReadFile(filepath.Join(work, doneName))
-	if err != nil {
-		return 0, false
-	}
-	ns, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-	return time.Duration(ns), err == nil
+// hookRan says whether the hook in work let the tasks go.
+func hookRan(work string) bool {
+	_, err := os.Stat(filepath.Join(work, doneName))
+	return err == nil
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -28,8 +30,9 @@ time=y level=ERROR msg="post-restore failed" err="memory fill: process 7 of the 
 	}
 }
 
-// The hook lets the tasks go only on the verdict "ok": a damaged image, or the restoring
-// gpucr's death before any verdict, fails the step (and CRIU kills the tasks).
+// The hook names the restored init, then lets the tasks go only on the verdict "ok": a
+// damaged image or a failed fill, or the restoring gpucr's death before any verdict, fails
+// the step (and CRIU kills the tasks).
 func TestPostRestoreHookWaitsForTheVerdict(t *testing.T) {
 	env := func(k string) string {
 		return map[string]string{envAction: "post-restore", envInitPID: "1"}[k]
@@ -45,8 +48,11 @@ func TestPostRestoreHookWaitsForTheVerdict(t *testing.T) {
 	if err := PostRestore(context.Background(), env, work, self, logger); err == nil || !strings.Contains(err.Error(), os.ErrInvalid.Error()) {
 		t.Fatalf("damaged image: PostRestore = %v", err)
 	}
-	if _, ran := hookTook(work); ran {
+	if hookRan(work) {
 		t.Fatal("a failed hook recorded a run")
+	}
+	if b, err := os.ReadFile(filepath.Join(work, restoredName)); err != nil || string(b) != "1" {
+		t.Fatalf("the hook named init %q (%v), want CRIU's 1", b, err)
 	}
 
 	work = t.TempDir()
@@ -57,10 +63,42 @@ func TestPostRestoreHookWaitsForTheVerdict(t *testing.T) {
 
 	work = t.TempDir()
 	writeVerdict(work, nil)
-	if err := PostRestore(context.Background(), env, work, self, logger); err != nil {
-		t.Fatalf("verified, nothing to fill: PostRestore = %v", err)
+	if err := PostRestore(context.Background(), env, work, self, logger); err != nil || !hookRan(work) {
+		t.Fatalf("verified and filled: PostRestore = %v, ran %v", err, hookRan(work))
 	}
-	if took, ran := hookTook(work); !ran || took != 0 {
-		t.Fatalf("hookTook = %v, %v; want a run that filled nothing", took, ran)
+}
+
+// gpucr's side waits for the hook to name the init, then gives its verdict: the image's
+// verification failing is the verdict; runc ending first (no hook ran) gives none.
+func TestHoldTasksGivesTheHookItsVerdict(t *testing.T) {
+	work := t.TempDir()
+	s := engine.RestoreSpec{Verified: func() error { return image.ErrCorrupt }}
+	s.WorkDir = work
+	if err := os.WriteFile(filepath.Join(work, restoredName), []byte("1"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, filled := holdTasks(context.Background(), s, nil); filled {
+		t.Fatal("a damaged image was filled")
+	}
+	if b, _ := os.ReadFile(filepath.Join(work, verdictName)); string(b) != image.ErrCorrupt.Error() {
+		t.Fatalf("verdict %q, want the verification's error", b)
+	}
+
+	s.Verified = func() error { return nil }
+	if took, filled := holdTasks(context.Background(), s, nil); !filled || took != 0 {
+		t.Fatalf("verified, nothing to fill: %v, %v", took, filled)
+	}
+	if b, _ := os.ReadFile(filepath.Join(work, verdictName)); string(b) != verdictOK {
+		t.Fatalf("verdict %q, want ok", b)
+	}
+
+	s.WorkDir = t.TempDir()
+	stop := make(chan struct{})
+	close(stop)
+	if _, filled := holdTasks(context.Background(), s, stop); filled {
+		t.Fatal("no hook ran, yet the tasks count as filled")
+	}
+	if _, err := os.Stat(filepath.Join(s.WorkDir, verdictName)); err == nil {
+		t.Fatal("a verdict was given with no hook waiting")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
@@ -63,19 +64,30 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	if err != nil {
 		return nil, err
 	}
-	env, err := postRestoreHook(s.WorkDir, self, s.Fill, owner)
+	env, err := postRestoreHook(s.WorkDir, self, owner)
 	if err != nil {
 		return nil, err
 	}
-	// The verdict reaches the hook as a file: written once the memory is verified, while
-	// runc and CRIU restore.
-	go func() { writeVerdict(s.WorkDir, s.Verified()) }()
+	// The hook holds the tasks while this process verifies and fills them, as runc and
+	// CRIU restore.
+	stop := make(chan struct{})
+	type held struct {
+		took   time.Duration
+		filled bool
+	}
+	heldc := make(chan held, 1)
+	go func() {
+		took, filled := holdTasks(ctx, s, stop)
+		heldc <- held{took, filled}
+	}()
 	if err := op.Update(func(rec *txn.Record) {
 		rec.Container = &txn.Container{ID: ri.id, Runtime: ri.c.Runc.Command(), StateDir: ri.c.Runc.StateDir(ri.id)}
 	}); err != nil {
 		return nil, err
 	}
 	err = ri.c.Runc.Restore(ctx, ri.id, ri.bundle, s.ImagesDir, s.WorkDir, s.Flags, env)
+	close(stop)
+	h := <-heldc
 	if err != nil {
 		if ctx.Err() != nil {
 			err = errors.New("restore interrupted: runc and its CRIU were stopped")
@@ -86,8 +98,7 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	}
 	// From here on a restored container exists: it must come back whole or go.
 	gctx := context.WithoutCancel(ctx)
-	took, ran := hookTook(s.WorkDir)
-	if !ran {
+	if !h.filled || !hookRan(s.WorkDir) {
 		return nil, ri.Remove(gctx, errors.New("CRIU did not run gpucr's post-restore hook (its CRIU_CONFIG_FILE was not read), so the container's memory is unverified"))
 	}
 	st, err := ri.c.Runc.State(gctx, ri.id)
@@ -101,7 +112,7 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	if err := s.Whole(host); err != nil {
 		return nil, ri.Remove(gctx, err)
 	}
-	return &engine.Restored{Root: st.PID, Host: host, Filled: took}, nil
+	return &engine.Restored{Root: st.PID, Host: host, Filled: h.took}, nil
 }
 
 // Remove deletes the half-restored container after cause.

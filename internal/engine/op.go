@@ -26,6 +26,13 @@ type Op struct {
 // writes the journal record of op and starts its guardian. Nothing on the host has changed
 // yet; every change after this is recorded before it is made.
 func (e *Engine) Begin(op, what string, targets ...string) (*Op, error) {
+	return e.begin(op, what, nil, targets...)
+}
+
+// begin is Begin for an operation that already owns paths (a streamed restore's fetched
+// files): they are journaled with its locks, before any point at which gpucr can die with
+// them unrecorded once the operation exists.
+func (e *Engine) begin(op, what string, owned []string, targets ...string) (*Op, error) {
 	o := &Op{log: e.Logger()}
 	if e.JournalRoot == "" {
 		return o, nil
@@ -53,7 +60,7 @@ func (e *Engine) Begin(op, what string, targets ...string) (*Op, error) {
 		return nil, err
 	}
 	o.j = j
-	if err := j.Update(func(r *txn.Record) { r.Locks = targets }); err != nil {
+	if err := j.Update(func(r *txn.Record) { r.Locks, r.Paths = targets, owned }); err != nil {
 		err = errors.Join(err, j.End())
 		o.releaseLocks()
 		return nil, err

@@ -35,6 +35,9 @@ type RestoreRequest struct {
 	CRIURestoresPages bool
 	// Trust, when not empty, refuses an image not signed by one of its keys.
 	Trust signing.Keys
+	// Streamed, when set, is where the memory gpucr saved (criuimg.MemDir) comes from
+	// instead of Dir, which then holds the image's other files (see stream.go).
+	Streamed *Streamed
 	criu.Options
 }
 
@@ -68,7 +71,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err := target.Open(ctx, r.Dir, m); err != nil {
 		return nil, err
 	}
-	op, err := e.Begin(txn.OpRestore, target.What(), target.Locks()...)
+	op, err := e.beginRestore(target, r.Streamed)
 	if err != nil {
 		return nil, err
 	}
@@ -78,11 +81,12 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	// checked first. The memory, nearly all of the image, is checked while CRIU restores:
 	// no task resumes and nothing is filled until it passed, and CRIU kills the tasks if not.
 	start := time.Now()
-	meta, memory := splitMemory(m.Files)
+	local := r.Streamed.localFiles(m.Files)
+	meta, memory := splitMemory(local)
 	if err := image.CheckListed(r.Dir, m); err != nil {
 		return nil, err
 	}
-	if err := image.CheckSizes(r.Dir, m.Files); err != nil {
+	if err := image.CheckSizes(r.Dir, local); err != nil {
 		return nil, err
 	}
 	if err := image.CheckSums(r.Dir, meta); err != nil {
@@ -134,7 +138,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if !r.CRIURestoresPages && opts.PluginDir == "" {
 		split = m.Leaves()
 	}
-	fill, err := e.planFill(r.Dir, work, m, split)
+	fill, err := e.planFill(r.Dir, r.Streamed.memory(r.Dir), work, m, split)
 	if err != nil {
 		return nil, verify.prefer(err)
 	}
@@ -166,7 +170,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	}
 	if err != nil {
 		// A damaged image explains any failure; CRIU leaves nothing running.
-		return nil, verify.prefer(explainRestoreFailure(keepLog(err)))
+		return nil, r.Streamed.prefer(verify.prefer(explainRestoreFailure(keepLog(err))))
 	}
 	if restored.Filled > 0 {
 		t.Phases = append(t.Phases, image.Phase{Name: PhaseMemoryFill, Duration: restored.Filled})
@@ -212,11 +216,11 @@ func journalWhole(rec *txn.Record, host map[int]int) {
 
 // planFill is memfill.Prepare, falling back to leaving CRIU's files whole when splitting
 // them fails: that only wins speed (a full /tmp fails it, say).
-func (e *Engine) planFill(imageDir, work string, m *image.Manifest, split []int) (*memfill.Plan, error) {
-	fill, err := memfill.Prepare(imageDir, work, m, split)
+func (e *Engine) planFill(imageDir string, mem memfill.Source, work string, m *image.Manifest, split []int) (*memfill.Plan, error) {
+	fill, err := memfill.Prepare(imageDir, mem, work, m, split)
 	if err != nil && split != nil && !errors.Is(err, image.ErrCorrupt) {
 		e.Logger().Warn("CRIU restores the memory in its files itself", "err", err)
-		fill, err = memfill.Prepare(imageDir, work, m, nil)
+		fill, err = memfill.Prepare(imageDir, mem, work, m, nil)
 	}
 	return fill, err
 }

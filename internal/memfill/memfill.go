@@ -10,10 +10,7 @@
 package memfill
 
 import (
-	"github.com/gpucr/gpucr/internal/beneath"
-
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -38,8 +36,9 @@ import (
 // MinRun is the smallest run of pages worth moving out of CRIU: smaller runs stay with it.
 const MinRun = 16 << 20
 
-// piece is how much one worker writes at a time.
-const piece = 8 << 20
+// piece is how much one worker writes at a time: the image's hashing piece, so that a
+// Source that verifies what it reads (a store) reads whole pieces.
+const piece = image.HashChunkSize
 
 // vmaAnonPrivate is CRIU's VMA status bit of private anonymous memory (criu/include/image.h).
 const vmaAnonPrivate = 1 << 9
@@ -52,61 +51,14 @@ type Plan struct {
 	runs []run
 }
 
-// run is memory to write into pid at addr from file at off.
+// run is memory to write into pid at addr from file of src at off.
 type run struct {
 	pid  int
 	addr uint64
 	size int64
-	file string
+	src  Source
+	file string // slash-separated, relative to src
 	off  int64
-}
-
-// planFile is a Plan as WriteFile keeps it for another process (gpucr's CRIU action script,
-// when runc runs CRIU).
-type planFile struct {
-	Dir  string    `json:"dir"`
-	Runs []runFile `json:"runs"`
-}
-
-type runFile struct {
-	PID  int    `json:"pid"`
-	Addr uint64 `json:"addr"`
-	Size int64  `json:"size"`
-	File string `json:"file"`
-	Off  int64  `json:"off"`
-}
-
-// WriteFile keeps the plan at path for ReadPlan.
-func (p *Plan) WriteFile(path string) error {
-	f := planFile{Dir: p.Dir}
-	for _, r := range p.runs {
-		f.Runs = append(f.Runs, runFile{r.pid, r.addr, r.size, r.file, r.off})
-	}
-	b, err := json.Marshal(f)
-	if err != nil {
-		return fmt.Errorf("memory fill: %w", err)
-	}
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		return fmt.Errorf("memory fill: %w", err)
-	}
-	return nil
-}
-
-// ReadPlan reads a plan WriteFile kept.
-func ReadPlan(path string) (*Plan, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("memory fill: %w", err)
-	}
-	var f planFile
-	if err := json.Unmarshal(b, &f); err != nil {
-		return nil, fmt.Errorf("memory fill: read %s: %w", path, err)
-	}
-	p := &Plan{Dir: f.Dir}
-	for _, r := range f.Runs {
-		p.runs = append(p.runs, run{r.PID, r.Addr, r.Size, r.File, r.Off})
-	}
-	return p, nil
 }
 
 // Renumber gives each run the process host[pid], for an image that numbers its processes
@@ -131,13 +83,14 @@ func (p *Plan) Bytes() int64 {
 	return n
 }
 
-// Prepare plans the memory gpucr restores itself from the image in imageDir, which m
-// describes: the ranges it saved at checkpoint (criuimg.MemDir, as m lists them), and, from the processes in split, the large runs it takes
-// out of the view of the CRIU image that CRIU then restores from (Plan.Dir, under work; ""
-// when CRIU can use the image as it is). Only processes without children may be split:
-// CRIU must restore itself the memory a child shares copy-on-write.
-func Prepare(imageDir, work string, m *image.Manifest, split []int) (*Plan, error) {
-	saved, err := savedRuns(imageDir, m)
+// Prepare plans the memory gpucr restores itself from the image m describes: the ranges it
+// saved at checkpoint (criuimg.MemDir, as m lists them), read from mem, and, from the
+// processes in split, the large runs it takes out of the view of the CRIU image in
+// imageDir that CRIU then restores from (Plan.Dir, under work; "" when CRIU can use the
+// image as it is). Only processes without children may be split: CRIU must restore itself
+// the memory a child shares copy-on-write.
+func Prepare(imageDir string, mem Source, work string, m *image.Manifest, split []int) (*Plan, error) {
+	saved, err := savedRuns(m, mem)
 	if err != nil {
 		return nil, err
 	}
@@ -222,7 +175,7 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 		start := group[0].GetVaddr()
 		size := off - groupOff
 		if size >= MinRun && writable(start, uint64(size)) {
-			runs = append(runs, run{pid: pid, addr: start, size: size, file: pagesPath, off: groupOff})
+			runs = append(runs, run{pid: pid, addr: start, size: size, src: Dir(criuDir), file: pagesName, off: groupOff})
 		} else {
 			kept = append(kept, group...)
 			keptData = append(keptData, span{groupOff, size})
@@ -305,8 +258,9 @@ func WritableAnon(path string) (func(addr, size uint64) bool, error) {
 	}, nil
 }
 
-// Fill writes every run into its process, in pieces, on all cores. The processes must be
-// restored and not yet resumed.
+// Fill writes every run into its process, in pieces, on all cores (and more workers than
+// cores, so that a store's latency is overlapped), then asks each source whether what it
+// read is the image's. The processes must be restored and not yet resumed.
 func (p *Plan) Fill(ctx context.Context) error {
 	type job struct {
 		r   run
@@ -316,20 +270,11 @@ func (p *Plan) Fill(ctx context.Context) error {
 	if err := checkMapped(p.runs); err != nil {
 		return err
 	}
-	files := map[string]*os.File{}
-	defer func() {
-		for _, f := range files {
-			f.Close()
-		}
-	}()
 	var jobs []job
+	var sources []Source
 	for _, r := range p.runs {
-		if files[r.file] == nil {
-			f, err := beneath.Open(filepath.Dir(r.file), filepath.Base(r.file))
-			if err != nil {
-				return fmt.Errorf("memory fill: %w", err)
-			}
-			files[r.file] = f
+		if !slices.Contains(sources, r.src) {
+			sources = append(sources, r.src)
 		}
 		for at := int64(0); at < r.size; at += piece {
 			jobs = append(jobs, job{r, at, min(piece, r.size-at)})
@@ -337,11 +282,11 @@ func (p *Plan) Fill(ctx context.Context) error {
 	}
 	count := meter.From(ctx)
 	count.SetTotal(p.Bytes())
-	return parallel.Each(ctx, jobs, runtime.GOMAXPROCS(0), func() []byte { return make([]byte, piece) },
-		func(_ context.Context, j job, buf []byte) error {
+	err := parallel.Each(ctx, jobs, max(runtime.GOMAXPROCS(0), fillWorkers), func() []byte { return make([]byte, piece) },
+		func(ctx context.Context, j job, buf []byte) error {
 			data := buf[:j.len]
-			if _, err := files[j.r.file].ReadAt(data, j.r.off+j.at); err != nil {
-				return fmt.Errorf("memory fill: read %s: %w", filepath.Base(j.r.file), err)
+			if err := j.r.src.ReadAt(ctx, j.r.file, data, j.r.off+j.at); err != nil {
+				return err
 			}
 			if err := moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, j.r.addr+uint64(j.at), data); err != nil {
 				return err
@@ -349,7 +294,19 @@ func (p *Plan) Fill(ctx context.Context) error {
 			count.Add(j.len)
 			return nil
 		})
+	if err != nil {
+		return err
+	}
+	for _, src := range sources {
+		if err := src.Verify(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
+
+// fillWorkers is the fewest pieces in flight at once: a store answers each after a round trip.
+const fillWorkers = 8
 
 // checkMapped refuses runs that are not wholly inside writable memory of their process as
 // CRIU restored it: an image names addresses, and gpucr writes nowhere else.

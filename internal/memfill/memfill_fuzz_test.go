@@ -229,7 +229,7 @@ func FuzzSplit(f *testing.F) {
 		var taken uint64
 		for _, r := range runs {
 			switch {
-			case r.pid != 1 || r.file != filepath.Join(criuDir, pagesName):
+			case r.pid != 1 || r.src != Dir(criuDir) || r.file != pagesName:
 				t.Fatalf("run %+v: not of process 1's pages file", r)
 			case r.size < MinRun || r.size%criuimg.PageSize != 0 || r.off < 0 || r.off%criuimg.PageSize != 0 || uint64(r.off+r.size) > total:
 				t.Fatalf("run %+v: not whole pages of at least MinRun in a %d-byte pages file", r, total)
@@ -309,9 +309,9 @@ func FuzzSavedRuns(f *testing.F) {
 		if size < 0 || pid <= 0 {
 			return
 		}
-		imageDir := "/img"
+		src := Dir("/img")
 		m := &image.Manifest{Processes: []image.Process{{PID: pid}}, Files: []image.File{{Path: criuimg.MemDir + "/" + name, Size: size}}}
-		runs, err := savedRuns(imageDir, m)
+		runs, err := savedRuns(m, src)
 		if err != nil {
 			if !errors.Is(err, image.ErrCorrupt) {
 				t.Fatalf("savedRuns(%q) = %v, not an ErrCorrupt", name, err)
@@ -323,11 +323,11 @@ func FuzzSavedRuns(f *testing.F) {
 					t.Fatalf("%q: a run of process %d, which is not in the image", name, r.pid)
 				case r.size != size || r.addr+uint64(r.size) < r.addr:
 					t.Fatalf("%q of %d bytes: run %+v", name, size, r)
-				case r.file != filepath.Join(imageDir, criuimg.MemDir, name):
-					t.Fatalf("%q: run reads %s", name, r.file)
+				case r.src != src || r.file != criuimg.MemDir+"/"+name:
+					t.Fatalf("%q: run reads %s of %v", name, r.file, r.src)
 				}
-				back, err := savedRuns(imageDir, &image.Manifest{Processes: m.Processes,
-					Files: []image.File{{Path: criuimg.MemDir + "/" + criuimg.MemName(r.pid, r.addr), Size: size}}})
+				back, err := savedRuns(&image.Manifest{Processes: m.Processes,
+					Files: []image.File{{Path: criuimg.MemDir + "/" + criuimg.MemName(r.pid, r.addr), Size: size}}}, src)
 				if err != nil || len(back) != 1 || back[0].pid != r.pid || back[0].addr != r.addr {
 					t.Fatalf("%q: the run's own name reads back as %+v, %v", name, back, err)
 				}
@@ -336,7 +336,7 @@ func FuzzSavedRuns(f *testing.F) {
 
 		// The name Save gives the range (pid, start).
 		own := criuimg.MemName(pid, start)
-		runs, err = savedRuns(imageDir, &image.Manifest{Processes: m.Processes, Files: []image.File{{Path: criuimg.MemDir + "/" + own, Size: size}}})
+		runs, err = savedRuns(&image.Manifest{Processes: m.Processes, Files: []image.File{{Path: criuimg.MemDir + "/" + own, Size: size}}}, src)
 		fits := start+uint64(size) >= start
 		if fits != (err == nil) {
 			t.Fatalf("%s of %d bytes: savedRuns = %v", own, size, err)

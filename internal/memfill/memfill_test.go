@@ -120,7 +120,7 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	p, err := Prepare(imageDir, t.TempDir(), &image.Manifest{Processes: []image.Process{{PID: pid}}}, []int{pid})
+	p, err := Prepare(imageDir, Dir(imageDir), t.TempDir(), &image.Manifest{Processes: []image.Process{{PID: pid}}}, []int{pid})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestFillFailsForAMissingProcess(t *testing.T) {
 	if err := os.WriteFile(f, make([]byte, criuimg.PageSize), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p := &Plan{runs: []run{{pid: 1 << 22, addr: 0x10000, size: criuimg.PageSize, file: f}}}
+	p := &Plan{runs: []run{{pid: 1 << 22, addr: 0x10000, size: criuimg.PageSize, src: Dir(filepath.Dir(f)), file: filepath.Base(f)}}}
 	if err := p.Fill(context.Background()); err == nil || !bytes.Contains([]byte(err.Error()), []byte("process 4194304")) {
 		t.Fatalf("Fill = %v", err)
 	}
@@ -227,7 +227,7 @@ func TestSaveOwnMemory(t *testing.T) {
 		t.Fatalf("the checksum computed while saving is not the file's: %v", err)
 	}
 	m := &image.Manifest{Processes: []image.Process{{PID: os.Getpid()}}, Files: files}
-	runs, err := savedRuns(dir, m)
+	runs, err := savedRuns(m, Dir(dir))
 	if err != nil || len(runs) != len(files) {
 		t.Fatalf("savedRuns = %+v, %v", runs, err)
 	}
@@ -237,8 +237,8 @@ func TestSaveOwnMemory(t *testing.T) {
 		if r.pid != os.Getpid() || r.addr != start+uint64(len(got)) || (i < len(runs)-1 && r.size != image.HashChunkSize) {
 			t.Fatalf("run %d = %+v: the runs do not cover the range in pieces", i, r)
 		}
-		b, err := os.ReadFile(r.file)
-		if err != nil {
+		b := make([]byte, r.size)
+		if err := r.src.ReadAt(context.Background(), r.file, b, 0); err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, b...)
@@ -406,23 +406,41 @@ func TestSaveManyRangesUnderALowFileLimit(t *testing.T) {
 	}
 }
 
-// A plan kept in a file reads back the same, and renumbering maps every run's process or
-// names the one it cannot.
-func TestPlanFileAndRenumber(t *testing.T) {
-	p := &Plan{Dir: "/view", runs: []run{{pid: 5, addr: 0x1000, size: 4096, file: "/img/mem/5-1000.img", off: 8192}}}
-	path := filepath.Join(t.TempDir(), "plan.json")
-	if err := p.WriteFile(path); err != nil {
-		t.Fatal(err)
-	}
-	q, err := ReadPlan(path)
-	if err != nil || fmt.Sprint(*p) != fmt.Sprint(*q) {
-		t.Fatalf("ReadPlan = %+v, %v; want %+v", q, err, p)
-	}
+// Renumbering maps every run's process, or names the one it cannot.
+func TestRenumber(t *testing.T) {
+	q := &Plan{runs: []run{{pid: 5, addr: 0x1000, size: 4096, src: Dir("/img"), file: "mem/5-1000.img"}}}
 	if err := q.Renumber(map[int]int{6: 60}); err == nil || !strings.Contains(err.Error(), "process 5") {
 		t.Errorf("Renumber without process 5: %v", err)
 	}
 	if err := q.Renumber(map[int]int{5: 50}); err != nil || q.runs[0].pid != 50 {
 		t.Errorf("Renumber: %v, runs %+v", err, q.runs)
+	}
+}
+
+// badSource serves its bytes and then, asked, says they were not the image's.
+type badSource struct{ data []byte }
+
+func (s badSource) ReadAt(_ context.Context, _ string, p []byte, off int64) error {
+	copy(p, s.data[off:])
+	return nil
+}
+func (badSource) Verify() error { return image.ErrCorrupt }
+
+// A source that finds, once everything was read, that it was not the image's fails the
+// fill: the engine's gate then has CRIU kill the tasks before any resumes.
+func TestFillFailsWhenItsSourceDoesNotVerify(t *testing.T) {
+	mem, err := unix.Mmap(-1, 0, criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = unix.Munmap(mem) }()
+	src := badSource{bytes.Repeat([]byte{5}, criuimg.PageSize)}
+	p := &Plan{runs: []run{{pid: os.Getpid(), addr: uint64(uintptr(unsafe.Pointer(&mem[0]))), size: criuimg.PageSize, src: src, file: "mem/x.img"}}}
+	if err := p.Fill(context.Background()); !errors.Is(err, image.ErrCorrupt) {
+		t.Fatalf("Fill = %v, want the source's verdict", err)
+	}
+	if !bytes.Equal(mem, src.data) {
+		t.Fatal("the fill did not write what the source served")
 	}
 }
 
@@ -438,7 +456,7 @@ func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	other := &image.Manifest{Processes: []image.Process{{PID: os.Getpid() + 1}}, Files: files}
-	if _, err := savedRuns(dir, other); err == nil || !strings.Contains(err.Error(), "not in the image's tree") {
+	if _, err := savedRuns(other, Dir(dir)); err == nil || !strings.Contains(err.Error(), "not in the image's tree") {
 		t.Fatalf("a range of a process outside the tree: savedRuns = %v", err)
 	}
 	// A file in mem/ that the manifest does not list is never read.
@@ -446,7 +464,7 @@ func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	own := &image.Manifest{Processes: []image.Process{{PID: os.Getpid()}}, Files: files}
-	runs, err := savedRuns(dir, own)
+	runs, err := savedRuns(own, Dir(dir))
 	if err != nil || len(runs) != 1 {
 		t.Fatalf("savedRuns = %+v, %v; want the one listed range", runs, err)
 	}

@@ -346,7 +346,7 @@ func segments(rs []Range, size uint64) []Range {
 
 // SavedBytes is, per process, how much memory gpucr saved itself in the image m describes.
 func SavedBytes(imageDir string, m *image.Manifest) (map[int]int64, error) {
-	runs, err := savedRuns(imageDir, m)
+	runs, err := savedRuns(m, Dir(imageDir))
 	if err != nil {
 		return nil, err
 	}
@@ -357,9 +357,10 @@ func SavedBytes(imageDir string, m *image.Manifest) (map[int]int64, error) {
 	return out, nil
 }
 
-// savedRuns are the ranges gpucr saved in the image m describes, as runs for Fill: only the
-// files its manifest lists under criuimg.MemDir, each into a process of the image's tree.
-func savedRuns(imageDir string, m *image.Manifest) ([]run, error) {
+// savedRuns are the ranges gpucr saved in the image m describes, as runs for Fill from src:
+// only the files its manifest lists under criuimg.MemDir, each into a process of the
+// image's tree.
+func savedRuns(m *image.Manifest, src Source) ([]run, error) {
 	procs := map[int]bool{}
 	for _, p := range m.Processes {
 		procs[p.PID] = true
@@ -378,7 +379,7 @@ func savedRuns(imageDir string, m *image.Manifest) ([]run, error) {
 		case start+uint64(f.Size) < start:
 			return nil, &image.CorruptError{Path: f.Path, Reason: "range past the end of the address space"}
 		}
-		out = append(out, run{pid: pid, addr: start, size: f.Size, file: filepath.Join(imageDir, filepath.FromSlash(f.Path))})
+		out = append(out, run{pid: pid, addr: start, size: f.Size, src: src, file: f.Path})
 	}
 	return out, nil
 }

@@ -238,6 +238,9 @@ func List(root string) ([]Entry, error) {
 	var out []Entry
 	for _, n := range names {
 		rec, err := read(n)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // ended between the listing and the read
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -91,3 +91,21 @@ func TestLockOutlivesOwnerWhileAChildHoldsIt(t *testing.T) {
 		t.Fatalf("List = %+v, want the record stale once the child died", entries)
 	}
 }
+
+// A record that ends while the journal is listed (its file gone between the listing and the
+// read, as a dangling name stands in for here) is not listed, and fails nothing.
+func TestListSkipsARecordThatEnded(t *testing.T) {
+	root := t.TempDir()
+	j, err := Begin(root, OpRestore, "image /x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = j.End() }()
+	if err := os.Symlink(filepath.Join(root, "gone"), filepath.Join(txnDir(root), "restore-ended.json")); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := List(root)
+	if err != nil || len(entries) != 1 || entries[0].ID != j.ID() {
+		t.Fatalf("List = %+v, %v; want the one live record", entries, err)
+	}
+}

@@ -125,18 +125,18 @@ kill -9 "$HP"
 fi
 if has 7; then
 for GIB in 4 16; do
-  echo "== 7. holder ${GIB} GiB streamed: checkpoint --to a store without -D, kill, restore --from"
+  echo "== 7. holder ${GIB} GiB streamed: checkpoint --to a store without -D, kill, restore --from (streamed)"
   holder "$GIB" s$GIB || { bad "7.$GIB start"; continue; }
   ST=$W/store-$GIB; mkdir -p "$ST"
   "$G" checkpoint "$HP" --to "$ST/ckpt" --json > "$OUTD/stream$GIB.json" || { bad "7.$GIB streamed checkpoint"; continue; }
   cat "$OUTD/stream$GIB.json"; sleep 0.5
   gone "$HP" || bad "7.$GIB original still alive"
   echo "local files left by the stream: $(ls /tmp | grep -c gpucr-stream || true)"
-  "$G" restore -D "$W/pulled$GIB" --from "$ST/ckpt" --json > "$OUTD/streamrst$GIB.json" || { bad "7.$GIB restore --from"; continue; }
+  "$G" restore --from "$ST/ckpt" --json > "$OUTD/streamrst$GIB.json" || { bad "7.$GIB restore --from"; continue; }
   cat "$OUTD/streamrst$GIB.json"
   r=$(verify_holder "$HP" "$HD"); echo "$r"
   case "$r" in *same=True*kernel=True*) ok "7.$GIB data identical after a streamed checkpoint";; *) bad "7.$GIB data: $r";; esac
-  kill -9 "$HP"; rm -rf "$W/pulled$GIB" "$ST"
+  kill -9 "$HP"; rm -rf "$ST"
 done
 fi
 # with_child N FLAG: a 16 GiB holder with a child (holder.py FLAG), checkpointed, killed and

@@ -2,8 +2,6 @@ package chunked
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -185,36 +183,12 @@ type place struct {
 // chunk fetches one chunk, checks it and writes it in place.
 func (p *puller) chunk(ctx context.Context, j job, buf *buffers) error {
 	f, c := p.m.Files[j.file], p.m.Files[j.file].Chunks[j.index]
-	key := ChunkKey(p.prefix, c.SHA256)
-	bad := func(reason string) error {
-		return &ChunkError{URL: p.st.URL(key), File: f.Path, Offset: j.off, Reason: reason}
-	}
-	r, err := p.st.Get(ctx, key)
-	if errors.Is(err, store.ErrNotFound) {
-		return bad("missing")
-	}
+	data, comp, err := fetchChunk(ctx, p.st, p.prefix, p.dec, f.Path, j.off, c, buf.raw, buf.comp)
+	buf.comp = comp
 	if err != nil {
-		return fmt.Errorf("fetch %s at %d: %w", f.Path, j.off, err)
-	}
-	buf.comp, err = readAll(r, buf.comp[:0])
-	r.Close()
-	if err != nil {
-		return fmt.Errorf("fetch %s at %d: %w", f.Path, j.off, err)
-	}
-	if len(buf.comp) > maxStored {
-		return bad(fmt.Sprintf("corrupted: object larger than %d bytes", maxStored))
-	}
-	data, err := p.dec.DecodeAll(buf.comp, buf.raw[:0])
-	if err != nil {
-		return bad("corrupted: " + err.Error())
+		return err
 	}
 	buf.raw = data[:0]
-	if int64(len(data)) != c.Size {
-		return bad(fmt.Sprintf("corrupted: %d bytes, want %d", len(data), c.Size))
-	}
-	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != c.SHA256 {
-		return bad("corrupted: sha256 mismatch")
-	}
 	places := p.places[c.SHA256]
 	for _, pl := range places {
 		if _, err := p.files[pl.file].WriteAt(data, pl.off); err != nil {

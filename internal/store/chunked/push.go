@@ -136,8 +136,9 @@ func absent(ctx context.Context, st store.Store, prefix string) error {
 	return err
 }
 
-// pushPaths lists what a push stores: the manifest and its seal, every file it lists and CRIU's logs,
-// which are not checksummed by the image but are what one reads when a restore fails.
+// pushPaths lists what a push stores, in the order a restore needs it (restoreOrder): the
+// manifest and its seal, every file it lists and CRIU's logs, which are not checksummed by
+// the image but are what one reads when a restore fails. A push uploads in this order.
 func pushPaths(dir string, m *image.Manifest) ([]string, error) {
 	paths := []string{image.ManifestName, image.SealName}
 	switch _, err := os.Lstat(filepath.Join(dir, image.SigName)); {
@@ -158,7 +159,7 @@ func pushPaths(dir string, m *image.Manifest) ([]string, error) {
 			paths = append(paths, image.LogsDir+"/"+e.Name())
 		}
 	}
-	slices.Sort(paths)
+	slices.SortFunc(paths, restoreOrder(m))
 	return slices.Compact(paths), nil
 }
 

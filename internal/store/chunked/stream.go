@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"sync"
 
 	"github.com/gpucr/gpucr/internal/image"
@@ -241,7 +240,8 @@ func (s *Stream) Finish(ctx context.Context, dir string, im *image.Manifest) (*M
 	for _, f := range s.files {
 		files = append(files, File{Path: f.path, Size: f.size, Chunks: f.chunks})
 	}
-	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
+	order := restoreOrder(im)
+	slices.SortFunc(files, func(a, b File) int { return order(a.Path, b.Path) })
 	m, err := createManifest(ctx, s.st, s.prefix, im, files)
 	if err != nil {
 		return nil, nil, err

@@ -1,0 +1,51 @@
+package chunked
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/gpucr/gpucr/internal/store"
+)
+
+// fetchChunk downloads chunk c of file (at offset off, for errors) and decodes it into
+// dst[:0], whose capacity should be c.Size to decode in place; comp is the buffer for the
+// compressed bytes. It returns the chunk's bytes, the buffer, and how many bytes came over
+// the wire; the bytes are returned only once their sha256 is c's: a missing, short, long
+// or altered chunk is a *ChunkError.
+func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte) ([]byte, []byte, error) {
+	key := ChunkKey(prefix, c.SHA256)
+	bad := func(reason string) error {
+		return &ChunkError{URL: st.URL(key), File: file, Offset: off, Reason: reason}
+	}
+	r, err := st.Get(ctx, key)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, comp, bad("missing")
+	}
+	if err != nil {
+		return nil, comp, fmt.Errorf("fetch %s at %d: %w", file, off, err)
+	}
+	comp, err = readAll(r, comp[:0])
+	r.Close()
+	if err != nil {
+		return nil, comp, fmt.Errorf("fetch %s at %d: %w", file, off, err)
+	}
+	if len(comp) > maxStored {
+		return nil, comp, bad(fmt.Sprintf("corrupted: object larger than %d bytes", maxStored))
+	}
+	data, err := dec.DecodeAll(comp, dst[:0])
+	if err != nil {
+		return nil, comp, bad("corrupted: " + err.Error())
+	}
+	if int64(len(data)) != c.Size {
+		return nil, comp, bad(fmt.Sprintf("corrupted: %d bytes, want %d", len(data), c.Size))
+	}
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != c.SHA256 {
+		return nil, comp, bad("corrupted: sha256 mismatch")
+	}
+	return data, comp, nil
+}

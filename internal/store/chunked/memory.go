@@ -1,0 +1,177 @@
+package chunked
+
+import (
+	"context"
+	"fmt"
+	"path"
+	"sort"
+	"sync"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/klauspost/compress/zstd"
+
+	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/store"
+)
+
+// Memory serves the memory gpucr saved (criuimg.MemDir) of a stored checkpoint to a
+// restore's fill (a memfill.Source): each chunk is fetched when the fill reads it and its
+// sha256 checked before its bytes are used, and each piece is hashed as the image hashes
+// it, so that Verify holds the restored tasks until every file is the one the image's own
+// verified manifest lists. Nothing of it is written to local disk.
+type Memory struct {
+	st     store.Store
+	prefix string
+	dec    *zstd.Decoder
+	files  map[string]*memFile
+	bufs   sync.Pool // compressed chunks, and chunks read in part
+
+	mu    sync.Mutex
+	stats Stats
+}
+
+// memFile is one file of the saved memory: its chunks, where each ends, and the digests
+// of its image pieces as the fill read them.
+type memFile struct {
+	want    image.File
+	chunks  []Chunk
+	ends    []int64
+	digests []uint64
+	hashed  []bool
+}
+
+// newMemory serves the files im (the image's verified manifest) lists under
+// criuimg.MemDir, from the chunks m lists for them.
+func newMemory(st store.Store, prefix string, m *Manifest, im *image.Manifest, o Options) (*Memory, error) {
+	stored := map[string]File{}
+	for _, f := range m.Files {
+		stored[f.Path] = f
+	}
+	mem := &Memory{st: st, prefix: prefix, files: map[string]*memFile{}}
+	mem.bufs.New = func() any { b := make([]byte, 0, maxStored+1); return &b }
+	for _, f := range im.Files {
+		if path.Dir(f.Path) != criuimg.MemDir {
+			continue
+		}
+		s, ok := stored[f.Path]
+		if !ok || s.Size != f.Size {
+			return nil, fmt.Errorf("%s: %w: %s is not stored as the image lists it", st.URL(prefix), ErrBadManifest, f.Path)
+		}
+		mf := &memFile{want: f, chunks: s.Chunks}
+		var end int64
+		for _, c := range s.Chunks {
+			end += c.Size
+			mf.ends = append(mf.ends, end)
+		}
+		n := (f.Size + image.HashChunkSize - 1) / image.HashChunkSize
+		mf.digests, mf.hashed = make([]uint64, n), make([]bool, n)
+		mem.files[f.Path] = mf
+		mem.stats.Files++
+		mem.stats.Bytes += f.Size
+	}
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(max(o.workers(), 8)), zstd.WithDecoderMaxMemory(2*ChunkSize))
+	if err != nil {
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	mem.dec = dec
+	return mem, nil
+}
+
+// ReadAt fills p with the file at name (slash-separated, relative to the image) from off,
+// fetching the chunks that hold it; zero chunks are zeros, fetched from nowhere.
+func (mem *Memory) ReadAt(ctx context.Context, name string, p []byte, off int64) error {
+	f := mem.files[name]
+	end := off + int64(len(p))
+	if f == nil || off < 0 || end > f.want.Size {
+		return fmt.Errorf("memory fill: %s has no bytes %d-%d in %s", name, off, end, mem.st.URL(mem.prefix))
+	}
+	i := sort.Search(len(f.ends), func(i int) bool { return f.ends[i] > off })
+	for at := off; at < end; i++ {
+		c, start := f.chunks[i], f.ends[i]-f.chunks[i].Size
+		n := min(end, f.ends[i]) - at
+		dst := p[at-off : at-off+n]
+		if err := mem.chunk(ctx, name, c, start, at-start, dst); err != nil {
+			return err
+		}
+		at += n
+	}
+	// A whole image piece is hashed as the image's checksum hashes it.
+	if k := off / image.HashChunkSize; off%image.HashChunkSize == 0 && end == min(off+image.HashChunkSize, f.want.Size) {
+		d := xxhash.Sum64(p)
+		mem.mu.Lock()
+		f.digests[k], f.hashed[k] = d, true
+		mem.mu.Unlock()
+	}
+	return nil
+}
+
+// chunk puts into dst the bytes of chunk c (which starts at start in file name) from its
+// offset within.
+func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, within int64, dst []byte) error {
+	if c.Zero {
+		clear(dst)
+		mem.count(func(s *Stats) { s.ZeroBytes += int64(len(dst)) })
+		return nil
+	}
+	comp := mem.bufs.Get().(*[]byte)
+	defer mem.bufs.Put(comp)
+	var whole []byte
+	if within == 0 && int64(len(dst)) == c.Size {
+		whole = dst[:0:len(dst)] // decoded in place
+	} else {
+		part := mem.bufs.Get().(*[]byte)
+		defer mem.bufs.Put(part)
+		whole = (*part)[:0]
+	}
+	data, b, err := fetchChunk(ctx, mem.st, mem.prefix, mem.dec, name, start, c, whole, *comp)
+	*comp = b[:0]
+	if err != nil {
+		return err
+	}
+	if &data[0] != &dst[0] {
+		copy(dst, data[within:])
+	}
+	mem.count(func(s *Stats) {
+		s.Chunks++
+		s.Transferred++
+		s.TransferredBytes += c.Size
+		s.WireBytes += int64(len(b))
+	})
+	return nil
+}
+
+// Verify says whether every file was read whole, and is the image's: the digests of its
+// pieces make the checksum the image's manifest lists.
+func (mem *Memory) Verify() error {
+	mem.mu.Lock()
+	defer mem.mu.Unlock()
+	for name, f := range mem.files {
+		for _, ok := range f.hashed {
+			if !ok {
+				return &image.CorruptError{Path: name, Reason: "not read whole from the store by the restore"}
+			}
+		}
+		if got := image.PiecesChecksum(f.digests); got != f.want.XXH64 {
+			return &image.CorruptError{Path: name, Reason: fmt.Sprintf("checksum %s of its chunks in %s, want %s: the store holds other bytes than the image",
+				got, mem.st.URL(mem.prefix), f.want.XXH64)}
+		}
+	}
+	return nil
+}
+
+// Stats count what the fill fetched so far.
+func (mem *Memory) Stats() Stats {
+	mem.mu.Lock()
+	defer mem.mu.Unlock()
+	return mem.stats
+}
+
+func (mem *Memory) count(f func(*Stats)) {
+	mem.mu.Lock()
+	defer mem.mu.Unlock()
+	f(&mem.stats)
+}
+
+// Close lets the decoder go.
+func (mem *Memory) Close() { mem.dec.Close() }

@@ -1,0 +1,204 @@
+package chunked_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/store"
+	"github.com/gpucr/gpucr/internal/store/chunked"
+)
+
+const memFile = "mem/42-7f0000000000.img"
+
+// memImage commits an image of small CRIU files, a CRIU page file of pages bytes of zeros,
+// and memory gpucr saved: 12 MiB of random bytes (seed), 8 MiB of zeros and a short tail,
+// so that its last piece is short. It returns the image and the memory.
+func memImage(t *testing.T, seed uint64, pages int) (string, []byte) {
+	t.Helper()
+	mem := bytes.Join([][]byte{random(seed, 12*mib), make([]byte, 8*mib), random(seed+1, 1234)}, nil)
+	dir := filepath.Join(t.TempDir(), "img")
+	s, err := image.Begin(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(s.Dir(), "mem"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	files := map[string][]byte{
+		"criu/pages-1.img":   make([]byte, pages),
+		"criu/pagemap-1.img": []byte("pagemap"),
+		"criu/pstree.img":    []byte("pstree"),
+		"logs/dump.log":      []byte("dump log\n"),
+		memFile:              mem,
+	}
+	for p, b := range files {
+		if err := os.WriteFile(filepath.Join(s.Dir(), p), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42, MemoryBytes: uint64(len(mem)),
+		Host: image.HostInfo{Hostname: "h"}, Processes: []image.Process{{PID: 42, PPID: 1, Command: "counter", Threads: 1}}}
+	if err := s.Commit(m); err != nil {
+		t.Fatal(err)
+	}
+	return dir, mem
+}
+
+// readAll reads the memory file through mem as the fill does, in aligned image pieces.
+func readAll(t *testing.T, mem *chunked.Memory, size int) ([]byte, error) {
+	t.Helper()
+	out := make([]byte, size)
+	for off := 0; off < size; off += image.HashChunkSize {
+		if err := mem.ReadAt(context.Background(), memFile, out[off:min(size, off+image.HashChunkSize)], int64(off)); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// A push lists the files in the order a restore needs them; a staged checkpoint has every
+// file but the saved memory locally, the same bytes, and serves the memory piece by piece,
+// verified whole only once every piece was read.
+func TestStageServesMemoryFromTheStore(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := open(t)
+			src, want := memImage(t, 1, 2*mib)
+			m, _, err := chunked.Push(ctx, st, "jobs/ckpt-1", src, chunked.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var order []string
+			for _, f := range m.Files {
+				order = append(order, f.Path)
+			}
+			wantOrder := []string{image.ManifestName, image.SealName, "criu/pagemap-1.img", "criu/pstree.img", "criu/pages-1.img", memFile, "logs/dump.log"}
+			if !slices.Equal(order, wantOrder) {
+				t.Errorf("manifest order %v, want %v", order, wantOrder)
+			}
+
+			parent := t.TempDir()
+			s, err := chunked.Stage(ctx, st, "jobs/ckpt-1", parent, chunked.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(s.Dir, memFile)); err == nil {
+				t.Error("the saved memory was fetched to local disk")
+			}
+			for _, p := range wantOrder[:5] {
+				a, _ := os.ReadFile(filepath.Join(src, p))
+				if b, err := os.ReadFile(filepath.Join(s.Dir, p)); err != nil || !bytes.Equal(a, b) {
+					t.Errorf("%s: staged %d bytes (%v), want %d", p, len(b), err, len(a))
+				}
+			}
+			if s.Local != s.Stats.Bytes+2*mib || s.Local > chunked.LocalBound(int64(len(want))) {
+				t.Errorf("local need %d for %d bytes fetched", s.Local, s.Stats.Bytes)
+			}
+			if err := s.Memory.Verify(); !errors.Is(err, image.ErrCorrupt) {
+				t.Errorf("Verify before any read = %v, want a corrupt image", err)
+			}
+			got, err := readAll(t, s.Memory, len(want))
+			if err != nil || !bytes.Equal(got, want) {
+				t.Fatalf("memory read back: %v, equal %v", err, bytes.Equal(got, want))
+			}
+			// An unaligned read spanning chunks is served too (it is not hashed).
+			part := make([]byte, 5*mib)
+			if err := s.Memory.ReadAt(ctx, memFile, part, 3*mib+7); err != nil || !bytes.Equal(part, want[3*mib+7:8*mib+7]) {
+				t.Fatalf("unaligned read: %v", err)
+			}
+			if err := s.Memory.Verify(); err != nil {
+				t.Fatalf("Verify after a whole read: %v", err)
+			}
+			if st := s.Memory.Stats(); st.ZeroBytes != 8*mib || st.Transferred == 0 {
+				t.Errorf("memory stats %+v", st)
+			}
+			s.Close()
+			if entries, _ := os.ReadDir(parent); len(entries) != 0 {
+				t.Errorf("Close left %d entries", len(entries))
+			}
+		})
+	}
+}
+
+// The store is written by others. A chunk whose bytes changed fails the read that needs
+// it, naming it; a manifest object rewritten to list another image's chunks (each one
+// whole, sha256 and all) reads, but Verify refuses the memory before any task may resume.
+func TestStagedMemoryRefusesOtherBytes(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	st := store.NewDir(root)
+	a, want := memImage(t, 1, 0)
+	b, _ := memImage(t, 7, 0)
+	if _, _, err := chunked.Push(ctx, st, "a", a, chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	mb, _, err := chunked.Push(ctx, st, "b", b, chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ma, err := chunked.Load(ctx, st, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(ma.Files, func(f chunked.File) bool { return f.Path == memFile })
+	j := slices.IndexFunc(mb.Files, func(f chunked.File) bool { return f.Path == memFile })
+	ma.Files[i].Chunks = mb.Files[j].Chunks
+	raw, _ := json.Marshal(ma)
+	if err := st.Put(ctx, chunked.ManifestKey("a"), bytes.NewReader(raw), int64(len(raw))); err != nil {
+		t.Fatal(err)
+	}
+	s, err := chunked.Stage(ctx, st, "a", t.TempDir(), chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := readAll(t, s.Memory, len(want)); err != nil {
+		t.Fatalf("chunks of another image read: %v", err)
+	}
+	if err := s.Memory.Verify(); !errors.Is(err, image.ErrCorrupt) || !strings.Contains(err.Error(), memFile) {
+		t.Fatalf("Verify = %v, want the memory file named as corrupt", err)
+	}
+
+	s2, err := chunked.Stage(ctx, st, "b", t.TempDir(), chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	first := mb.Files[j].Chunks[0]
+	obj := filepath.Join(root, filepath.FromSlash(chunked.ChunkKey("b", first.SHA256)))
+	if err := os.WriteFile(obj, []byte("not zstd"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readAll(t, s2.Memory, len(want)); !errors.Is(err, chunked.ErrBadChunk) || !strings.Contains(err.Error(), memFile) {
+		t.Fatalf("a damaged chunk: %v", err)
+	}
+}
+
+// A checkpoint whose CRIU files would take more local disk than the bound is refused
+// before anything is fetched.
+func TestStageRefusesLargeCRIUFiles(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	src, _ := memImage(t, 1, 24*mib) // 48 MiB with the restore's copy: over 32 MiB
+	if _, _, err := chunked.Push(ctx, st, "big", src, chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	parent := t.TempDir()
+	_, err := chunked.Stage(ctx, st, "big", parent, chunked.Options{})
+	if !errors.Is(err, chunked.ErrTooMuchLocal) || !strings.Contains(err.Error(), "gpucr pull") {
+		t.Fatalf("Stage = %v, want a refusal that suggests pull", err)
+	}
+	if entries, _ := os.ReadDir(parent); len(entries) != 0 {
+		t.Errorf("a refused stage left %d entries", len(entries))
+	}
+}
