@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/gpu/gputest"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
@@ -38,18 +38,8 @@ func (f *fakeGPU) Host(context.Context) (gpu.Host, error) {
 }
 
 // PlanRestore takes an image whose processes used only the fake's one device.
-func (f *fakeGPU) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
-	if in.Snapshot == nil {
-		return nil, nil
-	}
-	for _, p := range in.Snapshot.Processes {
-		for _, d := range p.Devices {
-			if d != "GPU-a" {
-				return nil, fmt.Errorf("%w: no device %s here", gpu.ErrIncompatible, d)
-			}
-		}
-	}
-	return &gpu.Plan{}, nil
+func (f *fakeGPU) PlanRestore(_ context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
+	return gputest.PlanOnto(in, "GPU-a")
 }
 func (f *fakeGPU) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
 	if slices.Contains(tree.PIDs(), f.pid) {

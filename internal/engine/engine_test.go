@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/gpu/gputest"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
@@ -40,18 +40,8 @@ func (f *fakeGPU) Host(context.Context) (gpu.Host, error) {
 }
 
 // PlanRestore takes an image whose processes used only the fake's one device.
-func (f *fakeGPU) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
-	if in.Snapshot == nil {
-		return nil, nil
-	}
-	for _, p := range in.Snapshot.Processes {
-		for _, d := range p.Devices {
-			if d != "GPU-a" {
-				return nil, fmt.Errorf("%w: no device %s here", gpu.ErrIncompatible, d)
-			}
-		}
-	}
-	return &gpu.Plan{}, nil
+func (f *fakeGPU) PlanRestore(_ context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
+	return gputest.PlanOnto(in, "GPU-a")
 }
 func (f *fakeGPU) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
 	if slices.Contains(tree.PIDs(), f.pid) {
