@@ -102,7 +102,7 @@ func refuseOffVendors(off []gpu.Off, tree *proctree.Snapshot) error {
 		for _, o := range off {
 			for _, file := range files {
 				if o.Holds(file) {
-					return o.Error(pid, file)
+					return o.Refusal(pid, file)
 				}
 			}
 		}

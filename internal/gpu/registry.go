@@ -105,7 +105,7 @@ func (v Vendor) Holds(file string) bool {
 	return false
 }
 
-// OffError says that a process uses the GPUs of a vendor whose backend is off here.
-func (o Off) Error(pid int, file string) error {
+// Refusal says that a process uses the GPUs of a vendor whose backend is off here.
+func (o Off) Refusal(pid int, file string) error {
 	return fmt.Errorf("process %d holds %s, and the %s GPU backend is off on this host: %v (see gpucr check)", pid, file, o.Name, o.Reason)
 }
