@@ -3,8 +3,9 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"errors"
 	"fmt"
-	"os"
+	"log/slog"
 	"path/filepath"
 	"time"
 
@@ -88,7 +89,7 @@ func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, target e
 	}
 	defer sc.close()
 	r.Dir, r.Stream = sc.dir, sc.s
-	r.Scratch = []string{filepath.Dir(sc.dir)} // removed by the guardian if gpucr dies
+	r.Scratch = []string{sc.staging.Dir} // removed by the guardian if gpucr dies
 	m, err := e.Checkpoint(ctx, target, r)
 	if m == nil {
 		return nil, nil, classifyStore(err)
@@ -99,10 +100,12 @@ func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, target e
 // streamed is a checkpoint on its way to a store: the stream, and where CRIU's small files
 // are staged.
 type streamed struct {
-	s     *chunked.Stream
-	url   string
-	dir   string // the image to stage, in a temporary directory
-	start time.Time
+	s       *chunked.Stream
+	url     string
+	staging *engine.StagingDir
+	dir     string // the image to stage, in staging
+	start   time.Time
+	log     *slog.Logger
 }
 
 func (a *app) openStream(ctx context.Context, loc string) (*streamed, error) {
@@ -110,22 +113,25 @@ func (a *app) openStream(ctx context.Context, loc string) (*streamed, error) {
 	if err != nil {
 		return nil, classifyStore(err)
 	}
+	// Journaled before it exists: a gpucr killed before the checkpoint begins leaves it to
+	// the next one's recovery.
+	staging, err := engine.NewStagingDir(a.runDir, "checkpoint --to "+st.URL(prefix), "gpucr-stream-")
+	if err != nil {
+		return nil, classify(err)
+	}
 	s, err := chunked.NewStream(ctx, st, prefix, chunked.Options{})
 	if err != nil {
-		return nil, classifyStore(err)
+		return nil, classifyStore(errors.Join(err, staging.Close()))
 	}
-	tmp, err := os.MkdirTemp("", "gpucr-stream-*")
-	if err != nil {
-		s.Abort()
-		return nil, fmt.Errorf("stage the checkpoint's small files: %w", err)
-	}
-	return &streamed{s: s, url: st.URL(prefix), dir: filepath.Join(tmp, "image"), start: time.Now()}, nil
+	return &streamed{s: s, url: st.URL(prefix), staging: staging, dir: filepath.Join(staging.Dir, "image"), start: time.Now(), log: a.log}, nil
 }
 
 // close gives the stream up unless it was finished, and removes the staging directory.
 func (sc *streamed) close() {
 	sc.s.Abort()
-	os.RemoveAll(filepath.Dir(sc.dir))
+	if err := sc.staging.Close(); err != nil {
+		sc.log.Warn("the staged files are left for the next gpucr to remove", "err", err)
+	}
 }
 
 func (sc *streamed) output() *transferOutput {

@@ -68,7 +68,11 @@ func (a *app) restoreCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				defer streamed.Close()
+				defer func() {
+					if err := streamed.Close(); err != nil {
+						a.log.Warn("the fetched files are left for the next gpucr to remove", "err", err)
+					}
+				}()
 			} else if from != "" {
 				ctx, stop := interrupt.Context(cmd.Context())
 				p, err := a.pull(ctx, from, r.Dir, r.Trust)

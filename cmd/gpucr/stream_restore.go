@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -38,19 +39,32 @@ func (a *app) stream(ctx context.Context, loc string, trust signing.Keys, r *eng
 		return nil, classifyStore(err)
 	}
 	start := time.Now()
-	s, err := chunked.Stage(ctx, st, prefix, "", chunked.Options{Trust: trust})
+	// Journaled before anything is fetched: a gpucr killed while fetching leaves the files
+	// to the next one's recovery.
+	staging, err := engine.NewStagingDir(a.runDir, "restore --from "+st.URL(prefix), "gpucr-stream-")
 	if err != nil {
-		return nil, classifyStore(err)
+		return nil, classify(err)
 	}
-	r.Dir, r.Streamed = s.Dir, &engine.Streamed{Memory: s.Memory, Owned: []string{s.Dir}}
-	return &streamedRestore{Staged: s, url: st.URL(prefix), took: time.Since(start)}, nil
+	s, err := chunked.Stage(ctx, st, prefix, staging.Dir, chunked.Options{Trust: trust})
+	if err != nil {
+		return nil, classifyStore(errors.Join(err, staging.Close()))
+	}
+	r.Dir, r.Streamed = s.Dir, &engine.Streamed{Memory: s.Memory, Owned: []string{staging.Dir}}
+	return &streamedRestore{Staged: s, staging: staging, url: st.URL(prefix), took: time.Since(start)}, nil
 }
 
 // streamedRestore is a restore --from in progress.
 type streamedRestore struct {
 	*chunked.Staged
-	url  string
-	took time.Duration
+	staging *engine.StagingDir
+	url     string
+	took    time.Duration
+}
+
+// Close removes the fetched files and their record.
+func (s *streamedRestore) Close() error {
+	s.Staged.Close()
+	return s.staging.Close()
 }
 
 func (s *streamedRestore) output() *streamOutput {

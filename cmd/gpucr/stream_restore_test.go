@@ -1,10 +1,10 @@
 package main
 
 import (
-	"github.com/gpucr/gpucr/internal/testutil"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +15,8 @@ import (
 
 	"github.com/gpucr/gpucr/internal/store/chunked"
 	"github.com/gpucr/gpucr/internal/store/storetest"
+	"github.com/gpucr/gpucr/internal/testutil"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // restoreStreamed restores the checkpoint at loc with restore --from and no -D, with env,
@@ -204,5 +206,59 @@ func TestKilledStreamedRestoreLeavesNothing(t *testing.T) {
 			testutil.KillAndReap(w.pid)
 			testutil.WaitReaped(t, w.pid)
 		})
+	}
+}
+
+// A gpucr killed while it stages a streamed operation's files, before the operation itself
+// is journaled (restore --from fetching CRIU's files, checkpoint --to at its begin), leaves
+// them to recovery: the next gpucr run, or gpucr recover, removes them.
+func TestKilledStagingIsRecovered(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "16")
+	w.waitCount(t, 3)
+	loc := filepath.Join(t.TempDir(), "store", "ckpt")
+	mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "--to", loc)
+	for _, c := range []struct {
+		name, point string
+		args        []string
+		next        []string // the gpucr run after the kill
+	}{
+		{"restore in fetch", "in fetch", []string{"restore", "--from", loc}, []string{"recover"}},
+		{"checkpoint at begin", "begin", []string{"checkpoint", "--leave-running", strconv.Itoa(w.pid), "--to", loc + "-2"},
+			[]string{"checkpoint", "--leave-running", strconv.Itoa(w.pid), "--to", loc + "-3"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			host := newCrashHost(t)
+			tmp := t.TempDir()
+			env := []string{"TMPDIR=" + tmp}
+			killedAt(t, c.point, env, append(c.args, host.flags()...)...)
+			if left, _ := filepath.Glob(filepath.Join(tmp, "gpucr-stream-*")); len(left) == 0 {
+				t.Fatal("the killed gpucr left no staged files: the kill came too late to test their recovery")
+			}
+			// The checkpoint's guardian rolls its own operation back; the next run waits for it.
+			waitUnheld(t, host.run)
+			mustGpucrEnv(t, env, append(c.next, host.flags()...)...)
+			host.checkClean(t)
+			noStaging(t, tmp)
+		})
+	}
+}
+
+// waitUnheld waits until no live gpucr or guardian holds an operation under run.
+func waitUnheld(t *testing.T, run string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ops, err := txn.List(run)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(ops, func(e txn.Entry) bool { return e.Held }) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s operations are still held: %+v", ops)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -72,6 +72,8 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 		} else if err := remove(); err != nil {
 			errs = append(errs, err)
 		}
+	case txn.OpStaging:
+		// Only its directory, below.
 	default:
 		errs = append(errs, fmt.Errorf("unknown operation %q", rec.Op))
 	}
@@ -93,6 +95,7 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 	if err := j.End(); err != nil {
 		return err
 	}
+	e.endStagingOf(rec)
 	for _, name := range rec.Locks {
 		txn.ClearTarget(e.JournalRoot, name) // held by a guardian still: it removes them itself
 	}
@@ -112,7 +115,9 @@ func (e *Engine) RecoverStale() ([]txn.Record, error) {
 	var done []txn.Record
 	var errs []error
 	for _, en := range entries {
-		if en.Held {
+		if en.Held || (en.Op == txn.OpStaging && slices.ContainsFunc(en.Paths, heldBeneath(entries))) {
+			// A staging directory that a live operation (a guardian's rollback) journals
+			// too is its to remove: the operation may still need what is in it.
 			continue
 		}
 		j, err := txn.Claim(e.JournalRoot, en.ID)
@@ -130,6 +135,36 @@ func (e *Engine) RecoverStale() ([]txn.Record, error) {
 		done = append(done, en.Record)
 	}
 	return done, errors.Join(errs...)
+}
+
+// endStagingOf ends the staging records of rec's dead gpucr whose directories rec's
+// rollback removed: nothing is left for them to do.
+func (e *Engine) endStagingOf(rec txn.Record) {
+	if rec.Op == txn.OpStaging || e.JournalRoot == "" {
+		return
+	}
+	entries, err := txn.List(e.JournalRoot)
+	if err != nil {
+		return // they wait for the next recovery
+	}
+	kept := func(p string) bool { return !slices.Contains(rec.Paths, p) }
+	for _, en := range entries {
+		if en.Held || en.Op != txn.OpStaging || en.Owner != rec.Owner || slices.ContainsFunc(en.Paths, kept) {
+			continue
+		}
+		if j, err := txn.Claim(e.JournalRoot, en.ID); err == nil {
+			_ = j.End() // a record left is only recovered again
+		}
+	}
+}
+
+// heldBeneath reports whether a path is, or holds, a path that a held record journals.
+func heldBeneath(entries []txn.Entry) func(string) bool {
+	return func(dir string) bool {
+		return slices.ContainsFunc(entries, func(en txn.Entry) bool {
+			return en.Held && slices.ContainsFunc(en.Paths, func(p string) bool { return p == dir || strings.HasPrefix(p, dir+"/") })
+		})
+	}
 }
 
 // resumeGPUs brings every GPU process of rec that is still the process it was back to

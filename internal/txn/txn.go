@@ -31,6 +31,9 @@ const DefaultRoot = "/run/gpucr"
 const (
 	OpCheckpoint = "checkpoint"
 	OpRestore    = "restore"
+	// OpStaging is a directory made before the operation that uses it begins (a streamed
+	// restore's fetched files): its rollback is only the removal of its Paths.
+	OpStaging = "staging"
 )
 
 // Record is what an operation has changed so far, and where it got to.

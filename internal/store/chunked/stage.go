@@ -9,6 +9,7 @@ import (
 
 	"github.com/dustin/go-humanize"
 
+	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/signing"
@@ -80,6 +81,7 @@ func (s *Staged) fetch(ctx context.Context, st store.Store, prefix string, m *Ma
 	if err := p.create(s.Dir); err != nil {
 		return err
 	}
+	crashpoint.Hit("in fetch")
 	if err := p.run(ctx); err != nil {
 		return err
 	}

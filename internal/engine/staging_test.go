@@ -1,0 +1,96 @@
+package engine
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/gpucr/gpucr/internal/testutil"
+	"github.com/gpucr/gpucr/internal/txn"
+)
+
+// A staging directory whose gpucr died is removed by recovery, but not while a live
+// operation (a restore's guardian rolling back) journals it too and may still read it.
+// The rollback of that operation ends the staging record with it. Closed, a staging
+// leaves neither directory nor record.
+func TestStagingDirOfADeadGpucrIsRecovered(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "needs root")
+	}
+	root := t.TempDir()
+	t.Setenv("TMPDIR", t.TempDir())
+	s, err := NewStagingDir(root, "restore --from test", "gpucr-stream-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(s.Dir, "pstree.img"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	live, err := txn.Begin(root, txn.OpRestore, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := live.Update(func(r *txn.Record) { r.Paths = []string{filepath.Join(s.Dir, "image")} }); err != nil {
+		t.Fatal(err)
+	}
+	// The staging's owner dies: nobody holds its record any more.
+	if err := os.Remove(filepath.Join(root, "txn", s.j.ID()+".lock")); err != nil {
+		t.Fatal(err)
+	}
+	e := &Engine{JournalRoot: root}
+	if done, err := e.RecoverStale(); err != nil || len(done) != 0 {
+		t.Fatalf("recovered %+v (%v) while a live operation journals the directory", done, err)
+	}
+	if _, err := os.Stat(s.Dir); err != nil {
+		t.Fatalf("the staging directory went while a live operation journals it: %v", err)
+	}
+	if err := live.End(); err != nil {
+		t.Fatal(err)
+	}
+	done, err := e.RecoverStale()
+	if err != nil || len(done) != 1 || done[0].Op != txn.OpStaging {
+		t.Fatalf("recovered %+v (%v), want the staging", done, err)
+	}
+	if _, err := os.Stat(s.Dir); !os.IsNotExist(err) {
+		t.Fatalf("the staging directory is left: %v", err)
+	}
+
+	// The rollback of the dead gpucr's operation removes the directory, and with it ends
+	// the staging record: the next gpucr finds nothing to do.
+	s3, err := NewStagingDir(root, "restore --from test", "gpucr-stream-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := txn.Begin(root, txn.OpRestore, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := op.Update(func(r *txn.Record) { r.Paths = []string{s3.Dir} }); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(root, "txn", s3.j.ID()+".lock")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Recover(context.Background(), op); err != nil {
+		t.Fatal(err)
+	}
+	if ops, err := txn.List(root); err != nil || len(ops) != 0 {
+		t.Fatalf("after the operation's rollback the journal holds %+v (%v)", ops, err)
+	}
+	if _, err := os.Stat(s3.Dir); !os.IsNotExist(err) {
+		t.Fatalf("the rollback left the staging directory: %v", err)
+	}
+
+	s2, err := NewStagingDir(root, "checkpoint --to test", "gpucr-stream-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	left, _ := filepath.Glob(filepath.Join(os.Getenv("TMPDIR"), "gpucr-stream-*"))
+	if ops, err := txn.List(root); err != nil || len(ops) != 0 || len(left) != 0 {
+		t.Fatalf("a closed staging left records %+v (%v), directories %v", ops, err, left)
+	}
+}
