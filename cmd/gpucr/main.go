@@ -79,6 +79,9 @@ type app struct {
 	// hidden flags, for tests that must not share the host's.
 	runDir    string
 	thpSwitch string
+	// cpuProfile is where the hidden --cpu-profile writes; stopProfile ends it.
+	cpuProfile  string
+	stopProfile func()
 }
 
 func main() {
@@ -93,12 +96,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		Version:       versionString(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(*cobra.Command, []string) {
+		PersistentPreRunE: func(*cobra.Command, []string) error {
 			level := slog.LevelWarn
 			if a.verbose {
 				level = slog.LevelDebug
 			}
 			a.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+			var err error
+			a.stopProfile, err = startProfile(a.cpuProfile)
+			return err
 		},
 	}
 	root.SetVersionTemplate(fmt.Sprintf("gpucr version {{.Version}}, JSON schema %d\n", jsonSchema))
@@ -116,6 +122,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	pf.StringVar(&a.thpSwitch, "thp-switch", hosttune.THPPath, "the transparent huge page switch to tune")
 	_ = pf.MarkHidden("run-dir")
 	_ = pf.MarkHidden("thp-switch")
+	pf.StringVar(&a.cpuProfile, "cpu-profile", "", "write a CPU profile of the verb to FILE (go tool pprof)")
+	_ = pf.MarkHidden("cpu-profile")
+	defer func() {
+		if a.stopProfile != nil {
+			a.stopProfile()
+		}
+	}()
 	// A test-only switch: gpucr kills itself with SIGKILL at the named point (package crashpoint).
 	if err := crashpoint.Arm(os.Getenv("GPUCR_TEST_CRASH_AT")); err != nil {
 		fmt.Fprintf(stderr, "gpucr: GPUCR_TEST_CRASH_AT: %v\n", err)

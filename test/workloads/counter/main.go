@@ -10,8 +10,11 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/binary"
 	"flag"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -32,6 +35,7 @@ func main() {
 	isChild := flag.Bool("as-child", false, "internal: run as the child")
 	tick := flag.Duration("tick", 100*time.Millisecond, "counting interval")
 	tcp := flag.Bool("tcp", false, "send each count through a loopback TCP connection to itself")
+	random := flag.Int("random-mib", 0, "MiB of memory to fill with seeded random 64-bit values, as the GPU holder's (test/gpu/holder.py): incompressible, checked too")
 	shm := flag.Int("shm", 0, "MiB of shared anonymous memory and of memfd memory to fill with the pattern too")
 	gpuState := flag.String("gpu-state", "", "a fake GPU's state directory: count only while DIR/PID says running (0), as a process blocked on its GPU would")
 	flag.Parse()
@@ -41,6 +45,7 @@ func main() {
 	}
 
 	mem := fill(*mib << 20)
+	rnd := randomFill(*random << 20)
 	shared := sharedMemory(*shm << 20)
 	var pipe *os.File
 	if *child {
@@ -63,7 +68,7 @@ func main() {
 		select {
 		case <-usr1:
 			verdict := "ok"
-			if !check(mem) {
+			if !check(mem) || !checkRandom(rnd) {
 				verdict = "bad"
 			}
 			for _, b := range shared {
@@ -148,6 +153,32 @@ func fill(n int) []byte {
 		b[i] = pattern(i)
 	}
 	return b
+}
+
+// randomBlocks calls f with each block of n seeded random bytes in turn: 64-bit values in
+// [-2^62, 2^62), as holder.py draws them on the GPU.
+func randomBlocks(n int, f func(off int, block []byte)) {
+	r := rand.New(rand.NewPCG(1234, 0))
+	block := make([]byte, 1<<20)
+	for off := 0; off < n; off += len(block) {
+		b := block[:min(len(block), n-off)]
+		for i := 0; i+8 <= len(b); i += 8 {
+			binary.LittleEndian.PutUint64(b[i:], uint64(int64(r.Uint64()>>1)-1<<62))
+		}
+		f(off, b)
+	}
+}
+
+func randomFill(n int) []byte {
+	mem := make([]byte, n)
+	randomBlocks(n, func(off int, b []byte) { copy(mem[off:], b) })
+	return mem
+}
+
+func checkRandom(mem []byte) bool {
+	ok := true
+	randomBlocks(len(mem), func(off int, b []byte) { ok = ok && bytes.Equal(mem[off:off+len(b)], b) })
+	return ok
 }
 
 // sharedMemory maps n bytes of shared anonymous memory and n bytes of a memfd, both
