@@ -6,18 +6,24 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/gpucr/gpucr/internal/store"
 )
 
+// verifyBlock is how much of a chunk is hashed at a time: each block is read by sha256 and
+// by the caller's digest while it is still in the core's cache, not twice from memory.
+const verifyBlock = 64 << 10
+
 // fetchChunk downloads chunk c of file (at offset off, for errors) and decodes it into
 // dst[:0], whose capacity should be c.Size to decode in place; comp is the buffer for the
 // compressed bytes. It returns the chunk's bytes, the buffer, and how many bytes came over
 // the wire; the bytes are returned only once their sha256 is c's: a missing, short, long
-// or altered chunk is a *ChunkError.
-func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte) ([]byte, []byte, error) {
+// or altered chunk is a *ChunkError. also, when not nil, is written the chunk's bytes as
+// they are hashed (the image's own digest of them).
+func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte, also io.Writer) ([]byte, []byte, error) {
 	key := ChunkKey(prefix, c.SHA256)
 	bad := func(reason string) error {
 		return &ChunkError{URL: st.URL(key), File: file, Offset: off, Reason: reason}
@@ -44,8 +50,28 @@ func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.De
 	if int64(len(data)) != c.Size {
 		return nil, comp, bad(fmt.Sprintf("corrupted: %d bytes, want %d", len(data), c.Size))
 	}
-	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != c.SHA256 {
+	h := sha256.New()
+	for b := data; len(b) > 0; {
+		n := min(len(b), verifyBlock)
+		h.Write(b[:n])
+		if also != nil {
+			also.Write(b[:n])
+		}
+		b = b[n:]
+	}
+	var sum [sha256.Size]byte
+	if hex.EncodeToString(h.Sum(sum[:0])) != c.SHA256 {
 		return nil, comp, bad("corrupted: sha256 mismatch")
 	}
 	return data, comp, nil
+}
+
+// newDecoder is the zstd decoder of fetchChunk for n chunks at once. The frame's own
+// checksum is not checked: fetchChunk checks the decoded bytes' sha256, which says more.
+func newDecoder(n int) (*zstd.Decoder, error) {
+	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(n), zstd.WithDecoderMaxMemory(2*ChunkSize), zstd.IgnoreChecksum(true))
+	if err != nil {
+		return nil, fmt.Errorf("zstd: %w", err)
+	}
+	return dec, nil
 }

@@ -3,6 +3,7 @@ package chunked
 import (
 	"context"
 	"fmt"
+	"io"
 	"path"
 	"sort"
 	"sync"
@@ -70,9 +71,9 @@ func newMemory(st store.Store, prefix string, m *Manifest, im *image.Manifest, o
 		mem.stats.Files++
 		mem.stats.Bytes += f.Size
 	}
-	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(max(o.workers(), 8)), zstd.WithDecoderMaxMemory(2*ChunkSize))
+	dec, err := newDecoder(max(o.workers(), 8))
 	if err != nil {
-		return nil, fmt.Errorf("zstd: %w", err)
+		return nil, err
 	}
 	mem.dec = dec
 	return mem, nil
@@ -86,19 +87,25 @@ func (mem *Memory) ReadAt(ctx context.Context, name string, p []byte, off int64)
 	if f == nil || off < 0 || end > f.want.Size {
 		return fmt.Errorf("memory fill: %s has no bytes %d-%d in %s", name, off, end, mem.st.URL(mem.prefix))
 	}
+	// A whole image piece is hashed as the image's checksum hashes it, each chunk's bytes
+	// as they are checked.
+	var piece *xxhash.Digest
+	k := off / image.HashChunkSize
+	if off%image.HashChunkSize == 0 && end == min(off+image.HashChunkSize, f.want.Size) {
+		piece = xxhash.New()
+	}
 	i := sort.Search(len(f.ends), func(i int) bool { return f.ends[i] > off })
 	for at := off; at < end; i++ {
 		c, start := f.chunks[i], f.ends[i]-f.chunks[i].Size
 		n := min(end, f.ends[i]) - at
 		dst := p[at-off : at-off+n]
-		if err := mem.chunk(ctx, name, c, start, at-start, dst); err != nil {
+		if err := mem.chunk(ctx, name, c, start, at-start, dst, piece); err != nil {
 			return err
 		}
 		at += n
 	}
-	// A whole image piece is hashed as the image's checksum hashes it.
-	if k := off / image.HashChunkSize; off%image.HashChunkSize == 0 && end == min(off+image.HashChunkSize, f.want.Size) {
-		d := xxhash.Sum64(p)
+	if piece != nil {
+		d := piece.Sum64()
 		mem.mu.Lock()
 		f.digests[k], f.hashed[k] = d, true
 		mem.mu.Unlock()
@@ -107,30 +114,40 @@ func (mem *Memory) ReadAt(ctx context.Context, name string, p []byte, off int64)
 }
 
 // chunk puts into dst the bytes of chunk c (which starts at start in file name) from its
-// offset within.
-func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, within int64, dst []byte) error {
+// offset within, and writes them to piece (when not nil).
+func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, within int64, dst []byte, piece *xxhash.Digest) error {
 	if c.Zero {
 		clear(dst)
+		if piece != nil {
+			piece.Write(dst)
+		}
 		mem.count(func(s *Stats) { s.ZeroBytes += int64(len(dst)) })
 		return nil
 	}
 	comp := mem.bufs.Get().(*[]byte)
 	defer mem.bufs.Put(comp)
 	var whole []byte
+	var also io.Writer
 	if within == 0 && int64(len(dst)) == c.Size {
-		whole = dst[:0:len(dst)] // decoded in place
+		whole = dst[:0:len(dst)] // decoded in place, and hashed for the piece as it is checked
+		if piece != nil {
+			also = piece
+		}
 	} else {
 		part := mem.bufs.Get().(*[]byte)
 		defer mem.bufs.Put(part)
 		whole = (*part)[:0]
 	}
-	data, b, err := fetchChunk(ctx, mem.st, mem.prefix, mem.dec, name, start, c, whole, *comp)
+	data, b, err := fetchChunk(ctx, mem.st, mem.prefix, mem.dec, name, start, c, whole, *comp, also)
 	*comp = b[:0]
 	if err != nil {
 		return err
 	}
 	if &data[0] != &dst[0] {
 		copy(dst, data[within:])
+	}
+	if piece != nil && also == nil {
+		piece.Write(dst)
 	}
 	mem.count(func(s *Stats) {
 		s.Chunks++

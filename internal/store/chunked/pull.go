@@ -146,9 +146,9 @@ func (p *puller) close() {
 }
 
 func (p *puller) run(ctx context.Context) error {
-	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(p.o.workers()), zstd.WithDecoderMaxMemory(2*ChunkSize))
+	dec, err := newDecoder(p.o.workers())
 	if err != nil {
-		return fmt.Errorf("zstd: %w", err)
+		return err
 	}
 	p.dec = dec
 	// A chunk repeated within the image is fetched once and written to each of its places.
@@ -183,7 +183,7 @@ type place struct {
 // chunk fetches one chunk, checks it and writes it in place.
 func (p *puller) chunk(ctx context.Context, j job, buf *buffers) error {
 	f, c := p.m.Files[j.file], p.m.Files[j.file].Chunks[j.index]
-	data, comp, err := fetchChunk(ctx, p.st, p.prefix, p.dec, f.Path, j.off, c, buf.raw, buf.comp)
+	data, comp, err := fetchChunk(ctx, p.st, p.prefix, p.dec, f.Path, j.off, c, buf.raw, buf.comp, nil)
 	buf.comp = comp
 	if err != nil {
 		return err
