@@ -21,6 +21,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
@@ -49,7 +50,12 @@ type Plan struct {
 	// rewritten pagemaps and page files for the processes whose runs memfill takes.
 	Dir  string
 	runs []run
+	// skipped counts the zeros Fill left out: memory never touched reads as zeros.
+	skipped atomic.Int64
 }
+
+// Skipped is how many bytes of zeros Fill did not need to write.
+func (p *Plan) Skipped() int64 { return p.skipped.Load() }
 
 // run is memory to write into pid at addr from file of src at off.
 type run struct {
@@ -263,34 +269,47 @@ func WritableAnon(path string) (func(addr, size uint64) bool, error) {
 // read is the image's. The processes must be restored and not yet resumed.
 func (p *Plan) Fill(ctx context.Context) error {
 	type job struct {
-		r   run
-		at  int64 // offset within the run
-		len int64
+		r      run
+		at     int64 // offset within the run
+		len    int64
+		sparse bool // the run is private anonymous memory: zeros need no write where untouched
 	}
-	if err := checkMapped(p.runs); err != nil {
+	anon, err := checkMapped(p.runs)
+	if err != nil {
 		return err
 	}
 	var jobs []job
 	var sources []Source
-	for _, r := range p.runs {
+	for i, r := range p.runs {
 		if !slices.Contains(sources, r.src) {
 			sources = append(sources, r.src)
 		}
 		for at := int64(0); at < r.size; at += piece {
-			jobs = append(jobs, job{r, at, min(piece, r.size-at)})
+			jobs = append(jobs, job{r, at, min(piece, r.size-at), anon[i]})
 		}
 	}
 	count := meter.From(ctx)
 	count.SetTotal(p.Bytes())
-	err := parallel.Each(ctx, jobs, max(runtime.GOMAXPROCS(0), fillWorkers), func() []byte { return make([]byte, piece) },
+	var pm pagemaps
+	defer pm.close()
+	err = parallel.Each(ctx, jobs, max(runtime.GOMAXPROCS(0), fillWorkers), func() []byte { return make([]byte, piece) },
 		func(ctx context.Context, j job, buf []byte) error {
 			data := buf[:j.len]
 			if err := j.r.src.ReadAt(ctx, j.r.file, data, j.r.off+j.at); err != nil {
 				return err
 			}
-			if err := moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, j.r.addr+uint64(j.at), data); err != nil {
+			addr := j.r.addr + uint64(j.at)
+			var skipped int64
+			var err error
+			if j.sparse {
+				skipped, err = writeSparse(&pm, j.r.pid, addr, data)
+			} else {
+				err = moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, addr, data)
+			}
+			if err != nil {
 				return err
 			}
+			p.skipped.Add(skipped)
 			count.Add(j.len)
 			return nil
 		})
@@ -309,27 +328,35 @@ func (p *Plan) Fill(ctx context.Context) error {
 const fillWorkers = 8
 
 // checkMapped refuses runs that are not wholly inside writable memory of their process as
-// CRIU restored it: an image names addresses, and gpucr writes nowhere else.
-func checkMapped(runs []run) error {
+// CRIU restored it: an image names addresses, and gpucr writes nowhere else. It returns
+// which runs lie wholly in private anonymous memory.
+func checkMapped(runs []run) ([]bool, error) {
 	maps := map[int][]mapping{}
-	for _, r := range runs {
+	anon := make([]bool, len(runs))
+	for i, r := range runs {
 		ms, ok := maps[r.pid]
 		if !ok {
 			var err error
 			if ms, err = writableMappings(r.pid); err != nil {
-				return fmt.Errorf("memory fill: %w", err)
+				return nil, fmt.Errorf("memory fill: %w", err)
 			}
 			maps[r.pid] = ms
 		}
-		if !covered(ms, r.addr, r.addr+uint64(r.size)) {
-			return fmt.Errorf("memory fill: process %d has no writable memory at %#x-%#x, which the image fills", r.pid, r.addr, r.addr+uint64(r.size))
+		end := r.addr + uint64(r.size)
+		if !covered(ms, r.addr, end) {
+			return nil, fmt.Errorf("memory fill: process %d has no writable memory at %#x-%#x, which the image fills", r.pid, r.addr, end)
 		}
+		anon[i] = covered(slices.DeleteFunc(slices.Clone(ms), func(m mapping) bool { return !m.anon }), r.addr, end)
 	}
-	return nil
+	return anon, nil
 }
 
-// mapping is one writable mapping of a process, [start, end).
-type mapping struct{ start, end uint64 }
+// mapping is one writable mapping of a process, [start, end); anon if it is private
+// anonymous memory (no file, not shared), where a page never touched reads as zeros.
+type mapping struct {
+	start, end uint64
+	anon       bool
+}
 
 func writableMappings(pid int) ([]mapping, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
@@ -339,14 +366,16 @@ func writableMappings(pid int) ([]mapping, error) {
 	var out []mapping
 	for _, line := range strings.Split(string(b), "\n") {
 		f := strings.Fields(line)
-		if len(f) < 2 || len(f[1]) < 2 || f[1][1] != 'w' {
+		if len(f) < 5 || len(f[1]) < 4 || f[1][1] != 'w' {
 			continue
 		}
 		lo, hi, ok := strings.Cut(f[0], "-")
 		s, err1 := strconv.ParseUint(lo, 16, 64)
 		e, err2 := strconv.ParseUint(hi, 16, 64)
 		if ok && err1 == nil && err2 == nil {
-			out = append(out, mapping{s, e})
+			// Fields: range, perms, offset, device, inode, path (none for anonymous memory).
+			anon := f[1][3] == 'p' && f[4] == "0" && (len(f) == 5 || f[5] == "[heap]")
+			out = append(out, mapping{s, e, anon})
 		}
 	}
 	return out, nil
