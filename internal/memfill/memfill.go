@@ -50,12 +50,10 @@ type Plan struct {
 	// rewritten pagemaps and page files for the processes whose runs memfill takes.
 	Dir  string
 	runs []run
-	// skipped counts the zeros Fill left out: memory never touched reads as zeros.
+	// skipped counts the zeros Fill left out (memory never touched reads as zeros): tests
+	// read it.
 	skipped atomic.Int64
 }
-
-// Skipped is how many bytes of zeros Fill did not need to write.
-func (p *Plan) Skipped() int64 { return p.skipped.Load() }
 
 // run is memory to write into pid at addr from file of src at off.
 type run struct {

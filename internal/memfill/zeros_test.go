@@ -64,8 +64,8 @@ func TestFillWritesNoZerosIntoUntouchedMemory(t *testing.T) {
 	if !bytes.Equal(mem, data) {
 		t.Error("the filled memory is not the source's")
 	}
-	if p.Skipped() != 5*zeroBlock {
-		t.Errorf("skipped %d bytes of zeros, want %d", p.Skipped(), 5*zeroBlock)
+	if p.skipped.Load() != 5*zeroBlock {
+		t.Errorf("skipped %d bytes of zeros, want %d", p.skipped.Load(), 5*zeroBlock)
 	}
 
 	// Untouched pages of a private file mapping read the file: the zeros go in.
@@ -82,7 +82,7 @@ func TestFillWritesNoZerosIntoUntouchedMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = unix.Munmap(file) }()
-	if p := fill(t, file); !bytes.Equal(file, data) || p.Skipped() != 0 {
-		t.Errorf("a private file mapping: equal %v, skipped %d", bytes.Equal(file, data), p.Skipped())
+	if p := fill(t, file); !bytes.Equal(file, data) || p.skipped.Load() != 0 {
+		t.Errorf("a private file mapping: equal %v, skipped %d", bytes.Equal(file, data), p.skipped.Load())
 	}
 }
