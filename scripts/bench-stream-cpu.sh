@@ -8,7 +8,8 @@
 # restore -D IMG and restore --from STORE, in turn, every restore verified by the counter
 # (it re-checks all its memory), and prints the memory-fill phase and the whole restore of
 # each, and their ratios. PROFILE=DIR keeps a CPU profile of each restore --from there
-# (go tool pprof bin/gpucr DIR/from-N.pprof). GPUCR and COUNTER name other binaries.
+# (go tool pprof bin/gpucr DIR/from-N.pprof). GPUCR and COUNTER name other binaries;
+# RUN_DIR journals elsewhere than /run/gpucr (on a machine others run gpucr on too).
 set -euo pipefail
 # Restored counters are orphans: the script runs under a subreaper that reaps them at once,
 # so that no zombie holds the PID the next restore needs.
@@ -25,6 +26,7 @@ fi
 cd "$(dirname "$0")/.."
 GIB=${1:-2}; REPS=${2:-3}
 G=${GPUCR:-$PWD/bin/gpucr}; C=${COUNTER:-$PWD/bin/counter}
+run=(${RUN_DIR:+--run-dir "$RUN_DIR"})
 W=/dev/shm/gpucr-bench-stream-cpu
 rm -rf "$W"; mkdir -p "$W/h"
 trap 'rm -rf "$W"' EXIT
@@ -47,16 +49,16 @@ calc() { python3 -c 'import sys; print(round(eval(sys.argv[1]), 2))' "$1"; }
 setsid "$C" -dir "$W/h" -random-mib $((GIB * 1024)) </dev/null >/dev/null 2>&1 &
 pid=$!
 wait_file "$W/h/count"
-"$G" checkpoint "$pid" -D "$W/img" --json > "$W/ckpt.json"
+"$G" checkpoint "$pid" -D "$W/img" --json "${run[@]}" > "$W/ckpt.json"
 "$G" push "$W/img" "$W/store/ckpt" > /dev/null
 echo "== $(nproc) cores, $GIB GiB of random data, $("$G" --version)"
 printf '%-4s %14s %14s %14s %14s %8s %8s\n' rep fill-local rst-local fill-from rst-from fill× rst×
 for rep in $(seq "$REPS"); do
-  "$G" restore -D "$W/img" --json > "$W/local.json"; verified "$pid" "restore -D"
+  "$G" restore -D "$W/img" --json "${run[@]}" > "$W/local.json"; verified "$pid" "restore -D"
   read -r FL RL < <(phases "$W/local.json")
   prof=()
   [ -n "${PROFILE:-}" ] && mkdir -p "$PROFILE" && prof=(--cpu-profile "$PROFILE/from-$rep.pprof")
-  "$G" restore --from "$W/store/ckpt" --json "${prof[@]}" > "$W/from.json"; verified "$pid" "restore --from"
+  "$G" restore --from "$W/store/ckpt" --json "${run[@]}" "${prof[@]}" > "$W/from.json"; verified "$pid" "restore --from"
   read -r FF RF < <(phases "$W/from.json")
   printf '%-4s %14s %14s %14s %14s %8s %8s\n' "$rep" "$FL" "$RL" "$FF" "$RF" "$(calc "$FF / $FL")" "$(calc "$RF / $RL")"
 done
