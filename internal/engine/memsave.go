@@ -35,7 +35,7 @@ func (e *Engine) newMemorySave(ctx context.Context, stage *image.Staging, saved 
 	case len(saved) == 0: // nothing to save: no phase
 	case s != nil:
 		m.run = func(ctx context.Context) ([]image.File, error) {
-			return nil, memfill.SaveTo(ctx, saved, func(path string) (criuimg.Receiver, error) { return s.Create(path) })
+			return nil, memfill.SaveTo(ctx, saved, func(path string) (criuimg.Receiver, error) { return receiver(s.Create(path)) })
 		}
 	default:
 		m.run = func(ctx context.Context) ([]image.File, error) { return memfill.Save(ctx, stage.Dir(), saved) }
