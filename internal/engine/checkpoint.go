@@ -456,7 +456,9 @@ func storeStreamed(ctx context.Context, stage *image.Staging, m *image.Manifest,
 // stagingSink writes the page files into the staged image.
 type stagingSink struct{ s *image.Staging }
 
-func (k stagingSink) Create(name string) (criuimg.Receiver, error) { return k.s.CreatePages(name) }
+func (k stagingSink) Create(name string) (criuimg.Receiver, error) {
+	return receiver(k.s.CreatePages(name))
+}
 
 // StoreSink names the page files a streamed checkpoint receives as they sit in an image.
 func StoreSink(s *chunked.Stream) pageserver.Sink { return storeSink{s} }
@@ -464,7 +466,16 @@ func StoreSink(s *chunked.Stream) pageserver.Sink { return storeSink{s} }
 type storeSink struct{ s *chunked.Stream }
 
 func (k storeSink) Create(name string) (criuimg.Receiver, error) {
-	return k.s.Create(image.CRIUDir + "/" + name)
+	return receiver(k.s.Create(image.CRIUDir + "/" + name))
+}
+
+// receiver is f as a Receiver, or nil when creating it failed: a nil *T returned as the
+// interface would not be nil, and the page server would close it on its way out.
+func receiver[T criuimg.Receiver](f T, err error) (criuimg.Receiver, error) {
+	if err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // PagesBytes sums CRIU's page files: the memory the image holds.
