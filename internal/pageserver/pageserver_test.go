@@ -2,9 +2,9 @@ package pageserver
 
 import (
 	"bytes"
-	"errors"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
