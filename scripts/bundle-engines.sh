@@ -8,7 +8,9 @@
 # either), so podman and conmon get an RPATH of $ORIGIN/../lib (patchelf, unpacked here
 # too): they, and what podman starts again (its cleanup command), load the carried
 # libraries wherever the prefix is unpacked, with no loader configuration on the host.
-# containerd, ctr and the shim need glibc alone. runc and CRIU come from bundle/.
+# containerd, ctr and the shim need glibc alone. Also iptables-restore (iptables-nft, with
+# its extensions): CRIU locks a container's own network namespace with it, runc 1.1 asking
+# for no other method. runc and CRIU come from bundle/.
 #
 # engines/engines.tar.xz is what is carried; engines/MANIFEST lists versions, sizes and the
 # libraries, with what ldd said of each binary.
@@ -20,7 +22,7 @@ trap 'rm -rf "$work"' EXIT
 # Engines, then the libraries they need that a host may lack; ldd below checks that
 # nothing is left unresolved.
 PKGS=(podman conmon catatonit golang-github-containers-common golang-github-containers-image containerd
-  libgpgme11 libassuan0 libsubid4 patchelf)
+  libgpgme11 libassuan0 libsubid4 iptables libxtables12 patchelf)
 (cd "$work" && apt-get download -qq "${PKGS[@]}" 2>/dev/null) ||
   { echo "bundle-engines: apt-get download ${PKGS[*]} failed (run apt-get update?)" >&2; exit 1; }
 mkdir -p "$work/x"
@@ -30,6 +32,18 @@ x=$work/x
 p=$work/prefix
 mkdir -p "$p/bin" "$p/lib" "$p/etc/containers" "$p/share/containers"
 for b in podman conmon catatonit containerd ctr containerd-shim-runc-v2; do cp "$x/usr/bin/$b" "$p/bin/"; done
+cp "$x/usr/sbin/xtables-nft-multi" "$p/bin/"
+cp -r "$x/usr/lib/x86_64-linux-gnu/xtables" "$p/lib/"
+# CRIU runs iptables-restore and ip6tables-restore from PATH; the multi-binary acts on its
+# name, and finds its extensions through XTABLES_LIBDIR.
+for n in iptables-restore ip6tables-restore; do
+  cat > "$p/bin/$n" <<'SH'
+#!/bin/bash
+here=$(dirname "$(readlink -f "$0")")
+XTABLES_LIBDIR=$here/../lib/xtables exec -a "$(basename "$0")" "$here/xtables-nft-multi" "$@"
+SH
+  chmod +x "$p/bin/$n"
+done
 cp "$x/usr/share/containers/seccomp.json" "$p/share/containers/"
 cp "$x/etc/containers/policy.json" "$p/etc/containers/"
 
@@ -41,6 +55,7 @@ libdirs=$x/usr/lib/x86_64-linux-gnu:$x/lib/x86_64-linux-gnu
   for d in "$work"/*.deb; do dpkg-deb -f "$d" Package Version | paste -sd' '; done
   echo
   for b in "$p"/bin/*; do
+    [ "$(head -c2 "$b")" = "#!" ] && continue
     echo "== ldd $(basename "$b")"
     LD_LIBRARY_PATH=$libdirs ldd "$b" 2>&1 || true
   done
@@ -53,9 +68,10 @@ fi
 awk '/=> \//{print $3}' "$work/MANIFEST" | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" "$p/lib/"; done
-"$x/usr/bin/patchelf" --force-rpath --set-rpath '$ORIGIN/../lib' "$p/bin/podman" "$p/bin/conmon"
+"$x/usr/bin/patchelf" --force-rpath --set-rpath '$ORIGIN/../lib' "$p/bin/podman" "$p/bin/conmon" "$p/bin/xtables-nft-multi"
 # What the GPU machine will load: the carried libraries, or glibc's own from its host.
 for b in "$p"/bin/*; do
+  [ "$(head -c2 "$b")" = "#!" ] && continue
   env -u LD_LIBRARY_PATH ldd "$b" 2>&1 | grep -E "=>" | grep -vE "=> $p/bin/../lib/|/(libc|libm|libdl|libpthread|librt)\.so" &&
     { echo "bundle-engines: $(basename "$b") loads a library above from outside the bundle" >&2; exit 1; }
 done
@@ -65,8 +81,8 @@ tar -C "$p" -cf - . | xz -T0 -9 > "$out/engines.tar.xz"
 {
   cat "$work/MANIFEST"
   echo
-  echo "== carried libraries (podman and conmon load these through their RPATH)"
-  (cd "$p/lib" && ls -1)
+  echo "== carried libraries (podman, conmon and iptables load these through their RPATH)"
+  (cd "$p/lib" && ls -1 | grep -v '^xtables$')
   echo
   echo "== sizes"
   du -sh "$p" | sed 's/\t.*/ unpacked/'
