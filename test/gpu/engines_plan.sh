@@ -74,7 +74,7 @@ stop_all; rm -rf "$W"; mkdir -p "$W"
 policy=/etc/containers/policy.json
 if [ ! -e "$policy" ]; then
   mkdir -p /etc/containers && cp "$PREFIX/etc/containers/policy.json" "$policy"
-  trap 'stop_all; rm -f "$policy"' EXIT
+  trap 'stop_all; rm -f "$policy"; rmdir /etc/containers 2>/dev/null' EXIT
 else
   trap stop_all EXIT
 fi
