@@ -2,6 +2,7 @@ package criu
 
 import (
 	"bufio"
+	"errors"
 	"context"
 	"fmt"
 	"os"
@@ -121,8 +122,9 @@ type Error struct {
 
 func (e *Error) Error() string {
 	msg := e.Err.Error()
-	if len(e.Lines) > 0 {
-		msg = e.Lines[0]
+	var ours notifyFailed
+	if len(e.Lines) > 0 && !errors.As(e.Err, &ours) {
+		msg = e.Lines[0] // CRIU's own first error names the cause
 	}
 	return fmt.Sprintf("criu %s failed: %s (log: %s)", e.Op, msg, e.LogPath)
 }

@@ -78,11 +78,18 @@ func (s *swrk) call(req *rpc.CriuReq, n Notify) (*rpc.CriuResp, error) {
 			return resp, errors.New("unexpected notify")
 		}
 		if err := notify(n, resp.GetNotify()); err != nil {
-			return resp, err
+			return resp, notifyFailed{err}
 		}
 		req = &rpc.CriuReq{Type: rpc.CriuReqType_NOTIFY.Enum(), NotifySuccess: proto.Bool(true)}
 	}
 }
+
+// notifyFailed is gpucr's own failure to handle a notification: the cause of the
+// operation's failure, which CRIU's log only records as "action scripts failed".
+type notifyFailed struct{ err error }
+
+func (n notifyFailed) Error() string { return n.err.Error() }
+func (n notifyFailed) Unwrap() error { return n.err }
 
 // recv reads CRIU's next message. The socket reads EOF once CRIU is gone.
 func (s *swrk) recv() (*rpc.CriuResp, error) {

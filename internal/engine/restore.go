@@ -78,11 +78,13 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	defer op.End()
 	t := e.NewTimer(op)
 	// CRIU only ever parses verified files: sizes and every file but the raw memory are
-	// checked first. The memory, nearly all of the image, is checked while CRIU restores:
-	// no task resumes and nothing is filled until it passed, and CRIU kills the tasks if not.
+	// checked first. CRIU's page files are checked while CRIU restores, and the memory gpucr
+	// saved itself (nearly all of a GPU image) by the fill as it reads it: no task resumes
+	// until all of it passed, and CRIU kills the tasks if not.
 	start := time.Now()
 	local := r.Streamed.localFiles(m.Files)
 	meta, memory := splitMemory(local)
+	filled, memory := splitFilled(memory)
 	if err := image.CheckListed(r.Dir, m); err != nil {
 		return nil, err
 	}
@@ -138,7 +140,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if !r.CRIURestoresPages && opts.PluginDir == "" {
 		split = m.Leaves()
 	}
-	fill, err := e.planFill(r.Dir, r.Streamed.memory(r.Dir), work, m, split)
+	fill, err := e.planFill(r.Dir, r.Streamed.memory(r.Dir, filled), work, m, split)
 	if err != nil {
 		return nil, verify.prefer(err)
 	}
@@ -258,6 +260,20 @@ func splitMemory(files []image.File) (meta, memory []image.File) {
 		}
 	}
 	return meta, memory
+}
+
+// splitFilled takes out of memory the files the fill reads whole and verifies as it reads
+// them (memfill.CheckedDir): the memory gpucr saved itself. An empty one has nothing to
+// read, and is left to the verification of the rest.
+func splitFilled(memory []image.File) (filled, rest []image.File) {
+	for _, f := range memory {
+		if path.Dir(f.Path) == criuimg.MemDir && f.Size > 0 {
+			filled = append(filled, f)
+		} else {
+			rest = append(rest, f)
+		}
+	}
+	return filled, rest
 }
 
 func (v *verification) wait() error {

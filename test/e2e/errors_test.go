@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -90,6 +91,44 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 	}
 	// The undamaged original still restores: the failures above were the damage's.
 	restore(t, good)
+}
+
+// The memory gpucr saved itself (mem/) is verified by the fill as it writes it, not by a
+// pass of its own: a byte changed there still fails the restore before any task runs, with
+// one line naming the file, and leaves nothing running.
+func TestDamagedSavedMemoryFailsTheRestore(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "40")
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	testutil.WaitGone(t, w.pid)
+	saved, _ := filepath.Glob(filepath.Join(dir, criuimg.MemDir, "*"))
+	if len(saved) == 0 {
+		t.Fatal("the image holds no memory gpucr saved itself: the test needs a larger range")
+	}
+	f, err := os.OpenFile(saved[0], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := []byte{0}
+	if _, err := f.ReadAt(b, 3<<20); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x10
+	if _, err := f.WriteAt(b, 3<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	count := w.read(t, "count")
+	out, code := gpucr(t, "restore", "-D", dir)
+	if code == 0 || !oneLineWith(out, filepath.Base(saved[0])) || !strings.Contains(out, "checksum") {
+		t.Fatalf("restore of damaged saved memory: exit %d, want one line naming %s's checksum:\n%s", code, filepath.Base(saved[0]), out)
+	}
+	time.Sleep(100 * time.Millisecond) // five of the counter's ticks
+	if now := w.read(t, "count"); now != count {
+		t.Fatalf("the counter ran from the damaged image: count %d, was %d", now, count)
+	}
+	testutil.WaitReaped(t, w.pid)
 }
 
 func TestCheckpointRefusesBadRequests(t *testing.T) {
