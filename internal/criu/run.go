@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -254,10 +255,10 @@ func errorLines(path string) []string {
 // network namespace looks for each variant; a host without them restores the namespace
 // when it had no rules).
 func harmless(line string) bool {
-	return strings.Contains(line, "RLIMIT_NOFILE") ||
-		strings.Contains(line, "tables-restore -V failed") ||
-		strings.Contains(line, `tables-restore", ...) failed`) || strings.Contains(line, `tables-legacy-restore", ...) failed`)
+	return strings.Contains(line, "RLIMIT_NOFILE") || iptablesProbe.MatchString(line)
 }
+
+var iptablesProbe = regexp.MustCompile(`ip6?tables(-legacy)?-restore(", \.\.\.\) failed| -V failed)`)
 
 // KernelCheck runs CRIU's own check of the kernel features it needs and returns its verdict.
 func (d *Driver) KernelCheck(ctx context.Context) (string, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -105,6 +106,11 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 		return nil, err
 	}
 	gpus, remap := plan.GPUs, plan.Remap
+	for _, b := range slices.Sorted(maps.Keys(remap)) {
+		for _, old := range slices.Sorted(maps.Keys(remap[b])) {
+			e.Logger().Info("GPU moved", "backend", b, "image", old, "host", remap[b][old])
+		}
+	}
 	if plan.PluginDir != "" {
 		if !target.CRIUPlugins() {
 			return nil, fmt.Errorf("the image holds GPU state that CRIU's plugin restores: restoring it into %s is not supported yet", target.What())

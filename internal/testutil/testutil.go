@@ -4,9 +4,11 @@ package testutil
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,6 +47,35 @@ func StartSleeper(t testing.TB) *exec.Cmd {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("process %d never ran sleep", cmd.Process.Pid)
+		}
+	}
+}
+
+// StartUnsharedSleeper starts sleep as the first process of new namespaces (unshare's
+// flags: "--pid" at least, and "--uts", "--net", ...), in a session of its own inside them
+// as CRIU wants, and returns its host PID. The cleanup kills unshare, which takes its child
+// along (--kill-child), and reaps it.
+func StartUnsharedSleeper(t testing.TB, flags ...string) int {
+	t.Helper()
+	args := append(append(slices.Clone(flags), "--fork", "--kill-child"), "setsid", "sleep", "1000")
+	cmd := exec.Command("unshare", args...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait() // killed, or left when its child was: the status says nothing
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		kids, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+		if f := strings.Fields(string(kids)); len(f) == 1 {
+			pid, _ := strconv.Atoi(f[0])
+			if b, _ := os.ReadFile("/proc/" + f[0] + "/comm"); strings.TrimSpace(string(b)) == "sleep" {
+				return pid
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("unshare %v never ran sleep", flags)
 		}
 	}
 }
