@@ -405,3 +405,27 @@ func OwnMounts(dir string) bool {
 	mnts, _ := filepath.Glob(filepath.Join(dir, "mountpoints-*.img"))
 	return len(mnts) > 0
 }
+
+// ParentDeathSignal is the signal the image's root process had asked for when its parent
+// dies (prctl PR_SET_PDEATHSIG, as launchers such as unshare --kill-child set it), 0 for
+// none. CRIU restores it, and the root's parent in a restore is CRIU, which exits as soon
+// as the tree runs.
+func ParentDeathSignal(dir string) (int, error) {
+	fsys := os.DirFS(dir)
+	tree, err := decode(fsys, "pstree.img", &pstree.PstreeEntry{})
+	if err != nil {
+		return 0, err
+	}
+	if len(tree) == 0 {
+		return 0, errors.New("read pstree.img: no processes")
+	}
+	name := fmt.Sprintf("core-%d.img", tree[0].GetPid())
+	core, err := decode(fsys, name, &criu_core.CoreEntry{})
+	if err != nil {
+		return 0, err
+	}
+	if len(core) == 0 {
+		return 0, fmt.Errorf("read %s: no entries", name)
+	}
+	return int(core[0].GetThreadCore().GetPdeathSig()), nil
+}

@@ -253,7 +253,16 @@ func (ti *treeImage) CRIUPlugins() bool { return true }
 func (ti *treeImage) Check() error {
 	if criuimg.OwnMounts(image.CRIUPath(ti.dir)) {
 		return fmt.Errorf("%w: the image's tree had a mount namespace of its own, which CRIU restores only into a container's root; "+
-			"restore it with --container if it was one, or checkpoint the tree again without unsharing its mounts", ErrOwnMounts)
+			"restore it with --container if it was one, or checkpoint the tree again without unsharing its mounts", ErrTreeImage)
+	}
+	sig, err := criuimg.ParentDeathSignal(image.CRIUPath(ti.dir))
+	if err != nil {
+		return err
+	}
+	if sig != 0 {
+		return fmt.Errorf("%w: its root, PID %d (%s), asked for signal %d when its parent dies (as unshare --kill-child "+
+			"and other launchers set it), and CRIU, its parent in a restore, exits as soon as the tree runs: start the job "+
+			"without a parent-death signal on its first process", ErrTreeImage, ti.m.RootPID, ti.rootCommand(), sig)
 	}
 	if !ti.m.OwnPIDNamespace() {
 		if err := waitPIDsFree(ti.m, pidWait); err != nil {
@@ -293,6 +302,13 @@ func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Resto
 func (ti *treeImage) Remove(_ context.Context, cause error) error {
 	ti.kill()
 	return fmt.Errorf("%w; the restored processes were killed, the image is unchanged", cause)
+}
+
+func (ti *treeImage) rootCommand() string {
+	if len(ti.m.Processes) == 0 {
+		return "?"
+	}
+	return ti.m.Processes[0].Command
 }
 
 // kill kills what the restore created: the image's PIDs, or the root of its own PID
