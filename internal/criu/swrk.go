@@ -133,6 +133,10 @@ func notify(n Notify, c *rpc.CriuNotify) error {
 		return n.PostSetupNamespaces()
 	case "post-resume":
 		return n.PostResume()
+	case "query-ext-files":
+		if s, ok := n.(SeizedNotify); ok {
+			return s.Seized()
+		}
 	}
 	return nil
 }

@@ -37,15 +37,26 @@ type Target interface {
 	// what undoes that, and returns the tree as it stopped (processes may have come and gone
 	// since Open); nil keeps the tree Open returned. Most targets need nothing.
 	Freeze(ctx context.Context, op *Op, undo *Undo) ([]proctree.Process, error)
-	// Dump has CRIU dump the tree as d says (d.PID is the target's to fill) and calls
-	// commit once every file is written, with the tree still frozen; commit's error fails
-	// the dump, and the tree must then run on as before.
-	Dump(ctx context.Context, d criu.DumpRequest, commit func() error) error
+	// Dump has CRIU dump the tree as d says (d.PID is the target's to fill) and calls the
+	// hooks: Frozen where it knows the tree is stopped, Commit once every file is written,
+	// with the tree still frozen; Commit's error fails the dump, and the tree must then run
+	// on as before.
+	Dump(ctx context.Context, d criu.DumpRequest, h DumpHooks) error
 	// Describe writes the target's own files into the staged image directory dir.
 	Describe(dir string) error
 	// Release ends the tree's part once its image is committed: it is gone, or with
 	// leaveRunning it runs again (its GPUs are the engine's to resume).
 	Release(ctx context.Context, leaveRunning bool) error
+}
+
+// DumpHooks are the engine's steps inside a target's dump.
+type DumpHooks struct {
+	// Frozen says the tree is stopped and stays so until Commit returns: memory may be
+	// copied out of it from then on, beside CRIU's dump. A target that cannot tell does
+	// not call it.
+	Frozen func()
+	// Commit finishes the checkpoint once CRIU has written every file.
+	Commit func() error
 }
 
 // Tree is the target for the process tree rooted at pid, dumped through CRIU's RPC.
@@ -125,20 +136,22 @@ func ownNamespaces(pid int) (ownPIDs bool, err error) {
 	return true, nil
 }
 
-// Dump commits from CRIU's post-dump notification, while CRIU still holds the tree:
-// CRIU resumes the tree when the notification fails and kills it (or, leaving it
-// running, thaws it) when it succeeds.
-func (p *processTree) Dump(ctx context.Context, d criu.DumpRequest, commit func() error) error {
+// Dump reports the tree frozen at CRIU's query-ext-files notification (CRIU has seized
+// every task, and dumped nothing yet) and commits from its post-dump notification, while
+// CRIU still holds the tree: CRIU resumes the tree when the notification fails and kills
+// it (or, leaving it running, thaws it) when it succeeds.
+func (p *processTree) Dump(ctx context.Context, d criu.DumpRequest, h DumpHooks) error {
 	d.PID = p.pid
-	return p.e.CRIU.Dump(ctx, d, postDump{commit: commit})
+	return p.e.CRIU.Dump(ctx, d, dumpNotify{h: h})
 }
 
-type postDump struct {
+type dumpNotify struct {
 	criu.NoNotify
-	commit func() error
+	h DumpHooks
 }
 
-func (n postDump) PostDump() error { return n.commit() }
+func (n dumpNotify) Seized() error   { n.h.Frozen(); return nil }
+func (n dumpNotify) PostDump() error { return n.h.Commit() }
 
 // Release returns, for a killed tree, only once its PIDs and sockets are free, so that a
 // restore right after this checkpoint does not find them taken.

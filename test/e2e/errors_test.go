@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -15,40 +15,6 @@ import (
 
 	"github.com/gpucr/gpucr/internal/testutil"
 )
-
-// sharedImage checkpoints one counter for the corruption tests to copy and damage.
-func sharedImage(t *testing.T) (dir string, w *workload) {
-	t.Helper()
-	w = startCounter(t, "-mib", "4")
-	dir = filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	testutil.WaitGone(t, w.pid)
-	return dir, w
-}
-
-func copyImage(t *testing.T, src string) string {
-	t.Helper()
-	dst := filepath.Join(t.TempDir(), "copy")
-	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v: %s", err, out)
-	}
-	return dst
-}
-
-func largestPagesFile(t *testing.T, dir string) string {
-	t.Helper()
-	matches, _ := filepath.Glob(filepath.Join(dir, "criu", "pages-*.img"))
-	best, size := "", int64(-1)
-	for _, m := range matches {
-		if fi, err := os.Stat(m); err == nil && fi.Size() > size {
-			best, size = m, fi.Size()
-		}
-	}
-	if best == "" {
-		t.Fatal("image has no pages file")
-	}
-	return best
-}
 
 func TestDamagedImagesAreNeverRestored(t *testing.T) {
 	needCRIU(t)
@@ -108,7 +74,7 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			}
 			// verify --json fails as JSON, naming the damage too.
 			stdout, _, code := gpucrEnv(t, nil, "verify", "--json", dir)
-			var e errorOutput
+			var e errorDoc
 			if err := json.Unmarshal([]byte(stdout), &e); err != nil || code != exitFailed || e.ExitCode != code || !strings.Contains(e.Error, c.want) {
 				t.Errorf("verify --json: exit %d, stdout %q (%v); want the error naming %q as JSON", code, stdout, err, c.want)
 			}
@@ -218,7 +184,7 @@ func TestOldCRIUIsRefused(t *testing.T) {
 // says so, not the report and an error after it; exit 3 says it too.
 func TestCheckJSONOnAHostNotReadyIsOneDocument(t *testing.T) {
 	stdout, _, code := gpucrEnv(t, nil, "check", "--json", "--criu", "/nonexistent/criu")
-	var r checkReport
+	var r checkDoc
 	if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != exitNotReady || r.Ready || r.CRIU.OK {
 		t.Fatalf("exit %d, stdout %q (%v); want exit 3 and one report saying not ready", code, stdout, err)
 	}
@@ -229,7 +195,7 @@ func TestCheckJSONOnAHostNotReadyIsOneDocument(t *testing.T) {
 func TestRefusedCommandLineWithJSONEqualsTrue(t *testing.T) {
 	for _, args := range [][]string{{"--json=true", "chekpoint"}, {"verify", "--json=1"}} {
 		stdout, _, code := gpucrEnv(t, nil, args...)
-		var e errorOutput
+		var e errorDoc
 		if err := json.Unmarshal([]byte(stdout), &e); err != nil || code != exitUsage || e.ExitCode != exitUsage {
 			t.Errorf("gpucr %s: exit %d, stdout %q (%v); want exit 2 and the error as JSON", strings.Join(args, " "), code, stdout, err)
 		}
@@ -267,10 +233,7 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 	if err := os.WriteFile(prog, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	saved := bin.counter
-	bin.counter = prog
-	w := startCounter(t)
-	bin.counter = saved
+	w := startCounterOf(t, prog)
 	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
 	testutil.WaitGone(t, w.pid)

@@ -1,7 +1,6 @@
-package main
+package e2e
 
 import (
-	"github.com/gpucr/gpucr/internal/testutil"
 	"os"
 	"path"
 	"path/filepath"
@@ -15,15 +14,14 @@ import (
 
 	"github.com/gpucr/gpucr/internal/store/chunked"
 	"github.com/gpucr/gpucr/internal/store/storetest"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // restoreStreamed restores the checkpoint at loc with restore --from and no -D, with env,
 // and returns what it reported.
-func restoreStreamed(t *testing.T, env []string, loc string, args ...string) restoreOutput {
+func restoreStreamed(t *testing.T, env []string, loc string, args ...string) restoreDoc {
 	t.Helper()
-	var out restoreOutput
-	decode(t, mustGpucrEnv(t, env, append([]string{"restore", "--json", "--from", loc}, args...)...), &out)
-	t.Cleanup(func() { testutil.KillAndReap(out.RootPID) })
+	out := restoreJSON(t, env, append([]string{"--from", loc}, args...)...)
 	if out.Streamed == nil || out.Pulled != nil {
 		t.Fatalf("restore --from without -D did not stream: %+v", out)
 	}
