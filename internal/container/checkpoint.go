@@ -110,7 +110,7 @@ func (t *runcTarget) ImagePID(pid int) (int, error) {
 	if !t.inside[pid] {
 		return 0, nil
 	}
-	return innerPID(pid)
+	return proctree.InnerPID(pid)
 }
 
 // Freeze pauses the container, journaled as paused first (resuming a running container is

@@ -78,18 +78,21 @@ func (s *swrk) call(req *rpc.CriuReq, n Notify) (*rpc.CriuResp, error) {
 			return resp, errors.New("unexpected notify")
 		}
 		if err := notify(n, resp.GetNotify()); err != nil {
-			return resp, notifyFailed{err}
+			return resp, &NotifyError{Script: resp.GetNotify().GetScript(), Err: err}
 		}
 		req = &rpc.CriuReq{Type: rpc.CriuReqType_NOTIFY.Enum(), NotifySuccess: proto.Bool(true)}
 	}
 }
 
-// notifyFailed is gpucr's own failure to handle a notification: the cause of the
-// operation's failure, which CRIU's log only records as "action scripts failed".
-type notifyFailed struct{ err error }
+// NotifyError is gpucr's own answer to one of CRIU's notifications failing: the cause of
+// the failed operation, whatever CRIU logs after it.
+type NotifyError struct {
+	Script string // CRIU's name for the notification: "post-restore", "post-dump", ...
+	Err    error
+}
 
-func (n notifyFailed) Error() string { return n.err.Error() }
-func (n notifyFailed) Unwrap() error { return n.err }
+func (e *NotifyError) Error() string { return e.Err.Error() }
+func (e *NotifyError) Unwrap() error { return e.Err }
 
 // recv reads CRIU's next message. The socket reads EOF once CRIU is gone.
 func (s *swrk) recv() (*rpc.CriuResp, error) {
