@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 GPUCR_BUILD_CACHE ?= /var/cache/gpucr-build
 GOLANGCI_LINT ?= $(GPUCR_BUILD_CACHE)/golangci-lint/bin/golangci-lint
 
-.PHONY: all deps build lint test fuzz demo bundle clean
+.PHONY: all deps build lint test fuzz demo bundle engines clean
 
 all: build
 
@@ -41,5 +41,10 @@ demo: build
 bundle: build
 	bash scripts/bundle.sh
 
+# engines: podman and containerd from this machine's packages, for test/gpu/engines_plan.sh
+# (engines/engines.tar.xz, git-ignored, carried to the GPU machine beside bundle/).
+engines:
+	bash scripts/bundle-engines.sh
+
 clean:
-	rm -rf bin bundle
+	rm -rf bin bundle engines

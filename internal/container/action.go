@@ -247,7 +247,7 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	host, err := hostPIDs(root)
+	host, err := proctree.HostPIDs(root)
 	if err != nil {
 		return err
 	}

@@ -110,7 +110,7 @@ func (t *runcTarget) ImagePID(pid int) (int, error) {
 	if !t.inside[pid] {
 		return 0, nil
 	}
-	return innerPID(pid)
+	return proctree.InnerPID(pid)
 }
 
 // Freeze pauses the container, journaled as paused first (resuming a running container is
@@ -147,8 +147,10 @@ func (t *runcTarget) setTree(tree []proctree.Process) {
 	}
 }
 
-// Dump has runc dump the paused container, which it leaves paused, and then commits.
-func (t *runcTarget) Dump(ctx context.Context, d criu.DumpRequest, commit func() error) error {
+// Dump has runc dump the paused container, which it leaves paused, and then commits. The
+// container is frozen from the start: memory may be copied out of it beside runc's dump.
+func (t *runcTarget) Dump(ctx context.Context, d criu.DumpRequest, h engine.DumpHooks) error {
+	h.Frozen()
 	pageServer := ""
 	if d.PageServerPort != 0 {
 		pageServer = fmt.Sprintf("127.0.0.1:%d", d.PageServerPort)
@@ -156,7 +158,7 @@ func (t *runcTarget) Dump(ctx context.Context, d criu.DumpRequest, commit func()
 	if err := t.c.Runc.Checkpoint(ctx, t.id, d.ImagesDir, d.WorkDir, d.Flags, d.Env, pageServer); err != nil {
 		return err
 	}
-	return commit()
+	return h.Commit()
 }
 
 // Describe records which container the image holds and where its bundle was.

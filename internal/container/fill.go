@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -139,7 +140,7 @@ func fill(ctx context.Context, s engine.RestoreSpec, root int) (time.Duration, e
 	if s.Fill == nil {
 		return 0, nil
 	}
-	host, err := hostPIDs(root)
+	host, err := proctree.HostPIDs(root)
 	if err != nil {
 		return 0, fmt.Errorf("memory fill: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -105,7 +106,7 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	if err != nil {
 		return nil, ri.Remove(gctx, err)
 	}
-	host, err := hostPIDs(st.PID)
+	host, err := proctree.HostPIDs(st.PID)
 	if err != nil {
 		return nil, ri.Remove(gctx, err)
 	}

@@ -33,6 +33,14 @@ type (
 	NoNotify = gocriu.NoNotify
 )
 
+// SeizedNotify is a Notify that also wants to know when CRIU holds every task of the tree
+// it dumps stopped, before it has dumped anything: CRIU's "query-ext-files" notification,
+// sent over the RPC only, right after it seized the tree.
+type SeizedNotify interface {
+	Notify
+	Seized() error
+}
+
 // Driver runs one CRIU binary.
 type Driver struct {
 	Path    string

@@ -3,10 +3,12 @@ package criu
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -119,9 +121,14 @@ type Error struct {
 	Err     error
 }
 
+// Error names the cause: gpucr's own failed answer to a notification if that ended the
+// run (CRIU's log then holds only what followed), else CRIU's first error line.
 func (e *Error) Error() string {
 	msg := e.Err.Error()
-	if len(e.Lines) > 0 {
+	var ne *NotifyError
+	if errors.As(e.Err, &ne) {
+		msg = ne.Script + ": " + ne.Error()
+	} else if len(e.Lines) > 0 {
 		msg = e.Lines[0]
 	}
 	return fmt.Sprintf("criu %s failed: %s (log: %s)", e.Op, msg, e.LogPath)
@@ -233,8 +240,7 @@ func errorLines(path string) []string {
 	s := bufio.NewScanner(f)
 	s.Buffer(make([]byte, 64*1024), 1024*1024)
 	for s.Scan() {
-		// CRIU logs a failed RLIMIT_NOFILE raise as an error and carries on: not a cause.
-		if l := s.Text(); strings.Contains(l, "Error") && !strings.Contains(l, "RLIMIT_NOFILE") {
+		if l := s.Text(); strings.Contains(l, "Error") && !harmless(l) {
 			lines = append(lines, strings.TrimSpace(l))
 			if len(lines) == 3 {
 				break
@@ -243,6 +249,16 @@ func errorLines(path string) []string {
 	}
 	return lines
 }
+
+// harmless says whether a CRIU error line is one CRIU logs and carries on after, never a
+// cause: a failed RLIMIT_NOFILE raise, and its probes for iptables binaries (a restore of a
+// network namespace looks for each variant; a host without them restores the namespace
+// when it had no rules).
+func harmless(line string) bool {
+	return strings.Contains(line, "RLIMIT_NOFILE") || iptablesProbe.MatchString(line)
+}
+
+var iptablesProbe = regexp.MustCompile(`ip6?tables(-legacy)?-restore(", \.\.\.\) failed| -V failed)`)
 
 // KernelCheck runs CRIU's own check of the kernel features it needs and returns its verdict.
 func (d *Driver) KernelCheck(ctx context.Context) (string, error) {

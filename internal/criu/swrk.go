@@ -78,11 +78,21 @@ func (s *swrk) call(req *rpc.CriuReq, n Notify) (*rpc.CriuResp, error) {
 			return resp, errors.New("unexpected notify")
 		}
 		if err := notify(n, resp.GetNotify()); err != nil {
-			return resp, err
+			return resp, &NotifyError{Script: resp.GetNotify().GetScript(), Err: err}
 		}
 		req = &rpc.CriuReq{Type: rpc.CriuReqType_NOTIFY.Enum(), NotifySuccess: proto.Bool(true)}
 	}
 }
+
+// NotifyError is gpucr's own answer to one of CRIU's notifications failing: the cause of
+// the failed operation, whatever CRIU logs after it.
+type NotifyError struct {
+	Script string // CRIU's name for the notification: "post-restore", "post-dump", ...
+	Err    error
+}
+
+func (e *NotifyError) Error() string { return e.Err.Error() }
+func (e *NotifyError) Unwrap() error { return e.Err }
 
 // recv reads CRIU's next message. The socket reads EOF once CRIU is gone.
 func (s *swrk) recv() (*rpc.CriuResp, error) {
@@ -123,6 +133,10 @@ func notify(n Notify, c *rpc.CriuNotify) error {
 		return n.PostSetupNamespaces()
 	case "post-resume":
 		return n.PostResume()
+	case "query-ext-files":
+		if s, ok := n.(SeizedNotify); ok {
+			return s.Seized()
+		}
 	}
 	return nil
 }

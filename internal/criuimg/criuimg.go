@@ -22,6 +22,7 @@ import (
 
 	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	remap_file_path "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
 	"github.com/checkpoint-restore/go-criu/v7/magic"
@@ -282,12 +283,27 @@ const (
 	pagemapMagic    = 0x56084025
 )
 
+// MissingFile is a regular file an image's process had open or mapped that this host lacks.
+type MissingFile struct {
+	Path string
+	// PID is the first process, in the image's numbering and pstree order, that used it;
+	// 0 when only a process's working directory or root named it.
+	PID int
+	// FD is its descriptor in PID; -1 when PID only mapped it (its program or a library).
+	FD int
+}
+
+// CRIU's VMA status bits of file mappings (criu/include/image.h).
+const vmaFileMapped = 1<<6 | 1<<7 // VMA_FILE_PRIVATE | VMA_FILE_SHARED
+
 // MissingFiles lists the regular files the image's processes had open or mapped that do not
-// exist on this host, sorted. Files CRIU carried inside the image (deleted or unlinked files,
-// listed in remap-fpath.img) are not needed here and are left out. A tree that had its own
-// mount namespace (mountpoints images) is not checked: its paths are not this host's.
-func MissingFiles(dir string) ([]string, error) {
-	if mnts, _ := filepath.Glob(filepath.Join(dir, "mountpoints-*.img")); len(mnts) > 0 {
+// exist on this host, sorted by path, each with a process that used it: on another host
+// CRIU would fail halfway, naming only the file. Files CRIU carried inside the image
+// (deleted or unlinked files, listed in remap-fpath.img) are not needed here and are left
+// out. A tree that had its own mount namespace (mountpoints images) is not checked: its
+// paths are not this host's.
+func MissingFiles(dir string) ([]MissingFile, error) {
+	if OwnMounts(dir) {
 		return nil, nil
 	}
 	fsys := os.DirFS(dir)
@@ -305,19 +321,111 @@ func MissingFiles(dir string) ([]string, error) {
 			carried[r.GetOrigId()] = true
 		}
 	}
-	seen := map[string]bool{}
-	var missing []string
+	byPath := map[string]*MissingFile{}
+	byID := map[uint32]*MissingFile{}
 	for _, e := range entries {
 		reg := e.GetReg()
-		if reg == nil || carried[reg.GetId()] || seen[reg.GetName()] {
+		if reg == nil || carried[reg.GetId()] {
 			continue
 		}
-		name := reg.GetName()
-		seen[name] = true
-		if _, err := os.Lstat("/" + strings.TrimPrefix(name, "/")); errors.Is(err, os.ErrNotExist) {
-			missing = append(missing, name)
+		name := "/" + strings.TrimPrefix(reg.GetName(), "/")
+		if m, ok := byPath[name]; ok {
+			byID[reg.GetId()] = m
+			continue
+		}
+		if _, err := os.Lstat(name); errors.Is(err, os.ErrNotExist) {
+			byPath[name] = &MissingFile{Path: name, FD: -1}
+			byID[reg.GetId()] = byPath[name]
 		}
 	}
-	slices.Sort(missing)
-	return missing, nil
+	if len(byPath) == 0 {
+		return nil, nil
+	}
+	if err := findUsers(fsys, byID); err != nil {
+		return nil, err
+	}
+	out := make([]MissingFile, 0, len(byPath))
+	for _, m := range byPath {
+		out = append(out, *m)
+	}
+	slices.SortFunc(out, func(a, b MissingFile) int { return strings.Compare(a.Path, b.Path) })
+	return out, nil
+}
+
+// findUsers gives each file of byID (by files.img id) the first process that held it as a
+// descriptor, else the first that mapped it.
+func findUsers(fsys fs.FS, byID map[uint32]*MissingFile) error {
+	tree, err := decode(fsys, "pstree.img", &pstree.PstreeEntry{})
+	if err != nil {
+		return err
+	}
+	use := func(id uint32, pid, fd int) {
+		if m := byID[id]; m != nil && (m.PID == 0 || m.FD < 0 && fd >= 0) {
+			m.PID, m.FD = pid, fd
+		}
+	}
+	for _, t := range tree {
+		pid := int(t.GetPid())
+		ids, err := decode(fsys, fmt.Sprintf("ids-%d.img", pid), &criu_core.TaskKobjIdsEntry{})
+		if err != nil {
+			return err
+		}
+		if len(ids) > 0 {
+			fds, err := decode(fsys, fmt.Sprintf("fdinfo-%d.img", ids[0].GetFilesId()), &fdinfo.FdinfoEntry{})
+			if err != nil {
+				return err
+			}
+			for _, fd := range fds {
+				use(fd.GetId(), pid, int(fd.GetFd()))
+			}
+		}
+		mms, err := decode(fsys, fmt.Sprintf("mm-%d.img", pid), &mm.MmEntry{})
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // a zombie has no memory
+		}
+		if err != nil {
+			return err
+		}
+		for _, e := range mms {
+			use(e.GetExeFileId(), pid, -1)
+			for _, v := range e.GetVmas() {
+				if v.GetStatus()&vmaFileMapped != 0 {
+					use(uint32(v.GetShmid()), pid, -1)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// OwnMounts says whether the image's tree had a mount namespace of its own (CRIU dumped
+// its mounts): only a container runtime, which gives CRIU the container's root, can
+// restore that.
+func OwnMounts(dir string) bool {
+	mnts, _ := filepath.Glob(filepath.Join(dir, "mountpoints-*.img"))
+	return len(mnts) > 0
+}
+
+// ParentDeathSignal is the signal the image's root process had asked for when its parent
+// dies (prctl PR_SET_PDEATHSIG, as launchers such as unshare --kill-child set it), 0 for
+// none. CRIU restores it, and the root's parent in a restore is CRIU, which exits as soon
+// as the tree runs.
+func ParentDeathSignal(dir string) (int, error) {
+	fsys := os.DirFS(dir)
+	tree, err := decode(fsys, "pstree.img", &pstree.PstreeEntry{})
+	if err != nil {
+		return 0, err
+	}
+	if len(tree) == 0 {
+		return 0, errors.New("read pstree.img: no processes")
+	}
+	name := fmt.Sprintf("core-%d.img", tree[0].GetPid())
+	core, err := decode(fsys, name, &criu_core.CoreEntry{})
+	if err != nil {
+		return 0, err
+	}
+	if len(core) == 0 {
+		return 0, fmt.Errorf("read %s: no entries", name)
+	}
+	return int(core[0].GetThreadCore().GetPdeathSig()), nil
 }

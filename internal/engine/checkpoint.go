@@ -161,6 +161,8 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	// committed behind it, and counts only once committed.
 	early := r.LeaveRunning && r.Stream == nil
 	var copied []image.File // early: the memory saved, still to be made durable
+	save := e.newMemorySave(ctx, stage, saved, r.Stream)
+	undo.Always("stop the memory save", func(context.Context) error { save.stop(); return nil })
 	dumpStart := time.Now()
 	op.Phase(PhaseCRIUDump)
 	e.reporter().Start(PhaseCRIUDump)
@@ -173,13 +175,13 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		e.reporter().Done(PhaseCRIUDump, d)
 		crashpoint.Hit("end " + PhaseCRIUDump)
 		if early {
-			copied, commitErr = e.saveFrozen(ctx, t, target, stage, pages, saved)
+			copied, commitErr = saveFrozen(ctx, t, target, stage, pages, save)
 		} else {
-			commitErr = e.commitFrozen(ctx, op, t, target, stage, m, pages, saved, r.Stream)
+			commitErr = e.commitFrozen(ctx, op, t, target, stage, m, pages, save, r.Stream)
 		}
 		return commitErr
 	}
-	if err := target.Dump(ctx, dump, commit); err != nil {
+	if err := target.Dump(ctx, dump, DumpHooks{Frozen: save.start, Commit: commit}); err != nil {
 		if !dumped {
 			e.reporter().Done(PhaseCRIUDump, time.Since(dumpStart))
 		}
@@ -295,18 +297,10 @@ func CheckpointGPUs(ctx context.Context, t *Timer, gpus GPUSet, timeout time.Dur
 // page server has received everything, the target's own files join the image, the memory
 // gpucr saves itself is saved, and the image is committed and journaled as such.
 func (e *Engine) commitFrozen(ctx context.Context, op *Op, t *Timer, target Target, stage *image.Staging, m *image.Manifest,
-	pages *pageserver.Server, saved []memfill.Range, s *chunked.Stream) error {
+	pages *pageserver.Server, save *memorySave, s *chunked.Stream) error {
 	if s != nil {
-		if err := frozenFiles(ctx, target, stage, pages); err != nil {
+		if _, err := saveFrozen(ctx, t, target, stage, pages, save); err != nil {
 			return err
-		}
-		if len(saved) > 0 {
-			err := t.RunCounted(ctx, PhaseMemorySave, func(ctx context.Context) error {
-				return memfill.SaveTo(ctx, saved, func(path string) (criuimg.Receiver, error) { return s.Create(path) })
-			})
-			if err != nil {
-				return err
-			}
 		}
 		err := t.Run(PhaseCommit, func() error {
 			m.Phases = slices.Clone(t.Phases)
@@ -317,7 +311,7 @@ func (e *Engine) commitFrozen(ctx context.Context, op *Op, t *Timer, target Targ
 		}
 		return op.Update(func(r *txn.Record) { r.Committed = true })
 	}
-	copied, err := e.saveFrozen(ctx, t, target, stage, pages, saved)
+	copied, err := saveFrozen(ctx, t, target, stage, pages, save)
 	if err != nil {
 		return err
 	}
@@ -337,23 +331,16 @@ func frozenFiles(ctx context.Context, target Target, stage *image.Staging, pages
 	return target.Describe(stage.Dir())
 }
 
-// saveFrozen copies everything of a dumped, still frozen tree into the staged image: the
-// pages CRIU sent, the target's files and the memory gpucr saves itself. Nothing is durable
-// yet; the tree may run again once it returns.
-func (e *Engine) saveFrozen(ctx context.Context, t *Timer, target Target, stage *image.Staging,
-	pages *pageserver.Server, saved []memfill.Range) ([]image.File, error) {
+// saveFrozen has everything of a dumped, still frozen tree in the staged image (or its
+// stream): the pages CRIU sent, the target's files and the memory gpucr saves itself,
+// whose save may have started long before. Nothing is durable yet; the tree may run again
+// once it returns.
+func saveFrozen(ctx context.Context, t *Timer, target Target, stage *image.Staging,
+	pages *pageserver.Server, save *memorySave) ([]image.File, error) {
 	if err := frozenFiles(ctx, target, stage, pages); err != nil {
 		return nil, err
 	}
-	if len(saved) == 0 {
-		return nil, nil
-	}
-	var copied []image.File
-	err := t.RunCounted(ctx, PhaseMemorySave, func(ctx context.Context) (err error) {
-		copied, err = memfill.Save(ctx, stage.Dir(), saved)
-		return err
-	})
-	return copied, err
+	return save.wait(t)
 }
 
 // commitDurable makes the staged image durable and commits it: the memory gpucr saved
@@ -469,7 +456,9 @@ func storeStreamed(ctx context.Context, stage *image.Staging, m *image.Manifest,
 // stagingSink writes the page files into the staged image.
 type stagingSink struct{ s *image.Staging }
 
-func (k stagingSink) Create(name string) (criuimg.Receiver, error) { return k.s.CreatePages(name) }
+func (k stagingSink) Create(name string) (criuimg.Receiver, error) {
+	return receiver(k.s.CreatePages(name))
+}
 
 // StoreSink names the page files a streamed checkpoint receives as they sit in an image.
 func StoreSink(s *chunked.Stream) pageserver.Sink { return storeSink{s} }
@@ -477,7 +466,16 @@ func StoreSink(s *chunked.Stream) pageserver.Sink { return storeSink{s} }
 type storeSink struct{ s *chunked.Stream }
 
 func (k storeSink) Create(name string) (criuimg.Receiver, error) {
-	return k.s.Create(image.CRIUDir + "/" + name)
+	return receiver(k.s.Create(image.CRIUDir + "/" + name))
+}
+
+// receiver hands on a file that receives pages, or its error with no file at all: a typed
+// nil pointer in the interface would look like a file to close.
+func receiver[R criuimg.Receiver](r R, err error) (criuimg.Receiver, error) {
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // PagesBytes sums CRIU's page files: the memory the image holds.

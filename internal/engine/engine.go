@@ -21,6 +21,7 @@ var (
 	ErrBadTarget  = errors.New("refusing to checkpoint this process")
 	ErrPIDInUse   = errors.New("a PID the image needs is in use")
 	ErrNoFile     = errors.New("a file the image needs is missing on this host")
+	ErrTreeImage  = errors.New("this image cannot be restored as a process tree")
 	ErrNoBackend  = errors.New("no GPU backend for this image")
 	ErrGPURestore = errors.New("GPU restore failed")
 )

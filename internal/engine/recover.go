@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -265,10 +267,27 @@ func resumeContainer(ctx context.Context, c *txn.Container) error {
 	if len(c.Runtime) == 0 {
 		return fmt.Errorf("container %s is left paused: no runtime recorded", c.ID)
 	}
-	if out, err := runRuntime(ctx, c, "resume", c.ID); err != nil {
-		return fmt.Errorf("container %s is left paused (%s resume): %w: %s", c.ID, c.Runtime[0], err, out)
+	out, err := runRuntime(ctx, c, "resume", c.ID)
+	if err == nil || runtimeStatus(ctx, c) == "running" {
+		return nil // a runtime whose dump failed may have resumed it already
 	}
-	return nil
+	return fmt.Errorf("container %s is left paused (%s resume): %w: %s", c.ID, c.Runtime[0], err, bytes.TrimSpace(out))
+}
+
+// runtimeStatus is the status the runtime gives container c ("running", "paused", ...), or
+// "" when it cannot say.
+func runtimeStatus(ctx context.Context, c *txn.Container) string {
+	out, err := exec.CommandContext(ctx, c.Runtime[0], append(slices.Clone(c.Runtime[1:]), "state", c.ID)...).Output()
+	if err != nil {
+		return ""
+	}
+	var st struct {
+		Status string `json:"status"`
+	}
+	if json.Unmarshal(out, &st) != nil {
+		return ""
+	}
+	return st.Status
 }
 
 // runRuntime runs the journaled runtime command of c (binary and global flags) with args.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -78,11 +79,13 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	defer op.End()
 	t := e.NewTimer(op)
 	// CRIU only ever parses verified files: sizes and every file but the raw memory are
-	// checked first. The memory, nearly all of the image, is checked while CRIU restores:
-	// no task resumes and nothing is filled until it passed, and CRIU kills the tasks if not.
+	// checked first. CRIU's page files are checked while CRIU restores, and the memory gpucr
+	// saved itself (nearly all of a GPU image) by the fill as it reads it: no task resumes
+	// until all of it passed, and CRIU kills the tasks if not.
 	start := time.Now()
 	local := r.Streamed.localFiles(m.Files)
 	meta, memory := splitMemory(local)
+	filled, memory := splitFilled(memory)
 	if err := image.CheckListed(r.Dir, m); err != nil {
 		return nil, err
 	}
@@ -105,6 +108,11 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 		return nil, err
 	}
 	gpus, remap := plan.GPUs, plan.Remap
+	for _, b := range slices.Sorted(maps.Keys(remap)) {
+		for _, old := range slices.Sorted(maps.Keys(remap[b])) {
+			e.Logger().Info("GPU moved", "backend", b, "image", old, "host", remap[b][old])
+		}
+	}
 	if plan.PluginDir != "" {
 		if !target.CRIUPlugins() {
 			return nil, fmt.Errorf("the image holds GPU state that CRIU's plugin restores: restoring it into %s is not supported yet", target.What())
@@ -138,7 +146,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if !r.CRIURestoresPages && opts.PluginDir == "" {
 		split = m.Leaves()
 	}
-	fill, err := e.planFill(r.Dir, r.Streamed.memory(r.Dir), work, m, split)
+	fill, err := e.planFill(r.Dir, r.Streamed.memory(r.Dir, filled), work, m, split)
 	if err != nil {
 		return nil, verify.prefer(err)
 	}
@@ -258,6 +266,20 @@ func splitMemory(files []image.File) (meta, memory []image.File) {
 		}
 	}
 	return meta, memory
+}
+
+// splitFilled takes out of memory the files the fill reads whole and verifies as it reads
+// them (memfill.CheckedDir): the memory gpucr saved itself. An empty one has nothing to
+// read, and is left to the verification of the rest.
+func splitFilled(memory []image.File) (filled, rest []image.File) {
+	for _, f := range memory {
+		if path.Dir(f.Path) == criuimg.MemDir && f.Size > 0 {
+			filled = append(filled, f)
+		} else {
+			rest = append(rest, f)
+		}
+	}
+	return filled, rest
 }
 
 func (v *verification) wait() error {
@@ -438,8 +460,9 @@ func pidsTaken(m *image.Manifest) (*pidTaken, error) {
 }
 
 // filesPresent checks, before CRIU starts, that the files the image's processes had open
-// or mapped exist here: on another host CRIU would otherwise fail halfway, naming one.
-func filesPresent(criuDir string) error {
+// or mapped exist here: on another host CRIU would otherwise fail halfway, naming one file
+// and not who used it.
+func filesPresent(criuDir string, m *image.Manifest) error {
 	missing, err := criuimg.MissingFiles(criuDir)
 	if err != nil {
 		return fmt.Errorf("check the image's files: %w", err)
@@ -448,10 +471,29 @@ func filesPresent(criuDir string) error {
 	case 0:
 		return nil
 	case 1:
-		return fmt.Errorf("%w: %s; restore where it exists at the same path", ErrNoFile, missing[0])
+		return fmt.Errorf("%w: %s, %s; provide it at that path, or restore where it exists", ErrNoFile, missing[0].Path, usedBy(missing[0], m))
 	}
-	return fmt.Errorf("%w: %s and %d more (%s); restore where they exist at the same paths",
-		ErrNoFile, missing[0], len(missing)-1, strings.Join(missing[1:min(len(missing), 4)], ", "))
+	more := make([]string, 0, 3)
+	for _, f := range missing[1:min(len(missing), 4)] {
+		more = append(more, f.Path)
+	}
+	return fmt.Errorf("%w: %s, %s, and %d more (%s); provide them at those paths, or restore where they exist",
+		ErrNoFile, missing[0].Path, usedBy(missing[0], m), len(missing)-1, strings.Join(more, ", "))
+}
+
+// usedBy says which process of the image used a missing file, and how.
+func usedBy(f criuimg.MissingFile, m *image.Manifest) string {
+	if f.PID == 0 {
+		return "a working or root directory of the image's processes"
+	}
+	who := fmt.Sprintf("PID %d", f.PID)
+	if i := slices.IndexFunc(m.Processes, func(p image.Process) bool { return p.PID == f.PID }); i >= 0 {
+		who = fmt.Sprintf("PID %d (%s)", f.PID, m.Processes[i].Command)
+	}
+	if f.FD < 0 {
+		return "mapped by " + who
+	}
+	return fmt.Sprintf("open in %s as fd %d", who, f.FD)
 }
 
 // killTree kills the restored processes of m, children first, and waits briefly for them.

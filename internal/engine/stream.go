@@ -42,10 +42,11 @@ func (s *Streamed) localFiles(files []image.File) []image.File {
 	return out
 }
 
-// memory is where the fill reads the memory gpucr saved in the image at dir.
-func (s *Streamed) memory(dir string) memfill.Source {
+// memory is where the fill reads the memory gpucr saved in the image at dir; the local
+// files in check are verified as the fill reads them.
+func (s *Streamed) memory(dir string, check []image.File) memfill.Source {
 	if s == nil {
-		return memfill.Dir(dir)
+		return memfill.CheckedDir(dir, check)
 	}
 	return recording{s}
 }

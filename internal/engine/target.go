@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -36,15 +37,26 @@ type Target interface {
 	// what undoes that, and returns the tree as it stopped (processes may have come and gone
 	// since Open); nil keeps the tree Open returned. Most targets need nothing.
 	Freeze(ctx context.Context, op *Op, undo *Undo) ([]proctree.Process, error)
-	// Dump has CRIU dump the tree as d says (d.PID is the target's to fill) and calls
-	// commit once every file is written, with the tree still frozen; commit's error fails
-	// the dump, and the tree must then run on as before.
-	Dump(ctx context.Context, d criu.DumpRequest, commit func() error) error
+	// Dump has CRIU dump the tree as d says (d.PID is the target's to fill) and calls the
+	// hooks: Frozen where it knows the tree is stopped, Commit once every file is written,
+	// with the tree still frozen; Commit's error fails the dump, and the tree must then run
+	// on as before.
+	Dump(ctx context.Context, d criu.DumpRequest, h DumpHooks) error
 	// Describe writes the target's own files into the staged image directory dir.
 	Describe(dir string) error
 	// Release ends the tree's part once its image is committed: it is gone, or with
 	// leaveRunning it runs again (its GPUs are the engine's to resume).
 	Release(ctx context.Context, leaveRunning bool) error
+}
+
+// DumpHooks are the engine's steps inside a target's dump.
+type DumpHooks struct {
+	// Frozen says the tree is stopped and stays so until Commit returns: memory may be
+	// copied out of it from then on, beside CRIU's dump. A target that cannot tell does
+	// not call it.
+	Frozen func()
+	// Commit finishes the checkpoint once CRIU has written every file.
+	Commit func() error
 }
 
 // Tree is the target for the process tree rooted at pid, dumped through CRIU's RPC.
@@ -54,13 +66,22 @@ type processTree struct {
 	e    *Engine
 	pid  int
 	tree []proctree.Process
+	// ownPIDs: the root is the init of a PID namespace of its own, which CRIU dumps and
+	// restores as such; the image numbers the tree as that namespace does.
+	ownPIDs bool
 }
 
-func (p *processTree) What() string                  { return fmt.Sprintf("PID %d", p.pid) }
-func (p *processTree) Locks() []string               { return treeLocks(proctree.PIDs(p.tree)) }
-func (p *processTree) ImagePID(pid int) (int, error) { return pid, nil }
-func (p *processTree) CRIUPlugins() bool             { return true }
-func (p *processTree) Describe(string) error         { return nil }
+func (p *processTree) What() string          { return fmt.Sprintf("PID %d", p.pid) }
+func (p *processTree) Locks() []string       { return treeLocks(proctree.PIDs(p.tree)) }
+func (p *processTree) CRIUPlugins() bool     { return true }
+func (p *processTree) Describe(string) error { return nil }
+
+func (p *processTree) ImagePID(pid int) (int, error) {
+	if p.ownPIDs {
+		return proctree.InnerPID(pid)
+	}
+	return pid, nil
+}
 
 // Freeze does nothing: CRIU freezes the tree itself at the start of its dump, and thaws
 // it if the dump fails.
@@ -85,24 +106,52 @@ func (p *processTree) Open(context.Context) ([]proctree.Process, error) {
 	if slices.Contains(proctree.PIDs(tree), os.Getpid()) {
 		return nil, fmt.Errorf("%w: gpucr itself runs inside the tree of PID %d", ErrBadTarget, pid)
 	}
+	if p.ownPIDs, err = ownNamespaces(pid); err != nil {
+		return nil, err
+	}
 	p.tree = tree
 	return tree, nil
 }
 
-// Dump commits from CRIU's post-dump notification, while CRIU still holds the tree:
-// CRIU resumes the tree when the notification fails and kills it (or, leaving it
-// running, thaws it) when it succeeds.
-func (p *processTree) Dump(ctx context.Context, d criu.DumpRequest, commit func() error) error {
+// ownNamespaces refuses a tree whose root has a mount namespace of its own, and says
+// whether it has a PID namespace of its own. CRIU dumps such a mount namespace but
+// restores it only into a root directory that a container runtime gives it: the image
+// could never come back as a process tree.
+func ownNamespaces(pid int) (ownPIDs bool, err error) {
+	mnt, err := proctree.OwnNamespace(pid, "mnt")
+	if err != nil {
+		return false, err
+	}
+	if mnt {
+		return false, fmt.Errorf("%w: PID %d has a mount namespace of its own, which gpucr cannot restore as a process tree; "+
+			"run it as a runc container and checkpoint --container, or without unsharing its mounts", ErrBadTarget, pid)
+	}
+	if ownPIDs, err = proctree.OwnNamespace(pid, "pid"); err != nil || !ownPIDs {
+		return false, err
+	}
+	if inner, err := proctree.InnerPID(pid); err != nil || inner != 1 {
+		return false, errors.Join(err, fmt.Errorf("%w: PID %d is PID %d of a PID namespace of its own, and CRIU takes such a tree "+
+			"only whole: checkpoint the namespace's first process (its PID 1)", ErrBadTarget, pid, inner))
+	}
+	return true, nil
+}
+
+// Dump reports the tree frozen at CRIU's query-ext-files notification (CRIU has seized
+// every task, and dumped nothing yet) and commits from its post-dump notification, while
+// CRIU still holds the tree: CRIU resumes the tree when the notification fails and kills
+// it (or, leaving it running, thaws it) when it succeeds.
+func (p *processTree) Dump(ctx context.Context, d criu.DumpRequest, h DumpHooks) error {
 	d.PID = p.pid
-	return p.e.CRIU.Dump(ctx, d, postDump{commit: commit})
+	return p.e.CRIU.Dump(ctx, d, dumpNotify{h: h})
 }
 
-type postDump struct {
+type dumpNotify struct {
 	criu.NoNotify
-	commit func() error
+	h DumpHooks
 }
 
-func (n postDump) PostDump() error { return n.commit() }
+func (n dumpNotify) Seized() error   { n.h.Frozen(); return nil }
+func (n dumpNotify) PostDump() error { return n.h.Commit() }
 
 // Release returns, for a killed tree, only once its PIDs and sockets are free, so that a
 // restore right after this checkpoint does not find them taken.
@@ -187,6 +236,10 @@ type treeImage struct {
 	e   *Engine
 	dir string
 	m   *image.Manifest
+	// root is the host PID of the restored root, once CRIU has created it: for an image
+	// with its own PID namespace, whose processes the host numbers anew, the one PID
+	// that reaches them all (killing a namespace's init kills the namespace).
+	root int
 }
 
 func (ti *treeImage) Open(_ context.Context, dir string, m *image.Manifest) error {
@@ -195,7 +248,13 @@ func (ti *treeImage) Open(_ context.Context, dir string, m *image.Manifest) erro
 }
 
 func (ti *treeImage) What() string { return "image " + ti.dir }
+
+// Locks are the image's PIDs, which the restore takes on this host; an image with a PID
+// namespace of its own takes none of the host's.
 func (ti *treeImage) Locks() []string {
+	if ti.m.OwnPIDNamespace() {
+		return nil
+	}
 	pids := make([]int, len(ti.m.Processes))
 	for i, p := range ti.m.Processes {
 		pids[i] = p.PID
@@ -205,21 +264,42 @@ func (ti *treeImage) Locks() []string {
 func (ti *treeImage) CRIUPlugins() bool { return true }
 
 func (ti *treeImage) Check() error {
-	if err := waitPIDsFree(ti.m, pidWait); err != nil {
+	if criuimg.OwnMounts(image.CRIUPath(ti.dir)) {
+		return fmt.Errorf("%w: the image's tree had a mount namespace of its own, which CRIU restores only into a container's root; "+
+			"restore it with --container if it was one, or checkpoint the tree again without unsharing its mounts", ErrTreeImage)
+	}
+	sig, err := criuimg.ParentDeathSignal(image.CRIUPath(ti.dir))
+	if err != nil {
 		return err
 	}
-	return filesPresent(image.CRIUPath(ti.dir))
+	if sig != 0 {
+		return fmt.Errorf("%w: its root, PID %d (%s), asked for signal %d when its parent dies (as unshare --kill-child "+
+			"and other launchers set it), and CRIU, its parent in a restore, exits as soon as the tree runs: start the job "+
+			"without a parent-death signal on its first process", ErrTreeImage, ti.m.RootPID, ti.rootCommand(), sig)
+	}
+	if !ti.m.OwnPIDNamespace() {
+		if err := waitPIDsFree(ti.m, pidWait); err != nil {
+			return err
+		}
+	}
+	return filesPresent(image.CRIUPath(ti.dir), ti.m)
 }
 
 func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Restored, error) {
-	if err := op.Update(func(rec *txn.Record) { rec.Tree, rec.GPUs = s.Procs() }); err != nil {
-		return nil, err
+	// The image's PIDs are this host's only without a PID namespace of its own; with one,
+	// the tree is journaled once whole, under the host PIDs it got.
+	if !ti.m.OwnPIDNamespace() {
+		if err := op.Update(func(rec *txn.Record) { rec.Tree, rec.GPUs = s.Procs() }); err != nil {
+			return nil, err
+		}
 	}
 	cut, run := newCutoff(ctx, &s)
-	pid, err := ti.e.CRIU.Restore(run, s.RestoreRequest, &gate{ctx: run, s: s})
+	g := &gate{ctx: run, s: s, ownPIDs: ti.m.OwnPIDNamespace()}
+	pid, err := ti.e.CRIU.Restore(run, s.RestoreRequest, g)
+	ti.root = g.root
 	if reason := cut.done(); reason != nil && err != nil {
 		// CRIU was killed wherever it was: what it had created goes too.
-		killTree(ti.m)
+		ti.kill()
 		return nil, fmt.Errorf("%w: CRIU was stopped and the restored processes killed; the image is unchanged", reason)
 	}
 	if err != nil {
@@ -229,12 +309,29 @@ func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Resto
 	if err != nil {
 		ti.e.Logger().Warn("CRIU's restore statistics are unreadable", "err", err)
 	}
-	return &Restored{Root: pid, Stats: stats}, nil
+	return &Restored{Root: pid, Host: g.host, Stats: stats}, nil
 }
 
 func (ti *treeImage) Remove(_ context.Context, cause error) error {
-	killTree(ti.m)
+	ti.kill()
 	return fmt.Errorf("%w; the restored processes were killed, the image is unchanged", cause)
+}
+
+func (ti *treeImage) rootCommand() string {
+	if len(ti.m.Processes) == 0 {
+		return "?"
+	}
+	return ti.m.Processes[0].Command
+}
+
+// kill kills what the restore created: the image's PIDs, or the root of its own PID
+// namespace.
+func (ti *treeImage) kill() {
+	if !ti.m.OwnPIDNamespace() {
+		killTree(ti.m)
+	} else if ti.root > 0 {
+		killCreated([]txn.Proc{{PID: ti.root}}, selfStart())
+	}
 }
 
 // gate holds CRIU at post-restore, with every task restored and none resumed, until the
@@ -245,20 +342,37 @@ type gate struct {
 	criu.NoNotify
 	ctx context.Context // cancelled when the restore is interrupted before its tasks are whole
 	s   RestoreSpec
+	// ownPIDs: the tree is restored into a PID namespace of its own, where its processes
+	// have the image's PIDs and the host gives them others; host maps the ones to the others.
+	ownPIDs bool
+	root    int // the root's host PID, as CRIU reports it
+	host    map[int]int
 }
 
-func (g *gate) PostRestore(int32) error {
+func (g *gate) PostRestore(root int32) error {
 	crashpoint.Hit("in " + PhaseCRIURestore)
+	g.root = int(root)
 	if err := g.s.Verified(); err != nil {
 		return err
 	}
 	if err := g.ctx.Err(); err != nil {
 		return fmt.Errorf("restore interrupted: %w", err)
 	}
+	if g.ownPIDs {
+		var err error
+		if g.host, err = proctree.HostPIDs(g.root); err != nil {
+			return err
+		}
+		if g.s.Fill != nil {
+			if err := g.s.Fill.Renumber(g.host); err != nil {
+				return err
+			}
+		}
+	}
 	if g.s.Fill != nil {
 		if err := g.s.Timer.RunCounted(g.ctx, PhaseMemoryFill, g.s.Fill.Fill); err != nil {
 			return err
 		}
 	}
-	return g.s.Whole(nil)
+	return g.s.Whole(g.host)
 }

@@ -76,6 +76,11 @@ type Process struct {
 	Threads int    `json:"threads"`
 }
 
+// OwnPIDNamespace says whether the image's tree had a PID namespace of its own (a
+// container's, or one unshared for it): its root is that namespace's PID 1, and the image
+// numbers its processes as the namespace did, not as the host did.
+func (m *Manifest) OwnPIDNamespace() bool { return m.RootPID == 1 }
+
 // Leaves are the processes without children. gpucr saves and fills only their memory
 // itself: a child may share its parent's memory copy-on-write, which CRIU must restore.
 func (m *Manifest) Leaves() []int {

@@ -3,9 +3,14 @@ package memfill
 import (
 	"context"
 	"fmt"
+	"maps"
 	"path/filepath"
+	"slices"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/gpucr/gpucr/internal/beneath"
+	"github.com/gpucr/gpucr/internal/image"
 )
 
 // A Source is where a restore reads the memory it fills from: the image's own directory,
@@ -41,3 +46,63 @@ func (d dirSource) ReadAt(_ context.Context, path string, p []byte, off int64) e
 }
 
 func (dirSource) Verify() error { return nil }
+
+// CheckedDir is Dir for an image whose files in check are not verified yet: each piece the
+// fill reads of them is hashed while it is in cache, and Verify compares each file's
+// checksum with the manifest's. The fill then verifies gpucr's own memory files itself, and
+// no second pass over nearly all of the image holds it up. A file the fill did not read
+// whole, in aligned pieces, is read again by Verify.
+func CheckedDir(dir string, check []image.File) Source {
+	c := &checkedDir{dir: dirSource(dir), files: map[string]*checkedFile{}}
+	for _, f := range check {
+		n := (f.Size + image.HashChunkSize - 1) / image.HashChunkSize
+		c.files[f.Path] = &checkedFile{File: f, digests: make([]uint64, n), read: make([]bool, n)}
+	}
+	return c
+}
+
+type checkedDir struct {
+	dir   dirSource
+	files map[string]*checkedFile
+}
+
+// checkedFile is one file being verified: the digest of each piece read, by index. Workers
+// write distinct pieces, and Verify runs once they are all done.
+type checkedFile struct {
+	image.File
+	digests []uint64
+	read    []bool
+}
+
+func (c *checkedDir) ReadAt(ctx context.Context, path string, p []byte, off int64) error {
+	if err := c.dir.ReadAt(ctx, path, p, off); err != nil {
+		return err
+	}
+	f, ok := c.files[path]
+	if !ok || off%image.HashChunkSize != 0 {
+		return nil
+	}
+	i := off / image.HashChunkSize
+	if int64(len(p)) == min(image.HashChunkSize, f.Size-off) {
+		f.digests[i], f.read[i] = xxhash.Sum64(p), true
+	}
+	return nil
+}
+
+func (c *checkedDir) Verify() error {
+	var again []image.File
+	for _, path := range slices.Sorted(maps.Keys(c.files)) {
+		f := c.files[path]
+		if slices.Contains(f.read, false) {
+			again = append(again, f.File)
+			continue
+		}
+		if got := image.PiecesChecksum(f.digests); got != f.XXH64 {
+			return &image.CorruptError{Path: f.Path, Reason: fmt.Sprintf("checksum mismatch (want %s, got %s)", f.XXH64, got)}
+		}
+	}
+	if len(again) > 0 {
+		return image.CheckSums(string(c.dir), again)
+	}
+	return nil
+}

@@ -282,10 +282,12 @@ func (s *Server) open(dstID uint64, pagesID uint32) (*pagemapFile, error) {
 		return nil, fmt.Errorf("page server: %w", err)
 	}
 	pagesName := criuimg.PagesName(pagesID)
-	if p.pages, err = s.sink.Create(pagesName); err != nil {
+	pages, err := s.sink.Create(pagesName)
+	if err != nil { // pages may be a typed nil: it is no file to close
 		p.abort()
 		return nil, fmt.Errorf("page server: start %s: %w", pagesName, err)
 	}
+	p.pages = pages
 	s.pages = append(s.pages, pagesName)
 	return p, nil
 }

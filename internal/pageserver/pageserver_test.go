@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -223,5 +224,24 @@ func TestServerServesOnlyItsOwnCRIU(t *testing.T) {
 	conn.Close()
 	if _, err := s.Wait(context.Background()); err != nil {
 		t.Fatalf("the dump's own connection: %v", err)
+	}
+}
+
+// failingSink refuses every file the way a failed store does: a typed nil and an error.
+type failingSink struct{}
+
+func (failingSink) Create(string) (criuimg.Receiver, error) {
+	var f *memFile // what a sink's own Create returns on failure
+	return f, errors.New("store gone")
+}
+
+// A sink that cannot start a pages file fails the dump with its reason: the half-opened
+// pagemap is cleaned up without touching the file that never was.
+func TestServerReportsSinkThatCannotCreate(t *testing.T) {
+	s, c := connect(t, t.TempDir(), failingSink{})
+	defer c.c.Close()
+	c.send(cmdOpen2, 0, 0, 5<<typeBits|typePID, nil)
+	if _, err := s.Wait(context.Background()); err == nil || !strings.Contains(err.Error(), "store gone") {
+		t.Fatalf("Wait = %v, want the sink's error", err)
 	}
 }

@@ -4,9 +4,11 @@ package testutil
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -45,6 +47,44 @@ func StartSleeper(t testing.TB) *exec.Cmd {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("process %d never ran sleep", cmd.Process.Pid)
+		}
+	}
+}
+
+// StartUnsharedSleeper starts sleep as the first process of new namespaces (unshare's
+// flags: "--pid" at least, and "--uts", "--net", ...), in a session of its own inside them
+// as CRIU wants, and returns its host PID. The cleanup kills it, if it is still unshare's
+// child, and unshare.
+func StartUnsharedSleeper(t testing.TB, flags ...string) int {
+	t.Helper()
+	cmd := exec.Command("unshare", append(append(slices.Clone(flags), "--fork"), "setsid", "sleep", "1000")...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	children := fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid)
+	child := func() int {
+		b, _ := os.ReadFile(children)
+		if f := strings.Fields(string(b)); len(f) == 1 {
+			pid, _ := strconv.Atoi(f[0])
+			return pid
+		}
+		return 0
+	}
+	t.Cleanup(func() {
+		if pid := child(); pid > 0 {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait() // killed, or left when its child was: the status says nothing
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if pid := child(); pid > 0 {
+			if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(b)) == "sleep" {
+				return pid
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("unshare %v never ran sleep", flags)
 		}
 	}
 }

@@ -41,51 +41,24 @@ ls /dev/nvidia*
 bundle() {
   mkdir -p "$1/x" "$1/rootfs"; runc spec --bundle "$1"
   python3 - "$1" "$B" "${2:-}" "${3:-1}" <<'PY'
-import ctypes, glob, json, os, site, sys
+import json, sys
 b, src, conf, gib = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-# Where this host's CUDA driver library is (the loader's own path for it, and the files
-# it maps), so that the container finds the same one.
-ld = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(":") if p]
-cuda = []
-try:
-    h = ctypes.CDLL("libcuda.so.1")  # h._handle is its struct link_map: l_addr, l_name
-    cuda = [ctypes.cast(h._handle + 8, ctypes.POINTER(ctypes.c_char_p)).contents.value.decode()]
-except OSError as e:
-    print(f"no libcuda.so.1 here: {e}", file=sys.stderr)
-maps = {l.split(None, 5)[5].strip() for l in open("/proc/self/maps") if len(l.split(None, 5)) == 6}
-nv = sorted(p for p in maps if p.startswith("/") and ("libcuda" in p or "libnvidia" in p))
-print(f"libcuda.so.1: {cuda} maps {nv}; LD_LIBRARY_PATH={':'.join(ld)}", file=sys.stderr)
-ld = [os.path.dirname(p) for p in cuda] + ld
+sys.path.insert(0, src)
+from hostroot import host_root
+h = host_root(f"{b}/rootfs")
 c = json.load(open(f"{b}/config.json"))
 c["root"] = {"path": "rootfs", "readonly": False}
-c["process"].update(terminal=False, cwd="/x", args=[sys.executable, f"{src}/holder.py", gib, "/x"])
-c["process"]["env"] += ["HOME=/x", f"PYTHONUSERBASE={site.getuserbase()}"] + [f"LD_LIBRARY_PATH={':'.join(ld)}"] * bool(ld)
+c["process"].update(terminal=False, cwd="/x", args=[h["python"], f"{src}/holder.py", gib, "/x"])
+c["process"]["env"] += h["env"]
 c["linux"]["namespaces"] = [n for n in c["linux"]["namespaces"] if n["type"] != "network"]
 c["linux"]["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
 c["linux"].pop("maskedPaths", None)
-# The host's top-level directories that python, torch and the driver's libraries are in,
-# as they are: symlinks (/lib -> usr/lib) copied, directories bound read-only, and every
-# mount below them bound on its own: a recursive bind would hand CRIU submounts that runc
-# does not declare external.
-top = {"bin", "sbin", "lib", "lib32", "lib64", "libx32", "usr", "etc", "opt"}
-top |= {p.split("/")[1] for p in [sys.executable, site.getuserbase(), *sys.path, *cuda, *maps, *ld] if p.startswith("/")}
-binds = []
-for t in sorted(top - {"", "proc", "sys", "dev", "x"}):
-    if os.path.islink(f"/{t}"):
-        os.symlink(os.readlink(f"/{t}"), f"{b}/rootfs/{t}")
-    elif os.path.isdir(f"/{t}"):
-        binds.append(f"/{t}")
-subs = [l.split()[4] for l in open("/proc/self/mountinfo")]
-subs = [m for m in dict.fromkeys(subs) if "\\" not in m and any(m.startswith(t + "/") for t in binds)]
-binds += sorted(subs, key=lambda m: m.count("/"))
-print(f"bound read-only: {' '.join(binds)}", file=sys.stderr)
-for m in binds:
+for m in h["binds"]:
     c["mounts"].append({"destination": m, "source": m, "type": "bind", "options": ["bind", "ro"]})
 c["mounts"] += [{"destination": "/x", "source": f"{b}/x", "type": "bind", "options": ["bind", "rw"]},
                 {"destination": src, "source": src, "type": "bind", "options": ["bind", "ro"]}]
-for d in sorted(glob.glob("/dev/nvidia*")):
-    if not os.path.isdir(d):
-        c["mounts"].append({"destination": d, "source": d, "type": "bind", "options": ["bind", "rw"]})
+for d in h["devices"]:
+    c["mounts"].append({"destination": d, "source": d, "type": "bind", "options": ["bind", "rw"]})
 if conf:
     c["annotations"] = {"org.criu.config": conf}
 json.dump(c, open(f"{b}/config.json", "w"), indent=1)

@@ -23,3 +23,24 @@ func PlanOnto(in gpu.RestoreInput, uuid string) (*gpu.Plan, error) {
 	}
 	return &gpu.Plan{}, nil
 }
+
+// PlanMoved is the restore plan of a fake backend with one device, uuid, on another host
+// than the image's: every device the image's processes used moves to it, as a real
+// backend's planner moves the GPUs of a second node, whose UUIDs all differ.
+func PlanMoved(in gpu.RestoreInput, uuid string) (*gpu.Plan, error) {
+	if in.Snapshot == nil {
+		return nil, nil
+	}
+	remap := map[string]string{}
+	for _, p := range in.Snapshot.Processes {
+		for _, d := range p.Devices {
+			if d != uuid {
+				remap[d] = uuid
+			}
+		}
+	}
+	if len(remap) == 0 {
+		remap = nil
+	}
+	return &gpu.Plan{Remap: remap}, nil
+}

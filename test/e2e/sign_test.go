@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -20,7 +20,7 @@ func TestSignedImages(t *testing.T) {
 	needCRIU(t)
 	keys := t.TempDir()
 	alice, mallory := filepath.Join(keys, "alice"), filepath.Join(keys, "mallory")
-	var kg keygenOutput
+	var kg keygenDoc
 	if err := json.Unmarshal([]byte(mustGpucr(t, "keygen", alice, "--json")), &kg); err != nil || len(kg.KeyID) != 16 {
 		t.Fatalf("keygen: %v %+v", err, kg)
 	}
@@ -45,7 +45,7 @@ func TestSignedImages(t *testing.T) {
 	store := t.TempDir()
 	loc := filepath.Join(store, "job", "signed")
 	dir := filepath.Join(t.TempDir(), "img")
-	var ck checkpointOutput
+	var ck checkpointDoc
 	out := mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--to", loc, "--sign", alice, "--json")
 	if err := json.Unmarshal([]byte(out), &ck); err != nil || ck.SignedBy != kg.KeyID {
 		t.Fatalf("checkpoint --sign: %v\n%s", err, out)
@@ -53,7 +53,7 @@ func TestSignedImages(t *testing.T) {
 	testutil.WaitGone(t, w.pid)
 	at := w.read(t, "count")
 
-	var v verifyOutput
+	var v verifyDoc
 	if err := json.Unmarshal([]byte(mustGpucr(t, "verify", dir, "--trust", alice+".pub", "--json")), &v); err != nil || v.SignedBy != kg.KeyID {
 		t.Fatalf("verify --trust: %v %+v", err, v)
 	}
@@ -97,7 +97,7 @@ func TestSignedImages(t *testing.T) {
 	if _, err := os.Stat(pulled); !os.IsNotExist(err) {
 		t.Fatalf("a refused pull left %s: %v", pulled, err)
 	}
-	var rs restoreOutput
+	var rs restoreDoc
 	out = mustGpucr(t, "restore", "-D", pulled, "--from", loc, "--trust", keys, "--json") // a directory of keys
 	if err := json.Unmarshal([]byte(out), &rs); err != nil || rs.SignedBy != kg.KeyID {
 		t.Fatalf("restore --from --trust: %v\n%s", err, out)

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -15,50 +15,6 @@ import (
 	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
 )
-
-// fakeDriver is the fake NVIDIA driver (fakenvml.c and fakecuda.c, the one hardware edge
-// CI cannot reach): the binary finds as GPU processes the PIDs with a state file in dir,
-// and keeps their checkpoint states there, where they outlive a killed gpucr as the
-// driver's do. The real driver's path is proven on the device (docs/device-runs/).
-type fakeDriver struct {
-	dir string
-	env []string
-}
-
-func newFakeDriver(t *testing.T) *fakeDriver {
-	t.Helper()
-	libs := t.TempDir()
-	build := map[string]string{
-		"libfakecuda.so": "../../internal/gpu/nvidia/cuda/testdata/fakecuda.c",
-		"libfakenvml.so": "../../internal/gpu/nvidia/testdata/fakenvml.c",
-	}
-	for lib, src := range build {
-		if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", filepath.Join(libs, lib), src).CombinedOutput(); err != nil {
-			t.Fatalf("build %s: %v\n%s", lib, err, out)
-		}
-	}
-	d := &fakeDriver{dir: t.TempDir()}
-	d.env = []string{"GPUCR_LIBCUDA=" + filepath.Join(libs, "libfakecuda.so"),
-		"GPUCR_LIBNVML=" + filepath.Join(libs, "libfakenvml.so"), "FAKEGPU_DIR=" + d.dir}
-	return d
-}
-
-// claim makes pid a running GPU process.
-func (d *fakeDriver) claim(t *testing.T, pid int) {
-	t.Helper()
-	if err := os.WriteFile(filepath.Join(d.dir, strconv.Itoa(pid)), []byte("0\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// state is pid's checkpoint state: 0 running, 1 locked, 2 checkpointed.
-func (d *fakeDriver) state(pid int) string {
-	b, err := os.ReadFile(filepath.Join(d.dir, strconv.Itoa(pid)))
-	if err != nil {
-		return "0"
-	}
-	return strings.TrimSpace(string(b))
-}
 
 // crashHost is what a killed gpucr may leave behind: its journal and locks, and a THP
 // switch of its own that starts at madvise.
@@ -296,9 +252,9 @@ func TestOperationOnAProcessOfABusyTreeIsRefused(t *testing.T) {
 }
 
 // checkJSON is what gpucr check --json reports on host, with the fake driver.
-func checkJSON(t *testing.T, drv *fakeDriver, host crashHost) checkReport {
+func checkJSON(t *testing.T, drv *fakeDriver, host crashHost) checkDoc {
 	t.Helper()
-	var check checkReport
+	var check checkDoc
 	out, _, _ := gpucrEnv(t, drv.env, append([]string{"check", "--json"}, host.flags()...)...)
 	if err := json.Unmarshal([]byte(out), &check); err != nil {
 		t.Fatalf("check --json: %v\n%s", err, out)
@@ -365,20 +321,6 @@ func TestCheckListsAndRecoverResumesAStrandedProcess(t *testing.T) {
 	w.checkRunsOn(t, "gpucr recover --pid")
 }
 
-// runcPID is the host PID of container id's init.
-func runcPID(t *testing.T, runc, id string) int {
-	t.Helper()
-	out, err := exec.Command(runc, "state", id).Output()
-	if err != nil {
-		t.Fatalf("runc state %s: %v", id, err)
-	}
-	var st struct{ Pid int }
-	if err := json.Unmarshal(out, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st.Pid
-}
-
 func TestKilledContainerCheckpointRollsBack(t *testing.T) {
 	needRunc(t)
 	drv := newFakeDriver(t)
@@ -386,7 +328,7 @@ func TestKilledContainerCheckpointRollsBack(t *testing.T) {
 		t.Run(point, func(t *testing.T) {
 			host := newCrashHost(t)
 			runc, bundle, id, _ := counterContainer(t, strings.ReplaceAll(point, " ", "-"))
-			pid := runcPID(t, runc, id)
+			pid := runcInitPID(t, runc, id)
 			drv.claim(t, pid)
 			dir := filepath.Join(t.TempDir(), "img")
 			killedAt(t, point, drv.env, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
@@ -417,7 +359,7 @@ func TestKilledActionScriptRollsBack(t *testing.T) {
 			id := containerID(t, runc, strings.ReplaceAll(point, " ", "-"))
 			runcRun(t, runc, bundle, id)
 			waitContainerCount(t, bundle, 3)
-			pid := runcPID(t, runc, id)
+			pid := runcInitPID(t, runc, id)
 			drv.claim(t, pid)
 			ck := exec.Command(runc, "--criu", criuPath, "checkpoint", "--image-path", filepath.Join(t.TempDir(), "img"),
 				"--work-path", t.TempDir(), "--leave-running", id)

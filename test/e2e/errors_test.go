@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -13,42 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
-
-// sharedImage checkpoints one counter for the corruption tests to copy and damage.
-func sharedImage(t *testing.T) (dir string, w *workload) {
-	t.Helper()
-	w = startCounter(t, "-mib", "4")
-	dir = filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	testutil.WaitGone(t, w.pid)
-	return dir, w
-}
-
-func copyImage(t *testing.T, src string) string {
-	t.Helper()
-	dst := filepath.Join(t.TempDir(), "copy")
-	if out, err := exec.Command("cp", "-a", src, dst).CombinedOutput(); err != nil {
-		t.Fatalf("cp: %v: %s", err, out)
-	}
-	return dst
-}
-
-func largestPagesFile(t *testing.T, dir string) string {
-	t.Helper()
-	matches, _ := filepath.Glob(filepath.Join(dir, "criu", "pages-*.img"))
-	best, size := "", int64(-1)
-	for _, m := range matches {
-		if fi, err := os.Stat(m); err == nil && fi.Size() > size {
-			best, size = m, fi.Size()
-		}
-	}
-	if best == "" {
-		t.Fatal("image has no pages file")
-	}
-	return best
-}
 
 func TestDamagedImagesAreNeverRestored(t *testing.T) {
 	needCRIU(t)
@@ -108,7 +75,7 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 			}
 			// verify --json fails as JSON, naming the damage too.
 			stdout, _, code := gpucrEnv(t, nil, "verify", "--json", dir)
-			var e errorOutput
+			var e errorDoc
 			if err := json.Unmarshal([]byte(stdout), &e); err != nil || code != exitFailed || e.ExitCode != code || !strings.Contains(e.Error, c.want) {
 				t.Errorf("verify --json: exit %d, stdout %q (%v); want the error naming %q as JSON", code, stdout, err, c.want)
 			}
@@ -124,6 +91,44 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 	}
 	// The undamaged original still restores: the failures above were the damage's.
 	restore(t, good)
+}
+
+// The memory gpucr saved itself (mem/) is verified by the fill as it writes it, not by a
+// pass of its own: a byte changed there still fails the restore before any task runs, with
+// one line naming the file, and leaves nothing running.
+func TestDamagedSavedMemoryFailsTheRestore(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "40")
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	testutil.WaitGone(t, w.pid)
+	saved, _ := filepath.Glob(filepath.Join(dir, criuimg.MemDir, "*"))
+	if len(saved) == 0 {
+		t.Fatal("the image holds no memory gpucr saved itself: the test needs a larger range")
+	}
+	f, err := os.OpenFile(saved[0], os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := []byte{0}
+	if _, err := f.ReadAt(b, 3<<20); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x10
+	if _, err := f.WriteAt(b, 3<<20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	count := w.read(t, "count")
+	out, code := gpucr(t, "restore", "-D", dir)
+	if code == 0 || !oneLineWith(out, filepath.Base(saved[0])) || !strings.Contains(out, "checksum") {
+		t.Fatalf("restore of damaged saved memory: exit %d, want one line naming %s's checksum:\n%s", code, filepath.Base(saved[0]), out)
+	}
+	time.Sleep(100 * time.Millisecond) // five of the counter's ticks
+	if now := w.read(t, "count"); now != count {
+		t.Fatalf("the counter ran from the damaged image: count %d, was %d", now, count)
+	}
+	testutil.WaitReaped(t, w.pid)
 }
 
 func TestCheckpointRefusesBadRequests(t *testing.T) {
@@ -218,7 +223,7 @@ func TestOldCRIUIsRefused(t *testing.T) {
 // says so, not the report and an error after it; exit 3 says it too.
 func TestCheckJSONOnAHostNotReadyIsOneDocument(t *testing.T) {
 	stdout, _, code := gpucrEnv(t, nil, "check", "--json", "--criu", "/nonexistent/criu")
-	var r checkReport
+	var r checkDoc
 	if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != exitNotReady || r.Ready || r.CRIU.OK {
 		t.Fatalf("exit %d, stdout %q (%v); want exit 3 and one report saying not ready", code, stdout, err)
 	}
@@ -229,7 +234,7 @@ func TestCheckJSONOnAHostNotReadyIsOneDocument(t *testing.T) {
 func TestRefusedCommandLineWithJSONEqualsTrue(t *testing.T) {
 	for _, args := range [][]string{{"--json=true", "chekpoint"}, {"verify", "--json=1"}} {
 		stdout, _, code := gpucrEnv(t, nil, args...)
-		var e errorOutput
+		var e errorDoc
 		if err := json.Unmarshal([]byte(stdout), &e); err != nil || code != exitUsage || e.ExitCode != exitUsage {
 			t.Errorf("gpucr %s: exit %d, stdout %q (%v); want exit 2 and the error as JSON", strings.Join(args, " "), code, stdout, err)
 		}
@@ -267,10 +272,7 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 	if err := os.WriteFile(prog, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	saved := bin.counter
-	bin.counter = prog
-	w := startCounter(t)
-	bin.counter = saved
+	w := startCounterOf(t, prog)
 	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
 	testutil.WaitGone(t, w.pid)

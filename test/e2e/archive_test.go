@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"archive/tar"
@@ -50,7 +50,7 @@ func TestContainerExportReadByCheckpointctlAndImported(t *testing.T) {
 	_, bundle, id, id2 := counterContainer(t, "x", "-mib", "32")
 	out := t.TempDir()
 	file := filepath.Join(out, "ckpt.tar.zst")
-	var ck checkpointOutput
+	var ck checkpointDoc
 	if err := json.Unmarshal([]byte(mustGpucr(t, "checkpoint", "--json", "--container", id, "--export", file)), &ck); err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestContainerExportReadByCheckpointctlAndImported(t *testing.T) {
 		t.Errorf("checkpointctl inspect:\n%s", ins)
 	}
 
-	var gi inspectOutput
+	var gi inspectDoc
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", file)), &gi); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestContainerExportReadByCheckpointctlAndImported(t *testing.T) {
 		t.Errorf("gpucr inspect of the archive: %+v", gi)
 	}
 
-	var rs restoreOutput
+	var rs restoreDoc
 	dir := filepath.Join(t.TempDir(), "img")
 	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "--container", id, "--import", file, "-D", dir, "--new-id", id2)), &rs); err != nil {
 		t.Fatal(err)
@@ -97,7 +97,7 @@ func TestContainerExportReadByCheckpointctlAndImported(t *testing.T) {
 	if show := mustRun(t, cctl, "show", podman); !strings.Contains(show, id[:12]) {
 		t.Errorf("checkpointctl show of the podman layout:\n%s", show)
 	}
-	gi = inspectOutput{}
+	gi = inspectDoc{}
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", podman)), &gi); err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,10 @@
-package main
+package e2e
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,33 +14,6 @@ import (
 	"github.com/gpucr/gpucr/internal/store/storetest"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
-
-// gpucrEnv runs the binary with extra environment and returns its stdout, stderr and exit code.
-func gpucrEnv(t *testing.T, env []string, args ...string) (string, string, int) {
-	t.Helper()
-	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(bin.gpucr, args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return stdout.String(), stderr.String(), ee.ExitCode()
-	}
-	if err != nil {
-		t.Fatalf("run gpucr: %v", err)
-	}
-	return stdout.String(), stderr.String(), 0
-}
-
-func mustGpucrEnv(t *testing.T, env []string, args ...string) string {
-	t.Helper()
-	out, errOut, code := gpucrEnv(t, env, args...)
-	if code != 0 {
-		t.Fatalf("gpucr %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
-	}
-	return out
-}
 
 // sameFiles fails unless got holds exactly want's files with the same bytes.
 func sameFiles(t *testing.T, want, got string) {
@@ -96,7 +67,7 @@ func TestPushPullRealCheckpoints(t *testing.T) {
 	}
 	at := w.read(t, "count")
 
-	var pushes [2]transferOutput
+	var pushes [2]transferDoc
 	for i, dir := range dirs {
 		out := mustGpucrEnv(t, env, "push", "--json", dir, base+"/ckpt-"+strconv.Itoa(i+1))
 		if err := json.Unmarshal([]byte(out), &pushes[i]); err != nil {
@@ -106,7 +77,7 @@ func TestPushPullRealCheckpoints(t *testing.T) {
 	first, second := pushes[0], pushes[1]
 	// Dedup is the share of the image's non-zero bytes a push did not upload: chunks already
 	// stored, or repeated within the image. The first push shows the second part alone.
-	dedup := func(p transferOutput) float64 { return 1 - float64(p.TransferredBytes)/float64(p.Bytes-p.ZeroBytes) }
+	dedup := func(p transferDoc) float64 { return 1 - float64(p.TransferredBytes)/float64(p.Bytes-p.ZeroBytes) }
 	for i, p := range pushes {
 		t.Logf("measured: push %d: image %d bytes (%d in zero chunks), uploaded %d chunks, %d bytes as %d (zstd %.1fx), %d chunks already stored, %.2f%% of non-zero bytes not uploaded, %.2fs",
 			i+1, p.Bytes, p.ZeroBytes, p.Chunks, p.TransferredBytes, p.WireBytes, float64(p.TransferredBytes)/float64(max(p.WireBytes, 1)),
@@ -120,7 +91,7 @@ func TestPushPullRealCheckpoints(t *testing.T) {
 		t.Errorf("second checkpoint uploaded %d bytes, first %d", second.TransferredBytes, first.TransferredBytes)
 	}
 
-	var ls []lsEntry
+	var ls []lsDoc
 	if err := json.Unmarshal([]byte(mustGpucrEnv(t, env, "ls", "--json", base)), &ls); err != nil {
 		t.Fatal(err)
 	}
@@ -216,7 +187,7 @@ func TestStoreErrors(t *testing.T) {
 			}
 			// Under --json the same error is on stdout as JSON, for machines.
 			out, _, code = gpucrEnv(t, tt.env, append(tt.args, "--json")...)
-			var e errorOutput
+			var e errorDoc
 			if err := json.Unmarshal([]byte(out), &e); err != nil || code != tt.code || e.ExitCode != code || !strings.Contains(e.Error, tt.want) {
 				t.Errorf("with --json: exit %d, stdout %q (%v); want the error as JSON", code, out, err)
 			}
@@ -235,7 +206,7 @@ func TestCheckpointToAndRestoreFrom(t *testing.T) {
 	}
 	loc := filepath.Join(storeDir, "job", "ckpt-1")
 	out := mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "img"), "--to", loc, "--json")
-	var ck checkpointOutput
+	var ck checkpointDoc
 	if err := json.Unmarshal([]byte(out), &ck); err != nil || ck.Pushed == nil || ck.Pushed.URL == "" || ck.Pushed.Chunks == 0 {
 		t.Fatalf("checkpoint --to: %v\n%s", err, out)
 	}
@@ -249,7 +220,7 @@ func TestCheckpointToAndRestoreFrom(t *testing.T) {
 
 	dir := filepath.Join(t.TempDir(), "pulled")
 	out = mustGpucr(t, "restore", "-D", dir, "--from", loc, "--json")
-	var rs restoreOutput
+	var rs restoreDoc
 	if err := json.Unmarshal([]byte(out), &rs); err != nil || rs.Pulled == nil || rs.RootPID != w.pid {
 		t.Fatalf("restore --from: %v\n%s", err, out)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -6,27 +6,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/store/storetest"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
-
-// smallTmp mounts a tmpfs of size bytes and returns it: a TMPDIR too small for an image.
-func smallTmp(t *testing.T, size int) string {
-	t.Helper()
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+strconv.Itoa(size)); err != nil {
-		t.Fatalf("mount a small tmpfs: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Unmount(dir, syscall.MNT_DETACH); err != nil {
-			t.Errorf("unmount %s: %v", dir, err)
-		}
-	})
-	return dir
-}
 
 // checkpoint --to without -D streams: a two-process tree with 64 MiB of memory is
 // checkpointed into MinIO with a TMPDIR of 4 MiB, so its pages cannot have been written
@@ -40,7 +24,7 @@ func TestStreamedCheckpointToS3(t *testing.T) {
 	w := startCounter(t, "-mib", "64", "-child")
 	w.waitCount(t, 5)
 
-	var first checkpointOutput
+	var first checkpointDoc
 	out := mustGpucrEnv(t, env, "checkpoint", "--leave-running", "--json", strconv.Itoa(w.pid), "--to", base+"/ckpt-1")
 	if err := json.Unmarshal([]byte(out), &first); err != nil || !first.Streamed || first.Pushed == nil {
 		t.Fatalf("streamed checkpoint: %v\n%s", err, out)
@@ -54,7 +38,7 @@ func TestStreamedCheckpointToS3(t *testing.T) {
 	w.waitCount(t, w.read(t, "count")+10)
 
 	out = mustGpucrEnv(t, env, "checkpoint", "--leave-running", "--json", strconv.Itoa(w.pid), "--to", base+"/ckpt-2")
-	var second checkpointOutput
+	var second checkpointDoc
 	if err := json.Unmarshal([]byte(out), &second); err != nil || second.Pushed == nil {
 		t.Fatalf("second streamed checkpoint: %v\n%s", err, out)
 	}
@@ -64,7 +48,7 @@ func TestStreamedCheckpointToS3(t *testing.T) {
 	// A local image pushed after it cuts its page files the same way: it finds them stored.
 	img := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", img)
-	var pushed transferOutput
+	var pushed transferDoc
 	if err := json.Unmarshal([]byte(mustGpucrEnv(t, env, "push", "--json", img, base+"/ckpt-3")), &pushed); err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +56,7 @@ func TestStreamedCheckpointToS3(t *testing.T) {
 		t.Errorf("a push after two streamed checkpoints found none of its chunks stored: %+v", pushed)
 	}
 
-	var ls []lsEntry
+	var ls []lsDoc
 	if err := json.Unmarshal([]byte(mustGpucrEnv(t, env, "ls", "--json", base)), &ls); err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +71,7 @@ func TestStreamedCheckpointToS3(t *testing.T) {
 	if saved, _ := filepath.Glob(filepath.Join(pulled, "mem", "*.img")); len(saved) == 0 {
 		t.Error("the streamed checkpoint holds no memory gpucr saved itself")
 	}
-	var ins inspectOutput
+	var ins inspectDoc
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", pulled)), &ins); err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +134,7 @@ func TestKilledStreamLeavesChunksThatGcRemoves(t *testing.T) {
 		t.Fatal("the killed stream stored no chunk")
 	}
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "--to", filepath.Join(storeDir, "kept"), "--leave-running")
-	var dry, gc collectOutput
+	var dry, gc collectDoc
 	decode(t, mustGpucr(t, "gc", storeDir, "--dry-run", "--json"), &dry)
 	before := chunks()
 	decode(t, mustGpucr(t, "gc", storeDir, "--json"), &gc)
@@ -164,7 +148,7 @@ func TestKilledStreamLeavesChunksThatGcRemoves(t *testing.T) {
 	if _, errOut, code := gpucrEnv(t, nil, "gc", filepath.Join(storeDir, "kept")); code != 2 || !oneLineWith(errOut, "is a checkpoint") {
 		t.Errorf("gc of a checkpoint: exit %d, %q", code, errOut)
 	}
-	var rm collectOutput
+	var rm collectDoc
 	decode(t, mustGpucr(t, "rm", filepath.Join(storeDir, "kept"), "--json"), &rm)
 	if rm.Deleted == "" || rm.Checkpoints != 0 || chunks() != 0 {
 		t.Errorf("rm: %+v, %d chunks left", rm, chunks())
@@ -181,13 +165,5 @@ func TestCheckpointNeedsADestination(t *testing.T) {
 		if code != 2 || !strings.Contains(errOut, "-D DIR") {
 			t.Errorf("gpucr %s: exit %d, stderr %q", strings.Join(args, " "), code, errOut)
 		}
-	}
-}
-
-// decode reads gpucr's --json output into v.
-func decode(t *testing.T, out string, v any) {
-	t.Helper()
-	if err := json.Unmarshal([]byte(out), v); err != nil {
-		t.Fatalf("decode %q: %v", out, err)
 	}
 }

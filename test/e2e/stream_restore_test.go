@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"os"
@@ -21,11 +21,9 @@ import (
 
 // restoreStreamed restores the checkpoint at loc with restore --from and no -D, with env,
 // and returns what it reported.
-func restoreStreamed(t *testing.T, env []string, loc string, args ...string) restoreOutput {
+func restoreStreamed(t *testing.T, env []string, loc string, args ...string) restoreDoc {
 	t.Helper()
-	var out restoreOutput
-	decode(t, mustGpucrEnv(t, env, append([]string{"restore", "--json", "--from", loc}, args...)...), &out)
-	t.Cleanup(func() { testutil.KillAndReap(out.RootPID) })
+	out := restoreJSON(t, env, append([]string{"--from", loc}, args...)...)
 	if out.Streamed == nil || out.Pulled != nil {
 		t.Fatalf("restore --from without -D did not stream: %+v", out)
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -6,33 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
-	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
-
-// restored parses the root PID out of `gpucr restore --json`.
-func restore(t *testing.T, dir string, args ...string) int {
-	t.Helper()
-	out := mustGpucr(t, append([]string{"restore", "--json", "-D", dir}, args...)...)
-	var r struct {
-		RootPID int `json:"rootPid"`
-	}
-	i := strings.Index(out, "{")
-	if i < 0 {
-		t.Fatalf("restore printed no JSON:\n%s", out)
-	}
-	if err := json.Unmarshal([]byte(out[i:]), &r); err != nil {
-		t.Fatalf("restore output: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { testutil.KillAndReap(r.RootPID) })
-	return r.RootPID
-}
 
 func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 	needCRIU(t)
@@ -55,7 +35,7 @@ func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 	if pages := dirSize(t, filepath.Join(dir, "criu"), "pages-"); len(saved) == 0 || pages > 32<<20 {
 		t.Errorf("gpucr saved %d ranges; CRIU's page files hold %d bytes", len(saved), pages)
 	}
-	var ins inspectOutput
+	var ins inspectDoc
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", dir)), &ins); err != nil {
 		t.Fatal(err)
 	}
@@ -67,31 +47,11 @@ func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 	}
 }
 
-// dirSize adds up the sizes of the files in dir whose names start with prefix.
-func dirSize(t *testing.T, dir, prefix string) int64 {
-	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n int64
-	for _, e := range entries {
-		if info, err := e.Info(); err == nil && strings.HasPrefix(e.Name(), prefix) {
-			n += info.Size()
-		}
-	}
-	return n
-}
-
-// restoreCounts restores the counter w from dir with env added, checks that it counts on
+// restoreCounts restores the counter w from dir with flags added, checks that it counts on
 // from frozen with its memory intact, and says whether gpucr filled its memory itself.
 func restoreCounts(t *testing.T, w *workload, dir string, frozen int, flags ...string) (filled bool) {
 	t.Helper()
-	var rs restoreOutput
-	if err := json.Unmarshal([]byte(mustGpucr(t, append([]string{"restore", "--json", "-D", dir}, flags...)...)), &rs); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { testutil.KillAndReap(rs.RootPID) })
+	rs := restoreJSON(t, nil, append([]string{"-D", dir}, flags...)...)
 	if rs.RootPID != w.pid {
 		t.Errorf("restored PID %d, want the original %d", rs.RootPID, w.pid)
 	}
@@ -99,7 +59,7 @@ func restoreCounts(t *testing.T, w *workload, dir string, frozen int, flags ...s
 	if v := w.verify(t, rs.RootPID); v != "ok" {
 		t.Fatalf("memory pattern after restore: %s", v)
 	}
-	return slices.ContainsFunc(rs.Phases, func(p image.Phase) bool { return p.Name == "memory-fill" })
+	return hasPhase(rs.Phases, "memory-fill")
 }
 
 // With checkpoint --criu-writes-pages and restore --criu-restores-pages CRIU moves all
@@ -151,7 +111,7 @@ func TestTreeWithPipeRestores(t *testing.T) {
 		t.Error("gpucr did not save the parent's 64 MiB itself")
 	}
 
-	var ins inspectOutput
+	var ins inspectDoc
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", dir)), &ins); err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +119,8 @@ func TestTreeWithPipeRestores(t *testing.T) {
 	if len(ps) != 2 || ps[0].PID != w.pid || ps[1].PPID != w.pid {
 		t.Fatalf("inspect tree = %+v, want the counter and its child", ps)
 	}
-	if len(ins.Manifest.Processes) != 2 || ins.Manifest.CRIUVersion == "" || ins.Manifest.Host.Hostname == "" {
+	if len(ins.Manifest.Processes) != 2 || ins.Manifest.CRIUVersion == "" || ins.Manifest.Host.Hostname == "" ||
+		ins.Manifest.GpucrVersion != testVersion {
 		t.Errorf("manifest = %+v", ins.Manifest)
 	}
 
@@ -219,7 +180,7 @@ func TestRunLaunchesACheckpointableJob(t *testing.T) {
 	w.waitFile(t, "count.0", 3)
 	w.waitFile(t, "count.1", 3)
 
-	var tree inspectOutput
+	var tree inspectDoc
 	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
 	testutil.WaitGone(t, w.pid)

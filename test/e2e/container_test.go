@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -7,14 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
-	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -60,10 +58,6 @@ func counterBundle(t *testing.T, runc, criuConfig string, counterArgs ...string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	counter, err := os.ReadFile(bin.counter)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := os.WriteFile(filepath.Join(binDir, "busybox"), data, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -75,41 +69,35 @@ func counterBundle(t *testing.T, runc, criuConfig string, counterArgs ...string)
 	if out, err := exec.Command(runc, "spec", "--bundle", b).CombinedOutput(); err != nil {
 		t.Fatalf("runc spec: %v\n%s", err, out)
 	}
-	var spec map[string]any
-	raw, err := os.ReadFile(filepath.Join(b, "config.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &spec); err != nil {
-		t.Fatal(err)
-	}
-	proc := spec["process"].(map[string]any)
-	proc["terminal"] = false
-	proc["args"] = []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /count; sleep 0.1; done"}
 	if counterArgs != nil {
+		counter, err := os.ReadFile(bin.counter)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(filepath.Join(b, "rootfs", "counter"), counter, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		proc["args"] = append([]string{"/counter", "-dir", "/", "-tick", "20ms"}, counterArgs...)
 	}
-	spec["root"].(map[string]any)["readonly"] = false
-	linux := spec["linux"].(map[string]any)
-	var ns []any
-	for _, n := range linux["namespaces"].([]any) {
-		if n.(map[string]any)["type"] != "network" {
-			ns = append(ns, n)
+	testutil.EditJSON(t, filepath.Join(b, "config.json"), func(spec map[string]any) {
+		proc := spec["process"].(map[string]any)
+		proc["terminal"] = false
+		proc["args"] = []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /count; sleep 0.1; done"}
+		if counterArgs != nil {
+			proc["args"] = append([]string{"/counter", "-dir", "/", "-tick", "20ms"}, counterArgs...)
 		}
-	}
-	linux["namespaces"] = ns
-	if criuConfig != "" {
-		spec["annotations"] = map[string]string{"org.criu.config": criuConfig}
-	}
-	if raw, err = json.Marshal(spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(b, "config.json"), raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+		spec["root"].(map[string]any)["readonly"] = false
+		linux := spec["linux"].(map[string]any)
+		var ns []any
+		for _, n := range linux["namespaces"].([]any) {
+			if n.(map[string]any)["type"] != "network" {
+				ns = append(ns, n)
+			}
+		}
+		linux["namespaces"] = ns
+		if criuConfig != "" {
+			spec["annotations"] = map[string]string{"org.criu.config": criuConfig}
+		}
+	})
 	return b
 }
 
@@ -287,7 +275,7 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 	id3, id4 := containerID(t, runc, "c3"), containerID(t, runc, "c4")
 	runcRun(t, runc, gpuBundle, id3)
 	waitContainerCount(t, gpuBundle, 3)
-	drv.claim(t, runcPID(t, runc, id3))
+	drv.claim(t, runcInitPID(t, runc, id3))
 	gpuImg := filepath.Join(tmp, "gpu-img")
 	ck := exec.Command(runc, "--criu", criuPath, "checkpoint", "--image-path", gpuImg, "--work-path", filepath.Join(tmp, "work3"), id3)
 	ck.Env = append(os.Environ(), drv.env...)
@@ -335,25 +323,12 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 // /dev/null, bound there) open, as a GPU process holds the driver's.
 func holdGPUDevice(t *testing.T, bundle string) {
 	t.Helper()
-	path := filepath.Join(bundle, "config.json")
-	raw, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var spec map[string]any
-	if err := json.Unmarshal(raw, &spec); err != nil {
-		t.Fatal(err)
-	}
-	spec["mounts"] = append(spec["mounts"].([]any), map[string]any{
-		"destination": "/dev/nvidiactl", "type": "bind", "source": "/dev/null", "options": []string{"bind"}})
-	proc := spec["process"].(map[string]any)
-	proc["args"] = append([]any{"sh", "-c", `exec 3</dev/nvidiactl; exec "$@"`, "sh"}, proc["args"].([]any)...)
-	if raw, err = json.Marshal(spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testutil.EditJSON(t, filepath.Join(bundle, "config.json"), func(spec map[string]any) {
+		spec["mounts"] = append(spec["mounts"].([]any), map[string]any{
+			"destination": "/dev/nvidiactl", "type": "bind", "source": "/dev/null", "options": []string{"bind"}})
+		proc := spec["process"].(map[string]any)
+		proc["args"] = append([]any{"sh", "-c", `exec 3</dev/nvidiactl; exec "$@"`, "sh"}, proc["args"].([]any)...)
+	})
 }
 
 // A container holding 64 MiB: gpucr saves that memory itself while runc's dump leaves the
@@ -376,7 +351,7 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	waitContainerCount(t, bundle, count(t, bundle)+3)
 
 	dir, storeDir := filepath.Join(t.TempDir(), "img"), t.TempDir()
-	var ck checkpointOutput
+	var ck checkpointDoc
 	initPID := runcInitPID(t, runc, id)
 	if err := json.Unmarshal([]byte(mustGpucr(t, "checkpoint", "--json", "--container", id, "-D", dir, "--to", filepath.Join(storeDir, "ckpt"))), &ck); err != nil {
 		t.Fatal(err)
@@ -393,7 +368,7 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 	}
 	frozen := count(t, bundle)
 	mustGpucr(t, "verify", dir)
-	var ins inspectOutput
+	var ins inspectDoc
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", dir)), &ins); err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +376,7 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 		t.Errorf("inspect counts %+v of the container's memory, want its 64 MiB too", ps)
 	}
 
-	var rs restoreOutput
+	var rs restoreDoc
 	// Restored from the store it was stored in, its memory streamed from there.
 	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "--container", id, "--from", filepath.Join(storeDir, "ckpt"), "--new-id", id2)), &rs); err != nil {
 		t.Fatal(err)
@@ -427,22 +402,9 @@ func TestContainerMemorySavedAndFilledByGpucr(t *testing.T) {
 func TestEngineOwnedContainerIsRefused(t *testing.T) {
 	runc, _ := needRunc(t)
 	bundle := counterBundle(t, runc, "")
-	var spec map[string]any
-	cfg := filepath.Join(bundle, "config.json")
-	raw, err := os.ReadFile(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(raw, &spec); err != nil {
-		t.Fatal(err)
-	}
-	spec["annotations"] = map[string]string{"io.container.manager": "libpod"}
-	if raw, err = json.Marshal(spec); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(cfg, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testutil.EditJSON(t, filepath.Join(bundle, "config.json"), func(spec map[string]any) {
+		spec["annotations"] = map[string]string{"io.container.manager": "libpod"}
+	})
 	id := containerID(t, runc, "podman-owned")
 	runcRun(t, runc, bundle, id)
 	n := waitContainerCount(t, bundle, 3)
@@ -512,10 +474,6 @@ func runcInitPID(t *testing.T, runc, id string) int {
 	return st.PID
 }
 
-func hasPhase(ps []image.Phase, name string) bool {
-	return slices.ContainsFunc(ps, func(p image.Phase) bool { return p.Name == name })
-}
-
 // A container streamed to a store with --to alone: its 64 MiB never touch local disk (TMPDIR
 // is a 4 MiB filesystem); restore --from brings it back counting, memory intact.
 func TestContainerStreamedToAStore(t *testing.T) {
@@ -523,7 +481,7 @@ func TestContainerStreamedToAStore(t *testing.T) {
 
 	loc := filepath.Join(t.TempDir(), "store", "ckpt")
 	env := []string{"TMPDIR=" + smallTmp(t, 4<<20)}
-	var ck checkpointOutput
+	var ck checkpointDoc
 	if err := json.Unmarshal([]byte(mustGpucrEnv(t, env, "checkpoint", "--json", "--container", id, "--to", loc)), &ck); err != nil {
 		t.Fatal(err)
 	}
@@ -535,7 +493,7 @@ func TestContainerStreamedToAStore(t *testing.T) {
 	}
 	frozen := count(t, bundle)
 
-	var rs restoreOutput
+	var rs restoreDoc
 	pulled := filepath.Join(t.TempDir(), "pulled")
 	if err := json.Unmarshal([]byte(mustGpucr(t, "restore", "--json", "--container", id, "--from", loc, "-D", pulled, "--new-id", id2)), &rs); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"encoding/json"
@@ -44,7 +44,7 @@ func TestPlainCRIURestoresFoldedAndCompatibleImages(t *testing.T) {
 	testutil.KillAndReap(w.pid)
 
 	folded := filepath.Join(t.TempDir(), "folded")
-	var fo foldOutput
+	var fo foldDoc
 	if err := json.Unmarshal([]byte(mustGpucr(t, "fold", "--json", dir, folded)), &fo); err != nil {
 		t.Fatal(err)
 	}

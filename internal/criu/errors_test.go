@@ -1,0 +1,45 @@
+package criu
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// A restore of a network namespace on a host without iptables logs CRIU's probe for each
+// variant as an error and goes on; the cause of a failure is what comes after.
+func TestErrorLinesSkipCRIUsProbes(t *testing.T) {
+	log := filepath.Join(t.TempDir(), RestoreLog)
+	lines := []string{
+		"Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted",
+		`Error (criu/util.c:641): execvp("iptables-restore", ...) failed: No such file or directory`,
+		"     1: Error (criu/util.c:1722): iptables-restore -V failed",
+		`Error (criu/util.c:641): execvp("ip6tables-legacy-restore", ...) failed: No such file or directory`,
+		"     1: Error (criu/util.c:1722): ip6tables-legacy-restore -V failed",
+		"Error (criu/files-reg.c:2148): Can't open file tmp/data/x on restore: No such file or directory",
+		"Error (criu/cr-restore.c:2320): Restoring FAILED.",
+	}
+	if err := os.WriteFile(log, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := errorLines(log); !slices.Equal(got, lines[5:]) {
+		t.Errorf("errorLines = %q, want %q", got, lines[5:])
+	}
+}
+
+// When gpucr's own answer to a notification ended the run, that is the cause the error
+// names, not the lines CRIU logged as it gave up.
+func TestErrorNamesGpucrsOwnFailureFirst(t *testing.T) {
+	own := &Error{Op: "restore", LogPath: "restore.log", Lines: []string{"Error (criu/action-scripts.c:156): One of more action scripts failed"},
+		Err: &NotifyError{Script: "post-restore", Err: errors.New("memory fill: process 7 is gone")}}
+	if got := own.Error(); !strings.HasPrefix(got, "criu restore failed: post-restore: memory fill: process 7 is gone") {
+		t.Errorf("Error() = %q, want gpucr's post-restore failure named", got)
+	}
+	crius := &Error{Op: "restore", LogPath: "restore.log", Lines: []string{"Error (x.c:1): bad"}, Err: errors.New("operation failed")}
+	if got := crius.Error(); !strings.HasPrefix(got, "criu restore failed: Error (x.c:1): bad") {
+		t.Errorf("Error() = %q, want CRIU's first line", got)
+	}
+}

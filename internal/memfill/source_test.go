@@ -1,0 +1,83 @@
+package memfill
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/gpucr/gpucr/internal/image"
+)
+
+// writeMemFile writes size random bytes as an image file at rel under dir and returns its
+// manifest entry, checksummed as the image checksums files.
+func writeMemFile(t *testing.T, dir, rel string, size int64) (image.File, []byte) {
+	t.Helper()
+	data := make([]byte, size)
+	r := rand.New(rand.NewPCG(1, uint64(size)))
+	for i := range data {
+		data[i] = byte(r.Uint32())
+	}
+	var digests []uint64
+	for off := int64(0); off < size; off += image.HashChunkSize {
+		digests = append(digests, xxhash.Sum64(data[off:min(off+image.HashChunkSize, size)]))
+	}
+	path := filepath.Join(dir, filepath.FromSlash(rel))
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return image.File{Path: rel, Size: size, XXH64: image.PiecesChecksum(digests)}, data
+}
+
+// readPieces reads f through src as the fill does: aligned pieces, the last one short.
+func readPieces(t *testing.T, src Source, f image.File, skip int64) {
+	t.Helper()
+	buf := make([]byte, image.HashChunkSize)
+	for off := int64(0); off < f.Size; off += image.HashChunkSize {
+		if off == skip {
+			continue
+		}
+		if err := src.ReadAt(context.Background(), f.Path, buf[:min(image.HashChunkSize, f.Size-off)], off); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The fill verifies the files it reads whole as it reads them: right ones pass, a file
+// changed after the manifest is named, and one the fill skipped a piece of is read again
+// in full, so a change there is caught too.
+func TestCheckedDirVerifiesWhatTheFillReads(t *testing.T) {
+	dir := t.TempDir()
+	size := int64(2*image.HashChunkSize + 12345)
+	f, data := writeMemFile(t, dir, "mem/1-7f0000000000.img", size)
+
+	src := CheckedDir(dir, []image.File{f})
+	readPieces(t, src, f, -1)
+	if err := src.Verify(); err != nil {
+		t.Fatalf("Verify of an intact file read whole: %v", err)
+	}
+
+	data[size-1] ^= 1 // the last, short piece
+	if err := os.WriteFile(filepath.Join(dir, "mem", "1-7f0000000000.img"), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, skip := range map[string]int64{"read whole": -1, "a piece not read": image.HashChunkSize} {
+		t.Run(name, func(t *testing.T) {
+			src := CheckedDir(dir, []image.File{f})
+			readPieces(t, src, f, skip)
+			err := src.Verify()
+			var ce *image.CorruptError
+			if !errors.As(err, &ce) || ce.Path != f.Path || !strings.Contains(err.Error(), "checksum mismatch") {
+				t.Fatalf("Verify of a changed file = %v, want it named corrupt", err)
+			}
+		})
+	}
+}

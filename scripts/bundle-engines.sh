@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Builds engines/: the container engines for test/gpu/engines_plan.sh, taken from this Debian
+# bookworm machine's own package sources (apt-get download, dpkg -x; nothing is installed
+# here): podman 4.3.1 with conmon, catatonit and its configuration files, and containerd
+# 1.6.20 with ctr and containerd-shim-runc-v2, plus every shared library they load beyond
+# glibc. The GPU machine (Ubuntu 24.04, newer glibc) lacks podman and containerd and may
+# lack any of those libraries (libgpgme, libassuan, libsubid are not on this machine
+# either), so podman and conmon get an RPATH of $ORIGIN/../lib (patchelf, unpacked here
+# too): they, and what podman starts again (its cleanup command), load the carried
+# libraries wherever the prefix is unpacked, with no loader configuration on the host.
+# containerd, ctr and the shim need glibc alone. Also iptables-restore (iptables-nft, with
+# its extensions): CRIU locks a container's own network namespace with it, runc 1.1 asking
+# for no other method. runc and CRIU come from bundle/.
+#
+# engines/engines.tar.xz is what is carried; engines/MANIFEST lists versions, sizes and the
+# libraries, with what ldd said of each binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=engines
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Engines, then the libraries they need that a host may lack; ldd below checks that
+# nothing is left unresolved.
+PKGS=(podman conmon catatonit golang-github-containers-common golang-github-containers-image containerd
+  libgpgme11 libassuan0 libsubid4 iptables libxtables12 patchelf)
+(cd "$work" && apt-get download -qq "${PKGS[@]}" 2>/dev/null) ||
+  { echo "bundle-engines: apt-get download ${PKGS[*]} failed (run apt-get update?)" >&2; exit 1; }
+mkdir -p "$work/x"
+for d in "$work"/*.deb; do dpkg -x "$d" "$work/x"; done
+rm "$work"/patchelf_*.deb # a build tool, not carried
+x=$work/x
+p=$work/prefix
+mkdir -p "$p/bin" "$p/lib" "$p/etc/containers" "$p/share/containers"
+for b in podman conmon catatonit containerd ctr containerd-shim-runc-v2; do cp "$x/usr/bin/$b" "$p/bin/"; done
+cp "$x/usr/sbin/xtables-nft-multi" "$p/bin/"
+cp -r "$x/usr/lib/x86_64-linux-gnu/xtables" "$p/lib/"
+# CRIU runs iptables-restore and ip6tables-restore from PATH; the multi-binary acts on its
+# name, and finds its extensions through XTABLES_LIBDIR.
+for n in iptables-restore ip6tables-restore; do
+  cat > "$p/bin/$n" <<'SH'
+#!/bin/bash
+here=$(dirname "$(readlink -f "$0")")
+XTABLES_LIBDIR=$here/../lib/xtables exec -a "$(basename "$0")" "$here/xtables-nft-multi" "$@"
+SH
+  chmod +x "$p/bin/$n"
+done
+cp "$x/usr/share/containers/seccomp.json" "$p/share/containers/"
+cp "$x/etc/containers/policy.json" "$p/etc/containers/"
+
+# Every library beyond glibc's own that a binary loads, resolved against the unpacked
+# packages first, then this host.
+libdirs=$x/usr/lib/x86_64-linux-gnu:$x/lib/x86_64-linux-gnu
+{
+  echo "# engines/ built $(date -u +%F) on $(. /etc/os-release && echo "$PRETTY_NAME")"
+  for d in "$work"/*.deb; do dpkg-deb -f "$d" Package Version | paste -sd' '; done
+  echo
+  for b in "$p"/bin/*; do
+    [ "$(head -c2 "$b")" = "#!" ] && continue
+    echo "== ldd $(basename "$b")"
+    LD_LIBRARY_PATH=$libdirs ldd "$b" 2>&1 || true
+  done
+} > "$work/MANIFEST"
+if grep -q "not found" "$work/MANIFEST"; then
+  grep -B30 "not found" "$work/MANIFEST" >&2
+  echo "bundle-engines: a library above is in no package listed in PKGS: add its package" >&2
+  exit 1
+fi
+awk '/=> \//{print $3}' "$work/MANIFEST" | sort -u |
+  grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
+  while read -r lib; do cp -L "$lib" "$p/lib/"; done
+"$x/usr/bin/patchelf" --force-rpath --set-rpath '$ORIGIN/../lib' "$p/bin/podman" "$p/bin/conmon" "$p/bin/xtables-nft-multi"
+# What the GPU machine will load: the carried libraries, or glibc's own from its host.
+for b in "$p"/bin/*; do
+  [ "$(head -c2 "$b")" = "#!" ] && continue
+  env -u LD_LIBRARY_PATH ldd "$b" 2>&1 | grep -E "=>" | grep -vE "=> $p/bin/../lib/|/(libc|libm|libdl|libpthread|librt)\.so" &&
+    { echo "bundle-engines: $(basename "$b") loads a library above from outside the bundle" >&2; exit 1; }
+done
+
+rm -rf "$out"; mkdir -p "$out"
+tar -C "$p" -cf - . | xz -T0 -9 > "$out/engines.tar.xz"
+{
+  cat "$work/MANIFEST"
+  echo
+  echo "== carried libraries (podman, conmon and iptables load these through their RPATH)"
+  (cd "$p/lib" && ls -1 | grep -v '^xtables$')
+  echo
+  echo "== sizes"
+  du -sh "$p" | sed 's/\t.*/ unpacked/'
+  du -sh "$out/engines.tar.xz"
+} > "$out/MANIFEST"
+grep -A100 '^== carried' "$out/MANIFEST"

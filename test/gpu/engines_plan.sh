@@ -1,0 +1,295 @@
+#!/usr/bin/env bash
+# Engines plan for the GPU machine, from the bundle directory as root: GPU containers
+# checkpointed and restored by podman and containerd themselves, with gpucr's CRIU
+# integration (gpucr install-criu-integration) moving the GPU state under runc.
+#   bash engines_plan.sh [podman] [containerd]        (default: both)
+# Needs bundle/ (make bundle: gpucr, CRIU, runc) and engines/ beside it (make engines:
+# podman 4.3.1, conmon, containerd 1.6.20, ctr, iptables from Debian bookworm), which is
+# unpacked into $GPUCR_ENGINES_PREFIX (/opt/gpucr-engines). Everything the engines keep
+# lives under /dev/shm/gpucr-engines; the host's /etc is touched only for
+# /etc/containers/policy.json, written when absent and removed again at the end.
+#  P1. podman run --rootfs DIR (DIR: an empty directory, the host's system directories bound
+#      read-only, non-recursively, as container_plan.sh does; NVIDIA devices by --device;
+#      --network none) running holder.py on the GPU; podman container checkpoint, then
+#      podman container restore: data on the GPU identical, a new kernel runs.
+#  P2. the same root as an image (podman --import needs one: it pulls the checkpoint's
+#      image): podman container checkpoint --export, then podman container restore
+#      --import --name under a second podman (its own storage and state: a second node).
+#  C1. containerd + ctr, the same image: ctr containers checkpoint --task (containerd's
+#      checkpoint image; the task keeps running, as ctr leaves it), the task killed,
+#      ctr containers restore --live under a new name.
+# Each step prints PASS or FAIL, and each GPU step checks that the integration's log shows
+# the GPU state checkpointed or restored. On a failure it prints what the engines, runc,
+# CRIU and the integration logged.
+# GPUCR_ENGINES_WORKLOAD=counter runs test/workloads/counter (64 MiB, checked on SIGUSR1)
+# instead of holder.py: the same engine mechanics on a machine without a GPU, where the
+# integration never starts gpucr.
+set -uo pipefail
+cd "$(dirname "$0")"
+B=$PWD; G=$B/gpucr; export GPUCR_CRIU=$B/criu/criu
+ENGINES=${GPUCR_ENGINES:-$B/../engines}; PREFIX=${GPUCR_ENGINES_PREFIX:-/opt/gpucr-engines}
+WORKLOAD=${GPUCR_ENGINES_WORKLOAD:-holder}
+W=/dev/shm/gpucr-engines
+pass=0; fail=0
+ok()  { echo "PASS $*"; pass=$((pass+1)); }
+bad() { echo "FAIL $*"; fail=$((fail+1)); }
+wait_for() { for _ in $(seq "${2:-1200}"); do compgen -G "$1" >/dev/null && return 0; sleep 0.1; done; return 1; }
+secs() { date +%s.%N; }
+took() { awk -v a="$1" -v b="$(secs)" 'BEGIN { printf "%.2f s", b - a }'; }
+
+# The engines, unpacked once per engines.tar.xz.
+stamp=$(sha256sum "$ENGINES/engines.tar.xz" | cut -c1-16) || { echo "no $ENGINES/engines.tar.xz: make engines, carry engines/"; exit 1; }
+if [ "$(cat "$PREFIX/.stamp" 2>/dev/null)" != "$stamp" ]; then
+  rm -rf "$PREFIX"; mkdir -p "$PREFIX"
+  tar -C "$PREFIX" -xJf "$ENGINES/engines.tar.xz" && echo "$stamp" > "$PREFIX/.stamp" || { echo "unpacking engines failed"; exit 1; }
+fi
+# runc re-executes itself as `runc init` without its wrapper's LD_LIBRARY_PATH, so the
+# host itself must be able to load runc's libraries (libseccomp).
+if env -u LD_LIBRARY_PATH ldd "$B/runc/runc.bin" | grep -q "not found"; then
+  echo "host lacks runc's libraries: installing the bundle's into /usr/local/lib"
+  cp "$B"/runc/lib/* /usr/local/lib/ && ldconfig
+fi
+# iptables-restore for CRIU's network lock, CRIU and runc: the bundle's, found by the
+# engines (and runc and CRIU under them) on PATH.
+export PATH=$PREFIX/bin:$B/criu:$B/runc:$PATH
+
+# podman NODE ARGS: podman with node NODE's configuration (1 or 2: two engines on one host,
+# nothing shared but the kernel and the GPUs).
+podman() { CONTAINERS_CONF=$W/podman-$1/containers.conf CONTAINERS_STORAGE_CONF=$W/podman-$1/storage.conf \
+  CONTAINERS_REGISTRIES_CONF=$W/podman-$1/registries.conf command podman "${@:2}"; }
+ctr() { command ctr --address "$W/containerd/containerd.sock" --namespace gpucr "$@"; }
+
+# stop_all: what an earlier run of this plan left running.
+stop_all() {
+  for n in 1 2; do [ -d "$W/podman-$n" ] && podman "$n" rm -fa >/dev/null 2>&1; done
+  if [ -S "$W/containerd/containerd.sock" ]; then
+    for t in $(ctr tasks ls -q 2>/dev/null); do ctr tasks kill -s SIGKILL "$t" >/dev/null 2>&1; done
+    sleep 0.5
+    for c in $(ctr containers ls -q 2>/dev/null); do ctr tasks rm -f "$c" >/dev/null 2>&1; ctr containers rm "$c" >/dev/null 2>&1; done
+  fi
+  [ -f "$W/containerd/pid" ] && kill "$(cat "$W/containerd/pid")" 2>/dev/null && sleep 1
+  for m in $(grep -o " $W/[^ ]*" /proc/self/mountinfo | sort -r); do umount -l "$m" 2>/dev/null; done
+}
+stop_all; rm -rf "$W"; mkdir -p "$W"
+policy=/etc/containers/policy.json
+if [ ! -e "$policy" ]; then
+  mkdir -p /etc/containers && cp "$PREFIX/etc/containers/policy.json" "$policy"
+  trap 'stop_all; rm -f "$policy"; rmdir /etc/containers 2>/dev/null' EXIT
+else
+  trap stop_all EXIT
+fi
+
+echo "== host"; uname -r; runc --version | head -1; "$G" --version; command podman --version
+command ctr --version; echo "cgroup: $(stat -fc %T /sys/fs/cgroup)"
+if [ "$WORKLOAD" = holder ]; then
+  # CUDA creates /dev/nvidia-uvm on first use, which a container (its /dev is its own) cannot.
+  [ -e /dev/nvidia-uvm ] || python3 -c 'import torch; torch.zeros(1, device="cuda")'
+  ls /dev/nvidia*
+fi
+
+# The integration, pointed at by each container's org.criu.config annotation (the engines
+# hand annotations to runc), so /etc/criu stays as it is; /etc/criu/runc.conf, the default,
+# is read the same way by runc for every container.
+"$G" install-criu-integration --config "$W/runc.conf" --crun-config "" --script "$W/criu-action" \
+  --log "$W/action.log" --state-dir "$W/action-state" || { echo "install-criu-integration failed"; exit 1; }
+touch "$W/action.log"
+
+# The container's root: the host's own system (test/gpu/hostroot.py), as a directory for
+# podman --rootfs and as a one-layer image for podman --import and containerd.
+mkdir -p "$W/rootfs"
+python3 "$B/hostroot.py" "$W/rootfs" > "$W/host.json" || { echo "hostroot.py failed"; exit 1; }
+python3 - "$W/rootfs" "$W/hostroot-oci.tar" <<'PY' || { echo "building the image failed"; exit 1; }
+# An OCI image archive of one uncompressed layer, the root's skeleton, named
+# localhost/gpucr-hostroot:1 (what podman load and ctr images import read).
+import hashlib, io, json, sys, tarfile
+root, out = sys.argv[1], sys.argv[2]
+blobs = {}
+def blob(data):
+    d = hashlib.sha256(data).hexdigest(); blobs[d] = data; return "sha256:" + d
+layer = io.BytesIO()
+with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as t:
+    t.add(root, arcname=".")
+layer = layer.getvalue()
+cfg = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                  "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}).encode()
+man = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+    "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(cfg), "size": len(cfg)},
+    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": blob(layer), "size": len(layer)}]}).encode()
+index = json.dumps({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+    "digest": blob(man), "size": len(man), "platform": {"architecture": "amd64", "os": "linux"},
+    "annotations": {"org.opencontainers.image.ref.name": "localhost/gpucr-hostroot:1"}}]}).encode()
+with tarfile.open(out, "w") as t:
+    for name, data in [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index),
+                       *((f"blobs/sha256/{d}", b) for d, b in blobs.items())]:
+        i = tarfile.TarInfo(name); i.size = len(data); t.addfile(i, io.BytesIO(data))
+PY
+IMAGE=localhost/gpucr-hostroot:1
+# What every container gets, in each engine's words: binds, devices, environment, command.
+mapfile -t BINDS < <(python3 -c 'import json,sys; print(*json.load(open(sys.argv[1]))["binds"], sep="\n")' "$W/host.json")
+mapfile -t DEVICES < <(python3 -c 'import json,sys; print(*json.load(open(sys.argv[1]))["devices"], sep="\n")' "$W/host.json")
+mapfile -t ENVS < <(python3 -c 'import json,sys; print(*json.load(open(sys.argv[1]))["env"], sep="\n")' "$W/host.json")
+PY3=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["python"])' "$W/host.json")
+if [ "$WORKLOAD" = holder ]; then CMD=("$PY3" "$B/holder.py" 1 /x); READY=ready
+else CMD=("$B/counter" -dir /x -mib 64); READY=count; DEVICES=(); fi
+
+# podman_flags X: podman's flags for a container whose /x is X. The ulimits are the most a
+# host without CAP_SYS_RESOURCE lets a container set (podman asks 1048576 open files).
+podman_flags() {
+  local f=(--network none --ulimit "nofile=$(ulimit -Hn)" --ulimit nproc=32768 -w /x
+    --annotation "org.criu.config=$W/runc.conf"
+    --mount "type=bind,source=$B,destination=$B,ro=true" --mount "type=bind,source=$1,destination=/x")
+  for m in "${BINDS[@]}"; do f+=(--mount "type=bind,source=$m,destination=$m,ro=true,bind-nonrecursive=true"); done
+  for d in "${DEVICES[@]}"; do f+=(--device "$d"); done
+  for e in "${ENVS[@]}"; do f+=(--env "$e"); done
+  printf '%s\n' "${f[@]}"
+}
+ctr_flags() {
+  local f=(--snapshotter native --cwd /x --annotation "org.criu.config=$W/runc.conf"
+    --mount "type=bind,src=$B,dst=$B,options=rbind:ro" --mount "type=bind,src=$1,dst=/x,options=rbind:rw")
+  for m in "${BINDS[@]}"; do f+=(--mount "type=bind,src=$m,dst=$m,options=bind:ro"); done
+  for d in "${DEVICES[@]}"; do f+=(--device "$d"); done
+  for e in "${ENVS[@]}"; do f+=(--env "$e"); done
+  printf '%s\n' "${f[@]}"
+}
+
+# started NAME X: waits for the workload of container NAME (exchange directory X) to be
+# ready (the counter: to have counted to 20, so that one started afresh shows a lower count).
+started() {
+  if wait_for "$2/$READY" 1800 && { [ "$WORKLOAD" = holder ] || until_count "$2" 20; }; then ok "$1: workload started"; return 0; fi
+  bad "$1: workload did not start"; return 1
+}
+until_count() { for _ in $(seq 100); do [ "$(cat "$1/count")" -ge "$2" ] && return 0; sleep 0.1; done; return 1; }
+# before_checkpoint X: notes what tells the restored workload from one started afresh:
+# the holder writes ready only when it starts, the counter counts on from at least the
+# count it had before the checkpoint.
+before_checkpoint() {
+  if [ "$WORKLOAD" = holder ]; then rm -f "$1/ready"; else cat "$1/count" > "$1/frozen"; fi
+}
+# verify NAME X SIGNAL...: asks the workload to re-check its data (holder: a file; counter:
+# SIGUSR1, sent by the command SIGNAL...) and expects it unchanged.
+verify() {
+  local name=$1 x=$2; shift 2
+  rm -f "$x"/result* "$x/verify"
+  if [ "$WORKLOAD" = holder ]; then
+    touch "$x/verify"
+    if [ -e "$x/ready" ]; then bad "$name: holder.py started afresh: not the checkpointed process"
+    elif wait_for "$x/result*" 1200 && grep -q "same=True.*kernel=True" "$x"/result*; then ok "$name: $(cat "$x"/result*)"
+    else bad "$name: $(cat "$x"/result* 2>/dev/null || echo no result)"; fi
+  else
+    local frozen before; frozen=$(cat "$x/frozen"); before=$(cat "$x/count")
+    "$@" >/dev/null; wait_for "$x/verify" 100; sleep 0.3
+    local now; now=$(cat "$x/count")
+    if grep -q "^ok" "$x/verify" 2>/dev/null && [ "$before" -ge "$frozen" ] && [ "$now" -gt "$before" ]; then
+      ok "$name: memory $(xargs < "$x/verify"), counting on from at least ${frozen// } (${now// } now)"
+    else bad "$name: memory $(xargs < "$x/verify" 2>/dev/null || echo not checked), count before the checkpoint ${frozen// }, after ${before// } -> ${now// }"; fi
+  fi
+}
+# gpu_logged NAME MARK WHAT: the integration's log gained a WHAT line since it had MARK lines
+# (holder only: a CPU workload never starts gpucr).
+gpu_logged() {
+  [ "$WORKLOAD" = holder ] || return 0
+  if tail -n +"$(($2 + 1))" "$W/action.log" | grep -q "$3"; then ok "$1: the integration logged: $3"
+  else bad "$1: the integration did not log \"$3\""; fi
+}
+mark() { wc -l < "$W/action.log"; }
+
+# diagnose: what the engines, runc, CRIU and the integration logged, after a failure.
+diagnose() {
+  echo "== diagnostics"
+  find "$W" -name '*.log' -newer "$W/host.json" -size +0 2>/dev/null | while read -r f; do
+    echo "--- $f"; grep -E "Error|error|Warn" "$f" | tail -15; tail -5 "$f"
+  done
+  dmesg 2>/dev/null | tail -10
+}
+
+PARTS=" ${*:-podman containerd} "
+if [[ "$PARTS" == *" podman "* ]]; then
+  for n in 1 2; do
+    mkdir -p "$W/podman-$n"
+    cat > "$W/podman-$n/containers.conf" <<EOF
+[containers]
+log_driver = "k8s-file"
+seccomp_profile = "$PREFIX/share/containers/seccomp.json"
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+events_logfile_path = "$W/podman-$n/events.log"
+conmon_path = ["$PREFIX/bin/conmon"]
+conmon_env_vars = ["PATH=$PATH"]
+helper_binaries_dir = ["$PREFIX/bin"]
+init_path = "$PREFIX/bin/catatonit"
+runtime = "runc"
+tmp_dir = "$W/podman-$n/tmp"
+static_dir = "$W/podman-$n/static"
+volume_path = "$W/podman-$n/volumes"
+[engine.runtimes]
+runc = ["$B/runc/runc"]
+[network]
+network_backend = "cni"
+network_config_dir = "$W/podman-$n/cni"
+EOF
+    printf '[storage]\ndriver = "vfs"\ngraphroot = "%s"\nrunroot = "%s"\n' "$W/podman-$n/storage" "$W/podman-$n/run" > "$W/podman-$n/storage.conf"
+    echo 'unqualified-search-registries = []' > "$W/podman-$n/registries.conf"
+    podman "$n" load -q -i "$W/hostroot-oci.tar" >/dev/null || bad "podman node $n: load $IMAGE"
+  done
+
+  echo "== P1. podman run --rootfs: checkpoint, restore"
+  x=$W/p1-x; mkdir -p "$x"; mapfile -t f < <(podman_flags "$x")
+  if podman 1 run -d --name gpucr-p1 "${f[@]}" --rootfs "$W/rootfs" "${CMD[@]}" >/dev/null && started P1 "$x"; then
+    before_checkpoint "$x"; m=$(mark); t=$(secs)
+    if podman 1 container checkpoint gpucr-p1 >/dev/null; then
+      ok "P1. podman container checkpoint ($(took "$t"))"; gpu_logged P1 "$m" "GPU state checkpointed"
+      m=$(mark); t=$(secs)
+      if podman 1 container restore gpucr-p1 >/dev/null; then
+        ok "P1. podman container restore ($(took "$t"))"; gpu_logged P1 "$m" "GPU state restored"
+        verify "P1. restored" "$x" podman 1 kill -s USR1 gpucr-p1
+      else bad "P1. podman container restore"; fi
+    else bad "P1. podman container checkpoint"; fi
+  else bad "P1. podman run --rootfs"; podman 1 logs gpucr-p1 2>&1 | tail -20; fi
+  podman 1 rm -f gpucr-p1 >/dev/null 2>&1
+
+  echo "== P2. podman checkpoint --export on node 1, restore --import --name on node 2"
+  x=$W/p2-x; mkdir -p "$x"; mapfile -t f < <(podman_flags "$x")
+  if podman 1 run -d --name gpucr-p2 "${f[@]}" "$IMAGE" "${CMD[@]}" >/dev/null && started P2 "$x"; then
+    before_checkpoint "$x"; m=$(mark); t=$(secs)
+    if podman 1 container checkpoint --export "$W/p2.tar.zst" gpucr-p2 >/dev/null; then
+      ok "P2. podman container checkpoint --export ($(took "$t"), $(du -h "$W/p2.tar.zst" | cut -f1))"
+      gpu_logged P2 "$m" "GPU state checkpointed"
+      m=$(mark); t=$(secs)
+      if podman 2 container restore --import "$W/p2.tar.zst" --name gpucr-p2-node2 >/dev/null; then
+        ok "P2. podman container restore --import --name on node 2 ($(took "$t"))"; gpu_logged P2 "$m" "GPU state restored"
+        verify "P2. restored on node 2" "$x" podman 2 kill -s USR1 gpucr-p2-node2
+      else bad "P2. podman container restore --import"; fi
+    else bad "P2. podman container checkpoint --export"; fi
+  else bad "P2. podman run $IMAGE"; podman 1 logs gpucr-p2 2>&1 | tail -20; fi
+  podman 1 rm -f gpucr-p2 >/dev/null 2>&1; podman 2 rm -f gpucr-p2-node2 >/dev/null 2>&1
+fi
+
+if [[ "$PARTS" == *" containerd "* ]]; then
+  echo "== C1. containerd + ctr: containers checkpoint --task, restore --live"
+  C=$W/containerd; mkdir -p "$C"
+  printf 'version = 2\nroot = "%s"\nstate = "%s"\ndisabled_plugins = ["io.containerd.grpc.v1.cri"]\n[grpc]\n  address = "%s"\n' \
+    "$C/root" "$C/state" "$C/containerd.sock" > "$C/config.toml"
+  containerd --config "$C/config.toml" > "$C/containerd.log" 2>&1 & echo $! > "$C/pid"
+  wait_for "$C/containerd.sock" 100
+  x=$W/c1-x; mkdir -p "$x"; mapfile -t f < <(ctr_flags "$x")
+  if ctr images import --snapshotter native "$W/hostroot-oci.tar" >/dev/null &&
+    ctr run -d "${f[@]}" "$IMAGE" gpucr-c1 "${CMD[@]}" >/dev/null && started C1 "$x"; then
+    before_checkpoint "$x"; m=$(mark); t=$(secs)
+    if ctr containers checkpoint --task gpucr-c1 localhost/gpucr-c1-checkpoint:1; then
+      ok "C1. ctr containers checkpoint --task ($(took "$t"))"; gpu_logged C1 "$m" "GPU state checkpointed"
+      verify "C1. left running after the checkpoint" "$x" ctr tasks kill -s SIGUSR1 gpucr-c1
+      ctr tasks kill -s SIGKILL gpucr-c1; sleep 1; ctr tasks rm -f gpucr-c1 >/dev/null; ctr containers rm gpucr-c1
+      m=$(mark); t=$(secs)
+      if ctr containers restore --live gpucr-c1-restored localhost/gpucr-c1-checkpoint:1; then
+        ok "C1. ctr containers restore --live ($(took "$t"))"; gpu_logged C1 "$m" "GPU state restored"
+        verify "C1. restored" "$x" ctr tasks kill -s SIGUSR1 gpucr-c1-restored
+      else bad "C1. ctr containers restore --live"; fi
+    else bad "C1. ctr containers checkpoint --task"; fi
+  else bad "C1. ctr run $IMAGE"; fi
+fi
+
+echo "== the integration's log"; cat "$W/action.log"
+[ "$fail" -eq 0 ] || diagnose
+echo "engines plan: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
