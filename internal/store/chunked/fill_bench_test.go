@@ -32,7 +32,7 @@ func BenchmarkFill(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer unix.Munmap(region)
+	defer func() { _ = unix.Munmap(region) }()
 	addr := uintptr(unsafe.Pointer(&region[0]))
 	dir, m := holderImage(b, addr, size)
 	st := store.NewDir(b.TempDir())

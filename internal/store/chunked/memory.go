@@ -3,7 +3,7 @@ package chunked
 import (
 	"context"
 	"fmt"
-	"io"
+	"hash"
 	"path"
 	"sort"
 	"sync"
@@ -127,7 +127,7 @@ func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, withi
 	comp := mem.bufs.Get().(*[]byte)
 	defer mem.bufs.Put(comp)
 	var whole []byte
-	var also io.Writer
+	var also hash.Hash
 	if within == 0 && int64(len(dst)) == c.Size {
 		whole = dst[:0:len(dst)] // decoded in place, and hashed for the piece as it is checked
 		if piece != nil {
