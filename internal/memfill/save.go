@@ -197,21 +197,26 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 		}
 	}
 	jobs := parallel.Interleave(perFile)
-	zero := make([]byte, image.HashChunkSize)
-	err := parallel.Each(ctx, jobs, workers, func() []byte { return make([]byte, image.HashChunkSize) },
+	zero := make([]byte, saveStep)
+	err := parallel.Each(ctx, jobs, workers, func() []byte { return make([]byte, saveStep) },
 		func(_ context.Context, j job, buf []byte) error {
-			off := int64(j.index) * image.HashChunkSize
-			data := buf[:min(image.HashChunkSize, int64(j.r.End-j.r.Start)-off)]
-			if err := moveRemote(unix.ProcessVMReadv, "memory save: read", j.r.PID, j.r.Start+uint64(off), data); err != nil {
-				return err
-			}
-			digests[j.file][j.index] = xxhash.Sum64(data)
-			if !bytes.Equal(data, zero[:len(data)]) {
-				if err := writeAt(paths[j.file], data, off); err != nil {
-					return fmt.Errorf("memory save: %w", err)
+			start := int64(j.index) * image.HashChunkSize
+			end := min(start+image.HashChunkSize, int64(j.r.End-j.r.Start))
+			h := xxhash.New()
+			for off := start; off < end; off += saveStep {
+				data := buf[:min(saveStep, end-off)]
+				if err := moveRemote(unix.ProcessVMReadv, "memory save: read", j.r.PID, j.r.Start+uint64(off), data); err != nil {
+					return err
 				}
+				_, _ = h.Write(data) // never fails
+				if !bytes.Equal(data, zero[:len(data)]) {
+					if err := writeAt(paths[j.file], data, off); err != nil {
+						return fmt.Errorf("memory save: %w", err)
+					}
+				}
+				count.Add(int64(len(data)))
 			}
-			count.Add(int64(len(data)))
+			digests[j.file][j.index] = h.Sum64()
 			return nil
 		})
 	if err != nil {
@@ -313,6 +318,11 @@ func syncFile(path string) error {
 	}
 	return f.Close()
 }
+
+// saveStep is how much of a piece the save moves at a time: small enough that the bytes it
+// read from the process are still in the core's cache when it hashes, checks and writes
+// them, instead of a whole piece per worker going through main memory twice more.
+const saveStep = 1 << 20
 
 // maxSegment is the most one file of criuimg.MemDir holds. Writes to one tmpfs file
 // serialize on its inode lock, so the save spreads its workers over many files: one file
