@@ -14,14 +14,7 @@ set -euo pipefail
 # Restored counters are orphans: the script runs under a subreaper that reaps them at once,
 # so that no zombie holds the PID the next restore needs.
 if [ -z "${BENCH_REAPER:-}" ]; then
-  exec env BENCH_REAPER=1 python3 -c '
-import ctypes, os, subprocess, sys
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-p = subprocess.Popen(sys.argv[1:])
-while True:
-    pid, status = os.waitpid(-1, 0)
-    if pid == p.pid:
-        sys.exit(os.waitstatus_to_exitcode(status))' bash "$0" "$@"
+  exec env BENCH_REAPER=1 python3 "$(dirname "$0")/subreaper.py" bash "$0" "$@"
 fi
 cd "$(dirname "$0")/.."
 GIB=${1:-2}; REPS=${2:-3}

@@ -21,14 +21,7 @@ set -uo pipefail
 # the PID that the next restore of the same image needs. The script runs under a subreaper
 # that reaps them at once.
 if [ -z "${BENCH_REAPER:-}" ]; then
-  exec env BENCH_REAPER=1 python3 -c '
-import ctypes, os, subprocess, sys
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-p = subprocess.Popen(sys.argv[1:])
-while True:
-    pid, status = os.waitpid(-1, 0)
-    if pid == p.pid:
-        sys.exit(os.waitstatus_to_exitcode(status))' bash "$0" "$@"
+  exec env BENCH_REAPER=1 python3 "$(dirname "$0")/subreaper.py" bash "$0" "$@"
 fi
 cd "$(dirname "$0")"
 B=$PWD

@@ -26,5 +26,5 @@ SH
 wrap criu "$criu"
 wrap runc "$runc" # for the container plan (runc 1.1.5, needs libseccomp)
 cp test/gpu/*.py test/gpu/*.sh "$out/"
-cp scripts/bench-stream.sh "$out/" # the streamed image benchmark (issue 18)
+cp scripts/bench-stream.sh scripts/subreaper.py "$out/" # the streamed image benchmark (issue 18)
 du -sh "$out"

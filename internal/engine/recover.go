@@ -277,7 +277,7 @@ func resumeContainer(ctx context.Context, c *txn.Container) error {
 // runtimeStatus is the status the runtime gives container c ("running", "paused", ...), or
 // "" when it cannot say.
 func runtimeStatus(ctx context.Context, c *txn.Container) string {
-	out, err := exec.CommandContext(ctx, c.Runtime[0], append(slices.Clone(c.Runtime[1:]), "state", c.ID)...).Output()
+	out, err := runtimeCmd(ctx, c, "state", c.ID).Output() // its warnings go to stderr
 	if err != nil {
 		return ""
 	}
@@ -292,7 +292,12 @@ func runtimeStatus(ctx context.Context, c *txn.Container) string {
 
 // runRuntime runs the journaled runtime command of c (binary and global flags) with args.
 func runRuntime(ctx context.Context, c *txn.Container, args ...string) ([]byte, error) {
-	return exec.CommandContext(ctx, c.Runtime[0], append(slices.Clone(c.Runtime[1:]), args...)...).CombinedOutput()
+	return runtimeCmd(ctx, c, args...).CombinedOutput()
+}
+
+// runtimeCmd is the journaled runtime command of c with args.
+func runtimeCmd(ctx context.Context, c *txn.Container, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, c.Runtime[0], append(slices.Clone(c.Runtime[1:]), args...)...)
 }
 
 // RemoveContainer deletes a container a restore created, whole or half-made. The runtime

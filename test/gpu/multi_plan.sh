@@ -12,14 +12,7 @@ cd "$(dirname "$0")"
 # Restored trees are orphans of their restore: this plan is their subreaper, so that a
 # checkpointed tree's PIDs are free again at once for the next restore.
 if [ -z "${MULTI_REAPER:-}" ]; then
-  MULTI_REAPER=1 exec python3 -c '
-import ctypes, os, subprocess, sys
-ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-plan = subprocess.Popen(sys.argv[1:])
-while True:
-    pid, status = os.wait()
-    if pid == plan.pid:
-        sys.exit(os.waitstatus_to_exitcode(status))' bash "$0" "$@"
+  MULTI_REAPER=1 exec python3 "$(dirname "$0")/subreaper.py" bash "$0" "$@"
 fi
 B=$PWD
 export GPUCR_CRIU=$B/criu/criu
