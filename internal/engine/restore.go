@@ -133,7 +133,14 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err != nil {
 		return nil, fmt.Errorf("create restore work dir: %w", err)
 	}
-	defer os.RemoveAll(work) // CRIU's log is kept only while the error that names it is built
+	// CRIU's log is kept only while the error that names it is built. A CRIU killed midway
+	// leaves what it mounted there (its cgroup yard): unmounted first, or the directory and
+	// its mounts would outlive the restore.
+	defer func() {
+		if err := removeAll(work); err != nil {
+			e.Logger().Warn("restore work directory left", "dir", work, "err", err)
+		}
+	}()
 	if err := op.Update(func(rec *txn.Record) { rec.Paths = append(rec.Paths, work) }); err != nil {
 		return nil, err
 	}
