@@ -195,6 +195,9 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 			// gpucr's page server failed first (a full disk, say); CRIU saw it hang up.
 			return nil, pages.Err()
 		}
+		if err := save.failed(); err != nil {
+			return nil, err // the save beside the dump filled the disk CRIU writes to, say
+		}
 		return nil, keepLog(err)
 	}
 	if early {

@@ -70,6 +70,18 @@ func (m *memorySave) wait(t *Timer) ([]image.File, error) {
 	return m.copied, m.err
 }
 
+// failed is the error of a save that started, once it is over (nil if it never started): a
+// save that failed beside a dump that failed, on the same full disk say, names the cause.
+func (m *memorySave) failed() error {
+	started := true
+	m.once.Do(func() { started = false; close(m.done) })
+	if !started {
+		return nil
+	}
+	<-m.done
+	return m.err
+}
+
 // stop abandons a save that is no longer wanted (the dump failed) and waits until it
 // touches neither the tree nor the staged image.
 func (m *memorySave) stop() {
