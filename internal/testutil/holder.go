@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -59,21 +58,5 @@ func StartHolder(t testing.TB, mib int) *exec.Cmd {
 	}
 	cmd := exec.Command(self)
 	cmd.Env = append(os.Environ(), holdEnv+"="+strconv.Itoa(mib))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		_ = cmd.Wait()
-	})
-	comm := fmt.Sprintf("/proc/%d/comm", cmd.Process.Pid)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		if b, _ := os.ReadFile(comm); strings.TrimSpace(string(b)) == holdingName {
-			return cmd
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("memory holder %d never got its %d MiB written", cmd.Process.Pid, mib)
-		}
-	}
+	return startNamed(t, cmd, holdingName, 30*time.Second, fmt.Sprintf("never got its %d MiB written", mib))
 }

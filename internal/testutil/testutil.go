@@ -31,7 +31,14 @@ func SkipOrFail(t testing.TB, why string) {
 // When the test ends its whole session is killed and it is reaped.
 func StartSleeper(t testing.TB) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("sleep", "1000")
+	return startNamed(t, exec.Command("sleep", "1000"), "sleep", 10*time.Second, "never ran sleep")
+}
+
+// startNamed starts cmd in a session of its own and returns once the process is named
+// name (its comm), failing the test with what after limit. When the test ends its whole
+// session is killed and it is reaped.
+func startNamed(t testing.TB, cmd *exec.Cmd, name string, limit time.Duration, what string) *exec.Cmd {
+	t.Helper()
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -41,12 +48,12 @@ func StartSleeper(t testing.TB) *exec.Cmd {
 		_ = cmd.Wait() // killed: the status says nothing
 	})
 	comm := "/proc/" + strconv.Itoa(cmd.Process.Pid) + "/comm"
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if b, _ := os.ReadFile(comm); strings.TrimSpace(string(b)) == "sleep" {
+	for deadline := time.Now().Add(limit); ; time.Sleep(time.Millisecond) {
+		if b, _ := os.ReadFile(comm); strings.TrimSpace(string(b)) == name {
 			return cmd
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("process %d never ran sleep", cmd.Process.Pid)
+			t.Fatalf("process %d %s", cmd.Process.Pid, what)
 		}
 	}
 }
