@@ -310,10 +310,15 @@ func CheckSums(dir string, files []File) error {
 	}
 	for i, f := range files {
 		if got[i].XXH64 != f.XXH64 {
-			return &CorruptError{f.Path, fmt.Sprintf("checksum mismatch (want %s, got %s)", f.XXH64, got[i].XXH64)}
+			return Mismatch(f, got[i].XXH64)
 		}
 	}
 	return nil
+}
+
+// Mismatch is the error for file f whose bytes checksum to got instead of f's checksum.
+func Mismatch(f File, got string) *CorruptError {
+	return &CorruptError{f.Path, fmt.Sprintf("checksum mismatch (want %s, got %s)", f.XXH64, got)}
 }
 
 func sortedFiles(files []File) []File {

@@ -98,7 +98,7 @@ func (c *checkedDir) Verify() error {
 			continue
 		}
 		if got := image.PiecesChecksum(f.digests); got != f.XXH64 {
-			return &image.CorruptError{Path: f.Path, Reason: fmt.Sprintf("checksum mismatch (want %s, got %s)", f.XXH64, got)}
+			return image.Mismatch(f.File, got)
 		}
 	}
 	if len(again) > 0 {
