@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 GPUCR_BUILD_CACHE ?= /var/cache/gpucr-build
 GOLANGCI_LINT ?= $(GPUCR_BUILD_CACHE)/golangci-lint/bin/golangci-lint
 
-.PHONY: all deps build lint test fuzz demo bundle engines clean
+.PHONY: all deps build lint test fuzz demo bundle engines storebench clean
 
 all: build
 
@@ -46,5 +46,10 @@ bundle: build
 engines:
 	bash scripts/bundle-engines.sh
 
+# storebench: the bundle and a MinIO server, compressed to fit one device run, for
+# bench-stream.sh against MinIO on the GPU machine (storebench/, git-ignored; docs/storage.md).
+storebench: bundle
+	bash scripts/bundle-storebench.sh
+
 clean:
-	rm -rf bin bundle engines
+	rm -rf bin bundle engines storebench

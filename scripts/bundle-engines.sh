@@ -16,6 +16,7 @@
 # libraries, with what ldd said of each binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/txz.sh
 out=engines
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -77,7 +78,7 @@ for b in "$p"/bin/*; do
 done
 
 rm -rf "$out"; mkdir -p "$out"
-tar -C "$p" -cf - . | xz -T0 -9 > "$out/engines.tar.xz"
+txz "$p" "$out/engines.tar.xz"
 {
   cat "$work/MANIFEST"
   echo
