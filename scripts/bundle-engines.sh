@@ -77,10 +77,55 @@ for b in "$p"/bin/*; do
     { echo "bundle-engines: $(basename "$b") loads a library above from outside the bundle" >&2; exit 1; }
 done
 
+# crun with CRIU: bookworm's crun 1.8.1 is built without it, and crun hands CRIU the
+# integration's configuration file only from crun 1.26 with CRIU 4.2 (docs/containers.md).
+# So crun/ holds the next Debian's crun, CRIU and libcriu (built for a newer glibc: they run
+# on the GPU machine's Ubuntu 24.04, not here), fetched from this machine's own mirror, with
+# the libraries those packages add in crun/lib; crun/fallback has bookworm's copies of the
+# common ones a host may lack, used only when the host's own are missing.
+uri=$(grep -hE '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' | grep -v security | head -1 || true)
+[ -n "$uri" ] || uri=$(grep -hE '^deb ' /etc/apt/sources.list 2>/dev/null | grep -v security | awk '{print $2}' | head -1 || true)
+[ -n "$uri" ] || { echo "bundle-engines: no Debian mirror in this machine's apt sources" >&2; exit 1; }
+next=$work/next; mkdir -p "$next/lists/partial" "$next/cache/archives/partial" "$next/deb" "$next/x"
+printf 'Types: deb\nURIs: %s\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+  "$uri" "${GPUCR_CRUN_SUITE:-sid}" > "$next/next.sources"
+apt_next=(-o "Dir::Etc::SourceList=$next/next.sources" -o "Dir::Etc::SourceParts=-" -o "Dir::State::Lists=$next/lists"
+  -o "Dir::Cache=$next/cache" -o "APT::Sandbox::User=root")
+apt-get "${apt_next[@]}" update -qq
+(cd "$next/deb" && apt-get "${apt_next[@]}" download -qq crun criu libcriu2 libcompel1 libblake3-0 libnet9 libnl-3-200) ||
+  { echo "bundle-engines: fetching crun and CRIU from ${GPUCR_CRUN_SUITE:-sid} failed" >&2; exit 1; }
+for d in "$next/deb"/*.deb; do dpkg -x "$d" "$next/x"; done
+c=$p/crun; mkdir -p "$c/lib" "$c/fallback"
+cp "$next/x/usr/bin/crun" "$c/crun.bin"; cp "$next/x/usr/sbin/criu" "$c/criu.bin"
+cp -a "$next/x/usr/lib/x86_64-linux-gnu/"lib*.so.* "$c/lib/"
+(cd "$work" && apt-get download -qq libprotobuf-c1 libnftables1 libmnl0 libnftnl11 libjansson4 libjson-c5 libbsd0 libmd0) ||
+  { echo "bundle-engines: apt-get download of crun's fallback libraries failed" >&2; exit 1; }
+for d in libprotobuf-c1 libnftables1 libmnl0 libnftnl11 libjansson4 libjson-c5 libbsd0 libmd0; do
+  dpkg -x "$work/${d}"_*.deb "$work/fb"; done
+for d in "$work/fb/usr/lib/x86_64-linux-gnu" "$work/fb/lib/x86_64-linux-gnu"; do
+  [ -d "$d" ] && cp -a "$d"/lib*.so.* "$c/fallback/"
+done
+for n in crun criu; do
+  cat > "$c/$n" <<SH
+#!/bin/bash
+# $n from the next Debian release, with the libraries its packages add; bookworm's copies of
+# common ones only where this host lacks them. crun's libcriu starts the criu found on PATH.
+here=\$(dirname "\$(readlink -f "\$0")")
+export LD_LIBRARY_PATH=\$here/lib PATH=\$here:\$PATH
+LD_LIBRARY_PATH=\$here/lib ldd "\$here/$n.bin" 2>/dev/null | grep -q "not found" && LD_LIBRARY_PATH=\$here/lib:\$here/fallback
+exec "\$here/$n.bin" "\$@"
+SH
+  chmod +x "$c/$n"
+done
+for d in "$next/deb"/*.deb; do dpkg-deb -f "$d" Package Version | paste -sd' '; done > "$work/crun-versions"
+
 rm -rf "$out"; mkdir -p "$out"
 txz "$p" "$out/engines.tar.xz"
 {
   cat "$work/MANIFEST"
+  echo
+  echo "== crun/ (from ${GPUCR_CRUN_SUITE:-sid}: for the GPU machine's newer glibc)"
+  cat "$work/crun-versions"
   echo
   echo "== carried libraries (podman, conmon and iptables load these through their RPATH)"
   (cd "$p/lib" && ls -1 | grep -v '^xtables$')

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/freezer"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
@@ -162,6 +163,9 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	// The same GPU steps and rollback as gpucr's own checkpoints.
 	var undo engine.Undo
 	defer func() { err = undo.Unwind(ctx, err) }()
+	if err := thawForDriver(found.Frozen, &undo, log); err != nil {
+		return err
+	}
 	if err := engine.CheckpointGPUs(ctx, new(engine.Timer), gpus, a.LockTimeout, &undo); err != nil {
 		return err
 	}
@@ -171,6 +175,57 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	crashpoint.Hit("end pre-dump")
 	undo.Commit()
 	log.Info("GPU state checkpointed", "processes", len(tree), "gpuProcesses", len(gpus))
+	return nil
+}
+
+// thawForDriver lets the GPU processes an engine froze before its dump (containerd and
+// CRI-O do, for a consistent copy of the root filesystem) run for the driver's lock and
+// checkpoint, and freezes them again afterwards, as the engine left them, whether the GPU
+// steps worked or were rolled back.
+func thawForDriver(frozen []*engine.FrozenError, undo *engine.Undo, log *slog.Logger) error {
+	for _, f := range frozen {
+		c := f.Cgroup
+		undo.Always("freeze cgroup "+c.Dir+" again, as the engine left it", func(ctx context.Context) error {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), refreezeTimeout)
+			defer cancel()
+			return c.Freeze(ctx)
+		})
+		if err := c.Thaw(); err != nil {
+			return err
+		}
+		log.Info("thawed for the GPU driver, frozen again after it", "cgroup", c.Dir, "gpuProcess", f.PID)
+	}
+	return nil
+}
+
+// refreezeTimeout bounds the wait for every process of a thawed cgroup to be frozen again.
+const refreezeTimeout = 30 * time.Second
+
+// waitThawed waits until no process of set is frozen with its cgroup: after a dump that
+// left the tree running, the engine that froze it thaws it only once runc is done, and the
+// driver's resume of a frozen process would wait for that anyway, unbounded and unlogged.
+func waitThawed(ctx context.Context, set engine.GPUSet, log *slog.Logger) error {
+	for _, p := range set {
+		logged := false
+		for {
+			c, err := freezer.Holding(p.PID)
+			if errors.Is(err, fs.ErrNotExist) || c == nil {
+				break // thawed, or gone
+			}
+			if err != nil {
+				return err
+			}
+			if !logged {
+				log.Info("waiting for the engine to thaw the container before resuming its GPUs", "cgroup", c.Dir, "gpuProcess", p.PID)
+				logged = true
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("GPU process %d still frozen with cgroup %s: %w", p.PID, c.Dir, ctx.Err())
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
 	return nil
 }
 
@@ -194,6 +249,9 @@ func RollBack(ctx context.Context, backends []gpu.Backend, heldPath string, log 
 		return err
 	}
 	log.Info("dump over", "gpuProcesses", len(held), "stillRunning", len(set))
+	if err := waitThawed(ctx, set, log); err != nil {
+		return err
+	}
 	if err := set.Resume(ctx, nil); err != nil {
 		return fmt.Errorf("resume GPU processes after the dump: %w", err)
 	}

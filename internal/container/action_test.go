@@ -12,9 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/freezer"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/gpu/gputest"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -54,6 +56,8 @@ func (f *fakeGPU) step(name string, pid int, from, to gpu.State) error {
 	switch {
 	case pid != f.pid:
 		return errors.New(name + ": not a GPU process: " + strconv.Itoa(pid))
+	case !runs(pid):
+		return errors.New(name + ": the process does not run: the driver would wait for it as long as it stays so")
 	case name == f.failStep:
 		return errors.New(name + " failed")
 	case f.state != from:
@@ -62,6 +66,17 @@ func (f *fakeGPU) step(name string, pid int, from, to gpu.State) error {
 	f.state = to
 	return nil
 }
+
+// runs is what the driver needs of a process to lock, checkpoint or resume it.
+func runs(pid int) bool {
+	p, err := proctree.Read(pid)
+	if err != nil || p.State == 'T' || p.State == 't' {
+		return false
+	}
+	c, err := freezer.Holding(pid)
+	return err == nil && c == nil
+}
+
 func (f *fakeGPU) Lock(_ context.Context, pid int, _ time.Duration) error {
 	return f.step("lock", pid, gpu.StateRunning, gpu.StateLocked)
 }
@@ -429,5 +444,94 @@ func TestIntegrationRunsOnlyARootOwnedCopy(t *testing.T) {
 	in.Gpucr = fakeGpucr(t, ran)
 	if err := in.Install(); err == nil || !strings.Contains(err.Error(), "writable by users other than root") {
 		t.Fatalf("install into a world-writable directory: %v", err)
+	}
+}
+
+// containerd and CRI-O freeze a container before they have runc dump it: the GPU step
+// thaws it for the driver and leaves it frozen, as the engine does not expect otherwise.
+func TestPreDumpThawsWhatTheEngineFroze(t *testing.T) {
+	for _, fail := range []string{"", "checkpoint"} {
+		t.Run("fail="+fail, func(t *testing.T) {
+			p := testutil.StartSleeper(t)
+			pid := p.Process.Pid
+			testutil.FreezeInCgroup(t, pid)
+			f := &fakeGPU{pid: pid, failStep: fail}
+			err := newAction(t, f, "pre-dump", pid).act.Run(context.Background())
+			want := []string{"lock", "checkpoint"}
+			if fail != "" {
+				want = append(want, "unlock") // the rollback, while still thawed
+				if err == nil {
+					t.Fatal("pre-dump succeeded with a failing GPU checkpoint")
+				}
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if got := f.log(); !slices.Equal(got, want) {
+				t.Fatalf("GPU calls %v, want %v", got, want)
+			}
+			if c, err := freezer.Holding(pid); err != nil || c == nil {
+				t.Fatalf("container left thawed after the GPU step (%v): the engine froze it", err)
+			}
+		})
+	}
+}
+
+func TestPreDumpRefusesStoppedProcess(t *testing.T) {
+	p := testutil.StartSleeper(t)
+	pid := p.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 100; i++ {
+		if q, _ := proctree.Read(pid); q.State == 'T' {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	f := &fakeGPU{pid: pid}
+	err := newAction(t, f, "pre-dump", pid).act.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "kill -CONT "+strconv.Itoa(pid)) {
+		t.Fatalf("pre-dump of a stopped GPU process: %v; want a refusal saying how to let it run", err)
+	}
+	if got := f.log(); len(got) != 0 {
+		t.Fatalf("GPU calls %v on a stopped process", got)
+	}
+	if q, _ := proctree.Read(pid); q.State != 'T' {
+		t.Fatalf("process state %c after the refusal, want it left stopped", q.State)
+	}
+}
+
+// After a dump that leaves the tree running, the engine thaws the container only once
+// runc is done: the rollback waits for that instead of calling the driver on a frozen one.
+func TestRollBackWaitsForTheEngineToThaw(t *testing.T) {
+	p := testutil.StartSleeper(t)
+	pid := p.Process.Pid
+	f := &fakeGPU{pid: pid}
+	a := newAction(t, f, "pre-dump", pid)
+	if err := a.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testutil.FreezeInCgroup(t, pid)
+	done := make(chan error, 1)
+	go func() {
+		done <- RollBack(context.Background(), []gpu.Backend{f}, a.watched[0], slog.New(slog.DiscardHandler))
+	}()
+	select {
+	case err := <-done:
+		t.Fatalf("rollback ended while the container was frozen: %v (calls %v)", err, f.log())
+	case <-time.After(300 * time.Millisecond):
+	}
+	c, err := freezer.Holding(pid)
+	if err != nil || c == nil {
+		t.Fatalf("not frozen: %v", err)
+	}
+	if err := c.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := f.log(); !slices.Equal(got, []string{"lock", "checkpoint", "restore", "unlock"}) {
+		t.Fatalf("GPU calls %v", got)
 	}
 }

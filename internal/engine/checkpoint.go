@@ -73,6 +73,9 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, err
 	}
 	gpus, snaps := found.GPUs, found.Snapshots
+	if len(found.Frozen) > 0 {
+		return nil, found.Frozen[0]
+	}
 	if len(found.Plugins) > 0 {
 		if p := found.Plugins[0]; !target.CRIUPlugins() {
 			return nil, fmt.Errorf("process %d of %s holds %s GPU state, which CRIU's plugin saves: not supported there yet", p.PID, target.What(), p.Backend.Name())
@@ -269,13 +272,21 @@ func (e *Engine) resumeAndCommit(ctx context.Context, op *Op, t *Timer, undo *Un
 }
 
 // Inspect finds the GPU processes of tree and refuses, before anything is locked, a tree
-// whose checkpoint could not be restored: the workload is untouched either way.
+// whose checkpoint could not be restored or whose GPU processes a signal or a tracer has
+// stopped: the workload is untouched either way. GPU processes frozen with their cgroup
+// are in Found.Frozen.
 func Inspect(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tree *proctree.Snapshot, skips safety.Skips) (Found, error) {
 	found, err := FindGPUProcs(ctx, backends, off, tree)
 	if err != nil {
 		return Found{}, err
 	}
 	if err := safety.Check(tree, found.GPUs.safetyView(), skips); err != nil {
+		return Found{}, err
+	}
+	if err := refuseStopped(found.GPUs, tree); err != nil {
+		return Found{}, err
+	}
+	if found.Frozen, err = frozenCgroups(found.GPUs); err != nil {
 		return Found{}, err
 	}
 	return found, nil

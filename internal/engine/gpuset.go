@@ -31,6 +31,9 @@ type Found struct {
 	// Plugins are the backends whose CRIU plugin carries device state of some process,
 	// with the first such process.
 	Plugins []PluginUse
+	// Frozen are the cgroups that freeze GPU processes (Inspect fills it): the driver
+	// cannot lock those until they are thawed.
+	Frozen []*FrozenError
 }
 
 // PluginUse is a backend whose CRIU plugin the dump needs, and a process that needs it.

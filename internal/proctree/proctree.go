@@ -24,7 +24,10 @@ type Process struct {
 	Session int // session ID
 	Command string
 	Threads int
-	Zombie  bool // exited, its resources freed, waiting for its parent to reap it
+	// State is /proc/PID/stat's one letter: R running, S and D asleep, T stopped by a
+	// signal, t stopped by its tracer, Z a zombie.
+	State  byte
+	Zombie bool // exited, its resources freed, waiting for its parent to reap it
 	// Start is when the process started, in clock ticks since boot: with the PID it names
 	// one process for good, so a PID reused by another is never taken for it.
 	Start uint64
@@ -128,7 +131,8 @@ func read(pid int) (Process, error) {
 	if err != nil {
 		return Process{}, fmt.Errorf("parse /proc/%d/stat starttime: %w", pid, err)
 	}
-	return Process{PID: pid, PPID: ppid, Pgrp: pgrp, Session: session, Command: s[open+1 : end], Threads: threads, Zombie: fields[0] == "Z", Start: start}, nil
+	return Process{PID: pid, PPID: ppid, Pgrp: pgrp, Session: session, Command: s[open+1 : end], Threads: threads,
+		State: fields[0][0], Zombie: fields[0] == "Z", Start: start}, nil
 }
 
 // PIDs lists the PIDs of ps in order.

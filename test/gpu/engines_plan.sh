@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Engines plan for the GPU machine, from the bundle directory as root: GPU containers
 # checkpointed and restored by podman and containerd themselves, with gpucr's CRIU
-# integration (gpucr install-criu-integration) moving the GPU state under runc.
-#   bash engines_plan.sh [podman] [containerd]        (default: both)
+# integration (gpucr install-criu-integration) moving the GPU state under runc or crun.
+#   bash engines_plan.sh [podman] [crun] [containerd]        (default: all three)
 # Needs bundle/ (make bundle: gpucr, CRIU, runc) and engines/ beside it (make engines:
 # podman 4.3.1, conmon, containerd 1.6.20, ctr, iptables from Debian bookworm), which is
 # unpacked into $GPUCR_ENGINES_PREFIX (/opt/gpucr-engines). Everything the engines keep
@@ -15,6 +15,8 @@
 #  P2. the same root as an image (podman --import needs one: it pulls the checkpoint's
 #      image): podman container checkpoint --export, then podman container restore
 #      --import --name under a second podman (its own storage and state: a second node).
+#  P3. P1 with crun as podman's runtime (engines/ carries the next Debian's crun 1.28 and
+#      CRIU 4.2, which hand crun the integration's configuration file).
 #  C1. containerd + ctr, the same image: ctr containers checkpoint --task (containerd's
 #      checkpoint image; the task keeps running, as ctr leaves it), the task killed,
 #      ctr containers restore --live under a new name.
@@ -55,9 +57,12 @@ export PATH=$PREFIX/bin:$B/criu:$B/runc:$PATH
 
 # podman NODE ARGS: podman with node NODE's configuration (1 or 2: two engines on one host,
 # nothing shared but the kernel and the GPUs).
+# Each engine command gets STEP_TIMEOUT seconds (default 240): one that hangs fails its step
+# and leaves the logs to the diagnostics instead of using up the whole run.
+STEP=${STEP_TIMEOUT:-240}
 podman() { CONTAINERS_CONF=$W/podman-$1/containers.conf CONTAINERS_STORAGE_CONF=$W/podman-$1/storage.conf \
-  CONTAINERS_REGISTRIES_CONF=$W/podman-$1/registries.conf command podman "${@:2}"; }
-ctr() { command ctr --address "$W/containerd/containerd.sock" --namespace gpucr "$@"; }
+  CONTAINERS_REGISTRIES_CONF=$W/podman-$1/registries.conf timeout -k 10 "$STEP" podman "${@:2}"; }
+ctr() { timeout -k 10 "$STEP" ctr --address "$W/containerd/containerd.sock" --namespace gpucr "$@"; }
 
 # stop_all: what an earlier run of this plan left running.
 stop_all() {
@@ -199,11 +204,15 @@ diagnose() {
   find "$W" -name '*.log' -newer "$W/host.json" -size +0 2>/dev/null | while read -r f; do
     echo "--- $f"; grep -E "Error|error|Warn" "$f" | tail -15; tail -5 "$f"
   done
+  echo "--- processes"; ps -eo pid,ppid,stat,wchan:24,args | grep -E "holder|counter|criu|runc|crun|gpucr|containerd-shim" | grep -v grep
+  for f in $(grep -l . /sys/fs/cgroup/*/cgroup.freeze /sys/fs/cgroup/*/*/cgroup.freeze 2>/dev/null); do
+    [ "$(cat "$f")" = 1 ] && echo "frozen: ${f%/cgroup.freeze}"
+  done
   dmesg 2>/dev/null | tail -10
 }
 
-PARTS=" ${*:-podman containerd} "
-if [[ "$PARTS" == *" podman "* ]]; then
+PARTS=" ${*:-podman crun containerd} "
+if [[ "$PARTS" == *" podman "* || "$PARTS" == *" crun "* ]]; then
   for n in 1 2; do
     mkdir -p "$W/podman-$n"
     cat > "$W/podman-$n/containers.conf" <<EOF
@@ -232,6 +241,8 @@ EOF
     echo 'unqualified-search-registries = []' > "$W/podman-$n/registries.conf"
     podman "$n" load -q -i "$W/hostroot-oci.tar" >/dev/null || bad "podman node $n: load $IMAGE"
   done
+fi
+if [[ "$PARTS" == *" podman "* ]]; then
 
   echo "== P1. podman run --rootfs: checkpoint, restore"
   x=$W/p1-x; mkdir -p "$x"; mapfile -t f < <(podman_flags "$x")
@@ -263,6 +274,28 @@ EOF
     else bad "P2. podman container checkpoint --export"; fi
   else bad "P2. podman run $IMAGE"; podman 1 logs gpucr-p2 2>&1 | tail -20; fi
   podman 1 rm -f gpucr-p2 >/dev/null 2>&1; podman 2 rm -f gpucr-p2-node2 >/dev/null 2>&1
+fi
+
+if [[ "$PARTS" == *" crun "* ]]; then
+  echo "== P3. podman with crun (the next Debian's crun 1.28 and CRIU 4.2): checkpoint, restore"
+  CRUN=$PREFIX/crun/crun
+  if ! "$CRUN" --version | grep -q "+CRIU" || ! "$PREFIX/crun/criu" --version; then
+    bad "P3. crun or its CRIU does not start here: $("$CRUN" --version 2>&1 | tail -2)"
+  else
+    x=$W/p3-x; mkdir -p "$x"; mapfile -t f < <(podman_flags "$x")
+    if podman 1 --runtime "$CRUN" run -d --name gpucr-p3 "${f[@]}" --rootfs "$W/rootfs" "${CMD[@]}" >/dev/null && started P3 "$x"; then
+      before_checkpoint "$x"; m=$(mark); t=$(secs)
+      if podman 1 --runtime "$CRUN" container checkpoint gpucr-p3 >/dev/null; then
+        ok "P3. podman container checkpoint, crun ($(took "$t"))"; gpu_logged P3 "$m" "GPU state checkpointed"
+        m=$(mark); t=$(secs)
+        if podman 1 --runtime "$CRUN" container restore gpucr-p3 >/dev/null; then
+          ok "P3. podman container restore, crun ($(took "$t"))"; gpu_logged P3 "$m" "GPU state restored"
+          verify "P3. restored by crun" "$x" podman 1 kill -s USR1 gpucr-p3
+        else bad "P3. podman container restore, crun"; fi
+      else bad "P3. podman container checkpoint, crun"; fi
+    else bad "P3. podman run --runtime crun"; podman 1 logs gpucr-p3 2>&1 | tail -20; fi
+    podman 1 rm -f gpucr-p3 >/dev/null 2>&1
+  fi
 fi
 
 if [[ "$PARTS" == *" containerd "* ]]; then

@@ -1,0 +1,58 @@
+package engine
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/gpucr/gpucr/internal/freezer"
+	"github.com/gpucr/gpucr/internal/proctree"
+)
+
+// The CUDA driver locks, checkpoints and resumes a process with the process's own help: a
+// GPU process that does not run makes those calls wait for as long as it stays stopped,
+// whatever their timeout (a checkpoint through containerd hung so until it was killed).
+
+// refuseStopped fails for a GPU process of gpus that a signal or its tracer has stopped:
+// only its owner may let it run again.
+func refuseStopped(gpus GPUSet, tree *proctree.Snapshot) error {
+	for _, p := range tree.Processes() {
+		if !slices.ContainsFunc(gpus, func(g GPUProc) bool { return g.PID == p.PID }) {
+			continue
+		}
+		switch p.State {
+		case 'T':
+			return fmt.Errorf("GPU process %d (%s) is stopped by a signal, and the GPU driver cannot lock a process that does not run: let it run (kill -CONT %d) and try again", p.PID, p.Command, p.PID)
+		case 't':
+			return fmt.Errorf("GPU process %d (%s) is stopped by its tracer (a debugger?), and the GPU driver cannot lock a process that does not run: detach the tracer and try again", p.PID, p.Command)
+		}
+	}
+	return nil
+}
+
+// frozenCgroups returns the cgroups that freeze any process of gpus, each once, with the
+// first GPU process it freezes.
+func frozenCgroups(gpus GPUSet) ([]*FrozenError, error) {
+	var held []*FrozenError
+	for _, p := range gpus {
+		c, err := freezer.Holding(p.PID)
+		if err != nil {
+			return nil, fmt.Errorf("GPU process %d: %w", p.PID, err)
+		}
+		if c != nil && !slices.ContainsFunc(held, func(h *FrozenError) bool { return h.Cgroup.Dir == c.Dir }) {
+			held = append(held, &FrozenError{PID: p.PID, Cgroup: c})
+		}
+	}
+	return held, nil
+}
+
+// FrozenError is a GPU process frozen with its cgroup (a paused container): gpucr's own
+// checkpoint refuses it; the CRIU integration, under an engine that froze the container
+// itself, thaws it for the GPU steps.
+type FrozenError struct {
+	PID    int
+	Cgroup *freezer.Cgroup
+}
+
+func (e *FrozenError) Error() string {
+	return fmt.Sprintf("GPU process %d is frozen with its cgroup %s (a paused container?), and the GPU driver cannot lock a process that does not run: resume it (runc resume, podman unpause, ctr tasks resume) and try again", e.PID, e.Cgroup)
+}
