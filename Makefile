@@ -43,7 +43,7 @@ bundle: build
 
 # engines: podman and containerd from this machine's packages, for test/gpu/engines_plan.sh
 # (engines/engines.tar.xz, git-ignored, carried to the GPU machine beside bundle/).
-engines:
+engines: bundle
 	bash scripts/bundle-engines.sh
 
 # storebench: the bundle and a MinIO server, compressed to fit one device run, for

@@ -12,7 +12,9 @@
 # its extensions): CRIU locks a container's own network namespace with it, runc 1.1 asking
 # for no other method. runc and CRIU come from bundle/.
 #
-# engines/engines.tar.xz is what is carried; engines/MANIFEST lists versions, sizes and the
+# engines/engines.tar.xz and engines/bundle.tar.xz (bundle/, stripped) are what is carried,
+# the device unpacking the bundle first: mkdir -p bundle && tar -xJf engines/bundle.tar.xz
+# -C bundle && cd bundle && bash engines_plan.sh; engines/MANIFEST lists versions, sizes and the
 # libraries, with what ldd said of each binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -98,9 +100,9 @@ for d in "$next/deb"/*.deb; do dpkg -x "$d" "$next/x"; done
 c=$p/crun; mkdir -p "$c/lib" "$c/fallback"
 cp "$next/x/usr/bin/crun" "$c/crun.bin"; cp "$next/x/usr/sbin/criu" "$c/criu.bin"
 cp -a "$next/x/usr/lib/x86_64-linux-gnu/"lib*.so.* "$c/lib/"
-(cd "$work" && apt-get download -qq libprotobuf-c1 libnftables1 libmnl0 libnftnl11 libjansson4 libjson-c5 libbsd0 libmd0) ||
+(cd "$work" && apt-get download -qq libprotobuf-c1 libnftables1 libmnl0 libnftnl11 libjansson4 libjson-c5 libbsd0 libmd0 libxtables12 libgmp10) ||
   { echo "bundle-engines: apt-get download of crun's fallback libraries failed" >&2; exit 1; }
-for d in libprotobuf-c1 libnftables1 libmnl0 libnftnl11 libjansson4 libjson-c5 libbsd0 libmd0; do
+for d in libprotobuf-c1 libnftables1 libmnl0 libnftnl11 libjansson4 libjson-c5 libbsd0 libmd0 libxtables12 libgmp10; do
   dpkg -x "$work/${d}"_*.deb "$work/fb"; done
 for d in "$work/fb/usr/lib/x86_64-linux-gnu" "$work/fb/lib/x86_64-linux-gnu"; do
   [ -d "$d" ] && cp -a "$d"/lib*.so.* "$c/fallback/"
@@ -121,6 +123,7 @@ for d in "$next/deb"/*.deb; do dpkg-deb -f "$d" Package Version | paste -sd' '; 
 
 rm -rf "$out"; mkdir -p "$out"
 txz "$p" "$out/engines.tar.xz"
+bundle_txz "$out/bundle.tar.xz" # carried beside it: engines/ is the one folder a device run needs
 {
   cat "$work/MANIFEST"
   echo

@@ -3,8 +3,7 @@
 # the GPU machine (no network there, 64 MiB carried at most in all):
 #   storebench/bundle.tar.xz   bundle/ (make bundle), its Go binaries stripped
 #   storebench/minio.xz        the MinIO server of scripts/install-minio.sh, stripped
-# The device unpacks both beside each other (docs/storage.md gives the command). Stripping
-# drops the symbol tables and DWARF only: Go's stack traces and profiles read the pclntab.
+# The device unpacks both beside each other (docs/storage.md gives the command).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/txz.sh
@@ -21,9 +20,7 @@ if [ ! "$out/minio.xz" -nt "$minio" ]; then
   xz -T0 -9 -c "$work/minio" > "$out/minio.xz.tmp"
   mv "$out/minio.xz.tmp" "$out/minio.xz"
 fi
-cp -a bundle "$work/bundle"
-strip "$work/bundle/gpucr" "$work/bundle/gpucr-bench" "$work/bundle/counter"
-txz "$work/bundle" "$out/bundle.tar.xz"
+bundle_txz "$out/bundle.tar.xz"
 total=$(du -cb "$out/minio.xz" "$out/bundle.tar.xz" | tail -1 | cut -f1)
 du -h "$out/minio.xz" "$out/bundle.tar.xz"
 echo "storebench/: $((total >> 20)) MiB to carry (at most 64 MiB in all)"
