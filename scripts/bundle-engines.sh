@@ -10,7 +10,8 @@
 # libraries wherever the prefix is unpacked, with no loader configuration on the host.
 # containerd, ctr and the shim need glibc alone. Also iptables-restore (iptables-nft, with
 # its extensions): CRIU locks a container's own network namespace with it, runc 1.1 asking
-# for no other method. runc and CRIU come from bundle/.
+# for no other method. And ip (iproute2): CRIU saves a container's own network namespace's
+# addresses and routes with it, which the GPU machine lacks. runc and CRIU come from bundle/.
 #
 # engines/engines.tar.xz and engines/bundle.tar.xz (bundle/, stripped) are what is carried,
 # the device unpacking the bundle first: mkdir -p bundle && tar -xJf engines/bundle.tar.xz
@@ -25,7 +26,7 @@ trap 'rm -rf "$work"' EXIT
 # Engines, then the libraries they need that a host may lack; ldd below checks that
 # nothing is left unresolved.
 PKGS=(podman conmon catatonit golang-github-containers-common golang-github-containers-image containerd
-  libgpgme11 libassuan0 libsubid4 iptables libxtables12 patchelf)
+  libgpgme11 libassuan0 libsubid4 iptables libxtables12 iproute2 patchelf)
 (cd "$work" && apt-get download -qq "${PKGS[@]}" 2>/dev/null) ||
   { echo "bundle-engines: apt-get download ${PKGS[*]} failed (run apt-get update?)" >&2; exit 1; }
 mkdir -p "$work/x"
@@ -35,7 +36,7 @@ x=$work/x
 p=$work/prefix
 mkdir -p "$p/bin" "$p/lib" "$p/etc/containers" "$p/share/containers"
 for b in podman conmon catatonit containerd ctr containerd-shim-runc-v2; do cp "$x/usr/bin/$b" "$p/bin/"; done
-cp "$x/usr/sbin/xtables-nft-multi" "$p/bin/"
+cp "$x/usr/sbin/xtables-nft-multi" "$x/bin/ip" "$p/bin/"
 cp -r "$x/usr/lib/x86_64-linux-gnu/xtables" "$p/lib/"
 # CRIU runs iptables-restore and ip6tables-restore from PATH; the multi-binary acts on its
 # name, and finds its extensions through XTABLES_LIBDIR.
@@ -71,7 +72,7 @@ fi
 awk '/=> \//{print $3}' "$work/MANIFEST" | sort -u |
   grep -vE '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*)\.so' |
   while read -r lib; do cp -L "$lib" "$p/lib/"; done
-"$x/usr/bin/patchelf" --force-rpath --set-rpath '$ORIGIN/../lib' "$p/bin/podman" "$p/bin/conmon" "$p/bin/xtables-nft-multi"
+"$x/usr/bin/patchelf" --force-rpath --set-rpath '$ORIGIN/../lib' "$p/bin/podman" "$p/bin/conmon" "$p/bin/xtables-nft-multi" "$p/bin/ip"
 # What the GPU machine will load: the carried libraries, or glibc's own from its host.
 for b in "$p"/bin/*; do
   [ "$(head -c2 "$b")" = "#!" ] && continue
