@@ -49,7 +49,7 @@ func (a *app) stream(ctx context.Context, loc string, trust signing.Keys, r *eng
 	if err != nil {
 		return nil, classifyStore(errors.Join(err, staging.Close()))
 	}
-	r.Dir, r.Streamed = s.Dir, &engine.Streamed{Memory: s.Memory, Owned: []string{staging.Dir}}
+	r.Dir, r.Streamed = s.Dir, &engine.Streamed{Memory: s.Memory, Owned: []string{staging.Dir}, Room: s.Bound - s.Local}
 	return &streamedRestore{Staged: s, staging: staging, url: st.URL(prefix), took: time.Since(start)}, nil
 }
 

@@ -150,7 +150,11 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	// at checkpoint always, and those in CRIU's files unless told otherwise or the image
 	// holds state a CRIU plugin restores (the plugin may restore memory of its own).
 	var split []int
-	if !r.CRIURestoresPages && opts.PluginDir == "" {
+	switch {
+	case r.CRIURestoresPages || opts.PluginDir != "":
+	case !r.Streamed.splitFits(m):
+		e.Logger().Info("CRIU restores the memory in its files itself: splitting them would copy them beyond the streamed restore's local disk bound")
+	default:
 		split = m.Leaves()
 	}
 	fill, err := e.planFill(r.Dir, r.Streamed.memory(r.Dir, filled), work, m, split)

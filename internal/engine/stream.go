@@ -22,6 +22,9 @@ type Streamed struct {
 	// Owned are paths made for this restore (the fetched files): journaled from its start,
 	// so that a gpucr that dies leaves them to its recovery to remove.
 	Owned []string
+	// Room is the local disk the restore may still use beyond the fetched files: CRIU's
+	// page files are copied without the long runs gpucr fills only when they fit in it.
+	Room int64
 
 	mu     sync.Mutex
 	failed error // the first failure of Memory: what a failed restore reports
@@ -93,4 +96,19 @@ func (e *Engine) beginRestore(target RestoreTarget, s *Streamed) (*Op, error) {
 		owned = s.Owned
 	}
 	return e.begin(txn.OpRestore, target.What(), owned, target.Locks()...)
+}
+
+// splitFits reports whether the copy of CRIU's page files that splitting them makes stays
+// within the local disk a streamed restore may use; a local restore has no such bound.
+func (s *Streamed) splitFits(m *image.Manifest) bool {
+	if s == nil {
+		return true
+	}
+	var pages int64
+	for _, f := range m.Files {
+		if path.Dir(f.Path) != criuimg.MemDir && criuimg.IsPagesName(path.Base(f.Path)) {
+			pages += f.Size
+		}
+	}
+	return pages <= s.Room
 }

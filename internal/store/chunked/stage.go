@@ -38,9 +38,9 @@ type Staged struct {
 	Dir    string
 	Memory *Memory
 	Stats  Stats // of the files fetched into Dir
-	// Local is how much local disk the restore may use at most: the fetched files, and the
-	// copy of CRIU's page files that the restore makes without the runs it fills itself.
-	// It is within Bound, LocalBound of the image.
+	// Local is the local disk the fetched files take, within Bound, LocalBound of the image.
+	// The restore copies CRIU's page files without the long runs it fills itself only
+	// where that copy fits in what is left (Bound - Local): it is a gain of speed alone.
 	Local, Bound int64
 }
 
@@ -48,7 +48,7 @@ type Staged struct {
 // parent (the system's temporary directory when ""): CRIU's files and gpucr's manifest,
 // in the order the manifest lists them, each chunk checked as it arrives, and the image's
 // manifest checked (o.Trust) before the Memory is built from it. A checkpoint whose files
-// outside the memory need more local disk than LocalBound allows is refused with
+// outside the memory take more local disk than LocalBound allows is refused with
 // ErrTooMuchLocal before anything is fetched. Close removes what Stage made.
 func Stage(ctx context.Context, st store.Store, prefix, parent string, o Options) (*Staged, error) {
 	m, err := Load(ctx, st, prefix)
@@ -106,8 +106,7 @@ func (s *Staged) Close() {
 }
 
 // localPart returns the files of m a streamed restore fetches (all but the memory gpucr
-// saved), the local disk they need (their size, and that of CRIU's page files once more for
-// the copy the restore makes of them without the runs it fills itself), and the image's size.
+// saved), the local disk they need, and the image's size.
 func localPart(m *Manifest) (local []File, need, all int64) {
 	for _, f := range m.Files {
 		all += f.Size
@@ -116,9 +115,6 @@ func localPart(m *Manifest) (local []File, need, all int64) {
 		}
 		local = append(local, f)
 		need += f.Size
-		if criuimg.IsPagesName(path.Base(f.Path)) {
-			need += f.Size
-		}
 	}
 	return local, need, all
 }
