@@ -1,7 +1,9 @@
 package engine
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"slices"
 
 	"github.com/gpucr/gpucr/internal/freezer"
@@ -35,6 +37,9 @@ func frozenCgroups(gpus GPUSet) ([]*FrozenError, error) {
 	var held []*FrozenError
 	for _, p := range gpus {
 		c, err := freezer.Holding(p.PID)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // gone since it was found: there is nothing of it to lock
+		}
 		if err != nil {
 			return nil, fmt.Errorf("GPU process %d: %w", p.PID, err)
 		}

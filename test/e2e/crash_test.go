@@ -412,3 +412,51 @@ func TestKilledContainerRestoreLeavesNothingOrAWholeContainer(t *testing.T) {
 		})
 	}
 }
+
+// containerd and CRI-O pause a container before they have runc dump it; the GPU driver
+// waits on a process that does not run (the fake driver too, for 10 s). The action script
+// thaws it for the GPU step and leaves it paused, and once the engine resumes it, the
+// watcher gives the GPU state back to the container left running.
+func TestActionScriptCheckpointsAPausedContainer(t *testing.T) {
+	runc, criuPath := needRunc(t)
+	drv := newFakeDriver(t)
+	tmp := t.TempDir()
+	conf, script, log := filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "criu-action"), filepath.Join(tmp, "action.log")
+	mustGpucr(t, "install-runc-integration", "--config", conf, "--script", script, "--log", log, "--state-dir", filepath.Join(tmp, "state"))
+	bundle := counterBundle(t, runc, conf)
+	holdGPUDevice(t, bundle)
+	id := containerID(t, runc, "paused")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 3)
+	pid := runcInitPID(t, runc, id)
+	drv.claim(t, pid)
+	if out, err := exec.Command(runc, "pause", id).CombinedOutput(); err != nil {
+		t.Fatalf("runc pause: %v: %s", err, out)
+	}
+	ck := exec.Command(runc, "--criu", criuPath, "checkpoint", "--image-path", filepath.Join(t.TempDir(), "img"),
+		"--work-path", t.TempDir(), "--leave-running", id)
+	ck.Env = append(os.Environ(), drv.env...)
+	out, err := ck.CombinedOutput()
+	b, _ := os.ReadFile(log)
+	if err != nil {
+		t.Fatalf("runc checkpoint of a paused GPU container: %v: %s\n%s", err, out, b)
+	}
+	if !strings.Contains(string(b), "thawed for the GPU driver") || !strings.Contains(string(b), "GPU state checkpointed") {
+		t.Fatalf("the action script did not thaw and checkpoint the GPU state; its log:\n%s", b)
+	}
+	if st, err := exec.Command(runc, "state", id).Output(); err != nil || !strings.Contains(string(st), `"paused"`) {
+		t.Fatalf("container not left paused as the engine paused it: %v %s", err, st)
+	}
+	if out, err := exec.Command(runc, "resume", id).CombinedOutput(); err != nil {
+		t.Fatalf("runc resume: %v: %s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for drv.state(pid) != "0" && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := drv.state(pid); st != "0" {
+		b, _ = os.ReadFile(log)
+		t.Fatalf("GPU state %s once the engine resumed the container, want 0 (running)\n%s", st, b)
+	}
+	waitContainerCount(t, bundle, count(t, bundle)+3)
+}

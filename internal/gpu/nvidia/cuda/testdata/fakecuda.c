@@ -33,6 +33,7 @@ enum {
 	TIMEOUT = 909,
 };
 
+// The fake waits on processes that do not run as the driver does (waitRuns).
 // TIMEOUT_PID is a process whose lock never gets its work drained in time.
 #define TIMEOUT_PID 999999
 #define DEVICES 2
@@ -195,9 +196,65 @@ CUresult cuCheckpointProcessGetState(int pid, CUprocessState *st) {
 	return SUCCESS;
 }
 
+// frozenIn reports whether the cgroup file at prefix+path+name holds want.
+static int frozenIn(const char *prefix, const char *path, const char *name, const char *want) {
+	char file[4096], buf[256];
+	snprintf(file, sizeof file, "%s%s/%s", prefix, path, name);
+	FILE *f = fopen(file, "r");
+	if (!f) return 0;
+	size_t n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	return strstr(buf, want) != NULL;
+}
+
+// runs is false for a process stopped by a signal or its tracer, or frozen with its cgroup
+// (v1's freezer or v2's); true for one that runs, or that /proc does not know.
+static int runs(int pid) {
+	char file[64], line[4096];
+	snprintf(file, sizeof file, "/proc/%d/stat", pid);
+	FILE *f = fopen(file, "r");
+	if (!f) return 1;
+	size_t n = fread(line, 1, sizeof line - 1, f);
+	fclose(f);
+	line[n] = 0;
+	char *end = strrchr(line, ')');
+	if (end && end[1] == ' ' && (end[2] == 'T' || end[2] == 't')) return 0;
+	snprintf(file, sizeof file, "/proc/%d/cgroup", pid);
+	if (!(f = fopen(file, "r"))) return 1;
+	int frozen = 0;
+	while (!frozen && fgets(line, sizeof line, f)) {
+		line[strcspn(line, "\n")] = 0;
+		char *path = strchr(strchr(line, ':') ? strchr(line, ':') + 1 : line, ':');
+		if (!path) continue;
+		*path++ = 0;
+		if (strstr(line, "freezer"))
+			frozen = frozenIn("/sys/fs/cgroup/freezer", path, "freezer.state", "FROZEN");
+		else if (!strcmp(line, "0:"))
+			frozen = frozenIn("/sys/fs/cgroup", path, "cgroup.events", "frozen 1") ||
+				 frozenIn("/sys/fs/cgroup/unified", path, "cgroup.events", "frozen 1");
+	}
+	fclose(f);
+	return !frozen;
+}
+
+// waitRuns is the real driver on a process that does not run: every checkpoint call waits
+// for it, whatever its timeout (measured on the H100). The fake gives up after 10 s with a
+// timeout, so that a test of that case fails instead of hanging.
+static int waitRuns(int pid, const char *call) {
+	for (int i = 0; i < 1000; i++) {
+		if (runs(pid)) return 1;
+		struct timespec t = {0, 10000000L};
+		nanosleep(&t, NULL);
+	}
+	record("%s %d: waited 10 s on a process that does not run\n", call, pid);
+	return 0;
+}
+
 CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *a) {
 	if (a && (a->reserved0 || !zero(a->reserved1, sizeof a->reserved1))) return INVALID_VALUE;
 	record("lock %d timeout=%u\n", pid, a ? a->timeoutMs : 0);
+	if (!waitRuns(pid, "lock")) return TIMEOUT;
 	int s;
 	if (load(pid, &s) == 0 && s == RUNNING && pid == TIMEOUT_PID) return TIMEOUT;
 	return move(pid, RUNNING, LOCKED);
@@ -206,6 +263,7 @@ CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *a) {
 CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *a) {
 	if (a && !zero(a, sizeof *a)) return INVALID_VALUE;
 	record("checkpoint %d\n", pid);
+	if (!waitRuns(pid, "checkpoint")) return TIMEOUT;
 	const char *ms = getenv("FAKECUDA_CHECKPOINT_MS");
 	if (ms) {
 		long n = atol(ms);
@@ -227,12 +285,14 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *a) {
 		for (int j = 0; j < 16; j++) record("%02x", (unsigned char)a->gpuPairs[i].newUuid.bytes[j]);
 	}
 	record("\n");
+	if (!waitRuns(pid, "restore")) return TIMEOUT;
 	return move(pid, CHECKPOINTED, LOCKED);
 }
 
 CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *a) {
 	if (a && !zero(a, sizeof *a)) return INVALID_VALUE;
 	record("unlock %d\n", pid);
+	if (!waitRuns(pid, "unlock")) return TIMEOUT;
 	return move(pid, LOCKED, RUNNING);
 }
 #endif
