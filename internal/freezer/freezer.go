@@ -120,9 +120,6 @@ func (c *Cgroup) frozen() (bool, error) {
 	return false, nil
 }
 
-// Frozen reports whether c's processes are frozen now.
-func (c *Cgroup) Frozen() (bool, error) { return c.frozen() }
-
 // Thaw lets c's processes run again.
 func (c *Cgroup) Thaw() error {
 	if err := c.write("THAWED", "0"); err != nil {

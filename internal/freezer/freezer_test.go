@@ -96,7 +96,7 @@ func TestHoldingFindsTheCgroupThatFroze(t *testing.T) {
 			if err := c.Thaw(); err != nil {
 				t.Fatal(err)
 			}
-			if frozen, err := c.Frozen(); err != nil || frozen {
+			if frozen, err := c.frozen(); err != nil || frozen {
 				t.Fatalf("after Thaw: frozen=%v, %v", frozen, err)
 			}
 			if c, err := Holding(p.Process.Pid); err != nil || c != nil {
@@ -105,7 +105,7 @@ func TestHoldingFindsTheCgroupThatFroze(t *testing.T) {
 			if err := c.Freeze(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if frozen, err := c.Frozen(); err != nil || !frozen {
+			if frozen, err := c.frozen(); err != nil || !frozen {
 				t.Fatalf("after Freeze: frozen=%v, %v", frozen, err)
 			}
 		})
