@@ -129,6 +129,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 		p := found.Plugins[0]
 		return fmt.Errorf("process %d holds %s GPU state, which CRIU's plugin saves: containers with such GPUs are not supported yet", p.PID, p.Backend.Name())
 	}
+	found = found.DropExited()
 	gpus, snaps := found.GPUs, found.Snapshots
 	if len(gpus) == 0 {
 		log.Info("no GPU processes", "processes", len(tree), "gpuProcesses", 0)

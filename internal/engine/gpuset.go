@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -199,4 +200,27 @@ func (s GPUSet) Renumber(host map[int]int) (GPUSet, error) {
 		out[i].PID = h
 	}
 	return out, nil
+}
+
+// DropExited removes from f the GPU processes that have exited since they were found (a
+// short-lived child holding a device file, say): they hold no device state to move, and
+// the steps that name processes by their PID would fail on them.
+func (f Found) DropExited() Found {
+	exited := map[int]bool{}
+	for _, p := range f.GPUs {
+		if q, err := proctree.Read(p.PID); err != nil || q.Zombie {
+			exited[p.PID] = true
+		}
+	}
+	if len(exited) == 0 {
+		return f
+	}
+	out := f
+	out.GPUs = slices.DeleteFunc(slices.Clone(f.GPUs), func(p GPUProc) bool { return exited[p.PID] })
+	out.Snapshots = slices.Clone(f.Snapshots)
+	for i := range out.Snapshots {
+		out.Snapshots[i].Processes = slices.DeleteFunc(slices.Clone(out.Snapshots[i].Processes),
+			func(p gpu.Process) bool { return exited[p.PID] })
+	}
+	return out
 }
