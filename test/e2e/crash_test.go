@@ -342,43 +342,77 @@ func TestKilledContainerCheckpointRollsBack(t *testing.T) {
 	}
 }
 
+// integrationContainer is a GPU container (its init holding a fake device file, claimed by
+// drv) started under plain runc with gpucr's CRIU integration installed in a directory of
+// the test; name tells the test's containers apart.
+type integrationContainer struct {
+	runc, criu, bundle, id, log string
+	pid                         int
+}
+
+func installIntegration(t *testing.T) (conf, log string) {
+	t.Helper()
+	tmp := t.TempDir()
+	conf, log = filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "action.log")
+	mustGpucr(t, "install-runc-integration", "--config", conf, "--script", filepath.Join(tmp, "criu-action"), "--log", log,
+		"--state-dir", filepath.Join(tmp, "state"))
+	return conf, log
+}
+
+func startIntegrationContainer(t *testing.T, drv *fakeDriver, conf, log, name string) integrationContainer {
+	t.Helper()
+	runc, criuPath := needRunc(t)
+	c := integrationContainer{runc: runc, criu: criuPath, bundle: counterBundle(t, runc, conf), log: log}
+	holdGPUDevice(t, c.bundle)
+	c.id = containerID(t, runc, name)
+	runcRun(t, runc, c.bundle, c.id)
+	waitContainerCount(t, c.bundle, 3)
+	c.pid = runcInitPID(t, runc, c.id)
+	drv.claim(t, c.pid)
+	return c
+}
+
+// checkpointLeavingRunning is plain `runc checkpoint --leave-running` of c, with env added.
+func (c integrationContainer) checkpointLeavingRunning(t *testing.T, env []string) ([]byte, error) {
+	ck := exec.Command(c.runc, "--criu", c.criu, "checkpoint", "--image-path", filepath.Join(t.TempDir(), "img"),
+		"--work-path", t.TempDir(), "--leave-running", c.id)
+	ck.Env = append(os.Environ(), env...)
+	return ck.CombinedOutput()
+}
+
+// gpuRunsAgain waits up to 20 s for the GPU state of c's init to be running again, and
+// fails t with the integration's log if it is not.
+func (c integrationContainer) gpuRunsAgain(t *testing.T, drv *fakeDriver, after string) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for drv.state(c.pid) != "0" && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := drv.state(c.pid); st != "0" {
+		b, _ := os.ReadFile(c.log)
+		t.Fatalf("GPU state %s %s, want 0 (running)\n%s", st, after, b)
+	}
+}
+
 // Under plain runc, gpucr runs as CRIU's action script: killed inside its pre-dump step,
 // CRIU aborts the dump (the script's second run repeats the first's failure), and the
 // watcher the script started before locking gives the GPU processes back once CRIU exits.
 // The container runs on.
 func TestKilledActionScriptRollsBack(t *testing.T) {
-	runc, criuPath := needRunc(t)
 	drv := newFakeDriver(t)
-	tmp := t.TempDir()
-	conf, script, log := filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "criu-action"), filepath.Join(tmp, "action.log")
-	mustGpucr(t, "install-runc-integration", "--config", conf, "--script", script, "--log", log, "--state-dir", filepath.Join(tmp, "state"))
+	conf, log := installIntegration(t)
 	for _, point := range []string{"end gpu-lock", "end gpu-checkpoint", "end pre-dump"} {
 		t.Run(point, func(t *testing.T) {
-			bundle := counterBundle(t, runc, conf)
-			holdGPUDevice(t, bundle)
-			id := containerID(t, runc, strings.ReplaceAll(point, " ", "-"))
-			runcRun(t, runc, bundle, id)
-			waitContainerCount(t, bundle, 3)
-			pid := runcInitPID(t, runc, id)
-			drv.claim(t, pid)
-			ck := exec.Command(runc, "--criu", criuPath, "checkpoint", "--image-path", filepath.Join(t.TempDir(), "img"),
-				"--work-path", t.TempDir(), "--leave-running", id)
-			ck.Env = append(append(os.Environ(), drv.env...), "GPUCR_TEST_CRASH_AT="+point)
-			if out, err := ck.CombinedOutput(); err == nil {
+			c := startIntegrationContainer(t, drv, conf, log, strings.ReplaceAll(point, " ", "-"))
+			if out, err := c.checkpointLeavingRunning(t, append(slices.Clone(drv.env), "GPUCR_TEST_CRASH_AT="+point)); err == nil {
 				t.Fatalf("runc checkpoint succeeded though the action script was killed at %q: %s", point, out)
 			}
-			deadline := time.Now().Add(20 * time.Second)
-			for drv.state(pid) != "0" && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Millisecond)
-			}
+			c.gpuRunsAgain(t, drv, "after the dump failed")
 			b, _ := os.ReadFile(log)
-			if st := drv.state(pid); st != "0" {
-				t.Fatalf("GPU state %s after the dump failed, want 0 (running)\n%s", st, b)
-			}
 			if !strings.Contains(string(b), "gpuProcesses=") || strings.Contains(string(b), "gpuProcesses=0") {
 				t.Errorf("the action script found no GPU process; its log:\n%s", b)
 			}
-			waitContainerCount(t, bundle, count(t, bundle)+3)
+			waitContainerCount(t, c.bundle, count(t, c.bundle)+3)
 		})
 	}
 }
@@ -418,25 +452,13 @@ func TestKilledContainerRestoreLeavesNothingOrAWholeContainer(t *testing.T) {
 // thaws it for the GPU step and leaves it paused, and once the engine resumes it, the
 // watcher gives the GPU state back to the container left running.
 func TestActionScriptCheckpointsAPausedContainer(t *testing.T) {
-	runc, criuPath := needRunc(t)
 	drv := newFakeDriver(t)
-	tmp := t.TempDir()
-	conf, script, log := filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "criu-action"), filepath.Join(tmp, "action.log")
-	mustGpucr(t, "install-runc-integration", "--config", conf, "--script", script, "--log", log, "--state-dir", filepath.Join(tmp, "state"))
-	bundle := counterBundle(t, runc, conf)
-	holdGPUDevice(t, bundle)
-	id := containerID(t, runc, "paused")
-	runcRun(t, runc, bundle, id)
-	waitContainerCount(t, bundle, 3)
-	pid := runcInitPID(t, runc, id)
-	drv.claim(t, pid)
-	if out, err := exec.Command(runc, "pause", id).CombinedOutput(); err != nil {
+	conf, log := installIntegration(t)
+	c := startIntegrationContainer(t, drv, conf, log, "paused")
+	if out, err := exec.Command(c.runc, "pause", c.id).CombinedOutput(); err != nil {
 		t.Fatalf("runc pause: %v: %s", err, out)
 	}
-	ck := exec.Command(runc, "--criu", criuPath, "checkpoint", "--image-path", filepath.Join(t.TempDir(), "img"),
-		"--work-path", t.TempDir(), "--leave-running", id)
-	ck.Env = append(os.Environ(), drv.env...)
-	out, err := ck.CombinedOutput()
+	out, err := c.checkpointLeavingRunning(t, drv.env)
 	b, _ := os.ReadFile(log)
 	if err != nil {
 		t.Fatalf("runc checkpoint of a paused GPU container: %v: %s\n%s", err, out, b)
@@ -444,19 +466,12 @@ func TestActionScriptCheckpointsAPausedContainer(t *testing.T) {
 	if !strings.Contains(string(b), "thawed for the GPU driver") || !strings.Contains(string(b), "GPU state checkpointed") {
 		t.Fatalf("the action script did not thaw and checkpoint the GPU state; its log:\n%s", b)
 	}
-	if st, err := exec.Command(runc, "state", id).Output(); err != nil || !strings.Contains(string(st), `"paused"`) {
+	if st, err := exec.Command(c.runc, "state", c.id).Output(); err != nil || !strings.Contains(string(st), `"paused"`) {
 		t.Fatalf("container not left paused as the engine paused it: %v %s", err, st)
 	}
-	if out, err := exec.Command(runc, "resume", id).CombinedOutput(); err != nil {
+	if out, err := exec.Command(c.runc, "resume", c.id).CombinedOutput(); err != nil {
 		t.Fatalf("runc resume: %v: %s", err, out)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for drv.state(pid) != "0" && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if st := drv.state(pid); st != "0" {
-		b, _ = os.ReadFile(log)
-		t.Fatalf("GPU state %s once the engine resumed the container, want 0 (running)\n%s", st, b)
-	}
-	waitContainerCount(t, bundle, count(t, bundle)+3)
+	c.gpuRunsAgain(t, drv, "once the engine resumed the container")
+	waitContainerCount(t, c.bundle, count(t, c.bundle)+3)
 }
