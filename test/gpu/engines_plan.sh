@@ -198,6 +198,26 @@ gpu_logged() {
 }
 mark() { wc -l < "$W/action.log"; }
 
+# rootfs_roundtrip PART [PODMAN_ARGS...]: a container on $W/rootfs run, checkpointed and
+# restored by podman (node 1, given PODMAN_ARGS: P3's runtime), the GPU state moved by the
+# integration each way and the restored workload verified.
+rootfs_roundtrip() {
+  local p=$1 n x f m t how; shift
+  how="podman${*:+ $*}"; n=gpucr-${p,,}; x=$W/${p,,}-x; mkdir -p "$x"; mapfile -t f < <(podman_flags "$x")
+  if podman 1 "$@" run -d --name "$n" "${f[@]}" --rootfs "$W/rootfs" "${CMD[@]}" >/dev/null && started "$p" "$x"; then
+    before_checkpoint "$x"; m=$(mark); t=$(secs)
+    if podman 1 "$@" container checkpoint "$n" >/dev/null; then
+      ok "$p. $how container checkpoint ($(took "$t"))"; gpu_logged "$p" "$m" "GPU state checkpointed"
+      m=$(mark); t=$(secs)
+      if podman 1 "$@" container restore "$n" >/dev/null; then
+        ok "$p. $how container restore ($(took "$t"))"; gpu_logged "$p" "$m" "GPU state restored"
+        verify "$p. restored" "$x" podman 1 kill -s USR1 "$n"
+      else bad "$p. $how container restore"; fi
+    else bad "$p. $how container checkpoint"; fi
+  else bad "$p. $how run --rootfs"; podman 1 logs "$n" 2>&1 | tail -20; fi
+  podman 1 rm -f "$n" >/dev/null 2>&1
+}
+
 # diagnose: what the engines, runc, CRIU and the integration logged, after a failure.
 diagnose() {
   echo "== diagnostics"
@@ -245,19 +265,7 @@ fi
 if [[ "$PARTS" == *" podman "* ]]; then
 
   echo "== P1. podman run --rootfs: checkpoint, restore"
-  x=$W/p1-x; mkdir -p "$x"; mapfile -t f < <(podman_flags "$x")
-  if podman 1 run -d --name gpucr-p1 "${f[@]}" --rootfs "$W/rootfs" "${CMD[@]}" >/dev/null && started P1 "$x"; then
-    before_checkpoint "$x"; m=$(mark); t=$(secs)
-    if podman 1 container checkpoint gpucr-p1 >/dev/null; then
-      ok "P1. podman container checkpoint ($(took "$t"))"; gpu_logged P1 "$m" "GPU state checkpointed"
-      m=$(mark); t=$(secs)
-      if podman 1 container restore gpucr-p1 >/dev/null; then
-        ok "P1. podman container restore ($(took "$t"))"; gpu_logged P1 "$m" "GPU state restored"
-        verify "P1. restored" "$x" podman 1 kill -s USR1 gpucr-p1
-      else bad "P1. podman container restore"; fi
-    else bad "P1. podman container checkpoint"; fi
-  else bad "P1. podman run --rootfs"; podman 1 logs gpucr-p1 2>&1 | tail -20; fi
-  podman 1 rm -f gpucr-p1 >/dev/null 2>&1
+  rootfs_roundtrip P1
 
   echo "== P2. podman checkpoint --export on node 1, restore --import --name on node 2"
   x=$W/p2-x; mkdir -p "$x"; mapfile -t f < <(podman_flags "$x")
@@ -282,19 +290,7 @@ if [[ "$PARTS" == *" crun "* ]]; then
   if ! "$CRUN" --version | grep -q "+CRIU" || ! "$PREFIX/crun/criu" --version; then
     bad "P3. crun or its CRIU does not start here: $("$CRUN" --version 2>&1 | tail -2)"
   else
-    x=$W/p3-x; mkdir -p "$x"; mapfile -t f < <(podman_flags "$x")
-    if podman 1 --runtime "$CRUN" run -d --name gpucr-p3 "${f[@]}" --rootfs "$W/rootfs" "${CMD[@]}" >/dev/null && started P3 "$x"; then
-      before_checkpoint "$x"; m=$(mark); t=$(secs)
-      if podman 1 --runtime "$CRUN" container checkpoint gpucr-p3 >/dev/null; then
-        ok "P3. podman container checkpoint, crun ($(took "$t"))"; gpu_logged P3 "$m" "GPU state checkpointed"
-        m=$(mark); t=$(secs)
-        if podman 1 --runtime "$CRUN" container restore gpucr-p3 >/dev/null; then
-          ok "P3. podman container restore, crun ($(took "$t"))"; gpu_logged P3 "$m" "GPU state restored"
-          verify "P3. restored by crun" "$x" podman 1 kill -s USR1 gpucr-p3
-        else bad "P3. podman container restore, crun"; fi
-      else bad "P3. podman container checkpoint, crun"; fi
-    else bad "P3. podman run --runtime crun"; podman 1 logs gpucr-p3 2>&1 | tail -20; fi
-    podman 1 rm -f gpucr-p3 >/dev/null 2>&1
+    rootfs_roundtrip P3 --runtime "$CRUN"
   fi
 fi
 
