@@ -7,7 +7,7 @@ export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 GPUCR_BUILD_CACHE ?= /var/cache/gpucr-build
 GOLANGCI_LINT ?= $(GPUCR_BUILD_CACHE)/golangci-lint/bin/golangci-lint
 
-.PHONY: all deps build lint test fuzz demo bundle engines storebench clean
+.PHONY: all deps build lint test fuzz demo bundle engines kube storebench clean
 
 all: build
 
@@ -46,10 +46,15 @@ bundle: build
 engines: bundle
 	bash scripts/bundle-engines.sh
 
+# kube: the kubelet and containerd 2.x (built from the Go module proxy) and the bundle, for
+# engines_plan.sh's kube part on the GPU machine (kube/, git-ignored; docs/kubernetes.md).
+kube: bundle
+	bash scripts/bundle-kube.sh
+
 # storebench: the bundle and a MinIO server, compressed to fit one device run, for
 # bench-stream.sh against MinIO on the GPU machine (storebench/, git-ignored; docs/storage.md).
 storebench: bundle
 	bash scripts/bundle-storebench.sh
 
 clean:
-	rm -rf bin bundle engines storebench
+	rm -rf bin bundle engines kube storebench

@@ -2,7 +2,7 @@
 # Engines plan for the GPU machine, from the bundle directory as root: GPU containers
 # checkpointed and restored by podman and containerd themselves, with gpucr's CRIU
 # integration (gpucr install-criu-integration) moving the GPU state under runc or crun.
-#   bash engines_plan.sh [podman] [crun] [containerd]        (default: all three)
+#   bash engines_plan.sh [podman] [crun] [containerd] [kube]  (default: the first three)
 # Needs bundle/ (make bundle: gpucr, CRIU, runc) and engines/ beside it (make engines:
 # podman 4.3.1, conmon, containerd 1.6.20, ctr, iptables from Debian bookworm), which is
 # unpacked into $GPUCR_ENGINES_PREFIX (/opt/gpucr-engines). Everything the engines keep
@@ -20,6 +20,13 @@
 #  C1. containerd + ctr, the same image: ctr containers checkpoint --task (containerd's
 #      checkpoint image; the task keeps running, as ctr leaves it), the task killed,
 #      ctr containers restore --live under a new name.
+#  K1. the kubelet (standalone, static pods on the host network, privileged for the GPU)
+#      with containerd 2.x's CRI plugin and runc, the integration installed where runc looks
+#      by default (/etc/criu/runc.conf, removed again): POST /checkpoint/... on the kubelet
+#      (the container keeps running), the pod deleted, the archive made a checkpoint image
+#      (oci_archive.py), and a new static pod of that image restored by containerd. Needs
+#      kube/ (make kube: the kubelet and containerd 2.x, unpacked into /opt/gpucr-kube);
+#      works in /var/tmp/gpucr-kube.
 # Each step prints PASS or FAIL, and each GPU step checks that the integration's log shows
 # the GPU state checkpointed or restored. On a failure it prints what the engines, runc,
 # CRIU and the integration logged.
@@ -30,6 +37,7 @@ set -uo pipefail
 cd "$(dirname "$0")"
 B=$PWD; G=$B/gpucr; export GPUCR_CRIU=$B/criu/criu
 ENGINES=${GPUCR_ENGINES:-$B/../engines}; PREFIX=${GPUCR_ENGINES_PREFIX:-/opt/gpucr-engines}
+KUBE=${GPUCR_KUBE:-$B/../kube}; KPREFIX=${GPUCR_KUBE_PREFIX:-/opt/gpucr-kube}; KW=/var/tmp/gpucr-kube
 WORKLOAD=${GPUCR_ENGINES_WORKLOAD:-holder}
 W=/dev/shm/gpucr-engines
 pass=0; fail=0
@@ -39,12 +47,18 @@ wait_for() { for _ in $(seq "${2:-1200}"); do compgen -G "$1" >/dev/null && retu
 secs() { date +%s.%N; }
 took() { awk -v a="$1" -v b="$(secs)" 'BEGIN { printf "%.2f s", b - a }'; }
 
-# The engines, unpacked once per engines.tar.xz.
-stamp=$(sha256sum "$ENGINES/engines.tar.xz" | cut -c1-16) || { echo "no $ENGINES/engines.tar.xz: make engines, carry engines/"; exit 1; }
-if [ "$(cat "$PREFIX/.stamp" 2>/dev/null)" != "$stamp" ]; then
-  rm -rf "$PREFIX"; mkdir -p "$PREFIX"
-  tar -C "$PREFIX" -xJf "$ENGINES/engines.tar.xz" && echo "$stamp" > "$PREFIX/.stamp" || { echo "unpacking engines failed"; exit 1; }
-fi
+PARTS=" ${*:-podman crun containerd} "
+# unpack TARXZ PREFIX HINT: TARXZ unpacked into PREFIX, once per TARXZ.
+unpack() {
+  local stamp; stamp=$(sha256sum "$1" | cut -c1-16) || { echo "no $1: $3"; exit 1; }
+  if [ "$(cat "$2/.stamp" 2>/dev/null)" != "$stamp" ]; then
+    rm -rf "$2"; mkdir -p "$2"
+    tar -C "$2" -xJf "$1" && echo "$stamp" > "$2/.stamp" || { echo "unpacking $1 failed"; exit 1; }
+  fi
+}
+[[ "$PARTS" == *" podman "* || "$PARTS" == *" crun "* || "$PARTS" == *" containerd "* ]] &&
+  unpack "$ENGINES/engines.tar.xz" "$PREFIX" "make engines, carry engines/"
+[[ "$PARTS" == *" kube "* ]] && unpack "$KUBE/kube.tar.xz" "$KPREFIX" "make kube, carry kube/"
 # runc re-executes itself as `runc init` without its wrapper's LD_LIBRARY_PATH, so the
 # host itself must be able to load runc's libraries (libseccomp).
 if env -u LD_LIBRARY_PATH ldd "$B/runc/runc.bin" | grep -q "not found"; then
@@ -73,9 +87,19 @@ stop_all() {
     for c in $(ctr containers ls -q 2>/dev/null); do ctr tasks rm -f "$c" >/dev/null 2>&1; ctr containers rm "$c" >/dev/null 2>&1; done
   fi
   [ -f "$W/containerd/pid" ] && kill "$(cat "$W/containerd/pid")" 2>/dev/null && sleep 1
+  if [ -f "$KW/kubelet.pid" ]; then
+    rm -f "$KW"/manifests/*; sleep 3; kill "$(cat "$KW/kubelet.pid")" 2>/dev/null
+    for t in $("$KPREFIX/bin/ctr" --address "$KW/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
+      "$KPREFIX/bin/ctr" --address "$KW/containerd.sock" -n k8s.io tasks kill -s SIGKILL "$t" >/dev/null 2>&1; done
+    sleep 1; kill "$(cat "$KW/containerd.pid")" 2>/dev/null; sleep 1
+  fi
+  for m in $(grep -o " $KW/[^ ]*" /proc/self/mountinfo | sort -r); do umount -l "$m" 2>/dev/null; done
   for m in $(grep -o " $W/[^ ]*" /proc/self/mountinfo | sort -r); do umount -l "$m" 2>/dev/null; done
 }
 stop_all; rm -rf "$W"; mkdir -p "$W"
+# $KW holds binds of host directories while the kube part runs: never removed with one left.
+if grep -q " $KW/" /proc/self/mountinfo; then echo "mounts remain under $KW: remove them first"; exit 1; fi
+rm -rf "$KW"
 policy=/etc/containers/policy.json
 if [ ! -e "$policy" ]; then
   mkdir -p /etc/containers && cp "$PREFIX/etc/containers/policy.json" "$policy"
@@ -103,31 +127,8 @@ touch "$W/action.log"
 # podman --rootfs and as a one-layer image for podman --import and containerd.
 mkdir -p "$W/rootfs"
 python3 "$B/hostroot.py" "$W/rootfs" > "$W/host.json" || { echo "hostroot.py failed"; exit 1; }
-python3 - "$W/rootfs" "$W/hostroot-oci.tar" <<'PY' || { echo "building the image failed"; exit 1; }
-# An OCI image archive of one uncompressed layer, the root's skeleton, named
-# localhost/gpucr-hostroot:1 (what podman load and ctr images import read).
-import hashlib, io, json, sys, tarfile
-root, out = sys.argv[1], sys.argv[2]
-blobs = {}
-def blob(data):
-    d = hashlib.sha256(data).hexdigest(); blobs[d] = data; return "sha256:" + d
-layer = io.BytesIO()
-with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as t:
-    t.add(root, arcname=".")
-layer = layer.getvalue()
-cfg = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
-                  "rootfs": {"type": "layers", "diff_ids": ["sha256:" + hashlib.sha256(layer).hexdigest()]}}).encode()
-man = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-    "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": blob(cfg), "size": len(cfg)},
-    "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": blob(layer), "size": len(layer)}]}).encode()
-index = json.dumps({"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-    "digest": blob(man), "size": len(man), "platform": {"architecture": "amd64", "os": "linux"},
-    "annotations": {"org.opencontainers.image.ref.name": "localhost/gpucr-hostroot:1"}}]}).encode()
-with tarfile.open(out, "w") as t:
-    for name, data in [("oci-layout", b'{"imageLayoutVersion":"1.0.0"}'), ("index.json", index),
-                       *((f"blobs/sha256/{d}", b) for d, b in blobs.items())]:
-        i = tarfile.TarInfo(name); i.size = len(data); t.addfile(i, io.BytesIO(data))
-PY
+python3 "$B/oci_archive.py" "$W/hostroot-oci.tar" localhost/gpucr-hostroot:1 --dir "$W/rootfs" ||
+  { echo "building the image failed"; exit 1; }
 IMAGE=localhost/gpucr-hostroot:1
 # What every container gets, in each engine's words: binds, devices, environment, command.
 mapfile -t BINDS < <(python3 -c 'import json,sys; print(*json.load(open(sys.argv[1]))["binds"], sep="\n")' "$W/host.json")
@@ -221,7 +222,7 @@ rootfs_roundtrip() {
 # diagnose: what the engines, runc, CRIU and the integration logged, after a failure.
 diagnose() {
   echo "== diagnostics"
-  find "$W" -name '*.log' -newer "$W/host.json" -size +0 2>/dev/null | while read -r f; do
+  find "$W" "$KW" -name '*.log' -newer "$W/host.json" -size +0 2>/dev/null | while read -r f; do
     echo "--- $f"; grep -E "Error|error|Warn" "$f" | tail -15; tail -5 "$f"
   done
   echo "--- processes"; ps -eo pid,ppid,stat,wchan:24,args | grep -E "holder|counter|criu|runc|crun|gpucr|containerd-shim" | grep -v grep
@@ -231,7 +232,6 @@ diagnose() {
   dmesg 2>/dev/null | tail -10
 }
 
-PARTS=" ${*:-podman crun containerd} "
 if [[ "$PARTS" == *" podman "* || "$PARTS" == *" crun "* ]]; then
   for n in 1 2; do
     mkdir -p "$W/podman-$n"
@@ -302,7 +302,7 @@ if [[ "$PARTS" == *" containerd "* ]]; then
   containerd --config "$C/config.toml" > "$C/containerd.log" 2>&1 & echo $! > "$C/pid"
   wait_for "$C/containerd.sock" 100
   x=$W/c1-x; mkdir -p "$x"; mapfile -t f < <(ctr_flags "$x")
-  if ctr images import --snapshotter native "$W/hostroot-oci.tar" >/dev/null &&
+  if ctr images import --local --snapshotter native "$W/hostroot-oci.tar" >/dev/null &&
     ctr run -d "${f[@]}" "$IMAGE" gpucr-c1 "${CMD[@]}" >/dev/null && started C1 "$x"; then
     before_checkpoint "$x"; m=$(mark); t=$(secs)
     if ctr containers checkpoint --task gpucr-c1 localhost/gpucr-c1-checkpoint:1; then
@@ -316,6 +316,125 @@ if [[ "$PARTS" == *" containerd "* ]]; then
       else bad "C1. ctr containers restore --live"; fi
     else bad "C1. ctr containers checkpoint --task"; fi
   else bad "C1. ctr run $IMAGE"; fi
+fi
+
+if [[ "$PARTS" == *" kube "* ]]; then
+  echo "== K1. kubelet (standalone, static pods) + containerd 2.x CRI + runc: the kubelet's checkpoint endpoint, restore as a pod from a checkpoint image"
+  # On disk, not under /dev/shm: the kubelet's eviction manager needs the image filesystem's
+  # device, which cAdvisor does not know for a tmpfs.
+  K=$KW; KB=$KPREFIX/bin; NODE=gpucr-node; PORT=${GPUCR_KUBELET_PORT:-10350}
+  mkdir -p "$K/manifests" "$K/kubelet" "$K/pause/bin" "$K/binds"
+  kctr() { timeout -k 10 "$STEP" "$KB/ctr" --address "$K/containerd.sock" --namespace k8s.io "$@"; }
+  # The CRI plugin with the native snapshotter, runc from the bundle, and a pause image
+  # made here (a static busybox sleeping): nothing is pulled.
+  # The kubelet asks for a pod sandbox's OOM score of -998: where this root may not lower its
+  # own (a sandboxed build machine), containerd is told to keep it at ours instead.
+  restrict_oom=false; (echo -999 > /proc/self/oom_score_adj) 2>/dev/null || restrict_oom=true
+  cat > "$K/config.toml" <<EOF
+version = 3
+root = "$K/root"
+state = "$K/state"
+[grpc]
+  address = "$K/containerd.sock"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "native"
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "localhost/gpucr-pause:1"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = $restrict_oom
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  BinaryName = "$B/runc/runc"
+EOF
+  PATH=$KB:$PATH "$KB/containerd" --config "$K/config.toml" > "$K/containerd.log" 2>&1 & echo $! > "$K/containerd.pid"
+  wait_for "$K/containerd.sock" 100
+  cp "$KB/busybox" "$K/pause/bin/"
+  python3 "$B/oci_archive.py" "$K/pause-oci.tar" localhost/gpucr-pause:1 --dir "$K/pause" --entrypoint /bin/busybox \
+    --entrypoint sleep --entrypoint 2147483647 >/dev/null
+  kctr images import --local --snapshotter native "$K/pause-oci.tar" >/dev/null && kctr images import --local --snapshotter native "$W/hostroot-oci.tar" >/dev/null ||
+    bad "K1. ctr images import"
+  # runc reads /etc/criu/runc.conf for every container it checkpoints or restores that names
+  # no other (the kubelet hands a pod's annotations to no runtime): the integration's default,
+  # what the node DaemonSet installs (docs/kubernetes.md); taken out again at the end.
+  if [ -e /etc/criu/runc.conf ]; then bad "K1. /etc/criu/runc.conf exists here: not replacing it"
+  else
+    "$G" install-criu-integration --crun-config "" --script "$K/criu-action" --log "$W/action.log" \
+      --state-dir "$K/action-state" >/dev/null || bad "K1. install-criu-integration"
+    trap 'stop_all; "$G" install-criu-integration --remove --crun-config "" --script "$K/criu-action" >/dev/null' EXIT
+  fi
+  cat > "$K/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+staticPodPath: $K/manifests
+fileCheckFrequency: 1s
+syncFrequency: 2s
+containerRuntimeEndpoint: unix://$K/containerd.sock
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+address: 127.0.0.1
+port: $PORT
+readOnlyPort: 0
+healthzPort: 0
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.available: "1%"}
+localStorageCapacityIsolation: false
+featureGates: {ContainerCheckpoint: true}
+EOF
+  "$KB/kubelet" --config "$K/kubelet.yaml" --root-dir "$K/kubelet" --cert-dir "$K/pki" --hostname-override "$NODE" \
+    > "$K/kubelet.log" 2>&1 & echo $! > "$K/kubelet.pid"
+  # Each bind a hostPath volume; the kubelet's are recursive (rbind), so each comes from a
+  # non-recursive bind of its own made here: a submount (the driver's squashfs below /usr)
+  # is then a volume of its own, which runc names to CRIU, not a hidden copy inside another.
+  KBINDS=()
+  for m in "${BINDS[@]}" "$B"; do
+    mkdir -p "$K/binds$m"; mount --bind "$m" "$K/binds$m" || { bad "K1. bind $m"; continue; }
+    mount -o remount,bind,ro "$K/binds$m" && KBINDS+=("$m") || { umount "$K/binds$m"; bad "K1. bind $m read-only"; }
+  done
+  # pod NAME IMAGE X: a static pod NAME running the workload on the GPU (privileged: every
+  # host device, as a node without a device plugin gives it), exchange directory X at /x.
+  pod() {
+    python3 "$B/static_pod.py" "$1" "$2" "$3" "$K/binds" "${KBINDS[@]}" -- "${ENVS[@]}" -- "${CMD[@]}" > "$K/$1.json" &&
+      mv "$K/$1.json" "$K/manifests/" # whole: the kubelet reads a manifest as soon as it appears
+  }
+  # ctr_id POD: the running container of static pod POD (the kubelet names it POD-NODE).
+  ctr_id() { kctr containers ls -q "labels.\"io.kubernetes.pod.name\"==$1-$NODE,labels.\"io.kubernetes.container.name\"==work" 2>/dev/null |
+    while read -r c; do kctr tasks ls 2>/dev/null | awk -v c="$c" '$1 == c && $3 == "RUNNING" {print c}'; done | head -1; }
+  x=$W/k1-x; mkdir -p "$x"
+  pod gpucr-k1 "$IMAGE" "$x"
+  if started K1 "$x"; then
+    before_checkpoint "$x"; m=$(mark); t=$(secs)
+    resp=$(python3 "$B/static_pod.py" --post "https://127.0.0.1:$PORT/checkpoint/default/gpucr-k1-$NODE/work?timeout=600")
+    archive=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["items"][0])' "$resp" 2>/dev/null)
+    if [ -f "$archive" ]; then
+      ok "K1. POST /checkpoint/default/gpucr-k1-$NODE/work on the kubelet ($(took "$t"), $(du -h "$archive" | cut -f1))"
+      gpu_logged K1 "$m" "GPU state checkpointed"
+      verify "K1. left running after the checkpoint" "$x" kctr tasks kill -s SIGUSR1 "$(ctr_id gpucr-k1)"
+      "$G" inspect "$archive" >/dev/null 2>"$K/inspect.err" && ok "K1. gpucr inspect reads the kubelet's archive" ||
+        bad "K1. gpucr inspect $archive: $(tail -1 "$K/inspect.err")"
+      rm "$K/manifests/gpucr-k1.json"
+      for _ in $(seq 300); do [ -z "$(ctr_id gpucr-k1)" ] && break; sleep 0.2; done
+      [ -z "$(ctr_id gpucr-k1)" ] && ok "K1. the pod deleted (its manifest removed)" || bad "K1. the pod still runs"
+      # The checkpoint image: the archive as a layer (what checkpointctl build or buildah
+      # make), annotated as a checkpoint, imported as a registry pull would leave it.
+      python3 "$B/oci_archive.py" "$K/checkpoint-oci.tar" localhost/gpucr-k1-checkpoint:1 --layer "$archive" \
+        --annotation org.criu.checkpoint.container.name=work && kctr images import --local --snapshotter native "$K/checkpoint-oci.tar" >/dev/null ||
+        bad "K1. building and importing the checkpoint image"
+      m=$(mark); t=$(secs)
+      pod gpucr-k1r localhost/gpucr-k1-checkpoint:1 "$x"
+      for _ in $(seq 3000); do [ -n "$(ctr_id gpucr-k1r)" ] && break; sleep 0.1; done
+      id=$(ctr_id gpucr-k1r)
+      if [ -n "$id" ] && grep -q "Restored container $id successfully" "$K/containerd.log"; then
+        ok "K1. a pod restored from the checkpoint image ($(took "$t"))"; gpu_logged K1 "$m" "GPU state restored"
+        verify "K1. restored" "$x" kctr tasks kill -s SIGUSR1 "$id"
+      else bad "K1. no pod restored from the checkpoint image"; grep -iE "error|fail" "$K/kubelet.log" | tail -5; fi
+    else bad "K1. POST /checkpoint on the kubelet: ${resp:-no answer}"; fi
+  else bad "K1. the static pod did not start"; grep -iE "error|fail" "$K/kubelet.log" | tail -10; fi
 fi
 
 echo "== the integration's log"; cat "$W/action.log"
