@@ -100,16 +100,22 @@ stop_all; rm -rf "$W"; mkdir -p "$W"
 # $KW holds binds of host directories while the kube part runs: never removed with one left.
 if grep -q " $KW/" /proc/self/mountinfo; then echo "mounts remain under $KW: remove them first"; exit 1; fi
 rm -rf "$KW"
-policy=/etc/containers/policy.json
-if [ ! -e "$policy" ]; then
-  mkdir -p /etc/containers && cp "$PREFIX/etc/containers/policy.json" "$policy"
-  trap 'stop_all; rm -f "$policy"; rmdir /etc/containers 2>/dev/null' EXIT
-else
-  trap stop_all EXIT
+# What the host's /etc gains for this run (podman's policy.json, the kube part's
+# /etc/criu/runc.conf) is taken out again on exit.
+policy=/etc/containers/policy.json; made_policy=; kube_integration=
+if [[ "$PARTS" == *" podman "* || "$PARTS" == *" crun "* ]] && [ ! -e "$policy" ]; then
+  mkdir -p /etc/containers && cp "$PREFIX/etc/containers/policy.json" "$policy" && made_policy=1
 fi
+cleanup() {
+  stop_all
+  [ -n "$made_policy" ] && { rm -f "$policy"; rmdir /etc/containers 2>/dev/null; }
+  [ -n "$kube_integration" ] && "$G" install-criu-integration --remove --crun-config "" --script "$KW/criu-action" >/dev/null &&
+    [ "$kube_integration" = new ] && rmdir /etc/criu
+}
+trap cleanup EXIT
 
-echo "== host"; uname -r; runc --version | head -1; "$G" --version; command podman --version
-command ctr --version; echo "cgroup: $(stat -fc %T /sys/fs/cgroup)"
+echo "== host"; uname -r; runc --version | head -1; "$G" --version
+for e in podman ctr; do command -v $e >/dev/null && command $e --version; done; echo "cgroup: $(stat -fc %T /sys/fs/cgroup)"
 if [ "$WORKLOAD" = holder ]; then
   # CUDA creates /dev/nvidia-uvm on first use, which a container (its /dev is its own) cannot.
   [ -e /dev/nvidia-uvm ] || python3 -c 'import torch; torch.zeros(1, device="cuda")'
@@ -359,9 +365,9 @@ EOF
   # what the node DaemonSet installs (docs/kubernetes.md); taken out again at the end.
   if [ -e /etc/criu/runc.conf ]; then bad "K1. /etc/criu/runc.conf exists here: not replacing it"
   else
+    [ -d /etc/criu ] && kube_integration=1 || kube_integration=new
     "$G" install-criu-integration --crun-config "" --script "$K/criu-action" --log "$W/action.log" \
-      --state-dir "$K/action-state" >/dev/null || bad "K1. install-criu-integration"
-    trap 'stop_all; "$G" install-criu-integration --remove --crun-config "" --script "$K/criu-action" >/dev/null' EXIT
+      --state-dir "$K/action-state" >/dev/null || { bad "K1. install-criu-integration"; kube_integration=; }
   fi
   cat > "$K/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -427,9 +433,9 @@ EOF
         bad "K1. building and importing the checkpoint image"
       m=$(mark); t=$(secs)
       pod gpucr-k1r localhost/gpucr-k1-checkpoint:1 "$x"
-      for _ in $(seq 3000); do [ -n "$(ctr_id gpucr-k1r)" ] && break; sleep 0.1; done
-      id=$(ctr_id gpucr-k1r)
-      if [ -n "$id" ] && grep -q "Restored container $id successfully" "$K/containerd.log"; then
+      restored() { id=$(ctr_id gpucr-k1r); [ -n "$id" ] && grep -q "Restored container $id successfully" "$K/containerd.log"; }
+      for _ in $(seq 3000); do restored && break; sleep 0.1; done
+      if restored; then
         ok "K1. a pod restored from the checkpoint image ($(took "$t"))"; gpu_logged K1 "$m" "GPU state restored"
         verify "K1. restored" "$x" kctr tasks kill -s SIGUSR1 "$id"
       else bad "K1. no pod restored from the checkpoint image"; grep -iE "error|fail" "$K/kubelet.log" | tail -5; fi
