@@ -275,7 +275,7 @@ func (a *Action) preRestore(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	plan, err := engine.PlanGPUs(ctx, a.Backends, nil, rec.GPUs, a.Getenv(envImageDir), "", skips)
+	plan, err := engine.PlanGPUs(ctx, a.Backends, nil, rec.GPUs, gpu.RestoreInput{CRIUDir: a.Getenv(envImageDir), Skips: skips})
 	if err != nil {
 		return err
 	}
@@ -320,10 +320,12 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return fail(err)
 	}
-	plan, err := engine.PlanGPUs(ctx, a.Backends, nil, rec.GPUs, "", "", skips)
+	// Onto the GPUs the container was given on this host, whichever it had before.
+	plan, err := engine.PlanGPUs(ctx, a.Backends, nil, rec.GPUs, gpu.RestoreInput{Root: fmt.Sprintf("/proc/%d/root", root), Skips: skips})
 	if err != nil {
 		return fail(err)
 	}
+	plan.LogMoves(log)
 	gpus, remap := plan.GPUs, plan.Remap
 	if gpus, err = gpus.Renumber(host); err != nil {
 		return fail(err)

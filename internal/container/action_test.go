@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -31,7 +32,8 @@ type fakeGPU struct {
 	pid      int
 	state    gpu.State
 	calls    []string
-	failStep string // a step that fails
+	failStep string   // a step that fails
+	roots    []string // the restored processes' roots the restores were planned for
 }
 
 func (f *fakeGPU) Name() string { return "fake" }
@@ -41,6 +43,9 @@ func (f *fakeGPU) Host(context.Context) (gpu.Host, error) {
 
 // PlanRestore takes an image whose processes used only the fake's one device.
 func (f *fakeGPU) PlanRestore(_ context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
+	f.mu.Lock()
+	f.roots = append(f.roots, in.Root)
+	f.mu.Unlock()
 	return gputest.PlanOnto(in, "GPU-a")
 }
 func (f *fakeGPU) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
@@ -226,6 +231,12 @@ func TestRestoreStepsBringGPUStateBack(t *testing.T) {
 	}
 	if got := f.log(); !slices.Equal(got, []string{"lock", "checkpoint", "restore", "unlock"}) {
 		t.Fatalf("GPU calls %v", got)
+	}
+	// pre-restore checks the whole host (no process yet); post-resume places the state on
+	// the GPUs the restored container's own /dev holds.
+	own := fmt.Sprintf("/proc/%d/root", p.Process.Pid)
+	if !slices.Equal(f.roots, []string{"", "", own}) {
+		t.Fatalf("restores planned for roots %q, want pre-restore's twice on the host and post-resume's in %s", f.roots, own)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"os"
 	"path"
@@ -103,16 +104,12 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err := target.Check(); err != nil {
 		return nil, verify.prefer(err)
 	}
-	plan, err := PlanGPUs(ctx, e.Backends, e.Off, m.GPUs, image.CRIUPath(r.Dir), r.GPUMap, r.Skips)
+	plan, err := PlanGPUs(ctx, e.Backends, e.Off, m.GPUs, gpu.RestoreInput{CRIUDir: image.CRIUPath(r.Dir), GPUMap: r.GPUMap, Skips: r.Skips})
 	if err != nil {
 		return nil, err
 	}
 	gpus, remap := plan.GPUs, plan.Remap
-	for _, b := range slices.Sorted(maps.Keys(remap)) {
-		for _, old := range slices.Sorted(maps.Keys(remap[b])) {
-			e.Logger().Info("GPU moved", "backend", b, "image", old, "host", remap[b][old])
-		}
-	}
+	plan.LogMoves(e.Logger())
 	if plan.PluginDir != "" {
 		if !target.CRIUPlugins() {
 			return nil, fmt.Errorf("the image holds GPU state that CRIU's plugin restores: restoring it into %s is not supported yet", target.What())
@@ -341,11 +338,21 @@ type RestorePlan struct {
 	Env       []string
 }
 
+// LogMoves logs each image device that goes to another host device, in a stable order.
+func (p *RestorePlan) LogMoves(log *slog.Logger) {
+	for _, b := range slices.Sorted(maps.Keys(p.Remap)) {
+		for _, old := range slices.Sorted(maps.Keys(p.Remap[b])) {
+			log.Info("GPU moved", "backend", b, "image", old, "host", p.Remap[b][old])
+		}
+	}
+}
+
 // PlanGPUs asks every backend to plan the restore of its state in an image (snaps, the
-// image's GPU snapshots, and criuDir, its CRIU files): that this host's devices can take
-// it, and which host device each image device goes to; gpuMap is the user's --gpu-map.
+// image's GPU snapshots; where says where its CRIU files are, the user's --gpu-map, the
+// checks switched off and the restored processes' root): that this host's devices can
+// take it, and which host device each image device goes to.
 // State of a vendor whose backend is off here (off, or not built in) is refused.
-func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps []gpu.Snapshot, criuDir, gpuMap string, skips gpu.Skips) (*RestorePlan, error) {
+func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps []gpu.Snapshot, where gpu.RestoreInput) (*RestorePlan, error) {
 	for _, snap := range snaps {
 		if gpu.Named(backends, snap.Backend) == nil {
 			why := "it is not built into this gpucr"
@@ -358,7 +365,7 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps 
 	}
 	for _, o := range off {
 		for _, pattern := range o.ImageFiles {
-			if held, _ := filepath.Glob(filepath.Join(criuDir, pattern)); len(held) > 0 {
+			if held, _ := filepath.Glob(filepath.Join(where.CRIUDir, pattern)); len(held) > 0 {
 				return nil, fmt.Errorf("%w: the image holds %s GPU state (%s), and the %s backend is off on this host: %v (see gpucr check)",
 					ErrNoBackend, o.Name, filepath.Base(held[0]), o.Name, o.Reason)
 			}
@@ -366,7 +373,8 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps 
 	}
 	plan := &RestorePlan{}
 	for _, b := range backends {
-		in := gpu.RestoreInput{CRIUDir: criuDir, GPUMap: gpuMap, Skips: skips}
+		in := where
+		in.Snapshot = nil
 		if i := slices.IndexFunc(snaps, func(s gpu.Snapshot) bool { return s.Backend == b.Name() }); i >= 0 {
 			in.Snapshot = &snaps[i]
 		}

@@ -62,6 +62,11 @@ type RestoreInput struct {
 	// GPUMap is the user's --gpu-map ("0=1,1=0" or UUIDs); empty: the backend decides.
 	GPUMap string
 	Skips  Skips
+	// Root is the root directory the restored processes see (/proc/PID/root of a restored
+	// container's process), whose device nodes say which of the host's GPUs they can reach:
+	// a container has only those its engine, device plugin or CDI gave it. Empty: the
+	// host's own, every GPU. A backend whose devices CRIU's plugin restores ignores it.
+	Root string
 }
 
 // Plan is how a backend restores an image's state on this host.

@@ -48,8 +48,9 @@ func incompatible(check, device, property, image, host string) *gpu.Incompatible
 	return gpu.Incompatible(checks[i], device, property, image, host)
 }
 
-// PlanRestore checks that this host's GPUs can take the image's NVIDIA state and decides
-// which GPU takes each image GPU: where --gpu-map says, else PlanMapping's choice.
+// PlanRestore checks that this host's GPUs (those the restored processes can reach, where
+// in.Root says) can take the image's NVIDIA state and decides which GPU takes each image
+// GPU: where --gpu-map says, else PlanMapping's choice.
 func (b *Backend) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
 	if in.Snapshot == nil {
 		return nil, nil
@@ -57,6 +58,11 @@ func (b *Backend) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Pl
 	host, err := b.Host(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("describe GPUs: %w", err)
+	}
+	if in.Root != "" {
+		if host, err = b.reachable(host, in.Root); err != nil {
+			return nil, err
+		}
 	}
 	explicit, err := ParseGPUMap(in.GPUMap, in.Snapshot.Host, host)
 	if err != nil {

@@ -19,7 +19,7 @@ typedef struct {
 } nvmlPciInfo_t;
 typedef struct { unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId; } nvmlProcessInfo_t;
 
-enum { SUCCESS = 0, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3, INSUFFICIENT_SIZE = 7 };
+enum { SUCCESS = 0, INVALID_ARGUMENT = 2, NOT_SUPPORTED = 3, NOT_FOUND = 6, INSUFFICIENT_SIZE = 7 };
 #define DEVICES 2
 static struct { int index; } devices[DEVICES] = {{0}, {1}};
 
@@ -52,6 +52,19 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *u, unsigned int n) {
 		b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
 	return SUCCESS;
 }
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
+	char u[96];
+	for (int i = 0; i < DEVICES; i++) {
+		nvmlDeviceGetUUID((nvmlDevice_t)&devices[i], u, sizeof u);
+		if (strcmp(u, uuid) == 0) {
+			*d = (nvmlDevice_t)&devices[i];
+			return SUCCESS;
+		}
+	}
+	return NOT_FOUND;
+}
+// Device d's node is /dev/nvidia<d>, as on a real host.
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) { *minor = d->index; return SUCCESS; }
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int n) {
 	snprintf(name, n, "Fake GPU %d", d->index);
 	return SUCCESS;

@@ -1,0 +1,71 @@
+package nvidia
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/internal/gpu"
+)
+
+// deviceMajor is the character major of the driver's GPU nodes, /dev/nvidiaN, where N is
+// the GPU's minor number as NVML reports it (nvidiactl is 255 on the same major).
+const deviceMajor = 195
+
+var gpuNode = regexp.MustCompile(`^nvidia[0-9]+$`)
+
+// reachable narrows host to the GPUs whose device nodes exist under root: a container's
+// /dev holds only those its engine, device plugin or CDI gave it, and its restored
+// processes can be put back only on those, whichever GPUs they ran on before.
+func (b *Backend) reachable(host gpu.Host, root string) (gpu.Host, error) {
+	minors, err := deviceMinors(filepath.Join(root, "dev"))
+	if err != nil {
+		return gpu.Host{}, err
+	}
+	var in []gpu.Device
+	for _, d := range host.Devices {
+		dev, r := b.nvml.DeviceGetHandleByUUID(d.UUID)
+		if r != nvml.SUCCESS {
+			return gpu.Host{}, nvmlError(fmt.Sprintf("GPU %d handle", d.Index), r)
+		}
+		minor, r := dev.GetMinorNumber()
+		if r != nvml.SUCCESS {
+			return gpu.Host{}, nvmlError(fmt.Sprintf("GPU %d minor number", d.Index), r)
+		}
+		if minors[minor] {
+			in = append(in, d)
+		}
+	}
+	if len(in) == 0 {
+		return gpu.Host{}, fmt.Errorf("the restored processes can reach none of this host's %d NVIDIA GPUs (no /dev/nvidiaN of theirs in %s): give the container the GPUs to restore onto", len(host.Devices), filepath.Join(root, "dev"))
+	}
+	host.Devices = in
+	return host, nil
+}
+
+// deviceMinors lists the minor numbers of the NVIDIA GPU nodes in dir: character devices
+// of the driver's major named nvidiaN. A node's name alone proves nothing.
+func deviceMinors(dir string) (map[int]bool, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list the restored processes' devices: %w", err)
+	}
+	minors := map[int]bool{}
+	for _, e := range entries {
+		if !gpuNode.MatchString(e.Name()) {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(dir, e.Name()), &st); err != nil {
+			return nil, fmt.Errorf("stat %s: %w", filepath.Join(dir, e.Name()), err)
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFCHR && unix.Major(st.Rdev) == deviceMajor {
+			minors[int(unix.Minor(st.Rdev))] = true
+		}
+	}
+	return minors, nil
+}
