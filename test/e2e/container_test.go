@@ -319,6 +319,59 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 	}
 }
 
+// A container restored through runc and the integration gets its GPU state onto the GPU
+// its own /dev holds (/dev/nvidia1, the fake host's second GPU), not back onto the image's
+// GPU 0, which the host still has free: what a node's device plugin or CDI gave the
+// restored container is all its processes can open.
+func TestIntegrationRestoresOntoTheContainersGPU(t *testing.T) {
+	runc, criuPath := needRunc(t)
+	tmp := t.TempDir()
+	conf, script, log := filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "criu-action"), filepath.Join(tmp, "action.log")
+	mustGpucr(t, "install-criu-integration", "--config", conf, "--crun-config", "", "--script", script, "--log", log,
+		"--state-dir", filepath.Join(tmp, "state"))
+	drv := newFakeDriver(t)
+	bundle := counterBundle(t, runc, conf, "-mib", "4") // one process: no child inherits the device
+	holdGPUDevice(t, bundle)
+	testutil.EditJSON(t, filepath.Join(bundle, "config.json"), func(spec map[string]any) {
+		linux := spec["linux"].(map[string]any)
+		linux["devices"] = []any{map[string]any{"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1, "fileMode": 0o666}}
+	})
+	id, id2 := containerID(t, runc, "g"), containerID(t, runc, "g2")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 3)
+	drv.claim(t, runcInitPID(t, runc, id))
+	calls := filepath.Join(tmp, "cuda.log")
+	// The fake's two GPUs differ in model and L2 size: those checks would refuse the move,
+	// and are switched off as a user would.
+	env := append(append(os.Environ(), drv.env...), "FAKECUDA_LOG="+calls, "NV_MODEL_CHECK=0", "NV_L2_CHECK=0")
+	runcWith := func(args ...string) {
+		t.Helper()
+		c := exec.Command(runc, append([]string{"--criu", criuPath}, args...)...)
+		c.Env = env
+		if out, err := c.CombinedOutput(); err != nil {
+			b, _ := os.ReadFile(log)
+			t.Fatalf("runc %s: %v: %s\ngpucr's log:\n%s", args[0], err, out, b)
+		}
+	}
+	runcWith("checkpoint", "--image-path", filepath.Join(tmp, "img"), "--work-path", filepath.Join(tmp, "work"), id)
+	frozen := count(t, bundle)
+	runcWith("restore", "--detach", "--image-path", filepath.Join(tmp, "img"), "--work-path", filepath.Join(tmp, "work2"), "--bundle", bundle, id2)
+	if b, _ := os.ReadFile(log); !strings.Contains(string(b), "GPU state restored") {
+		c, _ := os.ReadFile(calls)
+		t.Fatalf("the integration did not restore the GPU state; its log:\n%s\nthe driver's calls:\n%s", b, c)
+	}
+	checkCountsOn(t, bundle, frozen)
+	const gpu0, gpu1 = "000102030405060708090a0b0c0d0e0f", "101112131415161718191a1b1c1d1e1f" // fakenvml.c's UUIDs
+	// The driver takes a permutation of every GPU: GPU 0's state goes to 1, and 1's to 0.
+	if b, _ := os.ReadFile(calls); !strings.Contains(string(b), " "+gpu0+">"+gpu1) {
+		l, _ := os.ReadFile(log)
+		t.Fatalf("the driver was not asked to restore GPU 0's state onto GPU 1, the container's; its calls:\n%s\ngpucr's log:\n%s", b, l)
+	}
+	if b, _ := os.ReadFile(log); !strings.Contains(string(b), "GPU moved") {
+		t.Errorf("the integration did not log the move:\n%s", b)
+	}
+}
+
 // holdGPUDevice makes the bundle's container hold a device at /dev/nvidiactl (the host's
 // /dev/null, bound there) open, as a GPU process holds the driver's.
 func holdGPUDevice(t *testing.T, bundle string) {

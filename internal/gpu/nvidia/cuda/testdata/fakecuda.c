@@ -4,12 +4,19 @@
 // driver was given. With $FAKEGPU_DIR set, each pid's state lives in the file DIR/PID
 // instead (one digit), so that it outlasts the process that set it, as the driver's does:
 // a gpucr killed halfway leaves its workload's state for the next gpucr to find.
+// A process restored under a new PID (a container's new PID namespace) brings its state
+// back in its memory, as with the driver: its restore adopts the state file of the one
+// checkpointed process that no longer runs.
 // $FAKECUDA_CHECKPOINT_MS makes each checkpoint take that long, as a large one does.
 // Built by the tests with: cc -shared -fPIC [-DOMIT_CHECKPOINT_API]
 // [-DOMIT_CORE_API] fakecuda.c -o libfakecuda.so
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <time.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,6 +131,42 @@ static CUresult move(int pid, int from, int to) {
 	return SUCCESS;
 }
 
+// gone reports whether pid no longer runs: it does not exist, or it is a zombie its
+// parent has not reaped yet.
+static int gone(int pid) {
+	if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
+	char path[64], stat[512];
+	snprintf(path, sizeof path, "/proc/%d/stat", pid);
+	FILE *f = fopen(path, "r");
+	if (!f) return 1;
+	size_t n = fread(stat, 1, sizeof stat - 1, f);
+	fclose(f);
+	stat[n] = 0;
+	char *end = strrchr(stat, ')'); // the state follows the command, which may hold spaces
+	return end && end[1] == ' ' && end[2] == 'Z';
+}
+
+// adopt gives pid the state file of the one checkpointed process under $FAKEGPU_DIR that
+// no longer runs, when pid has none: pid is that process, restored under a new PID.
+static void adopt(int pid) {
+	char buf[4096], from[4096];
+	const char *dir = getenv("FAKEGPU_DIR");
+	if (!dir || access(stateFile(pid, buf, sizeof buf), F_OK) == 0) return;
+	DIR *d = opendir(dir);
+	if (!d) return;
+	int found = 0, old = 0;
+	for (struct dirent *e; (e = readdir(d));) {
+		int n = atoi(e->d_name), st;
+		if (n <= 0 || strspn(e->d_name, "0123456789") != strlen(e->d_name)) continue;
+		if (load(n, &st) == 0 && st == CHECKPOINTED && gone(n)) {
+			found++;
+			old = n;
+		}
+	}
+	closedir(d);
+	if (found == 1) rename(stateFile(old, from, sizeof from), buf);
+}
+
 static const struct { CUresult code; const char *name, *text; } errors[] = {
 	{SUCCESS, "CUDA_SUCCESS", "no error"},
 	{INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
@@ -191,6 +234,7 @@ CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
 #ifndef OMIT_CHECKPOINT_API
 CUresult cuCheckpointProcessGetState(int pid, CUprocessState *st) {
 	int s;
+	adopt(pid);
 	if (!st || load(pid, &s) != 0) return INVALID_VALUE;
 	*st = s;
 	return SUCCESS;
@@ -286,6 +330,7 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *a) {
 	}
 	record("\n");
 	if (!waitRuns(pid, "restore")) return TIMEOUT;
+	adopt(pid);
 	return move(pid, CHECKPOINTED, LOCKED);
 }
 
