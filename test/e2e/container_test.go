@@ -322,8 +322,54 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 // A container restored through runc and the integration gets its GPU state onto the GPU
 // its own /dev holds (/dev/nvidia1, the fake host's second GPU), not back onto the image's
 // GPU 0, which the host still has free: what a node's device plugin or CDI gave the
-// restored container is all its processes can open.
+// restored container is all its processes can open. One given no GPU at all is refused,
+// its restored processes killed rather than left running without their GPU state.
 func TestIntegrationRestoresOntoTheContainersGPU(t *testing.T) {
+	const gpu0, gpu1 = "000102030405060708090a0b0c0d0e0f", "101112131415161718191a1b1c1d1e1f" // fakenvml.c's UUIDs
+	t.Run("given GPU 1", func(t *testing.T) {
+		g := integrationGPURoundTrip(t, map[string]any{"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1, "fileMode": 0o666})
+		if !strings.Contains(g.gpucrLog(), "GPU state restored") {
+			t.Fatalf("the integration did not restore the GPU state; its log:\n%s\nthe driver's calls:\n%s", g.gpucrLog(), g.driverCalls())
+		}
+		checkCountsOn(t, g.bundle, g.frozen)
+		// The driver takes a permutation of every GPU: GPU 0's state goes to 1, and 1's to 0.
+		if !strings.Contains(g.driverCalls(), " "+gpu0+">"+gpu1) {
+			t.Fatalf("the driver was not asked to restore GPU 0's state onto GPU 1, the container's; its calls:\n%s\ngpucr's log:\n%s", g.driverCalls(), g.gpucrLog())
+		}
+		if !strings.Contains(g.gpucrLog(), "GPU moved") {
+			t.Errorf("the integration did not log the move:\n%s", g.gpucrLog())
+		}
+	})
+	t.Run("given none", func(t *testing.T) {
+		g := integrationGPURoundTrip(t, map[string]any{"path": "/dev/nvidia0", "type": "b", "major": 195, "minor": 0, "fileMode": 0o666})
+		if l := g.gpucrLog(); !strings.Contains(l, "can reach none of this host's 2 NVIDIA GPUs") || !strings.Contains(l, "the restored processes were killed") {
+			t.Fatalf("gpucr's log of a restore into a container without a GPU:\n%s", l)
+		}
+		if strings.Contains(g.driverCalls(), "restore ") {
+			t.Errorf("the driver was asked to restore:\n%s", g.driverCalls())
+		}
+		before := count(t, g.bundle)
+		time.Sleep(300 * time.Millisecond)
+		if now := count(t, g.bundle); now != before {
+			t.Errorf("the restored container counts on (%d -> %d) without its GPU state", before, now)
+		}
+	})
+}
+
+// gpuRoundTrip is a fake-GPU container checkpointed and restored by plain runc with the
+// integration, and what its driver and gpucr logged.
+type gpuRoundTrip struct {
+	bundle                string
+	frozen                int
+	gpucrLog, driverCalls func() string
+}
+
+// integrationGPURoundTrip runs a one-process counter holding a GPU device file, given the
+// device node dev (a block device, say, is no GPU), claims it as a fake GPU process on
+// GPU 0, and has runc checkpoint it and restore it under a new ID, the fake driver and
+// the integration under both.
+func integrationGPURoundTrip(t *testing.T, dev map[string]any) gpuRoundTrip {
+	t.Helper()
 	runc, criuPath := needRunc(t)
 	tmp := t.TempDir()
 	conf, script, log := filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "criu-action"), filepath.Join(tmp, "action.log")
@@ -333,14 +379,14 @@ func TestIntegrationRestoresOntoTheContainersGPU(t *testing.T) {
 	bundle := counterBundle(t, runc, conf, "-mib", "4") // one process: no child inherits the device
 	holdGPUDevice(t, bundle)
 	testutil.EditJSON(t, filepath.Join(bundle, "config.json"), func(spec map[string]any) {
-		linux := spec["linux"].(map[string]any)
-		linux["devices"] = []any{map[string]any{"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1, "fileMode": 0o666}}
+		spec["linux"].(map[string]any)["devices"] = []any{dev}
 	})
 	id, id2 := containerID(t, runc, "g"), containerID(t, runc, "g2")
 	runcRun(t, runc, bundle, id)
 	waitContainerCount(t, bundle, 3)
 	drv.claim(t, runcInitPID(t, runc, id))
 	calls := filepath.Join(tmp, "cuda.log")
+	read := func(path string) func() string { return func() string { b, _ := os.ReadFile(path); return string(b) } }
 	// The fake's two GPUs differ in model and L2 size: those checks would refuse the move,
 	// and are switched off as a user would.
 	env := append(append(os.Environ(), drv.env...), "FAKECUDA_LOG="+calls, "NV_MODEL_CHECK=0", "NV_L2_CHECK=0")
@@ -349,27 +395,15 @@ func TestIntegrationRestoresOntoTheContainersGPU(t *testing.T) {
 		c := exec.Command(runc, append([]string{"--criu", criuPath}, args...)...)
 		c.Env = env
 		if out, err := c.CombinedOutput(); err != nil {
-			b, _ := os.ReadFile(log)
-			t.Fatalf("runc %s: %v: %s\ngpucr's log:\n%s", args[0], err, out, b)
+			t.Fatalf("runc %s: %v: %s\ngpucr's log:\n%s", args[0], err, out, read(log)())
 		}
 	}
 	runcWith("checkpoint", "--image-path", filepath.Join(tmp, "img"), "--work-path", filepath.Join(tmp, "work"), id)
 	frozen := count(t, bundle)
+	// runc's restore succeeds even where post-resume fails: CRIU has resumed the processes
+	// by then and only logs the script's status.
 	runcWith("restore", "--detach", "--image-path", filepath.Join(tmp, "img"), "--work-path", filepath.Join(tmp, "work2"), "--bundle", bundle, id2)
-	if b, _ := os.ReadFile(log); !strings.Contains(string(b), "GPU state restored") {
-		c, _ := os.ReadFile(calls)
-		t.Fatalf("the integration did not restore the GPU state; its log:\n%s\nthe driver's calls:\n%s", b, c)
-	}
-	checkCountsOn(t, bundle, frozen)
-	const gpu0, gpu1 = "000102030405060708090a0b0c0d0e0f", "101112131415161718191a1b1c1d1e1f" // fakenvml.c's UUIDs
-	// The driver takes a permutation of every GPU: GPU 0's state goes to 1, and 1's to 0.
-	if b, _ := os.ReadFile(calls); !strings.Contains(string(b), " "+gpu0+">"+gpu1) {
-		l, _ := os.ReadFile(log)
-		t.Fatalf("the driver was not asked to restore GPU 0's state onto GPU 1, the container's; its calls:\n%s\ngpucr's log:\n%s", b, l)
-	}
-	if b, _ := os.ReadFile(log); !strings.Contains(string(b), "GPU moved") {
-		t.Errorf("the integration did not log the move:\n%s", b)
-	}
+	return gpuRoundTrip{bundle: bundle, frozen: frozen, gpucrLog: read(log), driverCalls: read(calls)}
 }
 
 // holdGPUDevice makes the bundle's container hold a device at /dev/nvidiactl (the host's
