@@ -33,7 +33,11 @@ func (b *Backend) reachable(host gpu.Host, root string) (gpu.Host, error) {
 			return gpu.Host{}, nvmlError(fmt.Sprintf("GPU %d handle", d.Index), r)
 		}
 		minor, r := dev.GetMinorNumber()
-		if r != nvml.SUCCESS {
+		switch {
+		case r == nvml.ERROR_NOT_SUPPORTED: // no node to tell by: not ruled out, as before
+			in = append(in, d)
+			continue
+		case r != nvml.SUCCESS:
 			return gpu.Host{}, nvmlError(fmt.Sprintf("GPU %d minor number", d.Index), r)
 		}
 		if minors[minor] {

@@ -92,6 +92,23 @@ func TestPlanRestoreOntoTheContainersGPUs(t *testing.T) {
 	}
 }
 
+// A GPU whose minor number NVML cannot give is not ruled out: nothing tells whether the
+// container has it.
+func TestPlanRestoreKeepsAGPUWithoutMinorNumber(t *testing.T) {
+	lib := twoGPUs()
+	b0, _ := lib.DeviceGetHandleByUUID(uuidA)
+	b0.(*mock.Device).GetMinorNumberFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+	img := image([]string{uuidA}, h100(0, uuidA, 0))
+	plan, err := newBackend(lib, &fakeDriver{}).PlanRestore(context.Background(),
+		gpu.RestoreInput{Snapshot: &img, Root: containerRoot(t, map[string]int{"nvidia1": 1})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Remap) != 0 {
+		t.Fatalf("remap = %v, want the image's GPU kept", plan.Remap)
+	}
+}
+
 // Without a root (a process tree restored on the host) every GPU is a candidate and the
 // image's GPU stays where it was, as before.
 func TestPlanRestoreWithoutRootUsesEveryGPU(t *testing.T) {
