@@ -131,19 +131,26 @@ static CUresult move(int pid, int from, int to) {
 	return SUCCESS;
 }
 
+// procState is pid's state letter in /proc/PID/stat (R, S, T, Z...); 0 when /proc does not
+// know pid, '?' when its line cannot be read.
+static char procState(int pid) {
+	char file[64], line[4096];
+	snprintf(file, sizeof file, "/proc/%d/stat", pid);
+	FILE *f = fopen(file, "r");
+	if (!f) return 0;
+	size_t n = fread(line, 1, sizeof line - 1, f);
+	fclose(f);
+	line[n] = 0;
+	char *end = strrchr(line, ')'); // the state follows the command, which may hold spaces
+	return end && end[1] == ' ' ? end[2] : '?';
+}
+
 // gone reports whether pid no longer runs: it does not exist, or it is a zombie its
 // parent has not reaped yet.
 static int gone(int pid) {
 	if (kill(pid, 0) != 0 && errno == ESRCH) return 1;
-	char path[64], stat[512];
-	snprintf(path, sizeof path, "/proc/%d/stat", pid);
-	FILE *f = fopen(path, "r");
-	if (!f) return 1;
-	size_t n = fread(stat, 1, sizeof stat - 1, f);
-	fclose(f);
-	stat[n] = 0;
-	char *end = strrchr(stat, ')'); // the state follows the command, which may hold spaces
-	return end && end[1] == ' ' && end[2] == 'Z';
+	char st = procState(pid);
+	return st == 0 || st == 'Z';
 }
 
 // adopt gives pid the state file of the one checkpointed process under $FAKEGPU_DIR that
@@ -255,17 +262,12 @@ static int frozenIn(const char *prefix, const char *path, const char *name, cons
 // runs is false for a process stopped by a signal or its tracer, or frozen with its cgroup
 // (v1's freezer or v2's); true for one that runs, or that /proc does not know.
 static int runs(int pid) {
-	char file[64], line[4096];
-	snprintf(file, sizeof file, "/proc/%d/stat", pid);
+	char st = procState(pid), file[64], line[4096];
+	if (st == 0) return 1;
+	if (st == 'T' || st == 't') return 0;
+	snprintf(file, sizeof file, "/proc/%d/cgroup", pid);
 	FILE *f = fopen(file, "r");
 	if (!f) return 1;
-	size_t n = fread(line, 1, sizeof line - 1, f);
-	fclose(f);
-	line[n] = 0;
-	char *end = strrchr(line, ')');
-	if (end && end[1] == ' ' && (end[2] == 'T' || end[2] == 't')) return 0;
-	snprintf(file, sizeof file, "/proc/%d/cgroup", pid);
-	if (!(f = fopen(file, "r"))) return 1;
 	int frozen = 0;
 	while (!frozen && fgets(line, sizeof line, f)) {
 		line[strcspn(line, "\n")] = 0;
