@@ -82,8 +82,8 @@ func (s *Streamed) record(err error) error {
 // recording is the Memory of s, whose failures s keeps.
 type recording struct{ s *Streamed }
 
-func (r recording) ReadAt(ctx context.Context, path string, p []byte, off int64) error {
-	return r.s.record(r.s.Memory.ReadAt(ctx, path, p, off))
+func (r recording) ReadPiece(ctx context.Context, path string, off int64, p []byte, use func(at int, part []byte) error) error {
+	return r.s.record(r.s.Memory.ReadPiece(ctx, path, off, p, use))
 }
 
 func (r recording) Verify() error { return r.s.record(r.s.Memory.Verify()) }

@@ -292,24 +292,22 @@ func (p *Plan) Fill(ctx context.Context) error {
 	defer pm.close()
 	err = parallel.Each(ctx, jobs, max(runtime.GOMAXPROCS(0), fillWorkers), func() []byte { return make([]byte, piece) },
 		func(ctx context.Context, j job, buf []byte) error {
-			data := buf[:j.len]
-			if err := j.r.src.ReadAt(ctx, j.r.file, data, j.r.off+j.at); err != nil {
-				return err
-			}
-			addr := j.r.addr + uint64(j.at)
-			var skipped int64
-			var err error
-			if j.sparse {
-				skipped, err = writeSparse(&pm, j.r.pid, addr, data)
-			} else {
-				err = moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, addr, data)
-			}
-			if err != nil {
-				return err
-			}
-			p.skipped.Add(skipped)
-			count.Add(j.len)
-			return nil
+			return j.r.src.ReadPiece(ctx, j.r.file, j.r.off+j.at, buf[:j.len], func(at int, part []byte) error {
+				addr := j.r.addr + uint64(j.at) + uint64(at)
+				var skipped int64
+				var err error
+				if j.sparse {
+					skipped, err = writeSparse(&pm, j.r.pid, addr, part)
+				} else {
+					err = moveRemote(unix.ProcessVMWritev, "memory fill: write", j.r.pid, addr, part)
+				}
+				if err != nil {
+					return err
+				}
+				p.skipped.Add(skipped)
+				count.Add(int64(len(part)))
+				return nil
+			})
 		})
 	if err != nil {
 		return err

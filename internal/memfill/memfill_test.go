@@ -238,7 +238,7 @@ func TestSaveOwnMemory(t *testing.T) {
 			t.Fatalf("run %d = %+v: the runs do not cover the range in pieces", i, r)
 		}
 		b := make([]byte, r.size)
-		if err := r.src.ReadAt(context.Background(), r.file, b, 0); err != nil {
+		if err := r.src.ReadPiece(context.Background(), r.file, 0, b, func(int, []byte) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 		got = append(got, b...)
@@ -420,9 +420,9 @@ func TestRenumber(t *testing.T) {
 // badSource serves its bytes and then, asked, says they were not the image's.
 type badSource struct{ data []byte }
 
-func (s badSource) ReadAt(_ context.Context, _ string, p []byte, off int64) error {
+func (s badSource) ReadPiece(_ context.Context, _ string, off int64, p []byte, use func(int, []byte) error) error {
 	copy(p, s.data[off:])
-	return nil
+	return use(0, p)
 }
 func (badSource) Verify() error { return image.ErrCorrupt }
 

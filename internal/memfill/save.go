@@ -197,14 +197,14 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 		}
 	}
 	jobs := parallel.Interleave(perFile)
-	zero := make([]byte, saveStep)
-	err := parallel.Each(ctx, jobs, workers, func() []byte { return make([]byte, saveStep) },
+	zero := make([]byte, step)
+	err := parallel.Each(ctx, jobs, workers, func() []byte { return make([]byte, step) },
 		func(_ context.Context, j job, buf []byte) error {
 			start := int64(j.index) * image.HashChunkSize
 			end := min(start+image.HashChunkSize, int64(j.r.End-j.r.Start))
 			h := xxhash.New()
-			for off := start; off < end; off += saveStep {
-				data := buf[:min(saveStep, end-off)]
+			for off := start; off < end; off += step {
+				data := buf[:min(step, end-off)]
 				if err := moveRemote(unix.ProcessVMReadv, "memory save: read", j.r.PID, j.r.Start+uint64(off), data); err != nil {
 					return err
 				}
@@ -319,10 +319,11 @@ func syncFile(path string) error {
 	return f.Close()
 }
 
-// saveStep is how much of a piece the save moves at a time: small enough that the bytes it
-// read from the process are still in the core's cache when it hashes, checks and writes
-// them, instead of a whole piece per worker going through main memory twice more.
-const saveStep = 1 << 20
+// step is how much of a piece the save and the fill move at a time: small enough that the
+// bytes read (from the process, or from the image) are still in the core's cache when they
+// are hashed, checked and written, instead of a whole piece per worker going through main
+// memory twice more.
+const step = 1 << 20
 
 // maxSegment is the most one file of criuimg.MemDir holds. Writes to one tmpfs file
 // serialize on its inode lock, so the save spreads its workers over many files: one file

@@ -17,10 +17,13 @@ import (
 // or a store whose chunks are fetched as the fill needs them (chunked.Memory), so that the
 // largest part of an image never has to sit on local disk.
 type Source interface {
-	// ReadAt fills p with the bytes of the image file at path (slash-separated, relative to
-	// the image) from off. The fill reads in the image's hashing pieces (image.HashChunkSize,
-	// aligned), so a source that verifies as it reads can hash each piece as it goes.
-	ReadAt(ctx context.Context, path string, p []byte, off int64) error
+	// ReadPiece reads into buf the bytes of the image file at path (slash-separated,
+	// relative to the image) from off, all of them or an error, and hands them to use part
+	// by part, in order, each as soon as it is read: the fill writes a part into the process
+	// while it is still in the core's cache. The fill reads in the image's hashing pieces
+	// (image.HashChunkSize, aligned), so a source that verifies as it reads can hash each
+	// piece as it goes.
+	ReadPiece(ctx context.Context, path string, off int64, buf []byte, use func(at int, part []byte) error) error
 	// Verify says, once the fill has read everything, whether what it read is the image's.
 	Verify() error
 }
@@ -32,15 +35,21 @@ func Dir(dir string) Source { return dirSource(dir) }
 
 type dirSource string
 
-func (d dirSource) ReadAt(_ context.Context, path string, p []byte, off int64) error {
+func (d dirSource) ReadPiece(_ context.Context, path string, off int64, buf []byte, use func(at int, part []byte) error) error {
 	f, err := beneath.Open(string(d), filepath.FromSlash(path))
 	if err != nil {
 		return fmt.Errorf("memory fill: %w", err)
 	}
 	defer f.Close()
-	// ReadAt reads all of p or fails: a short file is an error, io.EOF included.
-	if _, err := f.ReadAt(p, off); err != nil {
-		return fmt.Errorf("memory fill: read %s: %w", path, err)
+	for at := 0; at < len(buf); at += step {
+		part := buf[at:min(at+step, len(buf))]
+		// ReadAt reads all of part or fails: a short file is an error, io.EOF included.
+		if _, err := f.ReadAt(part, off+int64(at)); err != nil {
+			return fmt.Errorf("memory fill: read %s: %w", path, err)
+		}
+		if err := use(at, part); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -74,18 +83,21 @@ type checkedFile struct {
 	read    []bool
 }
 
-func (c *checkedDir) ReadAt(ctx context.Context, path string, p []byte, off int64) error {
-	if err := c.dir.ReadAt(ctx, path, p, off); err != nil {
+func (c *checkedDir) ReadPiece(ctx context.Context, path string, off int64, buf []byte, use func(at int, part []byte) error) error {
+	f, ok := c.files[path]
+	if !ok || off%image.HashChunkSize != 0 || int64(len(buf)) != min(image.HashChunkSize, f.Size-off) {
+		return c.dir.ReadPiece(ctx, path, off, buf, use)
+	}
+	h := xxhash.New()
+	err := c.dir.ReadPiece(ctx, path, off, buf, func(at int, part []byte) error {
+		_, _ = h.Write(part) // never fails
+		return use(at, part)
+	})
+	if err != nil {
 		return err
 	}
-	f, ok := c.files[path]
-	if !ok || off%image.HashChunkSize != 0 {
-		return nil
-	}
 	i := off / image.HashChunkSize
-	if int64(len(p)) == min(image.HashChunkSize, f.Size-off) {
-		f.digests[i], f.read[i] = xxhash.Sum64(p), true
-	}
+	f.digests[i], f.read[i] = h.Sum64(), true
 	return nil
 }
 

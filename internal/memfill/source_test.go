@@ -45,8 +45,17 @@ func readPieces(t *testing.T, src Source, f image.File, skip int64) {
 		if off == skip {
 			continue
 		}
-		if err := src.ReadAt(context.Background(), f.Path, buf[:min(image.HashChunkSize, f.Size-off)], off); err != nil {
-			t.Fatal(err)
+		p := buf[:min(image.HashChunkSize, f.Size-off)]
+		next := 0
+		err := src.ReadPiece(context.Background(), f.Path, off, p, func(at int, part []byte) error {
+			if at != next || len(part) == 0 || len(part) > step || &part[0] != &p[at] {
+				t.Fatalf("piece at %d: part at %d of %d bytes after %d: not the next step of the buffer", off, at, len(part), next)
+			}
+			next += len(part)
+			return nil
+		})
+		if err != nil || next != len(p) {
+			t.Fatalf("piece at %d: %d of %d bytes handed on, %v", off, next, len(p), err)
 		}
 	}
 }

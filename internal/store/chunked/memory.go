@@ -79,9 +79,10 @@ func newMemory(st store.Store, prefix string, m *Manifest, im *image.Manifest, o
 	return mem, nil
 }
 
-// ReadAt fills p with the file at name (slash-separated, relative to the image) from off,
-// fetching the chunks that hold it; zero chunks are zeros, fetched from nowhere.
-func (mem *Memory) ReadAt(ctx context.Context, name string, p []byte, off int64) error {
+// ReadPiece fills p with the file at name (slash-separated, relative to the image) from off,
+// fetching the chunks that hold it, and hands each chunk's bytes to use as soon as they are
+// checked; zero chunks are zeros, fetched from nowhere.
+func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []byte, use func(at int, part []byte) error) error {
 	f := mem.files[name]
 	end := off + int64(len(p))
 	if f == nil || off < 0 || end > f.want.Size {
@@ -100,6 +101,9 @@ func (mem *Memory) ReadAt(ctx context.Context, name string, p []byte, off int64)
 		n := min(end, f.ends[i]) - at
 		dst := p[at-off : at-off+n]
 		if err := mem.chunk(ctx, name, c, start, at-start, dst, piece); err != nil {
+			return err
+		}
+		if err := use(int(at-off), dst); err != nil {
 			return err
 		}
 		at += n

@@ -58,7 +58,7 @@ func readAll(t *testing.T, mem *chunked.Memory, size int) ([]byte, error) {
 	t.Helper()
 	out := make([]byte, size)
 	for off := 0; off < size; off += image.HashChunkSize {
-		if err := mem.ReadAt(context.Background(), memFile, out[off:min(size, off+image.HashChunkSize)], int64(off)); err != nil {
+		if err := mem.ReadPiece(context.Background(), memFile, int64(off), out[off:min(size, off+image.HashChunkSize)], func(int, []byte) error { return nil }); err != nil {
 			return nil, err
 		}
 	}
@@ -113,7 +113,7 @@ func TestStageServesMemoryFromTheStore(t *testing.T) {
 			}
 			// An unaligned read spanning chunks is served too (it is not hashed).
 			part := make([]byte, 5*mib)
-			if err := s.Memory.ReadAt(ctx, memFile, part, 3*mib+7); err != nil || !bytes.Equal(part, want[3*mib+7:8*mib+7]) {
+			if err := s.Memory.ReadPiece(ctx, memFile, 3*mib+7, part, func(int, []byte) error { return nil }); err != nil || !bytes.Equal(part, want[3*mib+7:8*mib+7]) {
 				t.Fatalf("unaligned read: %v", err)
 			}
 			if err := s.Memory.Verify(); err != nil {
