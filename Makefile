@@ -20,10 +20,12 @@ build: deps
 	$(GO) build -o bin/counter ./test/workloads/counter
 	$(GO) build -o bin/gpucr-bench ./cmd/gpucr-bench
 
-# lint: gofmt, go vet and golangci-lint (.golangci.yml) over the whole tree.
+# lint: gofmt, go vet and golangci-lint (.golangci.yml) over the whole tree; go vet over the
+# kube part's device plugin too, a module of its own (test/kube/deviceplugin).
 lint: deps
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+	cd test/kube/deviceplugin && $(GO) vet .
 	$(GOLANGCI_LINT) run ./...
 
 test: build lint

@@ -2,9 +2,10 @@
 # Builds kube/: what test/gpu/engines_plan.sh's kube part runs on the GPU machine, which has
 # no Kubernetes: the kubelet and containerd 2.x (whose CRI plugin checkpoints a container for
 # the kubelet and restores one from a checkpoint image), built from the Go module proxy, and
-# a static busybox from this machine's packages for the pod sandbox's pause image. Nothing
-# is installed here.
-#   kube/kube.tar.xz     bin/{kubelet,containerd,containerd-shim-runc-v2,ctr,busybox}
+# a static busybox from this machine's packages for the pod sandbox's pause image, and the
+# plan's GPU device plugin (test/kube/deviceplugin, a module of its own). Nothing is
+# installed here.
+#   kube/kube.tar.xz     bin/{kubelet,containerd,containerd-shim-runc-v2,ctr,busybox,gpu-device-plugin}
 #   kube/bundle.tar.xz   bundle/ (make bundle), stripped
 #   kube/MANIFEST        versions and sizes
 # The kubelet lives in the k8s.io/kubernetes module, whose go.mod points its k8s.io/*
@@ -40,6 +41,9 @@ staging=$(cd "$m" && go mod download -json "k8s.io/kubernetes@$KUBERNETES" |
 } > "$m/go.mod"
 printf 'package kubelet\n\nimport _ "k8s.io/kubernetes/cmd/kubelet/app"\n' > "$m/kubelet.go"
 (cd "$m" && GOFLAGS=-mod=mod go mod tidy && go build -ldflags "-s -w" -o "$p/bin/kubelet" k8s.io/kubernetes/cmd/kubelet)
+
+echo "bundle-kube: the GPU device plugin" >&2
+(cd test/kube/deviceplugin && go build -ldflags "-s -w" -o "$p/bin/gpu-device-plugin" .)
 
 (cd "$work" && apt-get download -qq busybox-static) ||
   { echo "bundle-kube: apt-get download busybox-static failed (run apt-get update?)" >&2; exit 1; }

@@ -20,7 +20,8 @@
 #  C1. containerd + ctr, the same image: ctr containers checkpoint --task (containerd's
 #      checkpoint image; the task keeps running, as ctr leaves it), the task killed,
 #      ctr containers restore --live under a new name.
-#  K1. the kubelet (standalone, static pods on the host network, privileged for the GPU)
+#  K1. the kubelet (standalone, static pods on the host network, each given one GPU by the
+#      plan's device plugin, not privileged)
 #      with containerd 2.x's CRI plugin and runc, the integration installed where runc looks
 #      by default (/etc/criu/runc.conf, removed again): POST /checkpoint/... on the kubelet
 #      (the container keeps running), the pod deleted, the archive made a checkpoint image
@@ -89,6 +90,7 @@ stop_all() {
   [ -f "$W/containerd/pid" ] && kill "$(cat "$W/containerd/pid")" 2>/dev/null && sleep 1
   if [ -f "$KW/kubelet.pid" ]; then
     rm -f "$KW"/manifests/*; sleep 3; kill "$(cat "$KW/kubelet.pid")" 2>/dev/null
+    [ -f "$KW/plugin.pid" ] && kill "$(cat "$KW/plugin.pid")" 2>/dev/null
     for t in $("$KPREFIX/bin/ctr" --address "$KW/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
       "$KPREFIX/bin/ctr" --address "$KW/containerd.sock" -n k8s.io tasks kill -s SIGKILL "$t" >/dev/null 2>&1; done
     sleep 1; kill "$(cat "$KW/containerd.pid")" 2>/dev/null; sleep 1
@@ -102,7 +104,7 @@ if grep -q " $KW/" /proc/self/mountinfo; then echo "mounts remain under $KW: rem
 rm -rf "$KW"
 # What the host's /etc gains for this run (podman's policy.json, the kube part's
 # /etc/criu/runc.conf) is taken out again on exit.
-policy=/etc/containers/policy.json; made_policy=; kube_integration=
+policy=/etc/containers/policy.json; made_policy=; kube_integration=; made_kubelet_dir=
 if [[ "$PARTS" == *" podman "* || "$PARTS" == *" crun "* ]] && [ ! -e "$policy" ]; then
   mkdir -p /etc/containers && cp "$PREFIX/etc/containers/policy.json" "$policy" && made_policy=1
 fi
@@ -111,6 +113,8 @@ cleanup() {
   [ -n "$made_policy" ] && { rm -f "$policy"; rmdir /etc/containers 2>/dev/null; }
   [ -n "$kube_integration" ] && "$G" install-criu-integration --remove --crun-config "" --script "$KW/criu-action" >/dev/null &&
     [ "$kube_integration" = new ] && rmdir /etc/criu
+  # The kubelet's device manager keeps its socket there whatever its root directory.
+  [ -n "$made_kubelet_dir" ] && rm -rf /var/lib/kubelet
 }
 trap cleanup EXIT
 
@@ -392,8 +396,17 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%", imagefs.availabl
 localStorageCapacityIsolation: false
 featureGates: {ContainerCheckpoint: true}
 EOF
+  [ -e /var/lib/kubelet ] || made_kubelet_dir=1
   "$KB/kubelet" --config "$K/kubelet.yaml" --root-dir "$K/kubelet" --cert-dir "$K/pki" --hostname-override "$NODE" \
     > "$K/kubelet.log" 2>&1 & echo $! > "$K/kubelet.pid"
+  # The GPUs as nvidia.com/gpu, from the plan's device plugin. A machine without one (the
+  # CPU build machine) offers a node of the same numbers that nothing opens.
+  DEVS=/dev
+  if [ ! -e /dev/nvidia0 ]; then DEVS=$K/fakedev; mkdir -p "$DEVS"; mknod "$DEVS/nvidia0" c 195 0; fi
+  "$KB/gpu-device-plugin" -dev "$DEVS" > "$K/plugin.log" 2>&1 & echo $! > "$K/plugin.pid"
+  for _ in $(seq 300); do grep -q "registered" "$K/plugin.log" && break; sleep 0.2; done
+  grep -q "registered" "$K/plugin.log" && ok "K1. GPU device plugin: $(grep -o 'registered.*' "$K/plugin.log")" ||
+    bad "K1. GPU device plugin did not register: $(tail -2 "$K/plugin.log")"
   # Each bind a hostPath volume; the kubelet's are recursive (rbind), so each comes from a
   # non-recursive bind of its own made here: a submount (the driver's squashfs below /usr)
   # is then a volume of its own, which runc names to CRIU, not a hidden copy inside another.
@@ -402,8 +415,8 @@ EOF
     mkdir -p "$K/binds$m"; mount --bind "$m" "$K/binds$m" || { bad "K1. bind $m"; continue; }
     mount -o remount,bind,ro "$K/binds$m" && KBINDS+=("$m") || { umount "$K/binds$m"; bad "K1. bind $m read-only"; }
   done
-  # pod NAME IMAGE X: a static pod NAME running the workload on the GPU (privileged: every
-  # host device, as a node without a device plugin gives it), exchange directory X at /x.
+  # pod NAME IMAGE X: a static pod NAME running the workload on the GPU the device plugin
+  # gives it, exchange directory X at /x.
   pod() {
     python3 "$B/static_pod.py" "$1" "$2" "$3" "$K/binds" "${KBINDS[@]}" -- "${ENVS[@]}" -- "${CMD[@]}" > "$K/$1.json" &&
       mv "$K/$1.json" "$K/manifests/" # whole: the kubelet reads a manifest as soon as it appears
@@ -438,6 +451,12 @@ EOF
       if restored; then
         ok "K1. a pod restored from the checkpoint image ($(took "$t"))"; gpu_logged K1 "$m" "GPU state restored"
         verify "K1. restored" "$x" kctr tasks kill -s SIGUSR1 "$id"
+        # The restored container holds the nodes of the GPU the plugin allocated the new pod.
+        given=$(grep -o 'allocated \[[^]]*\]' "$K/plugin.log" | tail -1 | tr -d '[]' | cut -d' ' -f2-)
+        pid=$(kctr tasks ls 2>/dev/null | awk -v c="$id" '$1 == c {print $2}')
+        held=$(ls "/proc/$pid/root/dev" 2>/dev/null | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//')
+        [ -n "$given" ] && [ "$held" = "$given" ] && ok "K1. the restored container holds the GPU its pod was allocated: $held" ||
+          bad "K1. the restored container holds /dev/{${held}}, its pod was allocated ${given:-nothing}"
       else bad "K1. no pod restored from the checkpoint image"; grep -iE "error|fail" "$K/kubelet.log" | tail -5; fi
     else bad "K1. POST /checkpoint on the kubelet: ${resp:-no answer}"; fi
   else bad "K1. the static pod did not start"; grep -iE "error|fail" "$K/kubelet.log" | tail -10; fi

@@ -2,9 +2,9 @@
 
 Usage: static_pod.py NAME IMAGE X BINDS MOUNT... -- ENV... -- COMMAND...
   prints a static pod manifest (JSON, which the kubelet reads as it reads YAML): pod NAME,
-  one container "work" of IMAGE (never pulled) running COMMAND on the host network,
-  privileged (every host device: a node without a GPU device plugin), /x bound to the
-  host directory X, and each MOUNT read-only from BINDS/MOUNT.
+  one container "work" of IMAGE (never pulled) running COMMAND on the host network, asking
+  for one nvidia.com/gpu (the device plugin gives it that GPU's device nodes: it is not
+  privileged), /x bound to the host directory X, and each MOUNT read-only from BINDS/MOUNT.
 Usage: static_pod.py --post URL
   POSTs to the kubelet's URL (its own self-signed certificate, anonymous access) and prints
   the answer: the checkpoint endpoint's {"items": [ARCHIVE]}; exit 1 and the status on an
@@ -22,7 +22,8 @@ def manifest(name, image, x, binds, mounts, envs, command):
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
             "spec": {"hostNetwork": True, "restartPolicy": "Never", "volumes": vols, "containers": [{
                 "name": "work", "image": image, "imagePullPolicy": "Never", "command": command,
-                "workingDir": "/x", "env": env, "securityContext": {"privileged": True}, "volumeMounts": vm}]}}
+                "workingDir": "/x", "env": env, "resources": {"limits": {"nvidia.com/gpu": 1}},
+                "volumeMounts": vm}]}}
 
 
 def post(url):
