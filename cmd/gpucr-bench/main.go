@@ -28,7 +28,14 @@ func main() {
 	flag.BoolVar(&cfg.model, "model", true, "also run the transformer model workload")
 	criuPages := flag.Bool("compare-criu-pages", false, "also run gpucr with CRIU moving all pages itself (checkpoint and restore)")
 	out := flag.String("out", "bench/results", "directory for results.json, results.md and chart.png")
+	redraw := flag.String("redraw", "", "run nothing: write results.md and chart.png into -out again from this results.json")
 	flag.Parse()
+	if *redraw != "" {
+		if err := rewrite(*redraw, *out); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	cfg.methods = []string{methodBaseline, methodGpucr}
 	if *criuPages {
 		cfg.methods = append(cfg.methods, methodCRIUWrites)
@@ -57,6 +64,25 @@ func main() {
 	if err != nil {
 		log.Fatal(err)
 	}
+}
+
+// rewrite writes the summaries of the runs in an earlier results.json into dir: a chart
+// drawn anew needs no GPU.
+func rewrite(results, dir string) error {
+	b, err := os.ReadFile(results)
+	if err != nil {
+		return err
+	}
+	var r struct {
+		Runs []Run `json:"runs"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return fmt.Errorf("read %s: %w", results, err)
+	}
+	if len(r.Runs) == 0 {
+		return fmt.Errorf("%s holds no runs", results)
+	}
+	return write(dir, r.Runs)
 }
 
 // write saves the raw runs and the summaries built from them.

@@ -175,28 +175,37 @@ func phaseList(m map[string]float64) string {
 	return strings.Join(parts, ", ")
 }
 
-// chart draws, per workload, four bars: checkpoint and restore, baseline and gpucr.
+// chart draws, per workload, four bars: checkpoint and restore, baseline and gpucr; and,
+// where a run held two or more sizes in one image directory, how each of the four grows
+// with the GPU memory held: the cost of size is a slope there, not a row of bars.
 func chart(path string, ss []Summary) error {
 	const barW, gap, groupGap, plotH, top, left = 18, 4, 40, 300, 30, 50
-	width := left + len(ss)*(4*(barW+gap)+groupGap) + 20
-	img := image.NewRGBA(image.Rect(0, 0, max(width, 420), top+plotH+86))
+	series := growth(ss)
+	width := max(left+len(ss)*(4*(barW+gap)+groupGap)+20, 7*len(barsTitle)+2*left)
+	height := top + plotH + 86
+	if series != nil {
+		height += growthH
+	}
+	img := image.NewRGBA(image.Rect(0, 0, width, height))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
 	maxV := 1.0
 	for _, s := range ss {
 		maxV = max(maxV, s.BaselineCkpt, s.GpucrCkpt, s.BaselineRestore, s.GpucrRestore)
 	}
-	colors := []color.RGBA{{150, 150, 150, 255}, {30, 110, 200, 255}, {200, 200, 200, 255}, {100, 170, 240, 255}}
-	label(img, left, 18, fmt.Sprintf("seconds (max %.1f): ckpt baseline, ckpt gpucr, restore baseline, restore gpucr", maxV))
+	label(img, left, 18, fmt.Sprintf(barsTitle, maxV))
 	for i, s := range ss {
 		x := left + i*(4*(barW+gap)+groupGap)
-		for j, v := range []float64{s.BaselineCkpt, s.GpucrCkpt, s.BaselineRestore, s.GpucrRestore} {
+		for j, v := range times(s) {
 			h := int(v / maxV * plotH)
 			r := image.Rect(x+j*(barW+gap), top+plotH-h, x+j*(barW+gap)+barW, top+plotH)
-			draw.Draw(img, r, &image.Uniform{colors[j]}, image.Point{}, draw.Src)
+			draw.Draw(img, r, &image.Uniform{seriesColors[j]}, image.Point{}, draw.Src)
 		}
 		label(img, x, top+plotH+16, s.Workload)
 		label(img, x, top+plotH+32, s.Images)
 		label(img, x, top+plotH+48, fmt.Sprintf("x%.2f / x%.2f", s.CkptRatio, s.RestoreRatio))
+	}
+	if series != nil {
+		drawGrowth(img, image.Rect(left, top+plotH+86+30, width-20, height-40), series)
 	}
 	f, err := os.Create(path)
 	if err != nil {
@@ -204,6 +213,92 @@ func chart(path string, ss []Summary) error {
 	}
 	defer f.Close()
 	return png.Encode(f, img)
+}
+
+const (
+	barsTitle = "seconds (max %.1f): ckpt baseline, ckpt gpucr, restore baseline, restore gpucr"
+	growthH   = 330
+)
+
+// seriesColors are the four times' colors, in times' order, in both panels.
+var seriesColors = []color.RGBA{{150, 150, 150, 255}, {30, 110, 200, 255}, {200, 200, 200, 255}, {100, 170, 240, 255}}
+
+// times are a summary's four medians in the chart's order.
+func times(s Summary) []float64 {
+	return []float64{s.BaselineCkpt, s.GpucrCkpt, s.BaselineRestore, s.GpucrRestore}
+}
+
+// growth picks the holder workloads of the image directory with the most sizes, smallest
+// first; nil if no directory has two.
+func growth(ss []Summary) []Summary {
+	by := map[string][]Summary{}
+	var best string
+	for _, s := range ss {
+		if !strings.HasPrefix(s.Workload, "holder-") || s.GPUBytes <= 0 {
+			continue
+		}
+		by[s.Images] = append(by[s.Images], s)
+		if len(by[s.Images]) > len(by[best]) {
+			best = s.Images
+		}
+	}
+	if len(by[best]) < 2 {
+		return nil
+	}
+	out := by[best]
+	slices.SortFunc(out, func(a, b Summary) int { return int(a.GPUBytes - b.GPUBytes) })
+	return out
+}
+
+// drawGrowth plots the four times of series (one image directory, by size) against the
+// GPU memory held, in r: a line per time, a dot per run size.
+func drawGrowth(img *image.RGBA, r image.Rectangle, series []Summary) {
+	maxX := float64(series[len(series)-1].GPUBytes) / (1 << 30)
+	maxY := 1.0
+	for _, s := range series {
+		maxY = max(maxY, slices.Max(times(s)))
+	}
+	label(img, r.Min.X, r.Min.Y-12, fmt.Sprintf("seconds (max %.1f) by GiB of GPU memory held, images in %s", maxY, series[0].Images))
+	at := func(gib, sec float64) image.Point {
+		return image.Pt(r.Min.X+int(gib/maxX*float64(r.Dx())), r.Max.Y-int(sec/maxY*float64(r.Dy())))
+	}
+	axis := color.RGBA{0, 0, 0, 255}
+	line(img, at(0, 0), at(maxX, 0), axis)
+	line(img, at(0, 0), at(0, maxY), axis)
+	for _, s := range series {
+		gib := float64(s.GPUBytes) / (1 << 30)
+		p := at(gib, 0)
+		label(img, p.X-14, p.Y+16, fmt.Sprintf("%.1f", gib))
+	}
+	for j, c := range seriesColors {
+		var prev image.Point
+		for i, s := range series {
+			p := at(float64(s.GPUBytes)/(1<<30), times(s)[j])
+			draw.Draw(img, image.Rect(p.X-3, p.Y-3, p.X+4, p.Y+4), &image.Uniform{c}, image.Point{}, draw.Src)
+			if i > 0 {
+				line(img, prev, p, c)
+			}
+			prev = p
+		}
+	}
+}
+
+// line draws a two-pixel-wide straight line from a to b.
+func line(img *image.RGBA, a, b image.Point, c color.RGBA) {
+	n := max(abs(b.X-a.X), abs(b.Y-a.Y), 1)
+	for i := 0; i <= n; i++ {
+		x, y := a.X+(b.X-a.X)*i/n, a.Y+(b.Y-a.Y)*i/n
+		img.SetRGBA(x, y, c)
+		img.SetRGBA(x+1, y, c)
+		img.SetRGBA(x, y+1, c)
+	}
+}
+
+func abs(v int) int {
+	if v < 0 {
+		return -v
+	}
+	return v
 }
 
 func label(img draw.Image, x, y int, s string) {

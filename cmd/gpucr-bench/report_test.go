@@ -1,6 +1,9 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
+	"image/color"
 	"image/png"
 	"math"
 	"os"
@@ -45,5 +48,64 @@ func TestSummaryTakesMediansAndRatios(t *testing.T) {
 	defer f.Close()
 	if _, err := png.Decode(f); err != nil {
 		t.Fatalf("chart is not a PNG: %v", err)
+	}
+}
+
+func TestChartPlotsGrowthWithSize(t *testing.T) {
+	var runs []Run
+	for _, gib := range []int64{64, 16, 32} {
+		w := fmt.Sprintf("holder-%dGiB", gib)
+		runs = append(runs,
+			Run{Workload: w, Images: "/dev/shm/b", Method: "baseline", Rep: 1, Checkpoint: float64(gib), Restore: float64(gib) / 2, GPUBytes: gib << 30, Verified: true},
+			Run{Workload: w, Images: "/dev/shm/b", Method: "gpucr", Rep: 1, Checkpoint: float64(gib) / 3, Restore: float64(gib) / 4, GPUBytes: gib << 30, Verified: true})
+	}
+	// One size elsewhere and the model make no line of their own.
+	runs = append(runs, Run{Workload: "holder-16GiB", Images: "/var/tmp/b", Method: "gpucr", Rep: 1, Checkpoint: 9, GPUBytes: 16 << 30},
+		Run{Workload: "llama", Images: "/dev/shm/b", Method: "gpucr", Rep: 1, Checkpoint: 3, GPUBytes: 6 << 30})
+	ss := summarize(runs)
+	g := growth(ss)
+	if len(g) != 3 || g[0].Workload != "holder-16GiB" || g[2].Workload != "holder-64GiB" || g[0].Images != "/dev/shm/b" {
+		t.Fatalf("growth = %+v", g)
+	}
+	if growth(ss[3:]) != nil {
+		t.Error("a line drawn from one size")
+	}
+	dir := t.TempDir()
+	b, err := json.Marshal(map[string][]Run{"runs": runs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := filepath.Join(dir, "results.json")
+	if err := os.WriteFile(results, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := rewrite(results, dir); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(filepath.Join(dir, "chart.png"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Below the bars, the growth panel draws gpucr's checkpoint line in its bar's color.
+	drawn := false
+	for y := 30 + 300 + 86; y < img.Bounds().Max.Y && !drawn; y++ {
+		for x := 0; x < img.Bounds().Max.X && !drawn; x++ {
+			drawn = img.At(x, y) == color.Color(seriesColors[1])
+		}
+	}
+	if !drawn {
+		t.Errorf("chart %v has no growth panel", img.Bounds())
+	}
+	md, err := os.ReadFile(filepath.Join(dir, "results.md"))
+	if err != nil || !strings.Contains(string(md), "holder-64GiB") {
+		t.Errorf("results.md: %v\n%s", err, md)
+	}
+	if err := rewrite(filepath.Join(dir, "missing.json"), dir); err == nil {
+		t.Error("rewrite of a missing results.json succeeded")
 	}
 }
