@@ -1,0 +1,36 @@
+package chunked_test
+
+import (
+	"context"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/internal/store/chunked"
+	"github.com/gpucr/gpucr/internal/store/storetest"
+)
+
+// BenchmarkPushMinIO is a push of a 512 MiB image of holder.py's memory into a fresh bucket
+// of MinIO on loopback: what a checkpoint streamed to S3 pays the service and the transport
+// (its CPU time is this process's only; MinIO's is apart).
+//
+//	TMPDIR=/dev/shm go test -run '^$' -bench PushMinIO -benchtime 3x ./internal/store/chunked
+func BenchmarkPushMinIO(b *testing.B) {
+	const size = 512 << 20
+	region, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = unix.Munmap(region) }()
+	dir, _ := holderImage(b, uintptr(unsafe.Pointer(&region[0])), size)
+	srv := storetest.Start(b)
+	b.SetBytes(size)
+	cpu := cpuTime(b)
+	for b.Loop() {
+		if _, _, err := chunked.Push(context.Background(), srv.Store(b), "ckpt", dir, chunked.Options{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(cpuTime(b)-cpu)/float64(b.N)/1e6, "cpu-ms/op")
+}
