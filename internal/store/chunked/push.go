@@ -344,7 +344,7 @@ func (u *uploader) store(ctx context.Context, key string, data []byte, buf *buff
 	case e.err == nil:
 		u.count(func(s *Stats) { s.Present++; s.PresentBytes += size })
 	case errors.Is(e.err, store.ErrNotFound):
-		buf.comp = u.enc.EncodeAll(data, buf.comp[:0])
+		buf.comp = compress(u.enc, data, buf.comp[:0])
 		e.stored, e.err = int64(len(buf.comp)), u.st.Put(ctx, key, bytes.NewReader(buf.comp), int64(len(buf.comp)))
 		if e.err != nil {
 			e.err = fmt.Errorf("upload %s at %d: %w", file, off, e.err)

@@ -27,10 +27,12 @@ func BenchmarkPushMinIO(b *testing.B) {
 	srv := storetest.Start(b)
 	b.SetBytes(size)
 	cpu := cpuTime(b)
+	var stats *chunked.Stats
 	for b.Loop() {
-		if _, _, err := chunked.Push(context.Background(), srv.Store(b), "ckpt", dir, chunked.Options{}); err != nil {
+		if _, stats, err = chunked.Push(context.Background(), srv.Store(b), "ckpt", dir, chunked.Options{}); err != nil {
 			b.Fatal(err)
 		}
 	}
 	b.ReportMetric(float64(cpuTime(b)-cpu)/float64(b.N)/1e6, "cpu-ms/op")
+	b.ReportMetric(float64(stats.WireBytes)/float64(stats.TransferredBytes), "wire/byte")
 }

@@ -1,0 +1,73 @@
+package chunked
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Frames of raw blocks are read back by the decoder every restore uses, at every size
+// around a block's limit.
+func TestRawFramesDecode(t *testing.T) {
+	dec, err := newDecoder(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	random := randomBytes(ChunkSize)
+	for _, n := range []int{0, 1, 5, maxRawBlock - 1, maxRawBlock, maxRawBlock + 1, 3 * maxRawBlock, ChunkSize} {
+		frame := rawFrame(random[:n], nil)
+		if want := 9 + 3*max(1, (n+maxRawBlock-1)/maxRawBlock) + n; len(frame) != want {
+			t.Errorf("%d bytes: frame of %d bytes, want %d", n, len(frame), want)
+		}
+		got, err := dec.DecodeAll(frame, nil)
+		if err != nil || !bytes.Equal(got, random[:n]) {
+			t.Errorf("%d bytes: decoded %d bytes, %v", n, len(got), err)
+		}
+	}
+}
+
+// Incompressible chunks are stored raw, compressible ones compressed; both read back.
+func TestCompressStoresIncompressibleChunksRaw(t *testing.T) {
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedDefault))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enc.Close()
+	dec, err := newDecoder(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	random := randomBytes(ChunkSize)
+	text := bytes.Repeat([]byte("weights 0.125 0.25 0.5 "), ChunkSize/23)
+	// Random at the start and the middle, but text elsewhere: compressed only if a sample
+	// says so; here neither does, so it is stored raw and still reads back.
+	mixed := append(append(append([]byte{}, random[:ChunkSize/4]...), text[:ChunkSize/4]...), random[:ChunkSize/2]...)
+	halfText := append(append([]byte{}, text[:ChunkSize/2]...), random[:ChunkSize/2]...)
+	for _, c := range []struct {
+		name string
+		data []byte
+		raw  bool
+	}{{"random", random, true}, {"text", text, false}, {"random where sampled", mixed, true}, {"text at the start", halfText, false}, {"small", random[:1000], false}} {
+		frame := compress(enc, c.data, nil)
+		if raw := len(frame) == len(rawFrame(c.data, nil)); raw != c.raw {
+			t.Errorf("%s: %d bytes stored as %d, raw %v, want %v", c.name, len(c.data), len(frame), raw, c.raw)
+		}
+		got, err := dec.DecodeAll(frame, nil)
+		if err != nil || !bytes.Equal(got, c.data) {
+			t.Errorf("%s: decoded %d bytes, %v", c.name, len(got), err)
+		}
+	}
+}
+
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
+}
