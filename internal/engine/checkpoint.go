@@ -97,6 +97,14 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		undo.Always("abort the stream", func(context.Context) error { r.Stream.Abort(); return nil })
 	}
 	t := e.NewTimer(op)
+	// gpucr saves the large runs of memory itself (below) unless CRIU is to write them all.
+	selfSave := !r.CRIUWritesPages && !r.CRIUCompatible && r.PluginDir == ""
+	var reserve *memfill.Reserve
+	if selfSave && r.Stream == nil && len(gpus) > 0 {
+		// While the driver stages device memory, the memory its image will take is allocated.
+		reserve = memfill.ReserveFor(stage.Dir(), int64(gpuMemory(snaps)))
+		undo.Always("remove the memory reserved for the save", func(context.Context) error { return reserve.Release() })
+	}
 	pauseStart := time.Now() // the workload stops with its GPUs' lock (or CRIU's freeze)
 	if len(gpus) > 0 {
 		restoreTHP := e.TuneHost(op) // the driver stages device memory into huge pages
@@ -124,7 +132,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	// The large runs of the processes' memory (a GPU process's staged device memory) are
 	// gpucr's to save, on all cores, once CRIU has frozen the tree; CRIU leaves them out.
 	var saved []memfill.Range
-	if !r.CRIUWritesPages && !r.CRIUCompatible && r.PluginDir == "" {
+	if selfSave {
 		if saved, err = memfill.Select(tree); err != nil {
 			return nil, err
 		}
@@ -164,7 +172,12 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	// committed behind it, and counts only once committed.
 	early := r.LeaveRunning && r.Stream == nil
 	var copied []image.File // early: the memory saved, still to be made durable
-	save := e.newMemorySave(ctx, stage, saved, r.Stream)
+	if len(saved) == 0 {
+		if err := reserve.Release(); err != nil { // no save takes it: nothing of it may be committed
+			return nil, err
+		}
+	}
+	save := e.newMemorySave(ctx, stage, saved, r.Stream, reserve)
 	undo.Always("stop the memory save", func(context.Context) error { save.stop(); return nil })
 	dumpStart := time.Now()
 	op.Phase(PhaseCRIUDump)
@@ -290,6 +303,17 @@ func Inspect(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tree *p
 		return Found{}, err
 	}
 	return found, nil
+}
+
+// gpuMemory is the device memory of the processes in snaps: about what the driver stages.
+func gpuMemory(snaps []gpu.Snapshot) uint64 {
+	var n uint64
+	for _, s := range snaps {
+		for _, p := range s.Processes {
+			n += p.MemoryBytes
+		}
+	}
+	return n
 }
 
 // CheckpointGPUs locks gpus, waiting at most timeout for work in flight, and checkpoints

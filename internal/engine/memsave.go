@@ -27,8 +27,9 @@ type memorySave struct {
 	err    error
 }
 
-// newMemorySave prepares the save of saved into stage's mem/ (or into s, streamed).
-func (e *Engine) newMemorySave(ctx context.Context, stage *image.Staging, saved []memfill.Range, s *chunked.Stream) *memorySave {
+// newMemorySave prepares the save of saved into stage's mem/ (or into s, streamed), into the
+// memory res reserved (nil for none).
+func (e *Engine) newMemorySave(ctx context.Context, stage *image.Staging, saved []memfill.Range, s *chunked.Stream, res *memfill.Reserve) *memorySave {
 	m := &memorySave{done: make(chan struct{}), timer: Timer{r: e.reporter()}}
 	m.ctx, m.cancel = context.WithCancel(ctx)
 	switch {
@@ -38,7 +39,7 @@ func (e *Engine) newMemorySave(ctx context.Context, stage *image.Staging, saved 
 			return nil, memfill.SaveTo(ctx, saved, func(path string) (criuimg.Receiver, error) { return receiver(s.Create(path)) })
 		}
 	default:
-		m.run = func(ctx context.Context) ([]image.File, error) { return memfill.Save(ctx, stage.Dir(), saved) }
+		m.run = func(ctx context.Context) ([]image.File, error) { return memfill.Save(ctx, stage.Dir(), saved, res) }
 	}
 	return m
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"math"
 	"math/rand/v2"
@@ -199,8 +200,36 @@ func TestSegmentSizeFor(t *testing.T) {
 }
 
 // Save reads a range of this process into a file whose checksum, computed as it was written,
-// is the file's; a zero piece is left as a hole that reads back as zeros.
+// is the file's; a zero piece is left as a hole that reads back as zeros. With memory
+// reserved ahead (on a tmpfs) the files are made from it, the zero piece's punched back to
+// a hole, and nothing of the reserve is left in the image.
 func TestSaveOwnMemory(t *testing.T) {
+	for _, reserve := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reserve=%v", reserve), func(t *testing.T) {
+			dir := t.TempDir()
+			var res *Reserve
+			if reserve {
+				var err error
+				if dir, err = os.MkdirTemp("/dev/shm", "gpucr-save-test-"); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { os.RemoveAll(dir) })
+				if res = ReserveFor(dir, 2*maxSegment); res == nil {
+					t.Fatal("no memory reserved on /dev/shm")
+				}
+				res.wg.Wait() // allocated before the save, as while the driver stages
+			}
+			saveOwnMemory(t, dir, res)
+			if reserve {
+				if _, err := os.Stat(filepath.Join(dir, reserveDir)); !errors.Is(err, fs.ErrNotExist) {
+					t.Errorf("the reserve is left in the image: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func saveOwnMemory(t *testing.T, dir string, res *Reserve) {
 	const size = 3*image.HashChunkSize + 4096
 	mem := mapAnon(t, size, unix.PROT_READ|unix.PROT_WRITE)
 	r := rand.New(rand.NewPCG(9, 10))
@@ -210,9 +239,8 @@ func TestSaveOwnMemory(t *testing.T) {
 		}
 	}
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
-	dir := t.TempDir()
 	count := new(meter.Counter)
-	files, err := Save(meter.With(context.Background(), count), dir, []Range{{PID: os.Getpid(), Start: start, End: start + size}})
+	files, err := Save(meter.With(context.Background(), count), dir, []Range{{PID: os.Getpid(), Start: start, End: start + size}}, res)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,6 +270,14 @@ func TestSaveOwnMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 		got = append(got, b...)
+		// The zero piece holds no memory, whether its file came from the reserve or not.
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(dir, r.file), &st); err != nil {
+			t.Fatal(err)
+		}
+		if i == 1 && st.Blocks != 0 {
+			t.Errorf("the zero piece's file holds %d blocks, want a hole", st.Blocks)
+		}
 	}
 	if !bytes.Equal(got, mem) {
 		t.Fatal("saved files differ from the memory")
@@ -397,7 +433,7 @@ func TestSaveManyRangesUnderALowFileLimit(t *testing.T) {
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatal(err)
 	}
-	files, err := Save(context.Background(), t.TempDir(), rs)
+	files, err := Save(context.Background(), t.TempDir(), rs, nil)
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
 		t.Fatal(err)
 	}
@@ -451,7 +487,7 @@ func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
 	mem := mapAnon(t, criuimg.PageSize, unix.PROT_READ|unix.PROT_WRITE)
 	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
 	dir := t.TempDir()
-	files, err := Save(context.Background(), dir, []Range{{PID: os.Getpid(), Start: start, End: start + criuimg.PageSize}})
+	files, err := Save(context.Background(), dir, []Range{{PID: os.Getpid(), Start: start, End: start + criuimg.PageSize}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

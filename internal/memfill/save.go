@@ -165,7 +165,8 @@ func WriteRanges(path string, rs []Range) error {
 // Save reads every range from its process, on all cores, into imageDir's criuimg.MemDir,
 // and returns the files' manifest entries, checksummed as they were written. The processes
 // must be frozen. All-zero pieces are left as holes. Nothing is synced: Sync does that.
-func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error) {
+// Files are made from what res (nil for none) has allocated ahead.
+func Save(ctx context.Context, imageDir string, rs []Range, res *Reserve) ([]image.File, error) {
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
 	count := counting(ctx, rs)
@@ -182,10 +183,13 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 	// thousands of ranges does not hold thousands of descriptors.
 	paths := make([]string, len(rs))
 	digests := make([][]uint64, len(rs))
+	reserved := res.take()
+	fromReserve := make([]bool, len(rs))
 	for i, r := range rs {
 		paths[i] = filepath.Join(imageDir, filepath.FromSlash(r.file()))
 		size := int64(r.End - r.Start)
-		if err := createSized(paths[i], size); err != nil {
+		var err error
+		if fromReserve[i], err = place(&reserved, paths[i], size); err != nil {
 			return nil, fmt.Errorf("memory save: %w", err)
 		}
 		digests[i] = make([]uint64, (size+image.HashChunkSize-1)/image.HashChunkSize)
@@ -209,10 +213,15 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 					return err
 				}
 				_, _ = h.Write(data) // never fails
-				if !bytes.Equal(data, zero[:len(data)]) {
-					if err := writeAt(paths[j.file], data, off); err != nil {
-						return fmt.Errorf("memory save: %w", err)
-					}
+				var err error
+				switch {
+				case !bytes.Equal(data, zero[:len(data)]):
+					err = writeAt(paths[j.file], data, off)
+				case fromReserve[j.file]:
+					err = punchAt(paths[j.file], off, int64(len(data))) // a hole, as in a file made empty
+				}
+				if err != nil {
+					return fmt.Errorf("memory save: %w", err)
 				}
 				count.Add(int64(len(data)))
 			}
@@ -220,6 +229,9 @@ func Save(ctx context.Context, imageDir string, rs []Range) ([]image.File, error
 			return nil
 		})
 	if err != nil {
+		return nil, err
+	}
+	if err := res.Release(); err != nil {
 		return nil, err
 	}
 	out := make([]image.File, len(rs))
@@ -293,6 +305,15 @@ func createSized(path string, size int64) error {
 		return err
 	}
 	return f.Close()
+}
+
+func punchAt(path string, off, n int64) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	err = unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	return errors.Join(err, f.Close())
 }
 
 func writeAt(path string, data []byte, off int64) error {
