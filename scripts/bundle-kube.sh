@@ -2,10 +2,10 @@
 # Builds kube/: what test/gpu/engines_plan.sh's kube part runs on the GPU machine, which has
 # no Kubernetes: the kubelet and containerd 2.x (whose CRI plugin checkpoints a container for
 # the kubelet and restores one from a checkpoint image), built from the Go module proxy, and
-# a static busybox from this machine's packages for the pod sandbox's pause image, and the
-# plan's GPU device plugin (test/kube/deviceplugin, a module of its own). Nothing is
-# installed here.
-#   kube/kube.tar.xz     bin/{kubelet,containerd,containerd-shim-runc-v2,ctr,busybox,gpu-device-plugin}
+# crictl (the CRI's own client, for the plan's CRI-level part), a static busybox from this
+# machine's packages for the pod sandbox's pause image, and the plan's GPU device plugin
+# (test/kube/deviceplugin, a module of its own). Nothing is installed here.
+#   kube/kube.tar.xz     bin/{kubelet,containerd,containerd-shim-runc-v2,ctr,crictl,busybox,gpu-device-plugin}
 #   kube/bundle.tar.xz   bundle/ (make bundle), stripped
 #   kube/MANIFEST        versions and sizes
 # The kubelet lives in the k8s.io/kubernetes module, whose go.mod points its k8s.io/*
@@ -18,6 +18,7 @@ cd "$(dirname "$0")/.."
 . scripts/txz.sh
 KUBERNETES=${GPUCR_KUBERNETES_VERSION:-v1.34.2}
 CONTAINERD=${GPUCR_CONTAINERD_VERSION:-v2.2.1}
+CRICTL=${GPUCR_CRICTL_VERSION:-v1.34.0}
 out=kube
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -29,6 +30,9 @@ GOBIN=$p/bin go install -ldflags "-s -w" -tags "no_btrfs no_devmapper no_zfs" \
   "github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD" \
   "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD" \
   "github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD"
+
+echo "bundle-kube: crictl $CRICTL" >&2
+GOBIN=$p/bin go install -ldflags "-s -w" "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL"
 
 echo "bundle-kube: kubelet $KUBERNETES (a few minutes on two cores)" >&2
 m=$work/kubelet; mkdir -p "$m"
@@ -55,7 +59,7 @@ txz "$p" "$out/kube.tar.xz"
 bundle_txz "$out/bundle.tar.xz"
 {
   echo "# kube/ built $(date -u +%F) on $(. /etc/os-release && echo "$PRETTY_NAME")"
-  echo "kubelet $KUBERNETES, containerd $CONTAINERD (Go module proxy, CGO off, stripped)"
+  echo "kubelet $KUBERNETES, containerd $CONTAINERD, crictl $CRICTL (Go module proxy, CGO off, stripped)"
   dpkg-deb -f "$work"/busybox-static_*.deb Package Version | paste -sd' '
   (cd "$p/bin" && ls -l | awk 'NR > 1 {print $5, $9}')
   du -sh "$out"/*.tar.xz

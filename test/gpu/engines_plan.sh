@@ -26,8 +26,13 @@
 #      by default (/etc/criu/runc.conf, removed again): POST /checkpoint/... on the kubelet
 #      (the container keeps running), the pod deleted, the archive made a checkpoint image
 #      (oci_archive.py), and a new static pod of that image restored by containerd. Needs
-#      kube/ (make kube: the kubelet and containerd 2.x, unpacked into /opt/gpucr-kube);
-#      works in /var/tmp/gpucr-kube.
+#      kube/ (make kube: the kubelet, containerd 2.x and crictl, unpacked into
+#      /opt/gpucr-kube); works in /var/tmp/gpucr-kube.
+#  K2. K1's containerd, images and integration at the CRI level, the kubelet stopped: crictl
+#      runp a pod (host network), crictl create K1's container with the GPU's nodes in the
+#      CRI ContainerConfig's devices (what a device plugin's Allocate or CDI resolves to),
+#      crictl checkpoint --export ARCHIVE (the container keeps running), crictl rmp -f, and
+#      in a new pod crictl create with ARCHIVE as the image: containerd restores it.
 # Each step prints PASS or FAIL, and each GPU step checks that the integration's log shows
 # the GPU state checkpointed or restored. On a failure it prints what the engines, runc,
 # CRIU and the integration logged.
@@ -78,7 +83,18 @@ STEP=${STEP_TIMEOUT:-240}
 podman() { CONTAINERS_CONF=$W/podman-$1/containers.conf CONTAINERS_STORAGE_CONF=$W/podman-$1/storage.conf \
   CONTAINERS_REGISTRIES_CONF=$W/podman-$1/registries.conf timeout -k 10 "$STEP" podman "${@:2}"; }
 ctr() { timeout -k 10 "$STEP" ctr --address "$W/containerd/containerd.sock" --namespace gpucr "$@"; }
+# crictl against the kube part's containerd (its endpoint and timeout in $KW/crictl.yaml).
+crictl() { timeout -k 10 "$STEP" "$KPREFIX/bin/crictl" --config "$KW/crictl.yaml" "$@"; }
 
+# stop_kubelet: the kubelet's static pods removed, the kubelet and its device plugin stopped
+# (the CRI runtime keeps running).
+stop_kubelet() {
+  [ -f "$KW/kubelet.pid" ] || return 0
+  rm -f "$KW"/manifests/*; sleep 3; kill "$(cat "$KW/kubelet.pid")" 2>/dev/null
+  [ -f "$KW/plugin.pid" ] && kill "$(cat "$KW/plugin.pid")" 2>/dev/null
+  for _ in $(seq 100); do kill -0 "$(cat "$KW/kubelet.pid")" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$KW/kubelet.pid" "$KW/plugin.pid"
+}
 # stop_all: what an earlier run of this plan left running.
 stop_all() {
   for n in 1 2; do [ -d "$W/podman-$n" ] && podman "$n" rm -fa >/dev/null 2>&1; done
@@ -88,9 +104,9 @@ stop_all() {
     for c in $(ctr containers ls -q 2>/dev/null); do ctr tasks rm -f "$c" >/dev/null 2>&1; ctr containers rm "$c" >/dev/null 2>&1; done
   fi
   [ -f "$W/containerd/pid" ] && kill "$(cat "$W/containerd/pid")" 2>/dev/null && sleep 1
-  if [ -f "$KW/kubelet.pid" ]; then
-    rm -f "$KW"/manifests/*; sleep 3; kill "$(cat "$KW/kubelet.pid")" 2>/dev/null
-    [ -f "$KW/plugin.pid" ] && kill "$(cat "$KW/plugin.pid")" 2>/dev/null
+  if [ -f "$KW/containerd.pid" ]; then
+    stop_kubelet
+    [ -f "$KW/crictl.yaml" ] && crictl rmp -fa >/dev/null 2>&1
     for t in $("$KPREFIX/bin/ctr" --address "$KW/containerd.sock" -n k8s.io tasks ls -q 2>/dev/null); do
       "$KPREFIX/bin/ctr" --address "$KW/containerd.sock" -n k8s.io tasks kill -s SIGKILL "$t" >/dev/null 2>&1; done
     sleep 1; kill "$(cat "$KW/containerd.pid")" 2>/dev/null; sleep 1
@@ -359,6 +375,7 @@ state = "$K/state"
 EOF
   PATH=$KB:$PATH "$KB/containerd" --config "$K/config.toml" > "$K/containerd.log" 2>&1 & echo $! > "$K/containerd.pid"
   wait_for "$K/containerd.sock" 100
+  printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: %s\n' "$K/containerd.sock" "$K/containerd.sock" "$STEP" > "$K/crictl.yaml"
   cp "$KB/busybox" "$K/pause/bin/"
   python3 "$B/oci_archive.py" "$K/pause-oci.tar" localhost/gpucr-pause:1 --dir "$K/pause" --entrypoint /bin/busybox \
     --entrypoint sleep --entrypoint 2147483647 >/dev/null
@@ -424,6 +441,19 @@ EOF
   # ctr_id POD: the running container of static pod POD (the kubelet names it POD-NODE).
   ctr_id() { kctr containers ls -q "labels.\"io.kubernetes.pod.name\"==$1-$NODE,labels.\"io.kubernetes.container.name\"==work" 2>/dev/null |
     while read -r c; do kctr tasks ls 2>/dev/null | awk -v c="$c" '$1 == c && $3 == "RUNNING" {print c}'; done | head -1; }
+  # inspected P WHAT ARCHIVE: gpucr inspect reads the checkpoint archive ARCHIVE.
+  inspected() {
+    "$G" inspect "$3" >/dev/null 2>"$K/inspect.err" && ok "$1. gpucr inspect reads $2" || bad "$1. gpucr inspect $3: $(tail -1 "$K/inspect.err")"
+  }
+  # restored ID: containerd logged the restore of container ID.
+  restored() { [ -n "$1" ] && grep -q "Restored container $1 successfully" "$K/containerd.log"; }
+  # holds_gpu P ID GIVEN: the GPU nodes in container ID's /dev are GIVEN (its GPUs' node names).
+  holds_gpu() {
+    local pid held; pid=$(kctr tasks ls 2>/dev/null | awk -v c="$2" '$1 == c {print $2}')
+    held=$(ls "/proc/$pid/root/dev" 2>/dev/null | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//')
+    [ -n "$3" ] && [ "$held" = "$3" ] && ok "$1. the restored container holds the GPU it was given: $held" ||
+      bad "$1. the restored container holds /dev/{${held}}, it was given ${3:-nothing}"
+  }
   x=$W/k1-x; mkdir -p "$x"
   pod gpucr-k1 "$IMAGE" "$x"
   if started K1 "$x"; then
@@ -434,8 +464,7 @@ EOF
       ok "K1. POST /checkpoint/default/gpucr-k1-$NODE/work on the kubelet ($(took "$t"), $(du -h "$archive" | cut -f1))"
       gpu_logged K1 "$m" "GPU state checkpointed"
       verify "K1. left running after the checkpoint" "$x" kctr tasks kill -s SIGUSR1 "$(ctr_id gpucr-k1)"
-      "$G" inspect "$archive" >/dev/null 2>"$K/inspect.err" && ok "K1. gpucr inspect reads the kubelet's archive" ||
-        bad "K1. gpucr inspect $archive: $(tail -1 "$K/inspect.err")"
+      inspected K1 "the kubelet's archive" "$archive"
       rm "$K/manifests/gpucr-k1.json"
       for _ in $(seq 300); do [ -z "$(ctr_id gpucr-k1)" ] && break; sleep 0.2; done
       [ -z "$(ctr_id gpucr-k1)" ] && ok "K1. the pod deleted (its manifest removed)" || bad "K1. the pod still runs"
@@ -446,20 +475,57 @@ EOF
         bad "K1. building and importing the checkpoint image"
       m=$(mark); t=$(secs)
       pod gpucr-k1r localhost/gpucr-k1-checkpoint:1 "$x"
-      restored() { id=$(ctr_id gpucr-k1r); [ -n "$id" ] && grep -q "Restored container $id successfully" "$K/containerd.log"; }
-      for _ in $(seq 3000); do restored && break; sleep 0.1; done
-      if restored; then
+      for _ in $(seq 3000); do id=$(ctr_id gpucr-k1r); restored "$id" && break; sleep 0.1; done
+      if restored "$id"; then
         ok "K1. a pod restored from the checkpoint image ($(took "$t"))"; gpu_logged K1 "$m" "GPU state restored"
         verify "K1. restored" "$x" kctr tasks kill -s SIGUSR1 "$id"
         # The restored container holds the nodes of the GPU the plugin allocated the new pod.
-        given=$(grep -o 'allocated \[[^]]*\]' "$K/plugin.log" | tail -1 | tr -d '[]' | cut -d' ' -f2-)
-        pid=$(kctr tasks ls 2>/dev/null | awk -v c="$id" '$1 == c {print $2}')
-        held=$(ls "/proc/$pid/root/dev" 2>/dev/null | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//')
-        [ -n "$given" ] && [ "$held" = "$given" ] && ok "K1. the restored container holds the GPU its pod was allocated: $held" ||
-          bad "K1. the restored container holds /dev/{${held}}, its pod was allocated ${given:-nothing}"
+        holds_gpu K1 "$id" "$(grep -o 'allocated \[[^]]*\]' "$K/plugin.log" | tail -1 | tr -d '[]' | cut -d' ' -f2-)"
       else bad "K1. no pod restored from the checkpoint image"; grep -iE "error|fail" "$K/kubelet.log" | tail -5; fi
     else bad "K1. POST /checkpoint on the kubelet: ${resp:-no answer}"; fi
   else bad "K1. the static pod did not start"; grep -iE "error|fail" "$K/kubelet.log" | tail -10; fi
+
+  echo "== K2. crictl + the same containerd 2.x CRI: crictl checkpoint --export, a container restored from the archive as its image"
+  # The kubelet removes pods it did not make: stopped first, then what remains of K1's pods.
+  stop_kubelet; crictl rmp -fa >/dev/null
+  # The GPU as a device plugin's Allocate (or CDI) resolves it, handed over in the CRI
+  # ContainerConfig's devices: its node and the driver's control nodes there are.
+  gpu=; for d in "$DEVS"/nvidia[0-9]*; do [[ ${d##*/} =~ ^nvidia[0-9]+$ ]] && { gpu=${d##*/}; break; }; done
+  GPUNODES=$DEVS/$gpu; for n in nvidiactl nvidia-uvm nvidia-uvm-tools; do [ -e "$DEVS/$n" ] && GPUNODES+=,$DEVS/$n; done
+  # cri_pod NAME IMAGE: crictl runp a pod sandbox NAME, crictl create its container "work" of
+  # IMAGE (K1's container, exchange directory $x) in it: the IDs in kpod and kid.
+  cri_pod() {
+    kpod=; kid=; mkdir -p "$K/logs/$1"
+    python3 "$B/static_pod.py" --cri-sandbox "$1" "$K/logs/$1" > "$K/$1-pod.json" &&
+      python3 "$B/static_pod.py" --cri-container "$GPUNODES" "$2" "$x" "$K/binds" "${KBINDS[@]}" -- "${ENVS[@]}" -- "${CMD[@]}" > "$K/$1-ctr.json" &&
+      kpod=$(crictl runp "$K/$1-pod.json") && kid=$(crictl create --no-pull "$kpod" "$K/$1-ctr.json" "$K/$1-pod.json")
+  }
+  # cri_gone P: pod $kpod removed by crictl rmp -f (kpod emptied), its container's task gone.
+  cri_gone() {
+    if crictl rmp -f "$kpod" >/dev/null && kpod= && ! kctr tasks ls -q 2>/dev/null | grep -qx "$kid"; then ok "$1: crictl rmp -f"
+    else bad "$1: crictl rmp -f: ${kpod:-the pod removed, container $kid still running}"; fi
+  }
+  x=$W/k2-x; mkdir -p "$x"
+  if cri_pod gpucr-k2 "$IMAGE" && crictl start "$kid" >/dev/null && started K2 "$x"; then
+    before_checkpoint "$x"; m=$(mark); t=$(secs); archive=$K/k2-checkpoint.tar
+    if crictl checkpoint --export="$archive" "$kid" >/dev/null && [ -f "$archive" ]; then
+      ok "K2. crictl checkpoint --export ($(took "$t"), $(du -h "$archive" | cut -f1))"
+      gpu_logged K2 "$m" "GPU state checkpointed"
+      verify "K2. left running after the checkpoint" "$x" kctr tasks kill -s SIGUSR1 "$kid"
+      inspected K2 "crictl's archive" "$archive"
+      cri_gone "K2. the pod removed"
+      # containerd 2.x's CreateContainer takes an image that is a file as a checkpoint archive.
+      m=$(mark); t=$(secs)
+      if cri_pod gpucr-k2r "$archive" && crictl start "$kid" >/dev/null && restored "$kid"; then
+        ok "K2. crictl create with the archive as its image, crictl start: restored by containerd ($(took "$t"))"
+        gpu_logged K2 "$m" "GPU state restored"
+        verify "K2. restored" "$x" kctr tasks kill -s SIGUSR1 "$kid"
+        holds_gpu K2 "$kid" "$gpu"
+        cri_gone "K2. the restored pod removed"
+      else bad "K2. no container restored from the archive"; grep -iE "error|fail" "$K/containerd.log" | tail -5; fi
+    else bad "K2. crictl checkpoint --export"; fi
+  else bad "K2. crictl runp, create, start $IMAGE"; grep -iE "error|fail" "$K/containerd.log" | tail -10; fi
+  [ -z "$kpod" ] || crictl rmp -f "$kpod" >/dev/null # what a failed step left
 fi
 
 echo "== the integration's log"; cat "$W/action.log"
