@@ -48,7 +48,7 @@ bundle: build
 engines: bundle
 	bash scripts/bundle-engines.sh
 
-# kube: the kubelet and containerd 2.x (built from the Go module proxy) and the bundle, for
+# kube: the kubelet, containerd 2.x and crictl (built from the Go module proxy) and the bundle, for
 # engines_plan.sh's kube part on the GPU machine (kube/, git-ignored; docs/kubernetes.md).
 kube: bundle
 	bash scripts/bundle-kube.sh

@@ -39,6 +39,10 @@
 # GPUCR_ENGINES_WORKLOAD=counter runs test/workloads/counter (64 MiB, checked on SIGUSR1)
 # instead of holder.py: the same engine mechanics on a machine without a GPU, where the
 # integration never starts gpucr.
+# CRIU_FAULT=130 in the plan's environment (CRIU's fault injection: no hardware breakpoints)
+# reaches CRIU through the engines and runc: needed on a VM where the breakpoint CRIU sets to
+# catch its parasite's exit never stops the task, so that every dump hangs (the CPU build
+# machine's Linux 6.18 guest); CRIU then steps through the parasite's syscalls instead.
 set -uo pipefail
 cd "$(dirname "$0")"
 B=$PWD; G=$B/gpucr; export GPUCR_CRIU=$B/criu/criu
@@ -447,10 +451,14 @@ EOF
   }
   # restored ID: containerd logged the restore of container ID.
   restored() { [ -n "$1" ] && grep -q "Restored container $1 successfully" "$K/containerd.log"; }
+  # gpu_nodes DIR: the names of the GPU nodes in DIR (nvidia0 nvidia1 ...).
+  gpu_nodes() {
+    local d n=(); for d in "$1"/nvidia[0-9]*; do [[ ${d##*/} =~ ^nvidia[0-9]+$ ]] && n+=("${d##*/}"); done; echo "${n[*]}"
+  }
   # holds_gpu P ID GIVEN: the GPU nodes in container ID's /dev are GIVEN (its GPUs' node names).
   holds_gpu() {
     local pid held; pid=$(kctr tasks ls 2>/dev/null | awk -v c="$2" '$1 == c {print $2}')
-    held=$(ls "/proc/$pid/root/dev" 2>/dev/null | grep -E '^nvidia[0-9]+$' | tr '\n' ' ' | sed 's/ $//')
+    held=$(gpu_nodes "/proc/$pid/root/dev")
     [ -n "$3" ] && [ "$held" = "$3" ] && ok "$1. the restored container holds the GPU it was given: $held" ||
       bad "$1. the restored container holds /dev/{${held}}, it was given ${3:-nothing}"
   }
@@ -490,7 +498,7 @@ EOF
   stop_kubelet; crictl rmp -fa >/dev/null
   # The GPU as a device plugin's Allocate (or CDI) resolves it, handed over in the CRI
   # ContainerConfig's devices: its node and the driver's control nodes there are.
-  gpu=; for d in "$DEVS"/nvidia[0-9]*; do [[ ${d##*/} =~ ^nvidia[0-9]+$ ]] && { gpu=${d##*/}; break; }; done
+  gpu=$(gpu_nodes "$DEVS"); gpu=${gpu%% *}
   GPUNODES=$DEVS/$gpu; for n in nvidiactl nvidia-uvm nvidia-uvm-tools; do [ -e "$DEVS/$n" ] && GPUNODES+=,$DEVS/$n; done
   # cri_pod NAME IMAGE: crictl runp a pod sandbox NAME, crictl create its container "work" of
   # IMAGE (K1's container, exchange directory $x) in it: the IDs in kpod and kid.

@@ -15,7 +15,7 @@ Usage: static_pod.py --cri-container DEVICE,... IMAGE X BINDS MOUNT... -- ENV...
   plugin's Allocate or CDI. It carries an annotation as the kubelet's containers do:
   containerd 2.2.x panics restoring a checkpoint of a container that had none (its
   CRImportCheckpoint writes into the checkpointed container's nil annotation map;
-  containerd/containerd#12763, fixed after 2.2).
+  containerd/containerd#12763, fixed in 2.3.0).
 Usage: static_pod.py --post URL
   POSTs to the kubelet's URL (its own self-signed certificate, anonymous access) and prints
   the answer: the checkpoint endpoint's {"items": [ARCHIVE]}; exit 1 and the status on an
