@@ -107,6 +107,37 @@ func (a *Action) initPID() (int, error) {
 // preDump locks and checkpoints the GPUs of the tree CRIU is about to freeze, records
 // them in the image, and starts the rollback watcher. Any failure rolls the GPUs back and
 // aborts the dump: the container keeps running.
+// findGPUs reads the tree of the container's first process root and finds its GPU
+// processes, each with its start time; an error that matches proctree.ErrNoProcess means a
+// process exited meanwhile and the tree is worth reading again.
+func (a *Action) findGPUs(ctx context.Context, root int) (engine.Found, []txn.GPUProc, []proctree.Process, error) {
+	tree, err := proctree.Tree(root)
+	if err != nil {
+		return engine.Found{}, nil, nil, err
+	}
+	found, err := engine.Inspect(ctx, a.Backends, nil, proctree.Snap("/proc", tree), nil)
+	if err != nil {
+		return engine.Found{}, nil, nil, err
+	}
+	if len(found.Plugins) > 0 {
+		p := found.Plugins[0]
+		return engine.Found{}, nil, nil, fmt.Errorf("process %d holds %s GPU state, which CRIU's plugin saves: containers with such GPUs are not supported yet", p.PID, p.Backend.Name())
+	}
+	found = found.DropExited()
+	held := make([]txn.GPUProc, len(found.GPUs))
+	for i, p := range found.GPUs {
+		proc, err := procOf(p.PID)
+		if err != nil {
+			return engine.Found{}, nil, nil, err
+		}
+		held[i] = txn.GPUProc{Backend: p.Backend.Name(), Proc: proc}
+	}
+	return found, held, tree, nil
+}
+
+// procOf is txn.ProcOf; tests make a process exit at this point.
+var procOf = txn.ProcOf
+
 func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	imgDir := a.Getenv(envImageDir)
 	if _, err := os.Stat(filepath.Join(imgDir, RecordName)); err == nil {
@@ -117,19 +148,20 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
-	tree, err := proctree.Tree(root)
+	// A process of the container can exit while it is being looked at (a short-lived
+	// child holding a device file): the tree is then read again, without it.
+	var found engine.Found
+	var held []txn.GPUProc
+	var tree []proctree.Process
+	for try := 0; ; try++ {
+		found, held, tree, err = a.findGPUs(ctx, root)
+		if !errors.Is(err, proctree.ErrNoProcess) || try == 4 {
+			break
+		}
+	}
 	if err != nil {
 		return err
 	}
-	found, err := engine.Inspect(ctx, a.Backends, nil, proctree.Snap("/proc", tree), nil)
-	if err != nil {
-		return err
-	}
-	if len(found.Plugins) > 0 {
-		p := found.Plugins[0]
-		return fmt.Errorf("process %d holds %s GPU state, which CRIU's plugin saves: containers with such GPUs are not supported yet", p.PID, p.Backend.Name())
-	}
-	found = found.DropExited()
 	gpus, snaps := found.GPUs, found.Snapshots
 	if len(gpus) == 0 {
 		log.Info("no GPU processes", "processes", len(tree), "gpuProcesses", 0)
@@ -142,14 +174,6 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	rec, err := json.MarshalIndent(Record{GpucrVersion: a.Version, GPUs: innerSnapshots(snaps, inner)}, "", "  ")
 	if err != nil {
 		return err
-	}
-	held := make([]txn.GPUProc, len(gpus))
-	for i, p := range gpus {
-		proc, err := txn.ProcOf(p.PID)
-		if err != nil {
-			return err
-		}
-		held[i] = txn.GPUProc{Backend: p.Backend.Name(), Proc: proc}
 	}
 	heldPath := filepath.Join(a.StateDir, fmt.Sprintf("dump-%d.json", a.CRIUPID))
 	if err := writeJSON(heldPath, held); err != nil {

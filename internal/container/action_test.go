@@ -546,3 +546,28 @@ func TestRollBackWaitsForTheEngineToThaw(t *testing.T) {
 		t.Fatalf("GPU calls %v", got)
 	}
 }
+
+// A GPU process that exits while the pre-dump looks at the tree (here: between being
+// found and having its start time read, as a short-lived child holding a device file did
+// in CI) does not fail the dump: the tree is read again, and the GPU processes still
+// there are checkpointed.
+func TestPreDumpReadsTheTreeAgainWhenAProcessExits(t *testing.T) {
+	p := testutil.StartSleeper(t)
+	f := &fakeGPU{pid: p.Process.Pid}
+	a := newAction(t, f, "pre-dump", p.Process.Pid)
+	exited := false
+	procOf = func(pid int) (txn.Proc, error) {
+		if !exited {
+			exited = true
+			return txn.Proc{}, fmt.Errorf("process %d: %w", pid, proctree.ErrNoProcess)
+		}
+		return txn.ProcOf(pid)
+	}
+	t.Cleanup(func() { procOf = txn.ProcOf })
+	if err := a.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := f.log(); !slices.Equal(got, []string{"lock", "checkpoint"}) {
+		t.Fatalf("GPU calls %v, want the process locked and checkpointed", got)
+	}
+}
