@@ -104,9 +104,6 @@ func (a *Action) initPID() (int, error) {
 	return pid, nil
 }
 
-// preDump locks and checkpoints the GPUs of the tree CRIU is about to freeze, records
-// them in the image, and starts the rollback watcher. Any failure rolls the GPUs back and
-// aborts the dump: the container keeps running.
 // findGPUs reads the tree of the container's first process root and finds its GPU
 // processes, each with its start time; an error that matches proctree.ErrNoProcess means a
 // process exited meanwhile and the tree is worth reading again.
@@ -138,6 +135,9 @@ func (a *Action) findGPUs(ctx context.Context, root int) (engine.Found, []txn.GP
 // procOf is txn.ProcOf; tests make a process exit at this point.
 var procOf = txn.ProcOf
 
+// preDump locks and checkpoints the GPUs of the tree CRIU is about to freeze, records
+// them in the image, and starts the rollback watcher. Any failure rolls the GPUs back and
+// aborts the dump: the container keeps running.
 func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	imgDir := a.Getenv(envImageDir)
 	if _, err := os.Stat(filepath.Join(imgDir, RecordName)); err == nil {

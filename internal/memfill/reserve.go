@@ -19,12 +19,11 @@ import (
 // bytes under the image directory, each handed whole to a segment of the save and cut to
 // its size; what no segment takes is removed.
 type Reserve struct {
-	dir     string // the files, out of the image's own directories
-	stop    atomic.Bool
-	wg      sync.WaitGroup
-	mu      sync.Mutex
-	ready   []string
-	stopped bool
+	dir   string // the files, out of the image's own directories
+	stop  atomic.Bool
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	ready []string // allocated, not yet taken; what is allocated after take is left to Release
 }
 
 // reserveDir is where a Reserve allocates, in the image directory.
@@ -57,9 +56,7 @@ func ReserveFor(imageDir string, bytes int64) *Reserve {
 					return
 				}
 				r.mu.Lock()
-				if !r.stopped {
-					r.ready = append(r.ready, path)
-				}
+				r.ready = append(r.ready, path)
 				r.mu.Unlock()
 			}
 		}()
@@ -86,7 +83,7 @@ func (r *Reserve) take() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := r.ready
-	r.ready, r.stopped = nil, true
+	r.ready = nil
 	return out
 }
 
