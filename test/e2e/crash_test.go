@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -120,6 +122,47 @@ func TestKilledCheckpointRollsBack(t *testing.T) {
 			}
 			w.checkRunsOn(t, "gpucr was killed at "+point)
 			onlyImages(t, dir)
+		})
+	}
+}
+
+// With the image on a tmpfs and the GPU processes holding device memory, the checkpoint
+// allocates the image's memory ahead while the driver stages (memfill.Reserve). Killed
+// while it allocates, while the save takes it, or after, gpucr leaves the workload running
+// and nothing of the reserve: no image, or a whole one; and a checkpoint not killed leaves
+// no reserve in its image either.
+func TestKilledCheckpointIntoReservedMemoryRollsBack(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	env := append([]string{"FAKECUDA_CHECKPOINT_MS=400", "FAKENVML_PROCESS_MEMORY=" + strconv.Itoa(512<<20)}, drv.env...)
+	for _, point := range []string{"start gpu-checkpoint+150ms", "start memory-save", "end memory-save", "end commit", ""} {
+		t.Run("killed at "+point, func(t *testing.T) {
+			host, w, _ := crashSetup(t, drv)
+			shm, err := os.MkdirTemp("/dev/shm", "gpucr-e2e-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(shm) })
+			dir := filepath.Join(shm, "img")
+			args := append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir, "--leave-running"}, host.flags()...)
+			if point == "" {
+				mustGpucrEnv(t, env, args...)
+			} else {
+				killedAt(t, point, env, args...)
+			}
+			host.checkClean(t)
+			untraced(t, w.pid)
+			if st := drv.state(w.pid); st != "0" {
+				t.Fatalf("GPU state %s, want 0 (running)", st)
+			}
+			w.checkRunsOn(t, "gpucr was killed at "+point)
+			onlyImages(t, dir)
+			if _, err := os.Stat(filepath.Join(dir, ".gpucr-reserve")); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("the reserved memory is left in the image: %v", err)
+			}
+			if _, err := os.Stat(dir); point == "" && err != nil {
+				t.Fatalf("no image after the checkpoint: %v", err)
+			}
 		})
 	}
 }

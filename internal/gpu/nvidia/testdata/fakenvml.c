@@ -106,6 +106,9 @@ nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t d, int *cur, int *pending) {
 static nvmlReturn_t procs(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *out) {
 	unsigned int n = 0;
 	const char *dir = getenv("FAKEGPU_DIR");
+	/* FAKENVML_PROCESS_MEMORY: the device memory each process uses, in bytes (1 MiB). */
+	const char *mem = getenv("FAKENVML_PROCESS_MEMORY");
+	unsigned long long used = mem ? strtoull(mem, NULL, 10) : 1 << 20;
 	DIR *dp = (dir && d->index == 0) ? opendir(dir) : NULL;
 	struct dirent *e;
 	while (dp && (e = readdir(dp))) {
@@ -114,7 +117,7 @@ static nvmlReturn_t procs(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t
 		if (n < *count && out) {
 			memset(&out[n], 0, sizeof out[n]);
 			out[n].pid = (unsigned int)pid;
-			out[n].usedGpuMemory = 1 << 20;
+			out[n].usedGpuMemory = used;
 			out[n].gpuInstanceId = out[n].computeInstanceId = 0xFFFFFFFF;
 		}
 		n++;
