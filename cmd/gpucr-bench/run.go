@@ -16,6 +16,7 @@ import (
 	"github.com/dustin/go-humanize"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu/nvidia/cuda"
+	"github.com/gpucr/gpucr/internal/hwbreak"
 )
 
 type config struct {
@@ -151,7 +152,7 @@ func baseline(cfg config, drv *cuda.Driver, pid int, img string, r *Run) error {
 	}
 	r.Phases["driver-checkpoint"] = time.Since(t0).Seconds()
 	t1 := time.Now()
-	if out, err := exec.Command(cfg.criu, "dump", "-t", strconv.Itoa(pid), "-D", img, "-v1", "-o", "dump.log").CombinedOutput(); err != nil {
+	if out, err := hwbreak.Command(cfg.criu, "dump", "-t", strconv.Itoa(pid), "-D", img, "-v1", "-o", "dump.log").CombinedOutput(); err != nil {
 		return fmt.Errorf("criu dump: %v: %s", err, out)
 	}
 	r.Phases["criu-dump"] = time.Since(t1).Seconds()
@@ -165,7 +166,7 @@ func baseline(cfg config, drv *cuda.Driver, pid int, img string, r *Run) error {
 	waitGone(pid)
 
 	t2 := time.Now()
-	if out, err := exec.Command(cfg.criu, "restore", "-D", img, "-d", "-v1", "-o", "restore.log").CombinedOutput(); err != nil {
+	if out, err := hwbreak.Command(cfg.criu, "restore", "-D", img, "-d", "-v1", "-o", "restore.log").CombinedOutput(); err != nil {
 		return fmt.Errorf("criu restore: %v: %s", err, out)
 	}
 	r.Phases["criu-restore"] = time.Since(t2).Seconds()

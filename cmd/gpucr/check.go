@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
 )
@@ -37,7 +38,10 @@ type criuStatus struct {
 	Path        string `json:"path,omitempty"`
 	Version     string `json:"version,omitempty"`
 	KernelCheck string `json:"kernelCheck,omitempty"`
-	Error       string `json:"error,omitempty"`
+	// Env is what gpucr adds to CRIU's environment on this host (hwbreak): CRIU_FAULT=130
+	// where hardware breakpoints never fire.
+	Env   []string `json:"env,omitempty"`
+	Error string   `json:"error,omitempty"`
 }
 
 // gpuStatus is one GPU vendor's readiness on this host.
@@ -85,6 +89,11 @@ func (a *app) check(ctx context.Context) checkReport {
 		} else {
 			r.CRIU.OK = true
 		}
+	}
+	r.CRIU.Env = hwbreak.CRIUEnv()
+	if len(r.CRIU.Env) > 0 {
+		r.Notes = append(r.Notes, fmt.Sprintf("hardware breakpoints never fire on this host: gpucr runs CRIU with %s; "+
+			"set it for container engines that run CRIU themselves (podman, containerd, CRI-O), or their dumps hang", strings.Join(r.CRIU.Env, " ")))
 	}
 	ready, off := gpu.Probe(a.gpuConfig(r.CRIU.Path))
 	notes := map[string]string{}

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/proctree"
 )
 
@@ -167,7 +168,7 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...str
 		global = append(global, "--criu", r.CRIU)
 	}
 	cmd := exec.CommandContext(ctx, r.Path, append(global, args...)...)
-	cmd.Env = append(append(os.Environ(), ActionSkipEnv+"=skip"), env...)
+	cmd.Env = append(append(append(os.Environ(), ActionSkipEnv+"=skip"), hwbreak.CRIUEnv()...), env...)
 	if args[0] == "restore" {
 		// runc dies with gpucr, so that a killed gpucr's rollback never races a restore
 		// still creating the container. The signal follows the thread that started runc:

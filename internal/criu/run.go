@@ -13,6 +13,8 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/internal/hwbreak"
 )
 
 // Log file names CRIU writes into the work directory.
@@ -70,9 +72,10 @@ type Options struct {
 	Env []string
 }
 
-// childEnv is what CRIU's process gets on top of gpucr's environment.
+// childEnv is what CRIU's process gets on top of gpucr's environment: what this host needs
+// of CRIU first, so that a setting of the caller's can override it.
 func (o Options) childEnv() []string {
-	env := append([]string(nil), o.Env...)
+	env := append(hwbreak.CRIUEnv(), o.Env...)
 	if o.PluginDir != "" {
 		env = append(env, "CRIU_LIBS_DIR="+o.PluginDir)
 	}

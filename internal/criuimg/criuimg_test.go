@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -59,7 +60,7 @@ func dumpTree(t *testing.T) (string, int) {
 	}
 
 	dir := t.TempDir()
-	out, err := exec.Command(criu, "dump", "-t", strconv.Itoa(pid), "-D", dir, "-v1", "-o", "dump.log").CombinedOutput()
+	out, err := hwbreak.Command(criu, "dump", "-t", strconv.Itoa(pid), "-D", dir, "-v1", "-o", "dump.log").CombinedOutput()
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(dir, "dump.log"))
 		t.Fatalf("criu dump: %v\n%s\n%s", err, out, log)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -61,7 +62,7 @@ func TestMissingFilesNameTheirUsers(t *testing.T) {
 		}
 	}
 	img := t.TempDir()
-	if out, err := exec.Command(criu, "dump", "-t", strconv.Itoa(pid), "-D", img, "-o", "dump.log").CombinedOutput(); err != nil {
+	if out, err := hwbreak.Command(criu, "dump", "-t", strconv.Itoa(pid), "-D", img, "-o", "dump.log").CombinedOutput(); err != nil {
 		t.Fatalf("criu dump: %v\n%s", err, out)
 	}
 	if missing, err := MissingFiles(img); err != nil || missing != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -66,7 +67,7 @@ func counterBundle(t *testing.T, runc, criuConfig string, counterArgs ...string)
 			t.Fatal(err)
 		}
 	}
-	if out, err := exec.Command(runc, "spec", "--bundle", b).CombinedOutput(); err != nil {
+	if out, err := hwbreak.Command(runc, "spec", "--bundle", b).CombinedOutput(); err != nil {
 		t.Fatalf("runc spec: %v\n%s", err, out)
 	}
 	if counterArgs != nil {
@@ -105,7 +106,7 @@ func counterBundle(t *testing.T, runc, criuConfig string, counterArgs ...string)
 func containerID(t *testing.T, runc, name string) string {
 	id := fmt.Sprintf("gpucr-test-%d-%s", os.Getpid(), name)
 	t.Cleanup(func() {
-		_ = exec.Command(runc, "delete", "--force", id).Run()
+		_ = hwbreak.Command(runc, "delete", "--force", id).Run()
 		testutil.Reap()
 	})
 	return id
@@ -122,7 +123,7 @@ func runcRun(t *testing.T, runc, bundle, id string) {
 func mustRunc(t *testing.T, runc string, args ...string) {
 	t.Helper()
 	log := filepath.Join(t.TempDir(), "runc.log")
-	if err := exec.Command(runc, append([]string{"--log", log}, args...)...).Run(); err != nil {
+	if err := hwbreak.Command(runc, append([]string{"--log", log}, args...)...).Run(); err != nil {
 		b, _ := os.ReadFile(log)
 		t.Fatalf("runc %s: %v\n%s", strings.Join(args, " "), err, b)
 	}
@@ -163,7 +164,7 @@ func checkCountsOn(t *testing.T, bundle string, frozen int) {
 }
 
 func gone(runc, id string) bool {
-	return exec.Command(runc, "state", id).Run() != nil
+	return hwbreak.Command(runc, "state", id).Run() != nil
 }
 
 func TestContainerCheckpointRestoreThroughGpucr(t *testing.T) {
@@ -212,7 +213,7 @@ func TestContainerLeaveRunningAndFailedCheckpointKeepItRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stdout.Close()
-	run := exec.Command(runc, "run", "--detach", "--bundle", bad, badID)
+	run := hwbreak.Command(runc, "run", "--detach", "--bundle", bad, badID)
 	run.Stdout, run.Stderr = stdout, stdout
 	if err := run.Run(); err != nil {
 		t.Fatalf("runc run: %v", err)
@@ -277,8 +278,8 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 	waitContainerCount(t, gpuBundle, 3)
 	drv.claim(t, runcInitPID(t, runc, id3))
 	gpuImg := filepath.Join(tmp, "gpu-img")
-	ck := exec.Command(runc, "--criu", criuPath, "checkpoint", "--image-path", gpuImg, "--work-path", filepath.Join(tmp, "work3"), id3)
-	ck.Env = append(os.Environ(), drv.env...)
+	ck := hwbreak.Command(runc, "--criu", criuPath, "checkpoint", "--image-path", gpuImg, "--work-path", filepath.Join(tmp, "work3"), id3)
+	ck.Env = append(ck.Env, drv.env...)
 	if out, err := ck.CombinedOutput(); err != nil {
 		b, _ := os.ReadFile(log)
 		t.Fatalf("runc checkpoint of a GPU container: %v: %s\ngpucr's log:\n%s", err, out, b)
@@ -297,7 +298,7 @@ func TestPlainRuncWithIntegration(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs := exec.Command(runc, "--criu", criuPath, "restore", "--detach", "--image-path", gpuImg, "--work-path", filepath.Join(tmp, "work4"), "--bundle", gpuBundle, id4)
+	rs := hwbreak.Command(runc, "--criu", criuPath, "restore", "--detach", "--image-path", gpuImg, "--work-path", filepath.Join(tmp, "work4"), "--bundle", gpuBundle, id4)
 	rs.Stdout, rs.Stderr = f, f
 	err = rs.Run()
 	f.Close()
@@ -389,11 +390,11 @@ func integrationGPURoundTrip(t *testing.T, dev map[string]any) gpuRoundTrip {
 	read := func(path string) func() string { return func() string { b, _ := os.ReadFile(path); return string(b) } }
 	// The fake's two GPUs differ in model and L2 size: those checks would refuse the move,
 	// and are switched off as a user would.
-	env := append(append(os.Environ(), drv.env...), "FAKECUDA_LOG="+calls, "NV_MODEL_CHECK=0", "NV_L2_CHECK=0")
+	env := append(append([]string(nil), drv.env...), "FAKECUDA_LOG="+calls, "NV_MODEL_CHECK=0", "NV_L2_CHECK=0")
 	runcWith := func(args ...string) {
 		t.Helper()
-		c := exec.Command(runc, append([]string{"--criu", criuPath}, args...)...)
-		c.Env = env
+		c := hwbreak.Command(runc, append([]string{"--criu", criuPath}, args...)...)
+		c.Env = append(c.Env, env...)
 		if out, err := c.CombinedOutput(); err != nil {
 			t.Fatalf("runc %s: %v: %s\ngpucr's log:\n%s", args[0], err, out, read(log)())
 		}
@@ -506,7 +507,7 @@ func TestEngineOwnedContainerIsRefused(t *testing.T) {
 		t.Error("a refused checkpoint left an image")
 	}
 	waitContainerCount(t, bundle, n+3)
-	if out, err := exec.Command(runc, "state", id).Output(); err != nil || !strings.Contains(string(out), `"running"`) {
+	if out, err := hwbreak.Command(runc, "state", id).Output(); err != nil || !strings.Contains(string(out), `"running"`) {
 		t.Errorf("runc state after the refusal: %v\n%s", err, out)
 	}
 }
@@ -548,7 +549,7 @@ func counterContainer(t *testing.T, name string, args ...string) (runc, bundle, 
 // runcInitPID is the host's PID of container id's init, as runc knows it.
 func runcInitPID(t *testing.T, runc, id string) int {
 	t.Helper()
-	out, err := exec.Command(runc, "state", id).Output()
+	out, err := hwbreak.Command(runc, "state", id).Output()
 	var st struct {
 		PID int `json:"pid"`
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
@@ -417,9 +418,9 @@ func startIntegrationContainer(t *testing.T, drv *fakeDriver, conf, log, name st
 
 // checkpointLeavingRunning is plain `runc checkpoint --leave-running` of c, with env added.
 func (c integrationContainer) checkpointLeavingRunning(t *testing.T, env []string) ([]byte, error) {
-	ck := exec.Command(c.runc, "--criu", c.criu, "checkpoint", "--image-path", filepath.Join(t.TempDir(), "img"),
+	ck := hwbreak.Command(c.runc, "--criu", c.criu, "checkpoint", "--image-path", filepath.Join(t.TempDir(), "img"),
 		"--work-path", t.TempDir(), "--leave-running", c.id)
-	ck.Env = append(os.Environ(), env...)
+	ck.Env = append(ck.Env, env...)
 	return ck.CombinedOutput()
 }
 
@@ -498,7 +499,7 @@ func TestActionScriptCheckpointsAPausedContainer(t *testing.T) {
 	drv := newFakeDriver(t)
 	conf, log := installIntegration(t)
 	c := startIntegrationContainer(t, drv, conf, log, "paused")
-	if out, err := exec.Command(c.runc, "pause", c.id).CombinedOutput(); err != nil {
+	if out, err := hwbreak.Command(c.runc, "pause", c.id).CombinedOutput(); err != nil {
 		t.Fatalf("runc pause: %v: %s", err, out)
 	}
 	out, err := c.checkpointLeavingRunning(t, drv.env)
@@ -509,10 +510,10 @@ func TestActionScriptCheckpointsAPausedContainer(t *testing.T) {
 	if !strings.Contains(string(b), "thawed for the GPU driver") || !strings.Contains(string(b), "GPU state checkpointed") {
 		t.Fatalf("the action script did not thaw and checkpoint the GPU state; its log:\n%s", b)
 	}
-	if st, err := exec.Command(c.runc, "state", c.id).Output(); err != nil || !strings.Contains(string(st), `"paused"`) {
+	if st, err := hwbreak.Command(c.runc, "state", c.id).Output(); err != nil || !strings.Contains(string(st), `"paused"`) {
 		t.Fatalf("container not left paused as the engine paused it: %v %s", err, st)
 	}
-	if out, err := exec.Command(c.runc, "resume", c.id).CombinedOutput(); err != nil {
+	if out, err := hwbreak.Command(c.runc, "resume", c.id).CombinedOutput(); err != nil {
 		t.Fatalf("runc resume: %v: %s", err, out)
 	}
 	c.gpuRunsAgain(t, drv, "once the engine resumed the container")

@@ -3,12 +3,12 @@ package e2e
 import (
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -21,7 +21,7 @@ func plainCRIURestore(t *testing.T, criuDir string) {
 		t.Fatal(err)
 	}
 	work := t.TempDir()
-	out, err := exec.Command(d.Path, "restore", "-D", criuDir, "--restore-detached", "-W", work, "-o", "restore.log", "-v4").CombinedOutput()
+	out, err := hwbreak.Command(d.Path, "restore", "-D", criuDir, "--restore-detached", "-W", work, "-o", "restore.log", "-v4").CombinedOutput()
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(work, "restore.log"))
 		t.Fatalf("criu restore -D %s: %v\n%s\n%s", criuDir, err, out, log)
