@@ -44,8 +44,10 @@ func TestCheckAgreesWithCRIU(t *testing.T) {
 	if _, err := os.Stat(criu); err != nil || os.Geteuid() != 0 {
 		testutil.SkipOrFail(t, fmt.Sprintf("need root and criu at %s (euid %d, %v)", criu, os.Geteuid(), err))
 	}
-	t.Setenv(FaultVar, "") // so that the check is what decides
-	os.Unsetenv(FaultVar)
+	t.Setenv(FaultVar, "") // restored when the test ends; unset, so that the check decides
+	if err := os.Unsetenv(FaultVar); err != nil {
+		t.Fatal(err)
+	}
 	fire, err := Fire()
 	if err != nil {
 		t.Fatalf("check failed: %v", err)
