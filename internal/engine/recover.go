@@ -50,7 +50,7 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 	switch rec.Op {
 	case txn.OpCheckpoint:
 		if c := rec.Container; c != nil && c.Paused {
-			if err := resumeContainer(ctx, c); err != nil {
+			if err := resumeContainer(ctx, c, rec.Tree); err != nil {
 				errs = append(errs, err)
 			}
 		}
@@ -247,6 +247,11 @@ func killHolders(log *slog.Logger, dirs []string) {
 	waitExited(pids, 5*time.Second)
 }
 
+// anyAlive says whether a process of tree is still the process it was.
+func anyAlive(tree []txn.Proc) bool {
+	return slices.ContainsFunc(tree, txn.Proc.Alive)
+}
+
 // killCreated kills the processes a restore created: those at the image's PIDs (tree) that
 // started no earlier than the restoring gpucr (since, its start time), children first. A
 // process that took one of the PIDs before CRIU could is not the restore's, and lives.
@@ -262,14 +267,20 @@ func killCreated(tree []txn.Proc, since uint64) {
 	waitExited(pids, 5*time.Second)
 }
 
-// resumeContainer thaws a container a checkpoint paused.
-func resumeContainer(ctx context.Context, c *txn.Container) error {
-	if len(c.Runtime) == 0 {
+// resumeContainer thaws a container a checkpoint paused, whose processes were tree. A
+// container that runs already (a runtime whose dump failed may have resumed it) or whose
+// processes are all gone (it stopped, or was deleted) has nothing left frozen: the rollback
+// is done, not failed forever at every later gpucr run.
+func resumeContainer(ctx context.Context, c *txn.Container, tree []txn.Proc) error {
+	if len(c.Runtime) == 0 && anyAlive(tree) {
 		return fmt.Errorf("container %s is left paused: no runtime recorded", c.ID)
 	}
+	if len(c.Runtime) == 0 {
+		return nil
+	}
 	out, err := runRuntime(ctx, c, "resume", c.ID)
-	if err == nil || runtimeStatus(ctx, c) == "running" {
-		return nil // a runtime whose dump failed may have resumed it already
+	if err == nil || runtimeStatus(ctx, c) == "running" || !anyAlive(tree) {
+		return nil
 	}
 	return fmt.Errorf("container %s is left paused (%s resume): %w: %s", c.ID, c.Runtime[0], err, bytes.TrimSpace(out))
 }
