@@ -2,6 +2,7 @@ package hwbreak
 
 import (
 	"fmt"
+	"os"
 	"os/exec"
 	"runtime"
 	"syscall"
@@ -19,9 +20,9 @@ const dr7Local0 = 1
 // after exec, and lets it go on: where breakpoints work it stops there at once with
 // SIGTRAP, where they do not it runs to its exit. Either way the answer is quick.
 func fires() (bool, error) {
-	path, err := exec.LookPath("true")
+	path, err := traceable()
 	if err != nil {
-		return false, fmt.Errorf("no program to trace: %w", err)
+		return false, err
 	}
 	// Every ptrace request must come from the thread that became the tracer.
 	runtime.LockOSThread()
@@ -65,6 +66,20 @@ func fires() (bool, error) {
 		return true, nil
 	}
 	return false, fmt.Errorf("traced child stopped by %v, not the breakpoint", ws.StopSignal())
+}
+
+// traceable finds `true`: in PATH, or where Debian and others put it, for a gpucr started
+// with a bare environment (by a container runtime's hook, say).
+func traceable() (string, error) {
+	if path, err := exec.LookPath("true"); err == nil {
+		return path, nil
+	}
+	for _, path := range []string{"/usr/bin/true", "/bin/true"} {
+		if _, err := os.Stat(path); err == nil {
+			return path, nil
+		}
+	}
+	return "", fmt.Errorf("no program to trace: no true in PATH, /usr/bin or /bin")
 }
 
 func pokeUser(pid int, offset, value uintptr) error {
