@@ -93,18 +93,31 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err := image.CheckSizes(r.Dir, local); err != nil {
 		return nil, err
 	}
-	if err := image.CheckSums(r.Dir, meta); err != nil {
+	// root is where CRIU's files are checked and restored from: the image itself, or
+	// private copies where others could change them under the restore.
+	root, err := e.pinned(op, r.Dir, local)
+	if err != nil {
 		return nil, err
 	}
-	if err := memfill.CheckPages(image.CRIUPath(r.Dir)); err != nil {
+	if root != r.Dir {
+		defer os.RemoveAll(root)
+		pinnedFiles, _ := image.SplitPinned(local)
+		if err := image.CheckSizes(root, pinnedFiles); err != nil {
+			return nil, err
+		}
+	}
+	if err := image.CheckSums(root, meta); err != nil {
 		return nil, err
 	}
-	verify := startVerify(r.Dir, memory, time.Since(start))
+	if err := memfill.CheckPages(image.CRIUPath(root)); err != nil {
+		return nil, err
+	}
+	verify := startVerify(root, r.Dir, memory, time.Since(start))
 	defer func() { _ = verify.wait() }() // never leave it reading the image after we return; its verdict was taken where it mattered
 	if err := target.Check(); err != nil {
 		return nil, verify.prefer(err)
 	}
-	plan, err := PlanGPUs(ctx, e.Backends, e.Off, m.GPUs, gpu.RestoreInput{CRIUDir: image.CRIUPath(r.Dir), GPUMap: r.GPUMap, Skips: r.Skips})
+	plan, err := PlanGPUs(ctx, e.Backends, e.Off, m.GPUs, gpu.RestoreInput{CRIUDir: image.CRIUPath(root), GPUMap: r.GPUMap, Skips: r.Skips})
 	if err != nil {
 		return nil, err
 	}
@@ -154,12 +167,12 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	default:
 		split = m.Leaves()
 	}
-	fill, err := e.planFill(r.Dir, r.Streamed.memory(r.Dir, filled), work, m, split)
+	fill, err := e.planFill(root, r.Streamed.memory(r.Dir, filled), work, m, split)
 	if err != nil {
 		return nil, verify.prefer(err)
 	}
 	spec := RestoreSpec{
-		RestoreRequest: criu.RestoreRequest{ImagesDir: image.CRIUPath(r.Dir), WorkDir: work, Options: opts},
+		RestoreRequest: criu.RestoreRequest{ImagesDir: image.CRIUPath(root), WorkDir: work, Options: opts},
 		Timer:          t,
 		Verified:       verify.wait,
 		Procs:          func() ([]txn.Proc, []txn.GPUProc) { return imageProcs(m, gpus) },
@@ -248,18 +261,45 @@ type verification struct {
 	took time.Duration
 }
 
-// startVerify starts checking the checksums of files; its time, added to before (the
-// checks already made), overlaps CRIU's restore, so it is recorded but not shown as a phase
-// of its own while it runs.
-func startVerify(dir string, files []image.File, before time.Duration) *verification {
+// startVerify starts checking the checksums of files: those a restore pins in root, the
+// memory gpucr saved in dir. Its time, added to before (the checks already made), overlaps
+// CRIU's restore, so it is recorded but not shown as a phase of its own while it runs.
+func startVerify(root, dir string, files []image.File, before time.Duration) *verification {
 	v := &verification{done: make(chan struct{})}
 	go func() {
 		defer close(v.done)
 		start := time.Now()
-		v.err = image.CheckSums(dir, files)
+		pinned, mem := image.SplitPinned(files)
+		if v.err = image.CheckSums(root, pinned); v.err == nil {
+			v.err = image.CheckSums(dir, mem)
+		}
 		v.took = before + time.Since(start)
 	}()
 	return v
+}
+
+// pinned returns the image root a restore of dir checks and hands to CRIU: dir itself
+// when only root can change what CRIU reads there, else a private copy of those files
+// (image.Pin), journaled so that a killed gpucr's rollback removes it.
+func (e *Engine) pinned(op *Op, dir string, files []image.File) (string, error) {
+	safe, err := image.OnlyRootCanChange(dir, files)
+	if err != nil || safe {
+		return dir, err
+	}
+	private, err := os.MkdirTemp("", "gpucr-image-*")
+	if err != nil {
+		return "", fmt.Errorf("private copy of the image: %w", err)
+	}
+	if err := op.Update(func(rec *txn.Record) { rec.Paths = append(rec.Paths, private) }); err != nil {
+		os.RemoveAll(private)
+		return "", err
+	}
+	e.Logger().Info("others may write in the image's directory: CRIU's files are copied to a private directory, checked and restored from there", "dir", dir, "copy", private)
+	if err := image.Pin(dir, private, files); err != nil {
+		os.RemoveAll(private)
+		return "", err
+	}
+	return private, nil
 }
 
 // splitMemory separates the files of raw memory — CRIU's page files, which CRIU copies

@@ -1,0 +1,124 @@
+package image
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"syscall"
+
+	"github.com/gpucr/gpucr/internal/beneath"
+	"github.com/gpucr/gpucr/internal/criuimg"
+)
+
+// What a restore verifies must be what CRIU reads: CRIU opens its files by name long after
+// gpucr checked them, so a file swapped in between (by anyone who may write in the image's
+// directory, the case a signed image on shared storage exists for) would be restored
+// unchecked. An image only root can change is used in place; any other has the files CRIU
+// reads copied to a private directory first, and those copies are what is checked and
+// restored. The memory gpucr saved itself (criuimg.MemDir) needs neither: the fill verifies each
+// byte as it reads it.
+
+// OnlyRootCanChange reports whether nobody but root can change or add a file that a restore
+// of dir hands to CRIU: every directory from / to dir's criu/ is root's and not writable by
+// others (a sticky one, as /tmp, may be, above the image), and so are files.
+func OnlyRootCanChange(dir string, files []File) (bool, error) {
+	real, err := filepath.EvalSymlinks(CRIUPath(dir))
+	if err != nil {
+		return false, fmt.Errorf("image %s: %w", dir, err)
+	}
+	for d := real; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return false, fmt.Errorf("image %s: %w", dir, err)
+		}
+		// Others may not add files to criu/ itself, sticky or not: CRIU opens optional
+		// images that the manifest does not list.
+		sticky := fi.Mode()&fs.ModeSticky != 0 && d != real
+		if !rootOnly(fi) && !(sticky && owner(fi) == 0) {
+			return false, nil
+		}
+		if d == "/" {
+			break
+		}
+	}
+	pinned, _ := SplitPinned(files)
+	for _, f := range pinned {
+		fi, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(f.Path)))
+		if err != nil {
+			return false, nil // checked, and named, by CheckSizes
+		}
+		if !rootOnly(fi) {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// rootOnly: owned by root, writable by no one else.
+func rootOnly(fi fs.FileInfo) bool { return owner(fi) == 0 && fi.Mode().Perm()&0o022 == 0 }
+
+func owner(fi fs.FileInfo) uint32 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Uid
+	}
+	return ^uint32(0)
+}
+
+// SplitPinned separates the files a restore pins (all but criuimg.MemDir's: CRIU's, and
+// what else the image lists) from the memory gpucr saved itself.
+func SplitPinned(files []File) (pinned, mem []File) {
+	for _, f := range files {
+		if path.Dir(f.Path) == criuimg.MemDir {
+			mem = append(mem, f)
+		} else {
+			pinned = append(pinned, f)
+		}
+	}
+	return pinned, mem
+}
+
+// Pin copies the files of dir that a restore hands to CRIU (all listed but criuimg.MemDir's) into
+// private, an empty directory only root can write, under the same relative paths: an image
+// root to check and restore from in dir's place (its memory still read from dir). It never
+// follows a symlink or leaves dir. The copies are checked afterwards, not here.
+func Pin(dir, private string, files []File) error {
+	if err := os.MkdirAll(CRIUPath(private), 0o700); err != nil {
+		return fmt.Errorf("private copy of %s: %w", dir, err)
+	}
+	pinned, _ := SplitPinned(files)
+	for _, f := range pinned {
+		if err := pinFile(dir, private, f.Path); err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) && errors.Is(err, fs.ErrNotExist) {
+				return &CorruptError{f.Path, "missing"}
+			}
+			return fmt.Errorf("private copy of %s: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+func pinFile(dir, private, rel string) error {
+	src, err := beneath.Open(dir, filepath.FromSlash(rel))
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	to := filepath.Join(private, filepath.FromSlash(rel))
+	if err := os.MkdirAll(filepath.Dir(to), 0o700); err != nil {
+		return err
+	}
+	dst, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		return err
+	}
+	return dst.Close()
+}
