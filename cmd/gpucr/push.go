@@ -92,7 +92,7 @@ func printPush(a *app, out transferOutput) {
 // requests.
 func classifyStore(err error) error {
 	switch {
-	case errors.Is(err, store.ErrBadLocation), errors.Is(err, chunked.ErrExists), errors.Is(err, chunked.ErrNotEmpty):
+	case errors.Is(err, store.ErrBadLocation), errors.Is(err, chunked.ErrExists), errors.Is(err, chunked.ErrNotEmpty), errors.Is(err, chunked.ErrNotStore):
 		return usageError{err}
 	}
 	return classify(err)

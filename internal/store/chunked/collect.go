@@ -22,6 +22,10 @@ type Collected struct {
 	Stopped bool
 }
 
+// ErrNotStore means a collection was pointed at a directory that holds what gpucr never
+// writes in a store's chunks/: a directory of the user's, not a store.
+var ErrNotStore = errors.New("not a gpucr store")
+
 // collectBatch is how many chunks a collection removes between two looks for a push.
 const collectBatch = 64
 
@@ -32,6 +36,9 @@ const collectBatch = 64
 // push that starts, and removes nothing if any checkpoint's manifest cannot be read (its
 // chunks are unknown). With dryRun it only counts.
 func Collect(ctx context.Context, st store.Store, dir string, dryRun bool) (*Collected, error) {
+	if err := checkStore(ctx, st, dir); err != nil {
+		return nil, err
+	}
 	l, err := takeLease(ctx, st, dir, kindCollect)
 	if err != nil {
 		return nil, err
@@ -51,7 +58,7 @@ func Collect(ctx context.Context, st store.Store, dir string, dryRun bool) (*Col
 	}
 	var unref []store.Entry
 	for _, e := range chunks {
-		if !e.Dir && !refs[e.Name()] {
+		if !refs[e.Name()] {
 			unref = append(unref, e)
 		}
 	}
@@ -90,6 +97,35 @@ func Collect(ctx context.Context, st store.Store, dir string, dryRun bool) (*Col
 		}
 	}
 	return c, nil
+}
+
+// checkStore refuses a directory whose chunks/ holds anything but chunks, before anything
+// is written there: it is someone's own directory, not a store, and a collection would
+// remove their files.
+func checkStore(ctx context.Context, st store.Store, dir string) error {
+	chunks, err := st.List(ctx, chunksKey(dir))
+	if err != nil {
+		return err
+	}
+	for _, e := range chunks {
+		if e.Dir || !isChunkName(e.Name()) {
+			return fmt.Errorf("%w: %s holds %q, which is no chunk; nothing was removed", ErrNotStore, st.URL(chunksKey(dir)), e.Name())
+		}
+	}
+	return nil
+}
+
+// isChunkName says whether name is a chunk's: its sha256, in lowercase hex.
+func isChunkName(name string) bool {
+	if len(name) != 64 {
+		return false
+	}
+	for _, c := range name {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // idle fails with ErrBusy, naming them, if others hold leases in l's directory.

@@ -351,3 +351,37 @@ func done(wg *sync.WaitGroup) bool {
 		return false
 	}
 }
+
+// A collection pointed at a directory that is not a store (its chunks/ holds a file that
+// is no chunk) removes nothing and writes nothing there: a hostile test lost a user's
+// results.csv to `gpucr gc` of their project directory.
+func TestCollectRefusesADirectoryThatIsNoStore(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := open(t)
+			for _, key := range []string{"mine/chunks/results.csv", "mine/chunks/" + strings.Repeat("a", 64), "mine/notes.txt"} {
+				if err := st.Put(ctx, key, strings.NewReader("data"), 4); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, dry := range []bool{true, false} {
+				if c, err := chunked.Collect(ctx, st, "mine", dry); !errors.Is(err, chunked.ErrNotStore) || !strings.Contains(err.Error(), "results.csv") {
+					t.Fatalf("collect (dry run %v) of a directory that is no store = %+v, %v; want ErrNotStore naming results.csv", dry, c, err)
+				}
+			}
+			if names := chunkNames(t, st, "mine"); len(names) != 2 {
+				t.Errorf("chunks/ after the refused collection: %q, want both files kept", names)
+			}
+			es, err := st.List(ctx, "mine")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range es {
+				if e.Name() != chunked.ChunksDir && e.Name() != "notes.txt" {
+					t.Errorf("the refused collection wrote %s", e.Key)
+				}
+			}
+		})
+	}
+}
