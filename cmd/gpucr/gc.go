@@ -78,7 +78,7 @@ func (a *app) gcCmd() *cobra.Command {
 			}
 			c, err := chunked.Collect(ctx, st, dir, dryRun)
 			if err != nil {
-				return err
+				return classifyStore(err)
 			}
 			out := newCollectOutput(st, dir, c)
 			out.DryRun = dryRun

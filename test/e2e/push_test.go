@@ -151,6 +151,8 @@ func TestStoreErrors(t *testing.T) {
 
 	wrong := append(srv.Env(), "AWS_SECRET_ACCESS_KEY=not-the-secret")
 	closed := append(srv.Env(), "GPUCR_S3_ENDPOINT=http://"+storetest.FreeAddr(t))
+	notStore := t.TempDir() // a project directory with a chunks/ of its own
+	testutil.WriteFile(t, filepath.Join(notStore, "chunks", "results.csv"), []byte("data"))
 	tests := []struct {
 		name string
 		env  []string
@@ -167,6 +169,7 @@ func TestStoreErrors(t *testing.T) {
 		{"other scheme", nil, []string{"ls", "gs://bucket"}, 2, "only s3:// URLs and local paths"},
 		{"rm of no checkpoint", srv.Env(), []string{"rm", url + "-missing"}, 1, "no complete checkpoint"},
 		{"gc of another scheme", nil, []string{"gc", "gs://bucket"}, 2, "only s3:// URLs and local paths"},
+		{"gc of a directory that is no store", nil, []string{"gc", notStore}, 2, "\"results.csv\", which is no chunk; nothing was removed"},
 		{"bad endpoint", []string{"GPUCR_S3_ENDPOINT=localhost:9000"}, []string{"ls", url}, 1, "must be an http:// or https:// URL"},
 	}
 	for _, tt := range tests {
