@@ -103,6 +103,9 @@ func (p *processTree) Open(context.Context) ([]proctree.Process, error) {
 	if err != nil {
 		return nil, err
 	}
+	if tree[0].Kernel {
+		return nil, fmt.Errorf("%w: PID %d is a kernel thread (%s), with nothing of a process to checkpoint", ErrBadTarget, pid, tree[0].Command)
+	}
 	if slices.Contains(proctree.PIDs(tree), os.Getpid()) {
 		return nil, fmt.Errorf("%w: gpucr itself runs inside the tree of PID %d", ErrBadTarget, pid)
 	}

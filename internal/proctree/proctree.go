@@ -28,6 +28,8 @@ type Process struct {
 	// signal, t stopped by its tracer, Z a zombie.
 	State  byte
 	Zombie bool // exited, its resources freed, waiting for its parent to reap it
+	// Kernel marks a kernel thread (PF_KTHREAD): it has no user memory, nothing to dump.
+	Kernel bool
 	// Start is when the process started, in clock ticks since boot: with the PID it names
 	// one process for good, so a PID reused by another is never taken for it.
 	Start uint64
@@ -95,6 +97,9 @@ func scan() ([]Process, error) {
 	return out, nil
 }
 
+// pfKthread is the kernel's PF_KTHREAD flag (include/linux/sched.h).
+const pfKthread = 0x00200000
+
 // read parses /proc/PID/stat; the command sits in parentheses and may itself hold them.
 func read(pid int) (Process, error) {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
@@ -107,7 +112,8 @@ func read(pid int) (Process, error) {
 		return Process{}, fmt.Errorf("parse /proc/%d/stat", pid)
 	}
 	fields := strings.Fields(s[end+1:])
-	// After the command: state(0) ppid(1) ... num_threads(17) itrealvalue(18) starttime(19).
+	// After the command: state(0) ppid(1) pgrp(2) session(3) tty(4) tpgid(5) flags(6) ...
+	// num_threads(17) itrealvalue(18) starttime(19).
 	if len(fields) < 20 {
 		return Process{}, fmt.Errorf("parse /proc/%d/stat: %d fields", pid, len(fields))
 	}
@@ -131,8 +137,12 @@ func read(pid int) (Process, error) {
 	if err != nil {
 		return Process{}, fmt.Errorf("parse /proc/%d/stat starttime: %w", pid, err)
 	}
+	flags, err := strconv.ParseUint(fields[6], 10, 64)
+	if err != nil {
+		return Process{}, fmt.Errorf("parse /proc/%d/stat flags: %w", pid, err)
+	}
 	return Process{PID: pid, PPID: ppid, Pgrp: pgrp, Session: session, Command: s[open+1 : end], Threads: threads,
-		State: fields[0][0], Zombie: fields[0] == "Z", Start: start}, nil
+		State: fields[0][0], Zombie: fields[0] == "Z", Kernel: flags&pfKthread != 0, Start: start}, nil
 }
 
 // PIDs lists the PIDs of ps in order.

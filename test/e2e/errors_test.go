@@ -155,6 +155,8 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 	}{
 		{"no such pid", []string{"checkpoint", "999999999", "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "no such process"},
 		{"pid 1", []string{"checkpoint", "1", "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "PID 1"},
+		{"a kernel thread", []string{"checkpoint", "2", "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "PID 2 is a kernel thread (kthreadd)"},
+		{"a kernel thread, dry run", []string{"checkpoint", "2", "--dry-run", "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "PID 2 is a kernel thread"},
 		{"own tree", []string{"checkpoint", strconv.Itoa(os.Getpid()), "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "gpucr itself"},
 		{"not a number", []string{"checkpoint", "abc", "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "not a number"},
 		{"dir not empty", []string{"checkpoint", pid, "-D", notEmpty}, exitUsage, "not empty"},
