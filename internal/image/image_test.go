@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -584,5 +585,31 @@ func abort(t *testing.T, s *Staging) {
 	t.Helper()
 	if err := s.Abort(); err != nil {
 		t.Error(err)
+	}
+}
+
+// A symlink or a mount point cannot take the finished image's rename: refused up front,
+// before any checkpoint pauses a workload for it.
+func TestBeginRefusesSymlinksAndMountPoints(t *testing.T) {
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(t.TempDir(), link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Begin(link); !errors.Is(err, ErrNotAPlace) {
+		t.Errorf("Begin on a symlink to an empty directory = %v, want ErrNotAPlace", err)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(mnt, 0) })
+	if _, err := Begin(mnt); !errors.Is(err, ErrNotAPlace) {
+		t.Errorf("Begin on a mount point = %v, want ErrNotAPlace", err)
 	}
 }

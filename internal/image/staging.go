@@ -15,6 +15,8 @@ import (
 	"sync"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/signing"
@@ -27,6 +29,10 @@ var (
 	// ErrParentMissing means the image directory's parent does not exist; gpucr does not
 	// create it, so a mistyped path fails instead of scattering directories.
 	ErrParentMissing = errors.New("image directory's parent does not exist")
+	// ErrNotAPlace means the image directory is a symlink or a mount point: the finished
+	// image is renamed into place, which neither can take, so the checkpoint would pause
+	// the workload for an image it could never keep.
+	ErrNotAPlace = errors.New("image directory cannot take an image")
 )
 
 // partialMark is in the name of every staging directory, which Load refuses by name: a
@@ -104,14 +110,24 @@ func BeginAt(final, staging string) (*Staging, error) {
 // as Begin does: for images that arrive otherwise than by a checkpoint (an imported archive).
 func CheckFinal(final string) error { return checkFinal(filepath.Clean(final)) }
 
-// checkFinal accepts a final path that is absent or an empty directory.
+// checkFinal accepts a final path that is absent or an empty directory, not a symlink or
+// a mount point.
 func checkFinal(final string) error {
-	fi, err := os.Stat(final)
+	fi, err := os.Lstat(final)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("image directory %s: %w", final, err)
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		to, _ := os.Readlink(final)
+		return sentinelf(ErrNotAPlace, "image directory %s is a symlink (to %s): give a path that is not one", final, to)
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, final, unix.AT_SYMLINK_NOFOLLOW, 0, &stx); err == nil &&
+		stx.Attributes_mask&unix.STATX_ATTR_MOUNT_ROOT != 0 && stx.Attributes&unix.STATX_ATTR_MOUNT_ROOT != 0 {
+		return sentinelf(ErrNotAPlace, "image directory %s is a mount point: give a new directory inside it", final)
 	}
 	if !fi.IsDir() {
 		return fmt.Errorf("image directory %s exists and is not a directory", final)

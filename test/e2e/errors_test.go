@@ -136,6 +136,12 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 	w := startCounter(t)
 	pid := strconv.Itoa(w.pid)
 	notEmpty := t.TempDir()
+	// A symlink to an empty directory passed the checks, and the checkpoint paused the
+	// workload for an image the final rename could not put there.
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(t.TempDir(), link); err != nil {
+		t.Fatal(err)
+	}
 	aFile := filepath.Join(t.TempDir(), "file")
 	for _, f := range []string{filepath.Join(notEmpty, "x"), aFile} {
 		if err := os.WriteFile(f, nil, 0o644); err != nil {
@@ -160,6 +166,7 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 		{"own tree", []string{"checkpoint", strconv.Itoa(os.Getpid()), "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "gpucr itself"},
 		{"not a number", []string{"checkpoint", "abc", "-D", filepath.Join(t.TempDir(), "i")}, exitUsage, "not a number"},
 		{"dir not empty", []string{"checkpoint", pid, "-D", notEmpty}, exitUsage, "not empty"},
+		{"dir a symlink", []string{"checkpoint", pid, "-D", link}, exitUsage, "is a symlink"},
 		{"dir not writable", []string{"checkpoint", pid, "-D", filepath.Join(readOnly, "img")}, exitFailed, "not writable"},
 		{"parent is a file", []string{"checkpoint", pid, "-D", filepath.Join(aFile, "img")}, exitFailed, "not a directory"},
 		{"no criu", []string{"checkpoint", pid, "-D", filepath.Join(t.TempDir(), "i"), "--criu", "/nonexistent/criu"}, exitNotReady, "criu not found"},
