@@ -429,3 +429,22 @@ func ParentDeathSignal(dir string) (int, error) {
 	}
 	return int(core[0].GetThreadCore().GetPdeathSig()), nil
 }
+
+// ThreadIDs maps the IDs of the image's threads, other than each process's main thread
+// (its PID), to the PID of their process: CRIU restores them as they were, and fails
+// halfway, creating the processes first, when one is taken.
+func ThreadIDs(dir string) (map[int]int, error) {
+	tree, err := decode(os.DirFS(dir), "pstree.img", &pstree.PstreeEntry{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]int{}
+	for _, t := range tree {
+		for _, tid := range t.GetThreads() {
+			if tid != t.GetPid() {
+				out[int(tid)] = int(t.GetPid())
+			}
+		}
+	}
+	return out, nil
+}

@@ -2,7 +2,10 @@ package engine
 
 import (
 	"errors"
+	"fmt"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,15 +26,45 @@ func TestRestoreWaitsForAPIDHeldAsAProcessGroup(t *testing.T) {
 	pgid := leader.Process.Pid
 	m := &image.Manifest{Processes: []image.Process{{PID: pgid, Command: "worker"}}}
 
-	err := waitPIDsFree(m, 200*time.Millisecond)
+	err := waitPIDsFree(m, nil, 200*time.Millisecond)
 	if !errors.Is(err, ErrPIDInUse) || !strings.Contains(err.Error(), "process group ID of") || !strings.Contains(err.Error(), "sleep") {
 		t.Fatalf("with the group still alive: %v, want ErrPIDInUse naming the group's sleep", err)
 	}
 	start := time.Now()
-	if err := waitPIDsFree(m, 10*time.Second); err != nil {
+	if err := waitPIDsFree(m, nil, 10*time.Second); err != nil {
 		t.Fatalf("waiting for the group to go: %v", err)
 	}
 	if waited := time.Since(start); waited > 5*time.Second {
 		t.Errorf("waited %v for a group that ends within 1.5 s", waited)
+	}
+}
+
+// A thread ID of the image that a thread here holds is named before CRIU starts: CRIU
+// created the processes and then failed with "Unable to create a thread: -17" (found by a
+// hostile test). Here the holder is one of this test's own threads.
+func TestRestoreNamesATakenThreadID(t *testing.T) {
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tid := 0
+	for _, e := range tasks {
+		if n, _ := strconv.Atoi(e.Name()); n != os.Getpid() {
+			tid = n
+			break
+		}
+	}
+	if tid == 0 {
+		t.Fatal("the test process has one thread")
+	}
+	const pid = 1 << 22 // above any PID the kernel hands out: free
+	m := &image.Manifest{Processes: []image.Process{{PID: pid, Command: "worker"}}}
+	err = waitPIDsFree(m, map[int]int{tid: pid}, time.Second)
+	want := fmt.Sprintf("thread %d of PID %d (worker in the image) is held by", tid, pid)
+	if !errors.Is(err, ErrPIDInUse) || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), fmt.Sprintf("(PID %d)", os.Getpid())) {
+		t.Fatalf("restore with a thread ID taken: %v, want ErrPIDInUse with %q naming this process", err, want)
+	}
+	if err := waitPIDsFree(m, map[int]int{pid + 1: pid}, time.Second); err != nil {
+		t.Fatalf("restore with its thread IDs free: %v", err)
 	}
 }

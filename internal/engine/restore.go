@@ -454,13 +454,13 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps 
 // that reaps slowly, hold their PIDs and their session and group IDs until reaped.
 const pidWait = 10 * time.Second
 
-// waitPIDsFree fails up front when a PID of the image is taken: CRIU restores the original
-// PIDs, and would otherwise fail halfway. PIDs held by exited processes are waited for, at
-// most limit; a live holder is named at once.
-func waitPIDsFree(m *image.Manifest, limit time.Duration) error {
+// waitPIDsFree fails up front when a PID or thread ID (tids: thread to its process) of the
+// image is taken: CRIU restores the original IDs, and would otherwise fail halfway. IDs
+// held by exited processes are waited for, at most limit; a live holder is named at once.
+func waitPIDsFree(m *image.Manifest, tids map[int]int, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
-		taken, err := pidsTaken(m)
+		taken, err := pidsTaken(m, tids)
 		if err != nil || taken == nil {
 			return err
 		}
@@ -477,6 +477,7 @@ type pidTaken struct {
 	img    image.Process
 	holder proctree.Process
 	as     string // "", "process group", "session"
+	tid    int    // a thread of img's whose ID is the holder's, or one of its threads'
 }
 
 func (t *pidTaken) err() error {
@@ -488,12 +489,17 @@ func (t *pidTaken) err() error {
 	if t.as != "" {
 		what = "is the " + t.as + " ID of"
 	}
+	if t.tid != 0 {
+		return fmt.Errorf("%w: thread %d of PID %d (%s in the image) is held by %s; stop it or restore in a fresh PID namespace",
+			ErrPIDInUse, t.tid, t.img.PID, t.img.Command, held)
+	}
 	return fmt.Errorf("%w: PID %d (%s in the image) %s %s; stop it or restore in a fresh PID namespace",
 		ErrPIDInUse, t.img.PID, t.img.Command, what, held)
 }
 
-// pidsTaken finds the first image PID that a process, or a process group or session, uses.
-func pidsTaken(m *image.Manifest) (*pidTaken, error) {
+// pidsTaken finds the first image PID that a process, or a process group or session, uses,
+// or else the first of the image's thread IDs (tids) that a process or thread here has.
+func pidsTaken(m *image.Manifest, tids map[int]int) (*pidTaken, error) {
 	all, err := proctree.All()
 	if err != nil {
 		return nil, err
@@ -514,6 +520,21 @@ func pidsTaken(m *image.Manifest) (*pidTaken, error) {
 		if p, ok := want[q.Session]; ok {
 			return &pidTaken{img: p, holder: q, as: "session"}, nil
 		}
+	}
+	for _, tid := range slices.Sorted(maps.Keys(tids)) {
+		// /proc lists processes only, but opens any thread's ID: its Tgid is its process.
+		tgid, err := proctree.ThreadGroup(tid)
+		if errors.Is(err, proctree.ErrNoProcess) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		holder, err := proctree.Read(tgid)
+		if err != nil {
+			continue // gone since
+		}
+		return &pidTaken{img: want[tids[tid]], holder: holder, tid: tid}, nil
 	}
 	return nil, nil
 }

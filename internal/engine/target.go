@@ -281,7 +281,11 @@ func (ti *treeImage) Check() error {
 			"without a parent-death signal on its first process", ErrTreeImage, ti.m.RootPID, ti.rootCommand(), sig)
 	}
 	if !ti.m.OwnPIDNamespace() {
-		if err := waitPIDsFree(ti.m, pidWait); err != nil {
+		tids, err := criuimg.ThreadIDs(image.CRIUPath(ti.dir))
+		if err != nil {
+			return err
+		}
+		if err := waitPIDsFree(ti.m, tids, pidWait); err != nil {
 			return err
 		}
 	}

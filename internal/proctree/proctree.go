@@ -197,7 +197,14 @@ func Holding(dir string) ([]int, error) {
 
 // Tracer returns the PID of the process tracing pid (CRIU, while it freezes or restores
 // it), or 0.
-func Tracer(pid int) (int, error) {
+func Tracer(pid int) (int, error) { return statusNumber(pid, "TracerPid:") }
+
+// ThreadGroup returns the process (thread group) that the thread tid belongs to; tid may
+// be any thread's ID, which /proc does not list but opens.
+func ThreadGroup(tid int) (int, error) { return statusNumber(tid, "Tgid:") }
+
+// statusNumber reads the number after key in /proc/PID/status.
+func statusNumber(pid int, key string) (int, error) {
 	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
 	if errors.Is(err, os.ErrNotExist) {
 		return 0, fmt.Errorf("process %d: %w", pid, ErrNoProcess)
@@ -206,11 +213,11 @@ func Tracer(pid int) (int, error) {
 		return 0, err
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "TracerPid:"); ok {
+		if v, ok := strings.CutPrefix(l, key); ok {
 			return strconv.Atoi(strings.TrimSpace(v))
 		}
 	}
-	return 0, fmt.Errorf("no TracerPid in /proc/%d/status", pid)
+	return 0, fmt.Errorf("no %s in /proc/%d/status", strings.TrimSuffix(key, ":"), pid)
 }
 
 // Same reports whether pid is still the process that started at start.
