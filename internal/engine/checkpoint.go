@@ -5,11 +5,14 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit"
 
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criu"
@@ -220,6 +223,12 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return e.resumeAndCommit(ctx, op, t, &undo, target, stage, r.Dir, m, gpus, copied, pauseStart)
 	}
 	undo.Commit()
+	if r.Stream == nil {
+		// CRIU writes its statistics once the image is committed, with the umask's mode.
+		if err := os.Chmod(filepath.Join(r.Dir, image.LogsDir, crit.StatsDump), 0o600); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			e.Logger().Warn("CRIU's statistics are readable by others", "err", err)
+		}
+	}
 
 	// The image is safe: now the tree goes, or carries on.
 	where := r.Dir

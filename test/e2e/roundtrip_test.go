@@ -29,6 +29,7 @@ func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 		t.Fatalf("count went back: %d < %d", frozen, before)
 	}
 	mustGpucr(t, "verify", dir)
+	ownerOnly(t, dir)
 	// The counter's 64 MiB are one run that gpucr saved itself, while CRIU left it out of
 	// its page files, and that gpucr writes back into the restored process.
 	saved, _ := filepath.Glob(filepath.Join(dir, "mem", "*.img"))
@@ -44,6 +45,28 @@ func TestCheckpointRestoreKeepsMemoryAndCountsOn(t *testing.T) {
 	}
 	if filled := restoreCounts(t, w, dir, frozen); !filled {
 		t.Error("no memory-fill phase")
+	}
+}
+
+// ownerOnly fails t if a file of the image at dir can be read by others than its owner:
+// it holds the process's memory. (CRIU's statistics, written after the commit, were 0644.)
+func ownerOnly(t *testing.T, dir string) {
+	t.Helper()
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o077 != 0 {
+			t.Errorf("%s: mode %v, want no access for group and others", p, fi.Mode().Perm())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
