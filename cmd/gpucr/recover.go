@@ -61,6 +61,10 @@ func printRecover(a *app, out recoverOutput) {
 		fmt.Fprintln(a.stdout, "nothing to recover")
 	}
 	for _, r := range out.Recovered {
+		if r.Op == txn.OpCheckpoint && r.Committed {
+			fmt.Fprintf(a.stdout, "finished the %s of %s: its image was complete when gpucr PID %d died in %s; what still ran of it runs on\n", r.Op, r.Target, r.Owner.PID, r.Phase)
+			continue
+		}
 		fmt.Fprintf(a.stdout, "rolled back the %s of %s (gpucr PID %d died in %s)\n", r.Op, r.Target, r.Owner.PID, r.Phase)
 	}
 	for _, pid := range out.Resumed {

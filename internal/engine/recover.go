@@ -17,6 +17,7 @@ import (
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/hosttune"
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
 )
@@ -49,6 +50,9 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 	var errs []error
 	switch rec.Op {
 	case txn.OpCheckpoint:
+		if final, ok := committedImage(rec); ok && !rec.Committed {
+			log.Warn("the checkpoint had committed its image before gpucr died: the image is complete", "image", final)
+		}
 		if c := rec.Container; c != nil && c.Paused {
 			if err := resumeContainer(ctx, c, rec.Tree); err != nil {
 				errs = append(errs, err)
@@ -104,6 +108,20 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 	return nil
 }
 
+// committedImage says whether a checkpoint's image is in place, and where: journaled as
+// committed, or renamed into place by a gpucr killed before it could journal that.
+func committedImage(rec txn.Record) (string, bool) {
+	if rec.Op != txn.OpCheckpoint {
+		return "", false
+	}
+	for _, p := range rec.Paths {
+		if final, ok := image.CommittedFrom(p); ok {
+			return final, true
+		}
+	}
+	return "", rec.Committed
+}
+
 // RecoverStale recovers every operation whose gpucr and guardian are both gone, and returns
 // their records. Each verb runs it first, so nothing a dead gpucr left waits for an operator.
 func (e *Engine) RecoverStale() ([]txn.Record, error) {
@@ -129,6 +147,9 @@ func (e *Engine) RecoverStale() ([]txn.Record, error) {
 		if err != nil {
 			errs = append(errs, err)
 			continue
+		}
+		if _, ok := committedImage(en.Record); ok {
+			en.Committed = true // the caller says finished, not rolled back
 		}
 		if err := e.Recover(context.Background(), j); err != nil {
 			errs = append(errs, err)

@@ -613,3 +613,34 @@ func TestBeginRefusesSymlinksAndMountPoints(t *testing.T) {
 		t.Errorf("Begin on a mount point = %v, want ErrNotAPlace", err)
 	}
 }
+
+// A staging directory renamed into place by a commit is known as committed from its path
+// alone: gpucr killed between the rename and its journal's word of it was reported as a
+// checkpoint rolled back, its image complete all the same (found by a hostile test).
+func TestCommittedFromItsStagingPath(t *testing.T) {
+	final := filepath.Join(t.TempDir(), "img")
+	staging := StagingPath(final, "checkpoint-1a2b")
+	s, err := BeginAt(final, staging)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeStaged(t, s, stagedFiles)
+	if _, ok := CommittedFrom(staging); ok {
+		t.Fatal("a staged image counts as committed")
+	}
+	if err := s.Commit(testManifest()); err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := CommittedFrom(staging); !ok || got != final {
+		t.Fatalf("CommittedFrom after the commit = %q, %v; want %q", got, ok, final)
+	}
+	if err := os.Remove(filepath.Join(final, ManifestName)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := CommittedFrom(staging); ok {
+		t.Fatal("a directory without a manifest counts as a committed image")
+	}
+	if _, ok := CommittedFrom(filepath.Join(t.TempDir(), "plain")); ok {
+		t.Fatal("a path that is no staging path counts as committed")
+	}
+}

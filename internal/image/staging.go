@@ -70,6 +70,25 @@ func StagingPath(final, tag string) string {
 	return filepath.Join(filepath.Dir(final), "."+filepath.Base(final)+partialMark+tag)
 }
 
+// CommittedFrom says whether the image staged at staging (a StagingPath) was committed:
+// the staging directory is gone and its final directory holds an image. A gpucr killed
+// between the commit's rename and its journal's word of it leaves exactly that.
+func CommittedFrom(staging string) (final string, ok bool) {
+	base := filepath.Base(staging)
+	i := strings.Index(base, partialMark)
+	if !strings.HasPrefix(base, ".") || i < 2 {
+		return "", false
+	}
+	final = filepath.Join(filepath.Dir(staging), base[1:i])
+	if _, err := os.Lstat(staging); !errors.Is(err, fs.ErrNotExist) {
+		return "", false
+	}
+	if _, err := Load(final); err != nil {
+		return "", false
+	}
+	return final, true
+}
+
 // BeginAt is Begin with the staging directory at staging (from StagingPath), or at a
 // fresh random name when staging is "".
 func BeginAt(final, staging string) (*Staging, error) {

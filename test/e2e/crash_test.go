@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/hwbreak"
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
@@ -314,7 +315,8 @@ func TestRecoverFinishesWhatGuardianAndGpucrLeft(t *testing.T) {
 	drv.claim(t, w.pid)
 	// A gpucr killed together with its guardian leaves a checkpointed process and a stale
 	// record; the record is what a real kill leaves, written here by hand.
-	mustGpucrEnv(t, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "img"), "--leave-running"}, host.flags()...)...)
+	img := filepath.Join(t.TempDir(), "img")
+	mustGpucrEnv(t, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", img, "--leave-running"}, host.flags()...)...)
 	if err := os.WriteFile(filepath.Join(drv.dir, strconv.Itoa(w.pid)), []byte("2\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -325,18 +327,26 @@ func TestRecoverFinishesWhatGuardianAndGpucrLeft(t *testing.T) {
 	if err := os.WriteFile(host.thp, []byte("[always] madvise never\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := json.Marshal(rec)
-	if err := os.WriteFile(filepath.Join(host.run, "txn", rec.ID+".json"), b, 0o600); err != nil {
-		t.Fatal(err)
+	// A gpucr killed after its commit renamed the image into place, before the journal said
+	// so: its image is complete, and recover says so instead of "rolled back".
+	done := txn.Record{ID: "checkpoint-ba9876543210", Op: txn.OpCheckpoint, Target: "PID 1234567",
+		Owner: txn.Proc{PID: 999998, Start: 1}, Phase: "commit", Paths: []string{image.StagingPath(img, "checkpoint-ba9876543210")}}
+	for _, r := range []txn.Record{rec, done} {
+		b, _ := json.Marshal(r)
+		if err := os.WriteFile(filepath.Join(host.run, "txn", r.ID+".json"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
 	check := checkJSON(t, drv, host)
-	if len(check.Operations) != 1 || check.Operations[0].Held {
-		t.Errorf("check lists operations %+v, want the stale one", check.Operations)
+	if len(check.Operations) != 2 || check.Operations[0].Held {
+		t.Errorf("check lists operations %+v, want the two stale ones", check.Operations)
 	}
 	out := mustGpucrEnv(t, drv.env, append([]string{"recover"}, host.flags()...)...)
-	if !strings.Contains(out, "rolled back the checkpoint of PID "+strconv.Itoa(w.pid)) {
+	if !strings.Contains(out, "rolled back the checkpoint of PID "+strconv.Itoa(w.pid)) ||
+		!strings.Contains(out, "finished the checkpoint of PID 1234567: its image was complete") {
 		t.Errorf("recover said: %s", out)
 	}
+	mustGpucr(t, "verify", img)
 	host.checkClean(t)
 	if st := drv.state(w.pid); st != "0" {
 		t.Fatalf("GPU state %s after recover, want 0", st)
