@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU test plan, run on the device machine from the bundle directory as root:
 #   bash plan.sh [TEST...]   (default: 1 2 3 4 5, one GPU; test 6 needs two GPUs; 7 streams;
-#   8, 9: a GPU process with a forked, a spawned child)
+#   8, 9: a GPU process with a forked, a spawned child; 10: an image others could change)
 # Prints PASS/FAIL per test and writes JSON outputs to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -175,5 +175,16 @@ with_child() {
 }
 if has 8; then with_child 8 --fork; fi
 if has 9; then with_child 9 --spawn; fi
+
+if has 10; then
+echo "== 10. an image others could change: CRIU's files copied to a private directory, the GPU restore from there"
+holder 1 pin || bad "10 start"
+"$G" checkpoint "$HP" -D "$W/imgpin" && sleep 0.5 && gone "$HP" && chmod 0777 "$W/imgpin/criu" &&
+  "$G" restore -D "$W/imgpin" -v 2> "$W/pin.log" && r=$(verify_holder "$HP" "$HD") &&
+  grep -q "copied to a private directory" "$W/pin.log" &&
+  case "$r" in *same=True*kernel=True*) ok "10 restored from the private copy: $r";; *) bad "10 $r";; esac ||
+  { bad "10 restore from a private copy"; grep -v DEBUG "$W/pin.log" | tail -5; }
+kill -9 "$HP"
+fi
 echo "== $pass passed, $fail failed"
 [ $fail -eq 0 ]
