@@ -70,15 +70,6 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err != nil {
 		return nil, err
 	}
-	if err := target.Open(ctx, r.Dir, m); err != nil {
-		return nil, err
-	}
-	op, err := e.beginRestore(target, r.Streamed)
-	if err != nil {
-		return nil, err
-	}
-	defer op.End()
-	t := e.NewTimer(op)
 	// CRIU only ever parses verified files: sizes and every file but the raw memory are
 	// checked first. CRIU's page files are checked while CRIU restores, and the memory gpucr
 	// saved itself (nearly all of a GPU image) by the fill as it reads it: no task resumes
@@ -93,14 +84,31 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err := image.CheckSizes(r.Dir, local); err != nil {
 		return nil, err
 	}
-	// root is where CRIU's files are checked and restored from: the image itself, or
-	// private copies where others could change them under the restore.
-	root, err := e.pinned(op, r.Dir, local)
+	// root is where the image's files but its memory are read, checked and restored from:
+	// the image itself, or private copies where others could change them under the restore.
+	root, private, err := e.pin(r.Dir, local)
 	if err != nil {
 		return nil, err
 	}
+	var owned []string
+	if private != nil {
+		defer func() {
+			if err := private.Close(); err != nil {
+				e.Logger().Warn("the image's private copy is left for the next gpucr to remove", "err", err)
+			}
+		}()
+		owned = []string{private.Dir}
+	}
+	if err := target.Open(ctx, root, m); err != nil {
+		return nil, err
+	}
+	op, err := e.beginRestore(target, r.Streamed, owned...)
+	if err != nil {
+		return nil, err
+	}
+	defer op.End()
+	t := e.NewTimer(op)
 	if root != r.Dir {
-		defer os.RemoveAll(root)
 		pinnedFiles, _ := image.SplitPinned(local)
 		if err := image.CheckSizes(root, pinnedFiles); err != nil {
 			return nil, err
@@ -278,28 +286,23 @@ func startVerify(root, dir string, files []image.File, before time.Duration) *ve
 	return v
 }
 
-// pinned returns the image root a restore of dir checks and hands to CRIU: dir itself
+// pin returns the image root a restore of dir reads, checks and hands to CRIU: dir itself
 // when only root can change what CRIU reads there, else a private copy of those files
-// (image.Pin), journaled so that a killed gpucr's rollback removes it.
-func (e *Engine) pinned(op *Op, dir string, files []image.File) (string, error) {
+// (image.Pin) in a journaled staging directory, which a killed gpucr's recovery removes.
+func (e *Engine) pin(dir string, files []image.File) (string, *StagingDir, error) {
 	safe, err := image.OnlyRootCanChange(dir, files)
 	if err != nil || safe {
-		return dir, err
+		return dir, nil, err
 	}
-	private, err := os.MkdirTemp("", "gpucr-image-*")
+	private, err := NewStagingDir(e.JournalRoot, "private copy of the image "+dir, "gpucr-image-")
 	if err != nil {
-		return "", fmt.Errorf("private copy of the image: %w", err)
+		return "", nil, err
 	}
-	if err := op.Update(func(rec *txn.Record) { rec.Paths = append(rec.Paths, private) }); err != nil {
-		os.RemoveAll(private)
-		return "", err
+	e.Logger().Info("others may write in the image's directory: CRIU's files are copied to a private directory, checked and restored from there", "dir", dir, "copy", private.Dir)
+	if err := image.Pin(dir, private.Dir, files); err != nil {
+		return "", nil, errors.Join(err, private.Close())
 	}
-	e.Logger().Info("others may write in the image's directory: CRIU's files are copied to a private directory, checked and restored from there", "dir", dir, "copy", private)
-	if err := image.Pin(dir, private, files); err != nil {
-		os.RemoveAll(private)
-		return "", err
-	}
-	return private, nil
+	return private.Dir, private, nil
 }
 
 // splitMemory separates the files of raw memory — CRIU's page files, which CRIU copies

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path"
+	"slices"
 	"sync"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
@@ -88,12 +89,12 @@ func (r recording) ReadPiece(ctx context.Context, path string, off int64, p []by
 
 func (r recording) Verify() error { return r.s.record(r.s.Memory.Verify()) }
 
-// beginRestore begins a restore of target, journaling the paths a streamed restore owns
-// with it.
-func (e *Engine) beginRestore(target RestoreTarget, s *Streamed) (*Op, error) {
-	var owned []string
+// beginRestore begins a restore of target, journaling with it the paths a streamed restore
+// owns and the others it names (a private copy of the image).
+func (e *Engine) beginRestore(target RestoreTarget, s *Streamed, others ...string) (*Op, error) {
+	owned := others
 	if s != nil {
-		owned = s.Owned
+		owned = append(slices.Clone(s.Owned), others...)
 	}
 	return e.begin(txn.OpRestore, target.What(), owned, target.Locks()...)
 }

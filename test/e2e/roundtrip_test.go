@@ -248,3 +248,31 @@ func TestEstablishedTCPConnectionSurvives(t *testing.T) {
 	restore(t, dir)       // the restore repeats --tcp-established from the image
 	w.waitCount(t, at+10) // each count went through the restored connection
 }
+
+// An image whose criu/ anyone may write in is restored from a private copy of CRIU's files
+// (what CRIU reads is what was checked), with its memory intact, and the copy is gone after.
+func TestRestoreOfAnImageOthersCouldChange(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "16")
+	w.waitCount(t, 3)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	testutil.WaitGone(t, w.pid)
+	frozen := w.read(t, "count")
+	if err := os.Chmod(filepath.Join(dir, "criu"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	tmp := t.TempDir()
+	_, errOut, code := gpucrEnv(t, []string{"TMPDIR=" + tmp}, "restore", "-v", "-D", dir)
+	if code != 0 || !strings.Contains(errOut, "copied to a private directory") {
+		t.Fatalf("restore: exit %d, want 0 from a private copy:\n%s", code, errOut)
+	}
+	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
+	w.waitCount(t, frozen+3)
+	if v := w.verify(t, w.pid); v != "ok" {
+		t.Fatalf("memory after the restore: %s", v)
+	}
+	if left, _ := filepath.Glob(filepath.Join(tmp, "gpucr-image-*")); len(left) > 0 {
+		t.Errorf("the private copy is left: %v", left)
+	}
+}
