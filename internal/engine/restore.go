@@ -300,6 +300,11 @@ func (e *Engine) pin(dir string, files []image.File) (string, *StagingDir, error
 	}
 	e.Logger().Info("others may write in the image's directory: CRIU's files are copied to a private directory, checked and restored from there", "dir", dir, "copy", private.Dir)
 	if err := image.Pin(dir, private.Dir, files); err != nil {
+		var ce *image.CorruptError
+		if !errors.As(err, &ce) {
+			err = fmt.Errorf("%w (the copy is made because others may write in the image's directory: "+
+				"make it and its parents writable by root only, or give $TMPDIR room)", err)
+		}
 		return "", nil, errors.Join(err, private.Close())
 	}
 	return private.Dir, private, nil
