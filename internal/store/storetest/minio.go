@@ -99,7 +99,7 @@ func Start(t testing.TB) *Server {
 		resp, err := http.Get(s.Endpoint + "/minio/health/ready")
 		if err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if resp.StatusCode == http.StatusOK && iamReady(s.Endpoint) {
 				return s
 			}
 		}
@@ -160,4 +160,18 @@ func (s *Server) Store(t testing.TB) *store.S3 {
 func (s *Server) Env() []string {
 	return []string{"GPUCR_S3_ENDPOINT=" + s.Endpoint, "AWS_ACCESS_KEY_ID=" + AccessKey,
 		"AWS_SECRET_ACCESS_KEY=" + SecretKey, "AWS_REGION=us-east-1"}
+}
+
+// iamReady says whether MinIO has loaded its identities: "ready" comes first, and until
+// then a request with an unknown key is answered XMinioIAMNotInitialized instead of
+// InvalidAccessKeyId (a CI run met it in TestS3Refusals).
+func iamReady(endpoint string) bool {
+	c, err := minio.New(strings.TrimPrefix(endpoint, "http://"), &minio.Options{Creds: credentials.NewStaticV4("gpucr-probe", "gpucr-probe-secret", "")})
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = c.ListBuckets(ctx)
+	return minio.ToErrorResponse(err).Code != "XMinioIAMNotInitialized"
 }
