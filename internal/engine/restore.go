@@ -63,6 +63,9 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
+	if dir, err := image.Resolve(r.Dir); err == nil {
+		r.Dir = dir // read through one path, fixed now: see image.Resolve
+	}
 	m, signer, err := image.LoadTrusted(r.Dir, r.Trust)
 	if errors.Is(err, signing.ErrUntrusted) {
 		return nil, fmt.Errorf("%s: %w", r.Dir, err)

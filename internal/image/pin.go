@@ -23,12 +23,21 @@ import (
 // byte as it reads it.
 
 // OnlyRootCanChange reports whether nobody but root can change or add a file that a restore
-// of dir hands to CRIU: every directory from / to dir's criu/ is root's and not writable by
-// others (a sticky one, as /tmp, may be, above the image), and so are files.
+// of dir hands to CRIU: no symlink on the way (one could be turned to another image between
+// the checks and CRIU's open; callers resolve dir first, see Resolve), every directory from
+// / to dir's criu/ root's and not writable by others (a sticky one, as /tmp, may be, above
+// the image), and so are files.
 func OnlyRootCanChange(dir string, files []File) (bool, error) {
-	real, err := filepath.EvalSymlinks(CRIUPath(dir))
+	abs, err := filepath.Abs(CRIUPath(dir))
 	if err != nil {
 		return false, fmt.Errorf("image %s: %w", dir, err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return false, fmt.Errorf("image %s: %w", dir, err)
+	}
+	if real != abs {
+		return false, nil // a symlink on the way could lead elsewhere by the time CRIU opens it
 	}
 	for d := real; ; d = filepath.Dir(d) {
 		fi, err := os.Stat(d)
@@ -41,8 +50,8 @@ func OnlyRootCanChange(dir string, files []File) (bool, error) {
 		if !rootOnly(fi) && !(sticky && owner(fi) == 0) {
 			return false, nil
 		}
-		if d == "/" {
-			break
+		if d == filepath.Dir(d) {
+			break // the root
 		}
 	}
 	pinned, _ := SplitPinned(files)
@@ -56,6 +65,21 @@ func OnlyRootCanChange(dir string, files []File) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// Resolve is dir as an absolute path with no symlink in it: a restore reads the image only
+// through it, so that a symlink retargeted midway cannot hand CRIU another image than the
+// one checked.
+func Resolve(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", dir, err)
+	}
+	real, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return "", fmt.Errorf("image %s: %w", dir, err)
+	}
+	return real, nil
 }
 
 // rootOnly: owned by root, writable by no one else.

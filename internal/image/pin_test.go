@@ -109,3 +109,24 @@ func TestPinCopiesWhatCRIUReads(t *testing.T) {
 		t.Errorf("pin of an image missing a file: %v, want it named as missing", err)
 	}
 }
+
+// A relative path is judged as its absolute one (the walk up once never reached "/": a
+// restore from the image's parent with a relative -D spun forever), and a path through a
+// symlink is not the image's own: Resolve gives the one a restore reads through.
+func TestOnlyRootCanChangeRelativeAndThroughSymlinks(t *testing.T) {
+	dir, files := pinImage(t)
+	t.Chdir(filepath.Dir(dir))
+	if ok, err := OnlyRootCanChange(filepath.Base(dir), files); err != nil || !ok {
+		t.Fatalf("relative path: %v, %v; want true", ok, err)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := OnlyRootCanChange(link, files); err != nil || ok {
+		t.Fatalf("through a symlink: %v, %v; want false", ok, err)
+	}
+	if got, err := Resolve(link); err != nil || got != dir {
+		t.Fatalf("Resolve(%s) = %q, %v; want %q", link, got, err, dir)
+	}
+}
