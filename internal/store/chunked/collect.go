@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 
 	"github.com/gpucr/gpucr/internal/parallel"
@@ -36,7 +37,13 @@ const collectBatch = 64
 // push that starts, and removes nothing if any checkpoint's manifest cannot be read (its
 // chunks are unknown). With dryRun it only counts.
 func Collect(ctx context.Context, st store.Store, dir string, dryRun bool) (*Collected, error) {
-	if err := checkStore(ctx, st, dir); err != nil {
+	return collect(ctx, st, dir, dryRun, false)
+}
+
+// collect is Collect; known says dir is a store already (a checkpoint was just deleted from
+// it), which may have no chunks/ (a checkpoint of zeros stores none).
+func collect(ctx context.Context, st store.Store, dir string, dryRun, known bool) (*Collected, error) {
+	if err := checkStore(ctx, st, dir, known); err != nil {
 		return nil, err
 	}
 	l, err := takeLease(ctx, st, dir, kindCollect)
@@ -99,10 +106,19 @@ func Collect(ctx context.Context, st store.Store, dir string, dryRun bool) (*Col
 	return c, nil
 }
 
-// checkStore refuses a directory whose chunks/ holds anything but chunks, before anything
-// is written there: it is someone's own directory, not a store, and a collection would
-// remove their files.
-func checkStore(ctx context.Context, st store.Store, dir string) error {
+// checkStore refuses a directory that holds things but no chunks/ or leases (unless known
+// to be a store), or whose chunks/ holds anything but chunks, before anything is written
+// there: it is someone's own directory, not a store, and a collection would remove their
+// files. An empty one has nothing to lose (a store before its first push).
+func checkStore(ctx context.Context, st store.Store, dir string, known bool) error {
+	top, err := st.List(ctx, dir)
+	if err != nil {
+		return err
+	}
+	ours := func(e store.Entry) bool { return e.Dir && (e.Name() == ChunksDir || e.Name() == LeasesDir) }
+	if !known && len(top) > 0 && !slices.ContainsFunc(top, ours) {
+		return fmt.Errorf("%w: %s has no %s/; nothing was removed", ErrNotStore, st.URL(dir), ChunksDir)
+	}
 	chunks, err := st.List(ctx, chunksKey(dir))
 	if err != nil {
 		return err
@@ -191,7 +207,7 @@ func Delete(ctx context.Context, st store.Store, prefix string) (*Collected, err
 	if err := st.Delete(ctx, ManifestKey(prefix)); err != nil {
 		return nil, err
 	}
-	c, err := Collect(ctx, st, ParentDir(prefix), false)
+	c, err := collect(ctx, st, ParentDir(prefix), false, true)
 	if err != nil {
 		return nil, fmt.Errorf("%s was deleted, but its chunks stay until `gpucr gc %s`: %w", st.URL(prefix), st.URL(ParentDir(prefix)), err)
 	}

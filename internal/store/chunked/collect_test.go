@@ -365,6 +365,17 @@ func TestCollectRefusesADirectoryThatIsNoStore(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
+			// Without a chunks/ at all: a push's leftovers are looked for in every folder, and
+			// a user's photos/.holiday.tmp-jpg went as one (a second hostile test).
+			if err := st.Put(ctx, "other/photos/x.jpg", strings.NewReader("data"), 4); err != nil {
+				t.Fatal(err)
+			}
+			if c, err := chunked.Collect(ctx, st, "other", false); !errors.Is(err, chunked.ErrNotStore) || !strings.Contains(err.Error(), "has no chunks/") {
+				t.Fatalf("collect of a directory without chunks/ = %+v, %v; want ErrNotStore", c, err)
+			}
+			if es, _ := st.List(ctx, "other"); len(es) != 1 {
+				t.Errorf("the refused collection left %v in the directory, want photos/ alone", es)
+			}
 			for _, dry := range []bool{true, false} {
 				if c, err := chunked.Collect(ctx, st, "mine", dry); !errors.Is(err, chunked.ErrNotStore) || !strings.Contains(err.Error(), "results.csv") {
 					t.Fatalf("collect (dry run %v) of a directory that is no store = %+v, %v; want ErrNotStore naming results.csv", dry, c, err)
