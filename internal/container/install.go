@@ -7,7 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
+
+	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
 // Where the integration goes by default. runc hands CRIU /etc/criu/runc.conf (unless a
@@ -57,7 +58,7 @@ func (in Integration) Install() error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
-	if err := rootOnly(dir); err != nil {
+	if err := rootonly.Walk(dir); err != nil {
 		return fmt.Errorf("refusing to install the CRIU integration into %s: %w", dir, err)
 	}
 	bin, err := os.ReadFile(in.Gpucr)
@@ -181,32 +182,6 @@ rc=$?
 echo "$rc" > "$ran"
 exit "$rc"
 `, shellQuote(bin), shellQuote(log), shellQuote(state), ActionSkipEnv, RecordName)
-}
-
-// rootOnly checks that path and every directory above it belong to root and are writable by
-// no one else, a root-owned sticky directory excepted.
-func rootOnly(path string) error {
-	p, err := filepath.EvalSymlinks(path)
-	if err != nil {
-		return err
-	}
-	for {
-		fi, err := os.Lstat(p)
-		if err != nil {
-			return err
-		}
-		st, ok := fi.Sys().(*syscall.Stat_t)
-		if !ok || st.Uid != 0 {
-			return fmt.Errorf("%s is not owned by root", p)
-		}
-		if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&os.ModeSticky == 0 {
-			return fmt.Errorf("%s is writable by users other than root (mode %v)", p, fi.Mode().Perm())
-		}
-		if p == "/" {
-			return nil
-		}
-		p = filepath.Dir(p)
-	}
 }
 
 // Remove takes the action script out of the configuration files, removing runc's if

@@ -8,10 +8,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"syscall"
 
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
 // What a restore verifies must be what CRIU reads: CRIU opens its files by name long after
@@ -32,27 +32,21 @@ func OnlyRootCanChange(dir string, files []File) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("image %s: %w", dir, err)
 	}
-	real, err := filepath.EvalSymlinks(abs)
+	real, err := Resolve(abs)
 	if err != nil {
-		return false, fmt.Errorf("image %s: %w", dir, err)
+		return false, err
 	}
 	if real != abs {
 		return false, nil // a symlink on the way could lead elsewhere by the time CRIU opens it
 	}
-	for d := real; ; d = filepath.Dir(d) {
-		fi, err := os.Stat(d)
-		if err != nil {
-			return false, fmt.Errorf("image %s: %w", dir, err)
-		}
-		// Others may not add files to criu/ itself, sticky or not: CRIU opens optional
-		// images that the manifest does not list.
-		sticky := fi.Mode()&fs.ModeSticky != 0 && d != real
-		if !rootOnly(fi) && !(sticky && owner(fi) == 0) {
-			return false, nil
-		}
-		if d == filepath.Dir(d) {
-			break // the root
-		}
+	// Others may not add files to criu/ itself, sticky or not: CRIU opens optional images
+	// that the manifest does not list. Above it, a root-owned sticky directory may be open.
+	fi, err := os.Stat(real)
+	if err != nil {
+		return false, fmt.Errorf("image %s: %w", dir, err)
+	}
+	if rootonly.Mode(real, fi) != nil || rootonly.Walk(filepath.Dir(real)) != nil {
+		return false, nil
 	}
 	pinned, _ := SplitPinned(files)
 	for _, f := range pinned {
@@ -60,7 +54,7 @@ func OnlyRootCanChange(dir string, files []File) (bool, error) {
 		if err != nil {
 			return false, nil // checked, and named, by CheckSizes
 		}
-		if !rootOnly(fi) {
+		if rootonly.Mode(f.Path, fi) != nil {
 			return false, nil
 		}
 	}
@@ -80,16 +74,6 @@ func Resolve(dir string) (string, error) {
 		return "", fmt.Errorf("image %s: %w", dir, err)
 	}
 	return real, nil
-}
-
-// rootOnly: owned by root, writable by no one else.
-func rootOnly(fi fs.FileInfo) bool { return owner(fi) == 0 && fi.Mode().Perm()&0o022 == 0 }
-
-func owner(fi fs.FileInfo) uint32 {
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Uid
-	}
-	return ^uint32(0)
 }
 
 // SplitPinned separates the files a restore pins (all but criuimg.MemDir's: CRIU's, and
