@@ -293,10 +293,10 @@ func killCreated(tree []txn.Proc, since uint64) {
 // processes are all gone (it stopped, or was deleted) has nothing left frozen: the rollback
 // is done, not failed forever at every later gpucr run.
 func resumeContainer(ctx context.Context, c *txn.Container, tree []txn.Proc) error {
-	if len(c.Runtime) == 0 && anyAlive(tree) {
-		return fmt.Errorf("container %s is left paused: no runtime recorded", c.ID)
-	}
 	if len(c.Runtime) == 0 {
+		if anyAlive(tree) {
+			return fmt.Errorf("container %s is left paused: no runtime recorded", c.ID)
+		}
 		return nil
 	}
 	out, err := runRuntime(ctx, c, "resume", c.ID)
