@@ -529,3 +529,37 @@ func TestActionScriptCheckpointsAPausedContainer(t *testing.T) {
 	c.gpuRunsAgain(t, drv, "once the engine resumed the container")
 	waitContainerCount(t, c.bundle, count(t, c.bundle)+3)
 }
+
+// A restore that copies CRIU's files to a private directory (the image's criu/ is writable
+// by all) and is killed before, in and after CRIU's restore leaves nothing of the copy in
+// $TMPDIR once its guardian (or the next gpucr) has recovered, and restores again.
+func TestKilledRestoreFromAPrivateCopyLeavesNoCopy(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	for _, point := range []string{"begin", "start criu-restore", "end criu-restore"} {
+		t.Run(point, func(t *testing.T) {
+			host, w, dir := crashSetup(t, drv)
+			mustGpucrEnv(t, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
+			testutil.WaitGone(t, w.pid)
+			if err := os.Chmod(filepath.Join(dir, "criu"), 0o777); err != nil {
+				t.Fatal(err)
+			}
+			tmp := t.TempDir()
+			env := append([]string{"TMPDIR=" + tmp}, drv.env...)
+			killedAt(t, point, env, append([]string{"restore", "-D", dir}, host.flags()...)...)
+			host.checkClean(t)
+			t.Cleanup(func() { testutil.KillAndReap(w.pid) })
+			gpucrEnv(t, env, append([]string{"recover"}, host.flags()...)...) // a staging record left before the restore began
+			if left, _ := filepath.Glob(filepath.Join(tmp, "gpucr-image-*")); len(left) > 0 {
+				t.Fatalf("the private copy outlived the killed restore: %v", left)
+			}
+			if !testutil.Alive(w.pid) {
+				testutil.WaitGone(t, w.pid)
+				mustGpucrEnv(t, env, append([]string{"restore", "-D", dir}, host.flags()...)...)
+			}
+			if v := w.verify(t, w.pid); v != "ok" {
+				t.Fatalf("memory after the restore: %s", v)
+			}
+		})
+	}
+}
