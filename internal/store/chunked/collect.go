@@ -124,24 +124,11 @@ func checkStore(ctx context.Context, st store.Store, dir string, known bool) err
 		return err
 	}
 	for _, e := range chunks {
-		if e.Dir || !isChunkName(e.Name()) {
+		if e.Dir || !isSHA256(e.Name()) {
 			return fmt.Errorf("%w: %s holds %q, which is no chunk; nothing was removed", ErrNotStore, st.URL(chunksKey(dir)), e.Name())
 		}
 	}
 	return nil
-}
-
-// isChunkName says whether name is a chunk's: its sha256, in lowercase hex.
-func isChunkName(name string) bool {
-	if len(name) != 64 {
-		return false
-	}
-	for _, c := range name {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // idle fails with ErrBusy, naming them, if others hold leases in l's directory.
