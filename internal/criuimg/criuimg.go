@@ -86,6 +86,9 @@ func ReadFS(fsys fs.FS) (*Summary, error) {
 	return s, nil
 }
 
+// taskDead is CRIU's task state of a zombie (TASK_DEAD in its core image).
+const taskDead = 2
+
 // readProcess reads the core, pagemap, ids and fdinfo images of one pstree entry.
 func readProcess(fsys fs.FS, t *pstree.PstreeEntry, files map[uint32]*fdinfo.FileEntry) (Process, error) {
 	pid := t.GetPid()
@@ -100,6 +103,9 @@ func readProcess(fsys fs.FS, t *pstree.PstreeEntry, files map[uint32]*fdinfo.Fil
 		return p, fmt.Errorf("read %s: no entries", name)
 	}
 	p.Command = core[0].GetTc().GetComm()
+	if core[0].GetTc().GetTaskState() == taskDead {
+		return p, nil // a zombie: CRIU writes its core alone, no memory and no files
+	}
 
 	pm, err := readPagemap(fsys, PagemapName(int(pid)))
 	if err != nil {

@@ -225,3 +225,31 @@ func FuzzReadStats(f *testing.F) {
 		}
 	})
 }
+
+// A zombie of the tree has its core image alone (CRIU restores it exited): it is read as a
+// process without memory or files, not as a damaged image. CI met one in a container's dump
+// ("open pagemap-13.img: no such file or directory" from gpucr inspect).
+func TestReadZombie(t *testing.T) {
+	u32 := proto.Uint32
+	valid := sampleImage(t)
+	dir := t.TempDir()
+	for i, b := range valid {
+		if i == 1 || i == 0 || i == len(valid)-1 { // pstree, core, files: what a zombie's tree has
+			if err := os.WriteFile(filepath.Join(dir, imageFiles[i]), b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	core := fuzzcheck.Image(t, "CORE", &criu_core.CoreEntry{
+		Mtype: criu_core.CoreEntry_X86_64.Enum(),
+		Tc: &criu_core.TaskCoreEntry{TaskState: u32(taskDead), ExitCode: u32(0), Personality: u32(0), Flags: u32(0),
+			BlkSigset: proto.Uint64(0), Comm: proto.String("sleep")},
+	})
+	if err := os.WriteFile(filepath.Join(dir, "core-1.img"), core, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Read(dir)
+	if err != nil || len(s.Processes) != 1 || s.Processes[0].MemoryBytes != 0 || s.Processes[0].Command != "sleep" {
+		t.Fatalf("Read of a zombie = %+v, %v; want one process, no memory", s, err)
+	}
+}
