@@ -83,7 +83,7 @@ func (a *app) storeAndEmit(ctx context.Context, out checkpointOutput, phases []i
 // go from CRIU through gpucr's page server to the store, and only CRIU's other files are
 // staged, in a temporary directory that is removed afterwards.
 func (a *app) checkpointStreamed(ctx context.Context, e *engine.Engine, target engine.Target, r engine.CheckpointRequest, loc string) (*transferOutput, *engine.Checkpointed, error) {
-	sc, err := a.openStream(ctx, loc)
+	sc, err := a.openStream(ctx, loc, r.Sign != nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -108,7 +108,9 @@ type streamed struct {
 	log     *slog.Logger
 }
 
-func (a *app) openStream(ctx context.Context, loc string) (*streamed, error) {
+// openStream starts a streamed checkpoint into loc; signed makes it take every file's
+// SHA-256, which a signed manifest must record.
+func (a *app) openStream(ctx context.Context, loc string, signed bool) (*streamed, error) {
 	st, prefix, err := store.Open(ctx, loc, a.cfg.s3)
 	if err != nil {
 		return nil, classifyStore(err)
@@ -119,7 +121,7 @@ func (a *app) openStream(ctx context.Context, loc string) (*streamed, error) {
 	if err != nil {
 		return nil, classify(err)
 	}
-	s, err := chunked.NewStream(ctx, st, prefix, chunked.Options{})
+	s, err := chunked.NewStream(ctx, st, prefix, chunked.Options{Signed: signed})
 	if err != nil {
 		return nil, classifyStore(errors.Join(err, staging.Close()))
 	}

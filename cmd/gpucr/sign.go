@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/ed25519"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -71,6 +72,9 @@ func (a *app) keygenCmd() *cobra.Command {
 type signOutput struct {
 	Dir   string `json:"dir"`
 	KeyID string `json:"keyId"`
+	// Dropped are the other keys whose signatures went: they covered a manifest without
+	// the SHA-256 of each file, which signing added.
+	Dropped []string `json:"droppedSignatures,omitempty"`
 }
 
 func (a *app) signCmd() *cobra.Command {
@@ -78,8 +82,11 @@ func (a *app) signCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sign DIR --key KEY",
 		Short: "Verify an image and add an ed25519 signature of its manifest",
-		Long: "sign verifies every file of the image at DIR, then signs its manifest with KEY (which covers\n" +
-			"every file, through their checksums). Signatures by other keys are kept.",
+		Long: "sign verifies every file of the image at DIR, then signs its manifest with KEY. The manifest\n" +
+			"records each file's SHA-256, so the signature covers every byte; an image checkpointed without\n" +
+			"--sign (or by an older gpucr) gets them first, in the same read, and its manifest is written\n" +
+			"again: signatures by other keys of the old manifest are then dropped (sign again with those\n" +
+			"keys). Otherwise signatures by other keys are kept.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			if keyPath == "" {
@@ -89,14 +96,18 @@ func (a *app) signCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if _, err := image.Open(args[0]); err != nil {
+			signed, err := image.Sign(args[0], key)
+			if err != nil {
 				return err
 			}
-			if err := image.Sign(args[0], key); err != nil {
-				return err
-			}
-			out := signOutput{Dir: args[0], KeyID: signing.ID(key.Public().(ed25519.PublicKey))}
-			return a.emit(out, func() { fmt.Fprintf(a.stdout, "signed %s with key %s\n", out.Dir, out.KeyID) })
+			out := signOutput{Dir: args[0], KeyID: signed.KeyID, Dropped: signed.Dropped}
+			return a.emit(out, func() {
+				fmt.Fprintf(a.stdout, "signed %s with key %s\n", out.Dir, out.KeyID)
+				if len(out.Dropped) > 0 {
+					fmt.Fprintf(a.stdout, "dropped the signatures of %s: they did not cover the files' bytes; sign again with those keys\n",
+						strings.Join(out.Dropped, ", "))
+				}
+			})
 		},
 	}
 	cmd.Flags().StringVar(&keyPath, "key", "", "the ed25519 private key (PEM, from gpucr keygen or openssl genpkey)")

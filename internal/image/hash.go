@@ -2,7 +2,6 @@ package image
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -10,8 +9,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-
-	"github.com/cespare/xxhash/v2"
 
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/parallel"
@@ -25,10 +22,10 @@ import (
 const HashChunkSize = 8 << 20
 
 // sumFiles sizes and hashes paths (slash, relative to dir) on all cores and returns them in
-// the order of paths. Commit and Verify share it so that both compute the same thing. With
-// durable, each file is also fsynced, in parallel. The first error, or ctx's end, stops the
-// work and is returned.
-func sumFiles(ctx context.Context, dir string, paths []string, durable bool) ([]File, error) {
+// the order of paths; strong(i) says whether the i-th gets its SHA-256 too. Commit and
+// Verify share it so that both compute the same thing. With durable, each file is also
+// fsynced, in parallel. The first error, or ctx's end, stops the work and is returned.
+func sumFiles(ctx context.Context, dir string, paths []string, durable bool, strong func(i int) bool) ([]File, error) {
 	files := make([]*os.File, len(paths))
 	sizes := make([]int64, len(paths))
 	defer func() {
@@ -40,7 +37,7 @@ func sumFiles(ctx context.Context, dir string, paths []string, durable bool) ([]
 	}()
 	type chunk struct{ file, index int }
 	var chunks []chunk
-	digests := make([][]uint64, len(paths))
+	pieces := make([][]Piece, len(paths))
 	for i, p := range paths {
 		f, err := beneath.Open(dir, filepath.FromSlash(p))
 		if err != nil {
@@ -53,7 +50,7 @@ func sumFiles(ctx context.Context, dir string, paths []string, durable bool) ([]
 		}
 		sizes[i] = fi.Size()
 		n := int((fi.Size() + HashChunkSize - 1) / HashChunkSize)
-		digests[i] = make([]uint64, n)
+		pieces[i] = make([]Piece, n)
 		for j := range n {
 			chunks = append(chunks, chunk{i, j})
 		}
@@ -62,11 +59,11 @@ func sumFiles(ctx context.Context, dir string, paths []string, durable bool) ([]
 	workers := runtime.GOMAXPROCS(0)
 	err := parallel.Each(ctx, chunks, workers, func() []byte { return make([]byte, HashChunkSize) },
 		func(_ context.Context, c chunk, buf []byte) error {
-			d, err := sumChunk(files[c.file], int64(c.index)*HashChunkSize, buf)
-			if err != nil {
+			n, err := files[c.file].ReadAt(buf, int64(c.index)*HashChunkSize)
+			if err != nil && !errors.Is(err, io.EOF) {
 				return fmt.Errorf("checksum %s: %w", paths[c.file], err)
 			}
-			digests[c.file][c.index] = d
+			pieces[c.file][c.index] = SumPiece(buf[:n], strong(c.file))
 			return nil
 		})
 	if err != nil {
@@ -86,44 +83,36 @@ func sumFiles(ctx context.Context, dir string, paths []string, durable bool) ([]
 	}
 	out := make([]File, len(paths))
 	for i, p := range paths {
-		out[i] = File{Path: p, Size: sizes[i], XXH64: PiecesChecksum(digests[i])}
+		out[i] = FileOf(p, sizes[i], pieces[i], strong(i))
 	}
 	return out, nil
 }
 
-// sumChunk hashes the chunk of f at off; the last chunk of a file may be short.
-func sumChunk(f *os.File, off int64, buf []byte) (uint64, error) {
-	n, err := f.ReadAt(buf, off)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return 0, err
-	}
-	return xxhash.Sum64(buf[:n]), nil
-}
-
-// Summer computes the checksum of a file from its bytes in order, the same checksum
-// Commit computes from the file itself: for files that pass through gpucr on their way to
-// a store and are never written locally.
+// Summer computes the checksums of a file from its bytes in order, the same ones Commit
+// computes from the file itself: for files that pass through gpucr on their way to a store
+// and are never written locally.
 type Summer struct {
-	h       *xxhash.Digest
-	n       int64 // bytes in the current chunk
-	size    int64
-	digests []uint64
+	h      *PieceHash
+	strong bool
+	n      int64 // bytes in the current piece
+	size   int64
+	pieces []Piece
 }
 
-// NewSummer starts the checksum of an empty file.
-func NewSummer() *Summer { return &Summer{h: xxhash.New()} }
+// NewSummer starts the checksums of an empty file; strong adds its SHA-256 (a signed image).
+func NewSummer(strong bool) *Summer { return &Summer{h: NewPieceHash(strong), strong: strong} }
 
 // Write adds the next bytes of the file; it never fails.
 func (s *Summer) Write(p []byte) (int, error) {
 	n := len(p)
 	for len(p) > 0 {
 		k := min(int64(len(p)), HashChunkSize-s.n)
-		s.h.Write(p[:k])
+		s.h.Add(p[:k])
 		s.n += k
 		s.size += k
 		p = p[k:]
 		if s.n == HashChunkSize {
-			s.digests = append(s.digests, s.h.Sum64())
+			s.pieces = append(s.pieces, s.h.Sum())
 			s.h.Reset()
 			s.n = 0
 		}
@@ -133,24 +122,9 @@ func (s *Summer) Write(p []byte) (int, error) {
 
 // File is the manifest entry of the file at path with the bytes written so far.
 func (s *Summer) File(path string) File {
-	digests := s.digests
+	pieces := s.pieces
 	if s.n > 0 {
-		digests = append(slices.Clip(digests), s.h.Sum64())
+		pieces = append(slices.Clip(pieces), s.h.Sum())
 	}
-	return File{Path: path, Size: s.size, XXH64: PiecesChecksum(digests)}
-}
-
-// PiecesChecksum is the checksum of a file, as a manifest writes it, from the xxh64
-// digests of its HashChunkSize pieces in order, however they were computed.
-func PiecesChecksum(digests []uint64) string { return fmt.Sprintf("%016x", combine(digests)) }
-
-// combine folds a file's chunk digests into its checksum.
-func combine(digests []uint64) uint64 {
-	h := xxhash.New()
-	var b [8]byte
-	for _, d := range digests {
-		binary.LittleEndian.PutUint64(b[:], d)
-		h.Write(b[:])
-	}
-	return h.Sum64()
+	return FileOf(path, s.size, pieces, s.strong)
 }

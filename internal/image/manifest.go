@@ -131,9 +131,23 @@ func (p *Phase) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// File is one file of the image with its size and checksum.
+// File is one file of the image with its size and checksums.
 type File struct {
 	Path  string `json:"path"` // slash-separated, relative to the image directory
 	Size  int64  `json:"size"`
 	XXH64 string `json:"xxh64"`
+	// SHA256, in a signed image, is the SHA-256 of the SHA-256 digests of the file's
+	// HashChunkSize pieces in order: what makes a signature of the manifest cover the file.
+	SHA256 string `json:"sha256,omitempty"`
+}
+
+// Digested says whether every file records its SHA-256: only then does a signature of the
+// manifest vouch for every byte of the image.
+func (m *Manifest) Digested() bool {
+	for _, f := range m.Files {
+		if !f.Strong() {
+			return false
+		}
+	}
+	return true
 }

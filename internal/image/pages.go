@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // PagesFile is one of CRIU's page files written into a staged image as gpucr's page server
@@ -22,7 +20,7 @@ type PagesFile struct {
 	buf     []byte // the piece being filled
 	off     int64  // file offset of buf
 	mu      sync.Mutex
-	digests []uint64
+	pieces  []Piece
 	err     error // the first write error
 	pending sync.WaitGroup
 	closed  bool
@@ -61,10 +59,10 @@ func (pp *pagesPool) worker() {
 	defer pp.wg.Done()
 	for j := range pp.work {
 		_, err := j.p.f.WriteAt(j.data, j.off)
-		d := xxhash.Sum64(j.data)
+		d := SumPiece(j.data, false) // a signed image's SHA-256s are taken as it is sealed
 		pp.free <- j.data[:cap(j.data)]
 		j.p.mu.Lock()
-		j.p.digests[j.index] = d
+		j.p.pieces[j.index] = d
 		if err != nil && j.p.err == nil {
 			j.p.err = fmt.Errorf("write %s: %w", j.p.rel, err)
 		}
@@ -121,8 +119,8 @@ func (p *PagesFile) Receive(_ uint64, size int, r io.Reader) error {
 
 func (p *PagesFile) emit() {
 	p.mu.Lock()
-	index := len(p.digests)
-	p.digests = append(p.digests, 0)
+	index := len(p.pieces)
+	p.pieces = append(p.pieces, Piece{})
 	p.mu.Unlock()
 	p.pending.Add(1)
 	p.s.pages.work <- pagesJob{p: p, index: index, off: p.off, data: p.buf}
@@ -168,7 +166,7 @@ func (p *PagesFile) Close() error {
 
 // entry is the file's manifest entry; the file must be closed.
 func (p *PagesFile) entry() File {
-	return File{Path: p.rel, Size: p.off, XXH64: PiecesChecksum(p.digests)}
+	return FileOf(p.rel, p.off, p.pieces, false)
 }
 
 // writtenFiles ends the page files' workers and returns their manifest entries, or the

@@ -220,8 +220,14 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 	paths = slices.DeleteFunc(paths, func(p string) bool {
 		return slices.ContainsFunc(known, func(f File) bool { return f.Path == p })
 	})
+	signed := s.SignWith != nil
+	if signed {
+		if known, err = s.addSHA256(known); err != nil {
+			return err
+		}
+	}
 	// Not yet cancellable: the engine passes no context here until issue 14's rewrite of it.
-	files, err := sumFiles(context.Background(), s.dir, paths, true)
+	files, err := sumFiles(context.Background(), s.dir, paths, true, func(int) bool { return signed })
 	if err != nil {
 		return err
 	}
@@ -229,11 +235,10 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Path, b.Path) })
 	m.FormatVersion = FormatVersion
 	m.Files = files
-	b, err := json.MarshalIndent(m, "", "  ")
+	b, err := encode(m)
 	if err != nil {
-		return fmt.Errorf("encode manifest: %w", err)
+		return err
 	}
-	b = append(b, '\n')
 	if err := writeSynced(filepath.Join(s.dir, ManifestName), b); err != nil {
 		return err
 	}
@@ -251,6 +256,31 @@ func (s *Staging) Seal(m *Manifest, external []File) error {
 		}
 	}
 	return nil
+}
+
+// addSHA256 gives the files checksummed as they were written their SHA-256, for a signed
+// image: each is read again from the staging directory, its xxh64 checked on the way, but
+// a file streamed to a store (never here) must come with its own.
+func (s *Staging) addSHA256(known []File) ([]File, error) {
+	var again []string
+	for _, f := range known {
+		if !f.Strong() {
+			again = append(again, f.Path)
+		}
+	}
+	got, err := sumFiles(context.Background(), s.dir, again, false, func(int) bool { return true })
+	if err != nil {
+		return nil, fmt.Errorf("SHA-256 of the files to sign: %w", err)
+	}
+	out := slices.Clone(known)
+	for _, g := range got {
+		i := slices.IndexFunc(out, func(f File) bool { return f.Path == g.Path })
+		if out[i].XXH64 != g.XXH64 || out[i].Size != g.Size {
+			return nil, &CorruptError{g.Path, "changed between its write and the image's seal"}
+		}
+		out[i] = g
+	}
+	return out, nil
 }
 
 // Abort removes the staging directory. It is safe to defer: it does nothing after Commit
@@ -303,6 +333,15 @@ func stagedTree(dir string) (files, dirs []string, err error) {
 	}
 	slices.Sort(files)
 	return files, dirs, nil
+}
+
+// encode is a manifest's bytes as an image holds them.
+func encode(m *Manifest) ([]byte, error) {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encode manifest: %w", err)
+	}
+	return append(b, '\n'), nil
 }
 
 func writeSynced(path string, b []byte) error {

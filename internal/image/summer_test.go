@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// A file's checksum is the same whether Commit reads it or a Summer sees it pass in pieces.
+// A file's checksums are the same whether Commit reads it or a Summer sees it pass in pieces.
 func TestSummerMatchesFileChecksum(t *testing.T) {
 	dir := t.TempDir()
 	r := rand.New(rand.NewPCG(1, 2))
@@ -21,18 +21,20 @@ func TestSummerMatchesFileChecksum(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "f"), data, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		want, err := sumFiles(context.Background(), dir, []string{"f"}, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := NewSummer()
-		for rest := data; len(rest) > 0; {
-			n := min(len(rest), 1+r.IntN(3<<20))
-			s.Write(rest[:n])
-			rest = rest[n:]
-		}
-		if got := s.File("f"); got != want[0] {
-			t.Errorf("size %d: summer %+v, file %+v", size, got, want[0])
+		for _, strong := range []bool{false, true} {
+			want, err := sumFiles(context.Background(), dir, []string{"f"}, false, func(int) bool { return strong })
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := NewSummer(strong)
+			for rest := data; len(rest) > 0; {
+				n := min(len(rest), 1+r.IntN(3<<20))
+				s.Write(rest[:n])
+				rest = rest[n:]
+			}
+			if got := s.File("f"); got != want[0] || got.Strong() != strong {
+				t.Errorf("size %d, SHA-256 %v: summer %+v, file %+v", size, strong, got, want[0])
+			}
 		}
 	}
 }
@@ -45,7 +47,7 @@ func TestSumFilesStopsWhenCancelled(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := sumFiles(ctx, dir, []string{"f"}, true); !errors.Is(err, context.Canceled) {
+	if _, err := sumFiles(ctx, dir, []string{"f"}, true, func(int) bool { return true }); !errors.Is(err, context.Canceled) {
 		t.Fatalf("sumFiles after cancel = %v, want context.Canceled", err)
 	}
 }

@@ -75,14 +75,27 @@ func LoadTrusted(dir string, trusted signing.Keys) (*Manifest, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
+	m, err := decode(b)
+	if err != nil {
+		return nil, "", err
+	}
+	if len(trusted) > 0 && !m.Digested() {
+		return nil, "", fmt.Errorf("%w: its manifest records no SHA-256 of its files (signed by an older gpucr), so the signature does not cover their bytes; sign it again with `gpucr sign %s --key KEY`",
+			signing.ErrUntrusted, dir)
+	}
+	return m, signer, nil
+}
+
+// decode decodes and checks manifest bytes whose format and seal were checked.
+func decode(b []byte) (*Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(b, &m); err != nil {
-		return nil, "", &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
+		return nil, &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
 	}
 	if reason := m.problem(); reason != "" {
-		return nil, "", &CorruptError{ManifestName, reason}
+		return nil, &CorruptError{ManifestName, reason}
 	}
-	return &m, signer, nil
+	return &m, nil
 }
 
 // readSealed reads the manifest's bytes of the image at dir and checks them against the seal.
@@ -135,14 +148,7 @@ func Parse(manifest, sealFile []byte) (*Manifest, error) {
 	if err := compareSeal(manifest, sealFile); err != nil {
 		return nil, err
 	}
-	var m Manifest
-	if err := json.Unmarshal(manifest, &m); err != nil {
-		return nil, &CorruptError{ManifestName, "invalid JSON: " + err.Error()}
-	}
-	if reason := m.problem(); reason != "" {
-		return nil, &CorruptError{ManifestName, reason}
-	}
-	return &m, nil
+	return decode(manifest)
 }
 
 // seal is the hex SHA-256 of a manifest's bytes.
@@ -169,7 +175,9 @@ func compareSeal(manifest, sealFile []byte) error {
 	if sealFile == nil {
 		return &CorruptError{SealName, "missing: the manifest cannot be checked"}
 	}
-	if want := strings.TrimSpace(string(sealFile)); want != seal(manifest) {
+	// Two lines only while Sign replaces the manifest (replaceManifest).
+	lines := strings.Fields(string(sealFile))
+	if len(lines) > 2 || !slices.Contains(lines, seal(manifest)) {
 		return &CorruptError{ManifestName, "does not match " + SealName + ": the manifest was changed or damaged"}
 	}
 	return nil
@@ -194,7 +202,7 @@ func (m *Manifest) problem() string {
 		switch {
 		case !filepath.IsLocal(f.Path) || path.Clean(f.Path) != f.Path || f.Path == ".":
 			return fmt.Sprintf("file path %q is not inside the image", f.Path)
-		case f.Size < 0 || !isXXH64(f.XXH64):
+		case f.Size < 0 || !isXXH64(f.XXH64) || (f.Strong() && !isSHA256(f.SHA256)):
 			return fmt.Sprintf("file %s has an invalid size or checksum", f.Path)
 		case seen[f.Path]:
 			return fmt.Sprintf("file %s is listed twice", f.Path)
@@ -254,6 +262,8 @@ func CheckListed(dir string, m *Manifest) error {
 			return &CorruptError{rel, "not a regular file: an image holds only regular files and directories"}
 		case rel == ManifestName || rel == SealName || rel == SigName || listed[rel]:
 			return nil
+		case rel == ManifestName+tmpSuffix || rel == SealName+tmpSuffix || rel == SigName+tmpSuffix:
+			return nil // an interrupted Sign's: never read, removed by the next one
 		case path.Dir(rel) == LogsDir:
 			return nil // CRIU's logs: for people, never read by a restore
 		}
@@ -295,8 +305,9 @@ func CheckSizes(dir string, files []File) error {
 	return nil
 }
 
-// CheckSums recomputes the checksum of each of files in dir, in parallel, and returns a
-// *CorruptError for the first wrong one in path order. Sizes must have been checked.
+// CheckSums recomputes the checksums of each of files in dir (its SHA-256 too where it
+// records one), in parallel, and returns a *CorruptError for the first wrong one in path
+// order. Sizes must have been checked.
 func CheckSums(dir string, files []File) error {
 	files = sortedFiles(files)
 	paths := make([]string, len(files))
@@ -304,14 +315,26 @@ func CheckSums(dir string, files []File) error {
 		paths[i] = f.Path
 	}
 	// Not yet cancellable: the engine passes no context here until issue 14's rewrite of it.
-	got, err := sumFiles(context.Background(), dir, paths, false)
+	got, err := sumFiles(context.Background(), dir, paths, false, func(i int) bool { return files[i].Strong() })
 	if err != nil {
 		return fmt.Errorf("verify %s: %w", dir, err)
 	}
 	for i, f := range files {
-		if got[i].XXH64 != f.XXH64 {
-			return Mismatch(f, got[i].XXH64)
+		if err := f.same(got[i]); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// same returns a *CorruptError unless got, computed from the file's bytes, has f's
+// checksums.
+func (f File) same(got File) error {
+	switch {
+	case got.XXH64 != f.XXH64:
+		return Mismatch(f, got.XXH64)
+	case got.SHA256 != f.SHA256:
+		return &CorruptError{f.Path, fmt.Sprintf("SHA-256 mismatch (want %s, got %s): changed after it was signed", f.SHA256, got.SHA256)}
 	}
 	return nil
 }
@@ -369,32 +392,150 @@ func checkSigned(dir string, manifest []byte, trusted signing.Keys) (string, err
 	return trusted.Check(manifest, sig)
 }
 
-// Sign adds a signature by key to the image at dir, keeping other keys' signatures. The
-// file is replaced atomically. The caller verifies the image first.
-func Sign(dir string, key ed25519.PrivateKey) error {
-	manifest, err := readSealed(dir)
-	if err != nil {
-		return err
+// Signed is what Sign did: the key that signed, and the other keys whose signatures it
+// dropped, because they covered a manifest without SHA-256 digests.
+type Signed struct {
+	KeyID   string
+	Dropped []string
+}
+
+// Sign verifies every file of the image at dir and adds a signature by key, keeping other
+// keys' signatures. An image whose manifest records no SHA-256 of its files (checkpointed
+// unsigned, or by an older gpucr) gets them first, computed in the same read that verifies
+// the files, and a manifest rewritten with them; the other keys' signatures of the old
+// manifest are dropped. Every step is a rename, and at every point the image is whole.
+func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
+	for _, name := range []string{ManifestName, SealName, SigName} {
+		os.Remove(filepath.Join(dir, name+tmpSuffix)) // an interrupted signing's leftovers
 	}
-	path := filepath.Join(dir, SigName)
-	old, err := os.ReadFile(path)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("read %s of %s: %w", SigName, dir, err)
+	old, err := readSealed(dir)
+	if err != nil {
+		return nil, err
+	}
+	m, err := decode(old)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckListed(dir, m); err != nil {
+		return nil, err
+	}
+	if err := CheckSizes(dir, m.Files); err != nil {
+		return nil, err
+	}
+	files := sortedFiles(m.Files)
+	paths := make([]string, len(files))
+	for i, f := range files {
+		paths[i] = f.Path
+	}
+	got, err := sumFiles(context.Background(), dir, paths, false, func(int) bool { return true })
+	if err != nil {
+		return nil, fmt.Errorf("verify %s: %w", dir, err)
+	}
+	for i, f := range files {
+		g := got[i]
+		if !f.Strong() {
+			g.SHA256 = ""
+		}
+		if err := f.same(g); err != nil {
+			return nil, err
+		}
 	}
 	id := signing.ID(key.Public().(ed25519.PublicKey))
+	res := &Signed{KeyID: id}
+	sigPath := filepath.Join(dir, SigName)
+	sigs, err := os.ReadFile(sigPath)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("read %s of %s: %w", SigName, dir, err)
+	}
+	manifest := old
+	if !m.Digested() {
+		m.FormatVersion = FormatVersion // written again, by this gpucr
+		m.Files = got
+		if manifest, err = encode(m); err != nil {
+			return nil, err
+		}
+		res.Dropped = signers(sigs, id)
+		sigs = nil
+		if err := replaceManifest(dir, old, manifest); err != nil {
+			return nil, err
+		}
+	}
 	var kept []byte
-	for _, line := range bytes.SplitAfter(old, []byte("\n")) {
+	for _, line := range bytes.SplitAfter(sigs, []byte("\n")) {
 		if f := strings.Fields(string(line)); len(f) > 1 && f[1] != id {
 			kept = append(append(kept, bytes.TrimRight(line, "\n")...), '\n')
 		}
 	}
-	tmp := path + ".new"
-	if err := writeSynced(tmp, append(kept, signing.Sign(key, manifest)...)); err != nil {
+	if err := replaceFile(sigPath, append(kept, signing.Sign(key, manifest)...)); err != nil {
+		return nil, fmt.Errorf("sign %s: %w", dir, err)
+	}
+	if err := durable.SyncDir(dir); err != nil {
+		return nil, fmt.Errorf("sign %s: %w", dir, err)
+	}
+	return res, nil
+}
+
+// signers are the key IDs of the signature lines in sigs, but id.
+func signers(sigs []byte, id string) []string {
+	var out []string
+	for _, line := range strings.Split(string(sigs), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[1] != id {
+			out = append(out, f[1])
+		}
+	}
+	return out
+}
+
+// replaceManifest puts manifest in place of the image's old one, and a seal for it, so
+// that a crash at any point leaves an image that loads: the seal first lists both
+// manifests' digests, the old manifest's signatures go, the manifest is replaced, and the
+// seal lists the new one only.
+// A seal only finds damage (whoever can write the image can write it), so accepting
+// either of two digests for a moment weakens nothing.
+func replaceManifest(dir string, old, manifest []byte) error {
+	sealPath := filepath.Join(dir, SealName)
+	steps := []struct {
+		path string
+		b    []byte
+	}{
+		{sealPath, []byte(seal(old) + "\n" + seal(manifest) + "\n")},
+		{filepath.Join(dir, SigName), nil}, // the old manifest's signatures: void with it
+		{filepath.Join(dir, ManifestName), manifest},
+		{sealPath, []byte(seal(manifest) + "\n")},
+	}
+	for _, s := range steps {
+		var err error
+		if s.b == nil {
+			err = os.Remove(s.path)
+			if errors.Is(err, fs.ErrNotExist) {
+				err = nil
+			}
+		} else {
+			err = replaceFile(s.path, s.b)
+		}
+		if err == nil {
+			err = durable.SyncDir(dir)
+		}
+		if err != nil {
+			return fmt.Errorf("write the manifest of %s with SHA-256 digests: %w", dir, err)
+		}
+	}
+	return nil
+}
+
+// tmpSuffix names the file an image's manifest, seal or signatures are written to before
+// they replace the old one.
+const tmpSuffix = ".new"
+
+// replaceFile replaces the file at path with b, atomically and durably.
+func replaceFile(path string, b []byte) error {
+	tmp := path + tmpSuffix
+	if err := writeSynced(tmp, b); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("sign %s: %w", dir, err)
+		return err
 	}
-	return durable.SyncDir(dir)
+	return nil
 }

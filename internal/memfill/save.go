@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
@@ -182,7 +181,7 @@ func Save(ctx context.Context, imageDir string, rs []Range, res *Reserve) ([]ima
 	// Files are created whole first and opened again for each piece, so that a tree with
 	// thousands of ranges does not hold thousands of descriptors.
 	paths := make([]string, len(rs))
-	digests := make([][]uint64, len(rs))
+	pieces := make([][]image.Piece, len(rs))
 	reserved := res.take()
 	fromReserve := make([]bool, len(rs))
 	for i, r := range rs {
@@ -192,11 +191,11 @@ func Save(ctx context.Context, imageDir string, rs []Range, res *Reserve) ([]ima
 		if fromReserve[i], err = place(&reserved, paths[i], size); err != nil {
 			return nil, fmt.Errorf("memory save: %w", err)
 		}
-		digests[i] = make([]uint64, (size+image.HashChunkSize-1)/image.HashChunkSize)
+		pieces[i] = make([]image.Piece, (size+image.HashChunkSize-1)/image.HashChunkSize)
 	}
 	perFile := make([][]job, len(rs))
 	for i, r := range rs {
-		for k := range digests[i] {
+		for k := range pieces[i] {
 			perFile[i] = append(perFile[i], job{i, k, r})
 		}
 	}
@@ -206,13 +205,13 @@ func Save(ctx context.Context, imageDir string, rs []Range, res *Reserve) ([]ima
 		func(_ context.Context, j job, buf []byte) error {
 			start := int64(j.index) * image.HashChunkSize
 			end := min(start+image.HashChunkSize, int64(j.r.End-j.r.Start))
-			h := xxhash.New()
+			h := image.NewPieceHash(false) // a signed image's SHA-256s are taken as it is sealed
 			for off := start; off < end; off += step {
 				data := buf[:min(step, end-off)]
 				if err := moveRemote(unix.ProcessVMReadv, "memory save: read", j.r.PID, j.r.Start+uint64(off), data); err != nil {
 					return err
 				}
-				_, _ = h.Write(data) // never fails
+				h.Add(data)
 				var err error
 				switch {
 				case !bytes.Equal(data, zero[:len(data)]):
@@ -225,7 +224,7 @@ func Save(ctx context.Context, imageDir string, rs []Range, res *Reserve) ([]ima
 				}
 				count.Add(int64(len(data)))
 			}
-			digests[j.file][j.index] = h.Sum64()
+			pieces[j.file][j.index] = h.Sum()
 			return nil
 		})
 	if err != nil {
@@ -236,7 +235,7 @@ func Save(ctx context.Context, imageDir string, rs []Range, res *Reserve) ([]ima
 	}
 	out := make([]image.File, len(rs))
 	for i, r := range rs {
-		out[i] = image.File{Path: r.file(), Size: int64(r.End - r.Start), XXH64: image.PiecesChecksum(digests[i])}
+		out[i] = image.FileOf(r.file(), int64(r.End-r.Start), pieces[i], false)
 	}
 	return out, nil
 }

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"slices"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/image"
 )
@@ -65,7 +63,7 @@ func CheckedDir(dir string, check []image.File) Source {
 	c := &checkedDir{dir: dirSource(dir), files: map[string]*checkedFile{}}
 	for _, f := range check {
 		n := (f.Size + image.HashChunkSize - 1) / image.HashChunkSize
-		c.files[f.Path] = &checkedFile{File: f, digests: make([]uint64, n), read: make([]bool, n)}
+		c.files[f.Path] = &checkedFile{File: f, pieces: make([]image.Piece, n), read: make([]bool, n)}
 	}
 	return c
 }
@@ -79,8 +77,8 @@ type checkedDir struct {
 // write distinct pieces, and Verify runs once they are all done.
 type checkedFile struct {
 	image.File
-	digests []uint64
-	read    []bool
+	pieces []image.Piece
+	read   []bool
 }
 
 func (c *checkedDir) ReadPiece(ctx context.Context, path string, off int64, buf []byte, use func(at int, part []byte) error) error {
@@ -88,16 +86,16 @@ func (c *checkedDir) ReadPiece(ctx context.Context, path string, off int64, buf 
 	if !ok || off%image.HashChunkSize != 0 || int64(len(buf)) != min(image.HashChunkSize, f.Size-off) {
 		return c.dir.ReadPiece(ctx, path, off, buf, use)
 	}
-	h := xxhash.New()
+	h := image.NewPieceHash(f.Strong())
 	err := c.dir.ReadPiece(ctx, path, off, buf, func(at int, part []byte) error {
-		_, _ = h.Write(part) // never fails
+		h.Add(part)
 		return use(at, part)
 	})
 	if err != nil {
 		return err
 	}
 	i := off / image.HashChunkSize
-	f.digests[i], f.read[i] = h.Sum64(), true
+	f.pieces[i], f.read[i] = h.Sum(), true
 	return nil
 }
 
@@ -109,8 +107,8 @@ func (c *checkedDir) Verify() error {
 			again = append(again, f.File)
 			continue
 		}
-		if got := image.PiecesChecksum(f.digests); got != f.XXH64 {
-			return image.Mismatch(f.File, got)
+		if err := f.Check(f.pieces); err != nil {
+			return err
 		}
 	}
 	if len(again) > 0 {

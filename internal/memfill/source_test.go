@@ -2,6 +2,7 @@ package memfill
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"math/rand/v2"
 	"os"
@@ -12,20 +13,22 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/image/imagetest"
 )
 
 // writeMemFile writes size random bytes as an image file at rel under dir and returns its
 // manifest entry, checksummed as the image checksums files.
-func writeMemFile(t *testing.T, dir, rel string, size int64) (image.File, []byte) {
+func writeMemFile(t *testing.T, dir, rel string, size int64, signed bool) (image.File, []byte) {
 	t.Helper()
 	data := make([]byte, size)
 	r := rand.New(rand.NewPCG(1, uint64(size)))
 	for i := range data {
 		data[i] = byte(r.Uint32())
 	}
-	var digests []uint64
+	var pieces []image.Piece
 	for off := int64(0); off < size; off += image.HashChunkSize {
-		digests = append(digests, xxhash.Sum64(data[off:min(off+image.HashChunkSize, size)]))
+		piece := data[off:min(off+image.HashChunkSize, size)]
+		pieces = append(pieces, image.Piece{XXH64: xxhash.Sum64(piece), SHA256: sha256.Sum256(piece)})
 	}
 	path := filepath.Join(dir, filepath.FromSlash(rel))
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
@@ -34,7 +37,7 @@ func writeMemFile(t *testing.T, dir, rel string, size int64) (image.File, []byte
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return image.File{Path: rel, Size: size, XXH64: image.PiecesChecksum(digests)}, data
+	return image.FileOf(rel, size, pieces, signed), data
 }
 
 // readPieces reads f through src as the fill does: aligned pieces, the last one short.
@@ -66,7 +69,7 @@ func readPieces(t *testing.T, src Source, f image.File, skip int64) {
 func TestCheckedDirVerifiesWhatTheFillReads(t *testing.T) {
 	dir := t.TempDir()
 	size := int64(2*image.HashChunkSize + 12345)
-	f, data := writeMemFile(t, dir, "mem/1-7f0000000000.img", size)
+	f, data := writeMemFile(t, dir, "mem/1-7f0000000000.img", size, false)
 
 	src := CheckedDir(dir, []image.File{f})
 	readPieces(t, src, f, -1)
@@ -88,5 +91,37 @@ func TestCheckedDirVerifiesWhatTheFillReads(t *testing.T) {
 				t.Fatalf("Verify of a changed file = %v, want it named corrupt", err)
 			}
 		})
+	}
+}
+
+// A signed image's memory file is checked by its SHA-256 as the fill reads it: bytes
+// changed so that every xxh64 still matches (as anyone who can write the file can) are
+// refused, whether the fill read the changed piece or Verify reads it again.
+func TestCheckedDirRefusesForgedSignedFile(t *testing.T) {
+	dir := t.TempDir()
+	rel := "mem/1-7f0000000000.img"
+	size := int64(2*image.HashChunkSize + 12345)
+	f, data := writeMemFile(t, dir, rel, size, true)
+	imagetest.ForgeXXH64(data[image.HashChunkSize:2*image.HashChunkSize], 100, 0x90)
+	if err := os.WriteFile(filepath.Join(dir, filepath.FromSlash(rel)), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, skip := range map[string]int64{"read whole": -1, "the forged piece not read": image.HashChunkSize} {
+		t.Run(name, func(t *testing.T) {
+			src := CheckedDir(dir, []image.File{f})
+			readPieces(t, src, f, skip)
+			err := src.Verify()
+			var ce *image.CorruptError
+			if !errors.As(err, &ce) || ce.Path != rel || !strings.Contains(err.Error(), "SHA-256 mismatch") {
+				t.Fatalf("Verify of a forged file = %v, want a SHA-256 mismatch", err)
+			}
+		})
+	}
+	unsigned := f
+	unsigned.SHA256 = ""
+	src := CheckedDir(dir, []image.File{unsigned})
+	readPieces(t, src, unsigned, -1)
+	if err := src.Verify(); err != nil {
+		t.Fatalf("the forgery must keep the xxh64 for this test to mean anything: %v", err)
 	}
 }

@@ -90,6 +90,24 @@ func TestSignedImages(t *testing.T) {
 	testutil.WriteFile(t, filepath.Join(changed, image.SigName), sig)
 	refused("changed image", "does not match its manifest", "restore", "-D", changed, "--trust", alice+".pub")
 
+	// Someone who can write the image changes a file so that its xxh64 stays the same and
+	// leaves the signed manifest alone: the manifest's SHA-256 of the file refuses it.
+	forged := filepath.Join(t.TempDir(), "forged")
+	if err := os.CopyFS(forged, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	p := largestPagesFile(t, forged)
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	piece := b[:min(len(b), image.HashChunkSize)]
+	imagetest.ForgeXXH64(piece, min(64, len(piece)/32-1), 0xcc)
+	testutil.WriteFile(t, p, b)
+	refused("forged image", "SHA-256 mismatch", "restore", "-D", forged, "--trust", alice+".pub")
+	testutil.WaitReaped(t, w.pid) // the tasks CRIU had made, never resumed, killed, re-parented to the test
+	refused("forged image", "SHA-256 mismatch", "verify", forged, "--trust", alice+".pub")
+
 	// The signature travels with the image through a store; a pull under the wrong key
 	// leaves nothing behind.
 	pulled := filepath.Join(t.TempDir(), "pulled")
@@ -131,4 +149,17 @@ func TestSignStreamedAndCosign(t *testing.T) {
 		mustGpucr(t, "verify", dir, "--trust", k+".pub")
 	}
 	w.checkRunsOn(t, "a checkpoint with -R")
+
+	// An image checkpointed unsigned gets the SHA-256 of its files when it is signed.
+	plain := filepath.Join(t.TempDir(), "plain")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", plain, "-R")
+	if out, code := gpucr(t, "verify", plain, "--trust", bob+".pub"); code == 0 {
+		t.Fatalf("verify of an unsigned image under a key: exit 0\n%s", out)
+	}
+	mustGpucr(t, "sign", plain, "--key", bob)
+	mustGpucr(t, "verify", plain, "--trust", bob+".pub")
+	if m, err := image.Load(plain); err != nil || !m.Digested() {
+		t.Fatalf("signed image's manifest: %v", err)
+	}
+	w.checkRunsOn(t, "a second checkpoint with -R")
 }

@@ -6,10 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/store"
 )
 
@@ -23,7 +23,7 @@ const verifyBlock = 64 << 10
 // the wire; the bytes are returned only once their sha256 is c's: a missing, short, long
 // or altered chunk is a *ChunkError. also, when not nil, is written the chunk's bytes as
 // they are hashed (the image's own digest of them).
-func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte, also hash.Hash) ([]byte, []byte, error) {
+func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte, also *image.PieceHash) ([]byte, []byte, error) {
 	key := ChunkKey(prefix, c.SHA256)
 	bad := func(reason string) error {
 		return &ChunkError{URL: st.URL(key), File: file, Offset: off, Reason: reason}
@@ -55,7 +55,7 @@ func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.De
 		n := min(len(b), verifyBlock)
 		h.Write(b[:n])
 		if also != nil {
-			also.Write(b[:n])
+			also.Add(b[:n])
 		}
 		b = b[n:]
 	}

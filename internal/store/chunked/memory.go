@@ -3,12 +3,10 @@ package chunked
 import (
 	"context"
 	"fmt"
-	"hash"
 	"path"
 	"sort"
 	"sync"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
@@ -35,11 +33,11 @@ type Memory struct {
 // memFile is one file of the saved memory: its chunks, where each ends, and the digests
 // of its image pieces as the fill read them.
 type memFile struct {
-	want    image.File
-	chunks  []Chunk
-	ends    []int64
-	digests []uint64
-	hashed  []bool
+	want   image.File
+	chunks []Chunk
+	ends   []int64
+	pieces []image.Piece
+	hashed []bool
 }
 
 // newMemory serves the files im (the image's verified manifest) lists under
@@ -66,7 +64,7 @@ func newMemory(st store.Store, prefix string, m *Manifest, im *image.Manifest, o
 			mf.ends = append(mf.ends, end)
 		}
 		n := (f.Size + image.HashChunkSize - 1) / image.HashChunkSize
-		mf.digests, mf.hashed = make([]uint64, n), make([]bool, n)
+		mf.pieces, mf.hashed = make([]image.Piece, n), make([]bool, n)
 		mem.files[f.Path] = mf
 		mem.stats.Files++
 		mem.stats.Bytes += f.Size
@@ -90,10 +88,10 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 	}
 	// A whole image piece is hashed as the image's checksum hashes it, each chunk's bytes
 	// as they are checked.
-	var piece *xxhash.Digest
+	var piece *image.PieceHash
 	k := off / image.HashChunkSize
 	if off%image.HashChunkSize == 0 && end == min(off+image.HashChunkSize, f.want.Size) {
-		piece = xxhash.New()
+		piece = image.NewPieceHash(f.want.Strong())
 	}
 	i := sort.Search(len(f.ends), func(i int) bool { return f.ends[i] > off })
 	for at := off; at < end; i++ {
@@ -109,9 +107,9 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 		at += n
 	}
 	if piece != nil {
-		d := piece.Sum64()
+		d := piece.Sum()
 		mem.mu.Lock()
-		f.digests[k], f.hashed[k] = d, true
+		f.pieces[k], f.hashed[k] = d, true
 		mem.mu.Unlock()
 	}
 	return nil
@@ -119,11 +117,11 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 
 // chunk puts into dst the bytes of chunk c (which starts at start in file name) from its
 // offset within, and writes them to piece (when not nil).
-func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, within int64, dst []byte, piece *xxhash.Digest) error {
+func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, within int64, dst []byte, piece *image.PieceHash) error {
 	if c.Zero {
 		clear(dst)
 		if piece != nil {
-			piece.Write(dst)
+			piece.Add(dst)
 		}
 		mem.count(func(s *Stats) { s.ZeroBytes += int64(len(dst)) })
 		return nil
@@ -131,7 +129,7 @@ func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, withi
 	comp := mem.bufs.Get().(*[]byte)
 	defer mem.bufs.Put(comp)
 	var whole []byte
-	var also hash.Hash
+	var also *image.PieceHash
 	if within == 0 && int64(len(dst)) == c.Size {
 		whole = dst[:0:len(dst)] // decoded in place, and hashed for the piece as it is checked
 		if piece != nil {
@@ -151,7 +149,7 @@ func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, withi
 		copy(dst, data[within:])
 	}
 	if piece != nil && also == nil {
-		piece.Write(dst)
+		piece.Add(dst)
 	}
 	mem.count(func(s *Stats) {
 		s.Chunks++
@@ -173,9 +171,8 @@ func (mem *Memory) Verify() error {
 				return &image.CorruptError{Path: name, Reason: "not read whole from the store by the restore"}
 			}
 		}
-		if got := image.PiecesChecksum(f.digests); got != f.want.XXH64 {
-			return &image.CorruptError{Path: name, Reason: fmt.Sprintf("checksum %s of its chunks in %s, want %s: the store holds other bytes than the image",
-				got, mem.st.URL(mem.prefix), f.want.XXH64)}
+		if err := f.want.Check(f.pieces); err != nil {
+			return fmt.Errorf("%w: %s holds other bytes than the image", err, mem.st.URL(mem.prefix))
 		}
 	}
 	return nil

@@ -33,6 +33,9 @@ type Options struct {
 	// Trust, when not empty, makes a pull refuse an image not signed by one of its keys
 	// before the image appears at its destination.
 	Trust signing.Keys
+	// Signed makes a Stream take each file's SHA-256 as well as its xxh64: the image it
+	// stores is to be signed, and its manifest must cover every byte (image.File.SHA256).
+	Signed bool
 }
 
 // Stats count what a push or pull moved.

@@ -3,6 +3,7 @@ package chunked_test
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
 )
@@ -25,11 +27,18 @@ const memFile = "mem/42-7f0000000000.img"
 func memImage(t *testing.T, seed uint64, pages int) (string, []byte) {
 	t.Helper()
 	mem := bytes.Join([][]byte{random(seed, 12*mib), make([]byte, 8*mib), random(seed+1, 1234)}, nil)
+	return memImageOf(t, mem, pages, nil), mem
+}
+
+// memImageOf commits the image memImage does with the memory mem, signed by key if not nil.
+func memImageOf(t *testing.T, mem []byte, pages int, key ed25519.PrivateKey) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "img")
 	s, err := image.Begin(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.SignWith = key
 	if err := os.Mkdir(filepath.Join(s.Dir(), "mem"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +59,7 @@ func memImage(t *testing.T, seed uint64, pages int) (string, []byte) {
 	if err := s.Commit(m); err != nil {
 		t.Fatal(err)
 	}
-	return dir, mem
+	return dir
 }
 
 // readAll reads the memory file through mem as the fill does, in aligned image pieces.
@@ -181,6 +190,52 @@ func TestStagedMemoryRefusesOtherBytes(t *testing.T) {
 	}
 	if _, err := readAll(t, s2.Memory, len(want)); !errors.Is(err, chunked.ErrBadChunk) || !strings.Contains(err.Error(), memFile) {
 		t.Fatalf("a damaged chunk: %v", err)
+	}
+}
+
+// A signed image's memory is checked by SHA-256 as it streams from the store: a manifest
+// object rewritten to list chunks of memory forged to keep every xxh64 (whole chunks,
+// sha256 and all, pushed by whoever can write the store) is refused before any task may
+// resume.
+func TestStagedSignedMemoryRefusesForgedBytes(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	_, key, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, want := memImage(t, 1, 0)
+	forged := bytes.Clone(want)
+	imagetest.ForgeXXH64(forged[:image.HashChunkSize], 100, 0x90)
+	if _, _, err := chunked.Push(ctx, st, "signed", memImageOf(t, want, 0, key), chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	mf, _, err := chunked.Push(ctx, st, "forged", memImageOf(t, forged, 0, nil), chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := chunked.Load(ctx, st, "signed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(ms.Files, func(f chunked.File) bool { return f.Path == memFile })
+	j := slices.IndexFunc(mf.Files, func(f chunked.File) bool { return f.Path == memFile })
+	ms.Files[i].Chunks = mf.Files[j].Chunks
+	raw, _ := json.Marshal(ms)
+	if err := st.Put(ctx, chunked.ManifestKey("signed"), bytes.NewReader(raw), int64(len(raw))); err != nil {
+		t.Fatal(err)
+	}
+	s, err := chunked.Stage(ctx, st, "signed", t.TempDir(), chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, err := readAll(t, s.Memory, len(want))
+	if err != nil || !bytes.Equal(got, forged) {
+		t.Fatalf("the forged chunks must read for this test to mean anything: %v", err)
+	}
+	if err := s.Memory.Verify(); !errors.Is(err, image.ErrCorrupt) || !strings.Contains(err.Error(), "SHA-256 mismatch") {
+		t.Fatalf("Verify = %v, want the forged memory refused by its SHA-256", err)
 	}
 }
 

@@ -106,7 +106,7 @@ func (s *Stream) Create(path string) (*StreamFile, error) {
 	if slices.ContainsFunc(s.files, func(f *StreamFile) bool { return f.path == path }) {
 		return nil, fmt.Errorf("stream %s: created twice", path)
 	}
-	f := &StreamFile{s: s, path: path, sum: image.NewSummer(), window: -1}
+	f := &StreamFile{s: s, path: path, sum: image.NewSummer(s.o.Signed), window: -1}
 	s.files = append(s.files, f)
 	return f, nil
 }

@@ -3,6 +3,7 @@ package chunked_test
 import (
 	"bytes"
 	"context"
+	"crypto/ed25519"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store/chunked"
 )
 
@@ -20,7 +22,13 @@ func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ctx := context.Background()
 			st := open(t)
-			s, err := chunked.NewStream(ctx, st, "jobs/ckpt-1", chunked.Options{})
+			// Signed: the streamed file must come with its SHA-256, which only a Summer
+			// that saw its bytes can give.
+			pub, key, err := ed25519.GenerateKey(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := chunked.NewStream(ctx, st, "jobs/ckpt-1", chunked.Options{Signed: true})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -62,6 +70,7 @@ func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 					t.Error(err)
 				}
 			}()
+			stage.SignWith = key
 			if err := os.WriteFile(filepath.Join(stage.CRIUDir(), "pagemap-42.img"), []byte("pagemap"), 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -91,8 +100,9 @@ func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 			}
 
 			dst := filepath.Join(t.TempDir(), "pulled")
-			if _, _, err := chunked.Pull(ctx, st, "jobs/ckpt-1", dst, chunked.Options{}); err != nil {
-				t.Fatal(err)
+			trusted := chunked.Options{Trust: signing.Keys{signing.ID(pub): pub}}
+			if pm, _, err := chunked.Pull(ctx, st, "jobs/ckpt-1", dst, trusted); err != nil || !pm.Digested() {
+				t.Fatalf("trusted pull of the signed stream: %v", err)
 			}
 			got, err := os.ReadFile(filepath.Join(dst, "criu/pages-65537.img"))
 			if err != nil || !bytes.Equal(got, all) {

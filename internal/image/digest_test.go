@@ -1,0 +1,232 @@
+package image_test
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/image/imagetest"
+	"github.com/gpucr/gpucr/internal/signing"
+)
+
+// pagesPath is the large file of the images these tests make: three hashing pieces.
+const pagesPath = "criu/pages-1.img"
+
+// commitTestImage commits a small image into a new directory, signed by key when not nil.
+func commitTestImage(t *testing.T, key ed25519.PrivateKey) string {
+	t.Helper()
+	final := filepath.Join(t.TempDir(), "img")
+	s, err := image.Begin(final)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SignWith = key
+	pages := make([]byte, 2*image.HashChunkSize+4096)
+	rand.Read(pages)
+	for rel, b := range map[string][]byte{pagesPath: pages, "criu/core-1.img": []byte("core")} {
+		if err := os.WriteFile(filepath.Join(s.Dir(), filepath.FromSlash(rel)), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := &image.Manifest{GpucrVersion: "test", RootPID: 1, Processes: []image.Process{{PID: 1}}}
+	if err := s.Commit(m); err != nil {
+		t.Fatal(err)
+	}
+	return final
+}
+
+func newKey(t *testing.T) (ed25519.PrivateKey, signing.Keys) {
+	t.Helper()
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return key, signing.Keys{signing.ID(pub): pub}
+}
+
+// forge rewrites the middle piece of the image's page file so that its xxh64, and so the
+// file's, is unchanged: what a second hostile test did to a signed image as nobody.
+func forge(t *testing.T, dir string) {
+	t.Helper()
+	path := filepath.Join(dir, filepath.FromSlash(pagesPath))
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	imagetest.ForgeXXH64(b[image.HashChunkSize:2*image.HashChunkSize], 64, 0xcc)
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A signed image's manifest records every file's SHA-256, computed as the format says,
+// and a file changed so that its xxh64 still matches is refused by a trusted open; an
+// unsigned image, which only finds damage, does not see it.
+func TestSignedImageCoversEveryByte(t *testing.T) {
+	key, trusted := newKey(t)
+	dir := commitTestImage(t, key)
+	m, err := image.Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !m.Digested() {
+		t.Fatalf("signed image's files %+v: want a SHA-256 each", m.Files)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(pagesPath)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var digests []byte
+	for off := 0; off < len(b); off += image.HashChunkSize {
+		d := sha256.Sum256(b[off:min(off+image.HashChunkSize, len(b))])
+		digests = append(digests, d[:]...)
+	}
+	want := sha256.Sum256(digests)
+	i := slices.IndexFunc(m.Files, func(f image.File) bool { return f.Path == pagesPath })
+	if m.Files[i].SHA256 != hex.EncodeToString(want[:]) {
+		t.Fatalf("SHA-256 of %s = %s, want that of its pieces' SHA-256s, %x", pagesPath, m.Files[i].SHA256, want)
+	}
+
+	forge(t, dir)
+	_, _, err = image.OpenTrusted(dir, trusted)
+	if !errors.Is(err, image.ErrCorrupt) || !strings.Contains(err.Error(), "SHA-256 mismatch") || !strings.Contains(err.Error(), pagesPath) {
+		t.Fatalf("trusted open of a forged signed image = %v, want %s named by a SHA-256 mismatch", err, pagesPath)
+	}
+
+	unsigned := commitTestImage(t, nil)
+	forge(t, unsigned)
+	if _, err := image.Open(unsigned); err != nil {
+		t.Fatalf("the forgery must keep every xxh64 for this test to mean anything: %v", err)
+	}
+}
+
+// A signature of a manifest without SHA-256 digests (an older gpucr's) vouches for no
+// file's bytes: a trusted load refuses it and says how to sign it properly.
+func TestTrustRefusesSignatureWithoutDigests(t *testing.T) {
+	key, trusted := newKey(t)
+	dir := commitTestImage(t, nil)
+	signOldStyle(t, dir, key)
+	_, _, err := image.LoadTrusted(dir, trusted)
+	if !errors.Is(err, signing.ErrUntrusted) || !strings.Contains(err.Error(), "no SHA-256") || !strings.Contains(err.Error(), "gpucr sign") {
+		t.Fatalf("trusted load of a manifest signed without digests = %v", err)
+	}
+	if _, err := image.Load(dir); err != nil {
+		t.Fatalf("the image itself is whole: %v", err)
+	}
+}
+
+// signOldStyle signs the manifest's bytes as they are, as gpucr did before SHA-256 digests.
+func signOldStyle(t *testing.T, dir string, key ed25519.PrivateKey) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, image.ManifestName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, image.SigName), signing.Sign(key, b), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gpucr sign gives an image without digests its SHA-256s (the manifest written again, its
+// old signatures dropped and named), and keeps other keys' signatures of a manifest that
+// has them.
+func TestSignAddsDigests(t *testing.T) {
+	a, trustA := newKey(t)
+	b, trustB := newKey(t)
+	dir := commitTestImage(t, nil)
+	signOldStyle(t, dir, b)
+
+	got, err := image.Sign(dir, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idB := signing.ID(b.Public().(ed25519.PublicKey))
+	if !slices.Equal(got.Dropped, []string{idB}) {
+		t.Fatalf("dropped %v, want B's old signature %s", got.Dropped, idB)
+	}
+	m, signer, err := image.OpenTrusted(dir, trustA)
+	if err != nil || !m.Digested() || signer != got.KeyID {
+		t.Fatalf("trusted open after sign: signer %q, digested %v, %v", signer, m != nil && m.Digested(), err)
+	}
+	if _, _, err := image.OpenTrusted(dir, trustB); !errors.Is(err, signing.ErrUntrusted) {
+		t.Fatalf("B's dropped signature still trusted: %v", err)
+	}
+	seal, err := os.ReadFile(filepath.Join(dir, image.SealName))
+	if err != nil || strings.Count(string(seal), "\n") != 1 {
+		t.Fatalf("seal %q after sign, want one line (%v)", seal, err)
+	}
+
+	got, err = image.Sign(dir, b)
+	if err != nil || len(got.Dropped) != 0 {
+		t.Fatalf("second key's sign: dropped %v, %v", got.Dropped, err)
+	}
+	for _, k := range []signing.Keys{trustA, trustB} {
+		if _, _, err := image.OpenTrusted(dir, k); err != nil {
+			t.Fatalf("both signatures must hold: %v", err)
+		}
+	}
+
+	forge(t, dir)
+	if _, err := image.Sign(dir, a); !errors.Is(err, image.ErrCorrupt) {
+		t.Fatalf("sign of a forged image = %v, want it refused as corrupt", err)
+	}
+}
+
+// Sign writes a manifest with digests in steps; the image loads after each of them, and
+// a sign interrupted anywhere can be run again.
+func TestSignInterruptedLeavesAnImage(t *testing.T) {
+	key, trusted := newKey(t)
+	dir := commitTestImage(t, nil)
+	done := filepath.Join(t.TempDir(), "done")
+	if err := os.CopyFS(done, os.DirFS(dir)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := image.Sign(done, key); err != nil {
+		t.Fatal(err)
+	}
+	read := func(d, name string) []byte {
+		b, err := os.ReadFile(filepath.Join(d, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	write := func(name string, b []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldSeal, newSeal, newManifest := read(dir, image.SealName), read(done, image.SealName), read(done, image.ManifestName)
+
+	write(image.SealName+".new", []byte("half"))
+	write(image.SealName, append(oldSeal, newSeal...)) // step 1: the seal lists both
+	if _, err := image.Open(dir); err != nil {
+		t.Fatalf("old manifest with both seals: %v", err)
+	}
+	write(image.ManifestName, newManifest) // step 3: the new manifest
+	if _, err := image.Open(dir); err != nil {
+		t.Fatalf("new manifest with both seals: %v", err)
+	}
+	write(image.SealName, append(append(oldSeal, newSeal...), oldSeal...))
+	if _, err := image.Load(dir); !errors.Is(err, image.ErrCorrupt) {
+		t.Fatalf("a seal of three lines = %v, want corrupt", err)
+	}
+	write(image.SealName, append(oldSeal, newSeal...))
+	if _, err := image.Sign(dir, key); err != nil {
+		t.Fatalf("sign again after an interrupted one: %v", err)
+	}
+	if _, _, err := image.OpenTrusted(dir, trusted); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, image.SealName+".new")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the interrupted sign's leftover is still there: %v", err)
+	}
+}
