@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -18,6 +19,12 @@ import (
 )
 
 func main() {
+	if err := bench(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func bench() error {
 	cfg := config{libCUDA: os.Getenv("GPUCR_LIBCUDA")}
 	sizes := flag.String("sizes", "1,4,16,32", "GiB held on the GPU by the holder workload, comma-separated")
 	flag.IntVar(&cfg.reps, "reps", 3, "repetitions of each workload and method")
@@ -27,18 +34,28 @@ func main() {
 	images := flag.String("images", "/dev/shm/gpucr-bench,/var/tmp/gpucr-bench", "directories images are written to, comma-separated: every workload runs on each (memory, then disk)")
 	flag.BoolVar(&cfg.model, "model", true, "also run the transformer model workload")
 	criuPages := flag.Bool("compare-criu-pages", false, "also run gpucr with CRIU moving all pages itself (checkpoint and restore)")
+	signed := flag.Bool("compare-signed", false, "also run gpucr signing its images (checkpoint --sign, restore --trust)")
 	out := flag.String("out", "bench/results", "directory for results.json, results.md and chart.png")
 	redraw := flag.String("redraw", "", "run nothing: write results.md and chart.png into -out again from this results.json")
 	flag.Parse()
 	if *redraw != "" {
-		if err := rewrite(*redraw, *out); err != nil {
-			log.Fatal(err)
-		}
-		return
+		return rewrite(*redraw, *out)
 	}
 	cfg.methods = []string{methodBaseline, methodGpucr}
 	if *criuPages {
 		cfg.methods = append(cfg.methods, methodCRIUWrites)
+	}
+	if *signed {
+		keys, err := os.MkdirTemp("", "gpucr-bench-keys-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(keys)
+		cfg.signKey = filepath.Join(keys, "bench")
+		if out, err := exec.Command(cfg.gpucr, "keygen", cfg.signKey).CombinedOutput(); err != nil {
+			return fmt.Errorf("gpucr keygen: %w: %s", err, out)
+		}
+		cfg.methods = append(cfg.methods, methodSigned)
 	}
 	for _, d := range strings.Split(*images, ",") {
 		cfg.imageDirs = append(cfg.imageDirs, strings.TrimSpace(d))
@@ -46,7 +63,7 @@ func main() {
 	for _, s := range strings.Split(*sizes, ",") {
 		gib, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
 		if err != nil {
-			log.Fatalf("bad size %q", s)
+			return fmt.Errorf("bad size %q", s)
 		}
 		cfg.workloads = append(cfg.workloads, holderWorkload(gib))
 	}
@@ -55,15 +72,13 @@ func main() {
 	}
 	// Restored workloads are re-parented to the nearest subreaper: make that us, to reap them.
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		log.Fatal(err)
+		return err
 	}
 	runs, err := run(cfg)
 	if werr := write(*out, runs); werr != nil {
-		log.Fatal(werr)
+		return werr
 	}
-	if err != nil {
-		log.Fatal(err)
-	}
+	return err
 }
 
 // rewrite writes the summaries of the runs in an earlier results.json into dir: a chart

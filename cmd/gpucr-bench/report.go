@@ -33,10 +33,15 @@ type Summary struct {
 	ImageBytes      int64              `json:"gpucrImageBytes"`
 	BaselineImage   int64              `json:"baselineImageBytes"`
 	AllRunsVerified bool               `json:"allRunsVerified"`
-	// CRIUWrites* are gpucr with CRIU moving all pages itself (bench -compare-criu-pages).
-	CRIUWritesCkpt    float64            `json:"criuWritesPagesCheckpointSeconds,omitempty"`
-	CRIUWritesRestore float64            `json:"criuWritesPagesRestoreSeconds,omitempty"`
-	CRIUWritesPhases  map[string]float64 `json:"criuWritesPagesPhases,omitempty"`
+	// Variants are gpucr run another way (-compare-criu-pages, -compare-signed), by method.
+	Variants map[string]Variant `json:"variants,omitempty"`
+}
+
+// Variant is the median of one workload's runs by gpucr run another way.
+type Variant struct {
+	Ckpt    float64            `json:"checkpointSeconds"`
+	Restore float64            `json:"restoreSeconds"`
+	Phases  map[string]float64 `json:"phases"`
 }
 
 func summarize(runs []Run) []Summary {
@@ -96,10 +101,18 @@ func summarize(runs []Run) []Summary {
 		s.CkptRatio = ratio(s.GpucrCkpt, s.BaselineCkpt)
 		s.RestoreRatio = ratio(s.GpucrRestore, s.BaselineRestore)
 		s.BaselinePhases, s.GpucrPhases = phases(methodBaseline), phases(methodGpucr)
-		if slices.ContainsFunc(by[w], func(r Run) bool { return r.Method == methodCRIUWrites }) {
-			s.CRIUWritesCkpt = pick(methodCRIUWrites, func(r Run) float64 { return r.Checkpoint })
-			s.CRIUWritesRestore = pick(methodCRIUWrites, func(r Run) float64 { return r.Restore })
-			s.CRIUWritesPhases = phases(methodCRIUWrites)
+		for _, m := range variants {
+			if !slices.ContainsFunc(by[w], func(r Run) bool { return r.Method == m }) {
+				continue
+			}
+			if s.Variants == nil {
+				s.Variants = map[string]Variant{}
+			}
+			s.Variants[m] = Variant{
+				Ckpt:    pick(m, func(r Run) float64 { return r.Checkpoint }),
+				Restore: pick(m, func(r Run) float64 { return r.Restore }),
+				Phases:  phases(m),
+			}
 		}
 		out = append(out, s)
 	}
@@ -146,9 +159,12 @@ func markdown(ss []Summary) string {
 		fmt.Fprintf(&b, "- %s in %s: baseline %s; gpucr %s\n", s.Workload, s.Images, phaseList(s.BaselinePhases), phaseList(s.GpucrPhases))
 	}
 	for _, s := range ss {
-		if s.CRIUWritesPhases != nil {
-			fmt.Fprintf(&b, "- %s in %s, gpucr with CRIU moving all pages itself: checkpoint %.2f s (%.2f of baseline), restore %.2f s; %s\n",
-				s.Workload, s.Images, s.CRIUWritesCkpt, ratio(s.CRIUWritesCkpt, s.BaselineCkpt), s.CRIUWritesRestore, phaseList(s.CRIUWritesPhases))
+		for _, m := range variants {
+			if v, ok := s.Variants[m]; ok {
+				fmt.Fprintf(&b, "- %s in %s, gpucr %s: checkpoint %.2f s (%.2f of baseline, %.2f of gpucr), restore %.2f s (%.2f of baseline, %.2f of gpucr); %s\n",
+					s.Workload, s.Images, variantNames[m], v.Ckpt, ratio(v.Ckpt, s.BaselineCkpt), ratio(v.Ckpt, s.GpucrCkpt),
+					v.Restore, ratio(v.Restore, s.BaselineRestore), ratio(v.Restore, s.GpucrRestore), phaseList(v.Phases))
+			}
 		}
 	}
 	return b.String()

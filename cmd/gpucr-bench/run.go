@@ -29,15 +29,28 @@ type config struct {
 	model     bool
 	workloads []workload
 	methods   []string
+	signKey   string // the private key of methodSigned
 }
 
-// The methods: the baseline, gpucr, and gpucr with CRIU moving all pages itself, on
-// checkpoint and restore (checkpoint --criu-writes-pages, restore --criu-restores-pages), which
-// measures what gpucr's page server and memory fill win.
+// The methods: the baseline, gpucr, and its variants: gpucr with CRIU moving all pages
+// itself, on checkpoint and restore (checkpoint --criu-writes-pages, restore
+// --criu-restores-pages), which measures what gpucr's page server and memory fill win; and
+// gpucr signing (checkpoint --sign, restore --trust), which measures what the SHA-256 of
+// every byte costs.
 const (
 	methodBaseline   = "baseline"
 	methodGpucr      = "gpucr"
 	methodCRIUWrites = "gpucr-criu-pages"
+	methodSigned     = "gpucr-signed"
+)
+
+// variants are the methods reported beside gpucr, in order, and what each does.
+var (
+	variants     = []string{methodCRIUWrites, methodSigned}
+	variantNames = map[string]string{
+		methodCRIUWrites: "with CRIU moving all pages itself",
+		methodSigned:     "signing (--sign, restored with --trust)",
+	}
 )
 
 // workload is a GPU process to checkpoint, started by a script that follows one protocol:
@@ -60,7 +73,7 @@ func modelWorkload() workload {
 type Run struct {
 	Workload   string             `json:"workload"`
 	Images     string             `json:"images"` // the directory the image was written to
-	Method     string             `json:"method"` // methodBaseline, methodGpucr or methodCRIUWrites
+	Method     string             `json:"method"` // methodBaseline, methodGpucr or one of variants
 	Rep        int                `json:"rep"`
 	Checkpoint float64            `json:"checkpointSeconds"`
 	Restore    float64            `json:"restoreSeconds"`
@@ -120,9 +133,11 @@ func once(cfg config, drv *cuda.Driver, w workload, imageDir, method string, rep
 	case methodBaseline:
 		err = baseline(cfg, drv, p.pid, img, &r)
 	case methodCRIUWrites:
-		err = viaGpucr(cfg, p.pid, img, &r, true)
+		err = viaGpucr(cfg, p.pid, img, &r, "--criu-writes-pages", "--criu-restores-pages")
+	case methodSigned:
+		err = viaGpucr(cfg, p.pid, img, &r, "--sign="+cfg.signKey, "--trust="+cfg.signKey+".pub")
 	default:
-		err = viaGpucr(cfg, p.pid, img, &r, false)
+		err = viaGpucr(cfg, p.pid, img, &r, "", "")
 	}
 	if err != nil {
 		return r, err
@@ -201,8 +216,9 @@ func addRestoreStats(r *Run, s *criuimg.RestoreStats) {
 	}
 }
 
-// viaGpucr checkpoints and restores with gpucr; criuPages has CRIU move all memory itself.
-func viaGpucr(cfg config, pid int, img string, r *Run, criuPages bool) error {
+// viaGpucr checkpoints and restores with gpucr, with the flag ckFlag added to the checkpoint
+// and rsFlag to the restore (when not empty).
+func viaGpucr(cfg config, pid int, img string, r *Run, ckFlag, rsFlag string) error {
 	var ck, rs struct {
 		Phases []struct {
 			Name    string  `json:"name"`
@@ -213,8 +229,8 @@ func viaGpucr(cfg config, pid int, img string, r *Run, criuPages bool) error {
 	}
 	ckArgs := []string{"checkpoint", strconv.Itoa(pid), "-D", img, "--json", "--criu", cfg.criu}
 	rsArgs := []string{"restore", "-D", img, "--json", "--criu", cfg.criu}
-	if criuPages {
-		ckArgs, rsArgs = append(ckArgs, "--criu-writes-pages"), append(rsArgs, "--criu-restores-pages")
+	if ckFlag != "" {
+		ckArgs, rsArgs = append(ckArgs, ckFlag), append(rsArgs, rsFlag)
 	}
 	t0 := time.Now()
 	if err := runJSON(&ck, cfg.gpucr, ckArgs...); err != nil {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test plan, run on the device machine from the bundle directory as root:
 #   bash plan.sh [TEST...]   (default: 1 2 3 4 5, one GPU; test 6 needs two GPUs; 7 streams;
-#   8, 9: a GPU process with a forked, a spawned child; 10: an image others could change)
+#   8, 9: a GPU process with a forked, a spawned child; 10: an image others could change;
+#   11: signed images, restored under --trust from a directory and streamed from a store)
 # Prints PASS/FAIL per test and writes JSON outputs to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -185,6 +186,20 @@ holder 1 pin || bad "10 start"
   case "$r" in *same=True*kernel=True*) ok "10 restored from the private copy: $r";; *) bad "10 $r";; esac ||
   { bad "10 restore from a private copy"; grep -v DEBUG "$W/pin.log" | tail -5; }
 kill -9 "$HP"
+fi
+if has 11; then
+echo "== 11. signed images: checkpoint --sign, restore --trust (every byte's SHA-256 checked), in place and streamed"
+"$G" keygen "$W/key" >/dev/null || bad "11 keygen"
+holder 4 sig || bad "11 start"
+"$G" checkpoint "$HP" -D "$W/imgsig" --sign "$W/key" --json > "$OUTD/ckpt-signed.json" && phases "$OUTD/ckpt-signed.json" checkpoint &&
+  sleep 0.5 && gone "$HP" && "$G" restore -D "$W/imgsig" --trust "$W/key.pub" --json > "$OUTD/rst-signed.json" &&
+  phases "$OUTD/rst-signed.json" restore && r=$(verify_holder "$HP" "$HD") &&
+  case "$r" in *same=True*kernel=True*) ok "11 signed image restored under --trust: $r";; *) bad "11 $r";; esac || bad "11 signed image"
+"$G" checkpoint "$HP" --to "$W/sigstore/ckpt" --sign "$W/key" --json > "$OUTD/stream-signed.json" &&
+  sleep 0.5 && gone "$HP" && "$G" restore --from "$W/sigstore/ckpt" --trust "$W/key.pub" --json > "$OUTD/streamrst-signed.json" &&
+  phases "$OUTD/streamrst-signed.json" restore && r=$(verify_holder "$HP" "$HD") &&
+  case "$r" in *same=True*kernel=True*) ok "11 signed streamed image restored --from under --trust: $r";; *) bad "11 streamed $r";; esac || bad "11 signed streamed image"
+kill -9 "$HP"; rm -rf "$W/imgsig" "$W/sigstore"
 fi
 echo "== $pass passed, $fail failed"
 [ $fail -eq 0 ]
