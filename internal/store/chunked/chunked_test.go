@@ -308,7 +308,7 @@ func TestPullDetectsBadChunks(t *testing.T) {
 		{"other content", func(ctx context.Context, st store.Store, key string) error {
 			b := enc.EncodeAll(random(99, 4*mib), nil)
 			return st.Put(ctx, key, bytes.NewReader(b), int64(len(b)))
-		}, "corrupted: sha256 mismatch"},
+		}, "corrupted: its bytes do not match"},
 		{"garbage", func(ctx context.Context, st store.Store, key string) error {
 			return st.Put(ctx, key, strings.NewReader("not zstd at all"), 15)
 		}, "corrupted: "},
@@ -364,6 +364,38 @@ func TestPullDetectsBadChunks(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// A chunk is checked against its xxh64; a manifest object written before chunks had one
+// (its chunks named by sha256 only) is checked against the sha256, so other content is
+// refused either way.
+func TestPullChecksSHA256WhereNoXXH64(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	m, _, err := chunked.Push(ctx, st, "ckpt", testImage(t, 0), chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var victim chunked.Chunk
+	for i, f := range m.Files {
+		for j, c := range f.Chunks {
+			if !c.Zero && len(c.XXH64) != 16 {
+				t.Fatalf("%s chunk %d has no xxh64: %+v", f.Path, j, c)
+			}
+			m.Files[i].Chunks[j].XXH64 = ""
+		}
+		if f.Path == "criu/pages-1.img" {
+			victim = f.Chunks[4]
+		}
+	}
+	raw, _ := json.Marshal(m)
+	put(t, st, chunked.ManifestKey("ckpt"), raw)
+	enc, _ := zstd.NewWriter(nil)
+	put(t, st, chunked.ChunkKey("ckpt", victim.SHA256), enc.EncodeAll(random(99, int(victim.Size)), nil))
+	_, _, err = chunked.Pull(ctx, st, "ckpt", filepath.Join(t.TempDir(), "img"), chunked.Options{})
+	if !errors.Is(err, chunked.ErrBadChunk) || !strings.Contains(err.Error(), "corrupted") {
+		t.Fatalf("Pull of other content under an old manifest object = %v, want a bad chunk", err)
 	}
 }
 

@@ -6,23 +6,25 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/store"
 )
 
-// verifyBlock is how much of a chunk is hashed at a time: each block is read by sha256 and
+// verifyBlock is how much of a chunk is hashed at a time: each block is read by its check and
 // by the caller's digest while it is still in the core's cache, not twice from memory.
 const verifyBlock = 64 << 10
 
 // fetchChunk downloads chunk c of file (at offset off, for errors) and decodes it into
 // dst[:0], whose capacity should be c.Size to decode in place; comp is the buffer for the
 // compressed bytes. It returns the chunk's bytes, the buffer, and how many bytes came over
-// the wire; the bytes are returned only once their sha256 is c's: a missing, short, long
-// or altered chunk is a *ChunkError. also, when not nil, is written the chunk's bytes as
-// they are hashed (the image's own digest of them).
+// the wire; the bytes are returned only once they are checked against c (checkChunk): a
+// missing, short, long or altered chunk is a *ChunkError. also, when not nil, is written the chunk's bytes as
+// they are checked (the image's own digest of them).
 func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte, also *image.PieceHash) ([]byte, []byte, error) {
 	key := ChunkKey(prefix, c.SHA256)
 	bad := func(reason string) error {
@@ -50,18 +52,8 @@ func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.De
 	if int64(len(data)) != c.Size {
 		return nil, comp, bad(fmt.Sprintf("corrupted: %d bytes, want %d", len(data), c.Size))
 	}
-	h := sha256.New()
-	for b := data; len(b) > 0; {
-		n := min(len(b), verifyBlock)
-		h.Write(b[:n])
-		if also != nil {
-			also.Add(b[:n])
-		}
-		b = b[n:]
-	}
-	var sum [sha256.Size]byte
-	if hex.EncodeToString(h.Sum(sum[:0])) != c.SHA256 {
-		return nil, comp, bad("corrupted: sha256 mismatch")
+	if err := checkChunk(data, c, also); err != nil {
+		return nil, comp, bad(err.Error())
 	}
 	return data, comp, nil
 }
@@ -74,4 +66,27 @@ func newDecoder(n int) (*zstd.Decoder, error) {
 		return nil, fmt.Errorf("zstd: %w", err)
 	}
 	return dec, nil
+}
+
+// checkChunk checks a chunk's bytes against its xxh64, or its sha256 where the manifest
+// object has no xxh64, and passes them to also (when not nil) block by block, while they
+// are in cache.
+func checkChunk(data []byte, c Chunk, also *image.PieceHash) error {
+	var h hash.Hash = xxhash.New()
+	want := c.XXH64
+	if want == "" {
+		h, want = sha256.New(), c.SHA256
+	}
+	for b := data; len(b) > 0; {
+		n := min(len(b), verifyBlock)
+		h.Write(b[:n])
+		if also != nil {
+			also.Add(b[:n])
+		}
+		b = b[n:]
+	}
+	if hex.EncodeToString(h.Sum(nil)) != want {
+		return errors.New("corrupted: its bytes do not match the manifest object's digest")
+	}
+	return nil
 }

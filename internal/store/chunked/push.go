@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/gpucr/gpucr/internal/image"
@@ -309,7 +310,7 @@ func (u *uploader) put(ctx context.Context, data []byte, buf *buffers, file stri
 		return Chunk{Size: size, Zero: true}, nil
 	}
 	sum := sha256.Sum256(data)
-	c := Chunk{Size: size, SHA256: hex.EncodeToString(sum[:])}
+	c := Chunk{Size: size, SHA256: hex.EncodeToString(sum[:]), XXH64: fmt.Sprintf("%016x", xxhash.Sum64(data))}
 	key := ChunkKey(u.prefix, c.SHA256)
 
 	stored, err := u.store(ctx, key, data, buf, file, off)
