@@ -230,3 +230,39 @@ func TestSignInterruptedLeavesAnImage(t *testing.T) {
 		t.Fatalf("the interrupted sign's leftover is still there: %v", err)
 	}
 }
+
+// gpucr sign, as root, of an image others can write reads and writes its files by name
+// only: a manifest.sig that is a symlink to a root-only file is refused, not read (its
+// lines would be kept in the new signature file), and nothing outside the image is
+// written.
+func TestSignFollowsNoSymlink(t *testing.T) {
+	key, _ := newKey(t)
+	dir := commitTestImage(t, nil)
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("ed25519 0123456789abcdef c2VjcmV0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, filepath.Join(dir, image.SigName)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := image.Sign(dir, key); err == nil || !strings.Contains(err.Error(), image.SigName) {
+		t.Fatalf("sign with %s a symlink = %v, want it refused", image.SigName, err)
+	}
+	if b, _ := os.ReadFile(secret); !strings.HasPrefix(string(b), "ed25519 0123456789abcdef") || len(b) != 34 {
+		t.Fatalf("the symlink's target changed: %q", b)
+	}
+	// A directory given through a symlink is signed where it is, once, and stays whole.
+	if err := os.Remove(filepath.Join(dir, image.SigName)); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := image.Sign(link, key); err != nil {
+		t.Fatalf("sign through a symlinked directory: %v", err)
+	}
+	if fi, err := os.Lstat(filepath.Join(dir, image.SigName)); err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("the signature is not in the image itself: %v %v", fi, err)
+	}
+}

@@ -1,7 +1,6 @@
 package image
 
 import (
-	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/sha256"
@@ -19,7 +18,6 @@ import (
 	"syscall"
 
 	"github.com/gpucr/gpucr/internal/beneath"
-	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/signing"
 )
 
@@ -107,7 +105,7 @@ func readSealed(dir string) ([]byte, error) {
 	if base := filepath.Base(abs); strings.HasPrefix(base, ".") && strings.Contains(base, partialMark) {
 		return nil, sentinelf(ErrNoManifest, "%s is not a gpucr image: it is an unfinished checkpoint's staging directory", dir)
 	}
-	b, err := os.ReadFile(filepath.Join(dir, ManifestName))
+	b, err := readBeneath(dir, ManifestName, maxManifest)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		return nil, sentinelf(ErrNoManifest, "%s is not a gpucr image: no %s", dir, ManifestName)
 	}
@@ -121,6 +119,25 @@ func readSealed(dir string) ([]byte, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// maxManifest is the largest manifest read: far more than a tree of thousands of
+// processes lists, far less than a file that is no manifest could fill memory with.
+const maxManifest = 64 << 20
+
+// readBeneath reads the file name of the image at dir, no symlink followed, at most limit
+// bytes: an image's author must not make gpucr read a file of root's instead.
+func readBeneath(dir, name string, limit int64) ([]byte, error) {
+	f, err := beneath.Open(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err == nil && int64(len(b)) > limit {
+		err = fmt.Errorf("%s is larger than %d bytes", f.Name(), limit)
+	}
+	return b, err
 }
 
 // checkFormat refuses manifest bytes of a format newer than this gpucr's. The version is
@@ -160,7 +177,7 @@ func seal(manifest []byte) string {
 // checkSeal compares the manifest's bytes with the seal committed beside them. It runs
 // after the format check, so that a newer gpucr may seal differently.
 func checkSeal(dir string, manifest []byte) error {
-	b, err := os.ReadFile(filepath.Join(dir, SealName))
+	b, err := readBeneath(dir, SealName, 1<<10)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &CorruptError{SealName, "missing: the manifest cannot be checked"}
 	}
@@ -262,7 +279,7 @@ func CheckListed(dir string, m *Manifest) error {
 			return &CorruptError{rel, "not a regular file: an image holds only regular files and directories"}
 		case rel == ManifestName || rel == SealName || rel == SigName || listed[rel]:
 			return nil
-		case rel == ManifestName+tmpSuffix || rel == SealName+tmpSuffix || rel == SigName+tmpSuffix:
+		case rel == ManifestName+beneath.ReplaceSuffix || rel == SealName+beneath.ReplaceSuffix || rel == SigName+beneath.ReplaceSuffix:
 			return nil // an interrupted Sign's: never read, removed by the next one
 		case path.Dir(rel) == LogsDir:
 			return nil // CRIU's logs: for people, never read by a restore
@@ -377,15 +394,10 @@ func checkSigned(dir string, manifest []byte, trusted signing.Keys) (string, err
 	if len(trusted) == 0 {
 		return "", nil
 	}
-	f, err := beneath.Open(dir, SigName)
+	sig, err := readBeneath(dir, SigName, maxSigFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("%w: it is not signed", signing.ErrUntrusted)
 	}
-	if err != nil {
-		return "", fmt.Errorf("read %s of %s: %w", SigName, dir, err)
-	}
-	defer f.Close()
-	sig, err := io.ReadAll(io.LimitReader(f, 64<<10))
 	if err != nil {
 		return "", fmt.Errorf("read %s of %s: %w", SigName, dir, err)
 	}
@@ -400,13 +412,26 @@ type Signed struct {
 }
 
 // Sign verifies every file of the image at dir and adds a signature by key, keeping other
-// keys' signatures. An image whose manifest records no SHA-256 of its files (checkpointed
-// unsigned, or by an older gpucr) gets them first, computed in the same read that verifies
-// the files, and a manifest rewritten with them; the other keys' signatures of the old
-// manifest are dropped. Every step is a rename, and at every point the image is whole.
+// keys' well-formed signatures. An image whose manifest records no SHA-256 of its files
+// (checkpointed unsigned, or by an older gpucr) gets them first, computed in the same read
+// that verifies the files, and a manifest rewritten with them; the other keys' signatures
+// of the old manifest are dropped. Every step is a rename, and at every point the image is
+// whole. The image's directory is held open and written only through it, by names never
+// followed: whoever else can write it cannot make root write or read elsewhere.
 func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
+	dir, err := Resolve(dir)
+	if err != nil {
+		return nil, err
+	}
+	d, err := beneath.OpenDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
 	for _, name := range []string{ManifestName, SealName, SigName} {
-		os.Remove(filepath.Join(dir, name+tmpSuffix)) // an interrupted signing's leftovers
+		if err := d.Remove(name + beneath.ReplaceSuffix); err != nil { // an interrupted signing's
+			return nil, err
+		}
 	}
 	old, err := readSealed(dir)
 	if err != nil {
@@ -442,11 +467,11 @@ func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
 	}
 	id := signing.ID(key.Public().(ed25519.PublicKey))
 	res := &Signed{KeyID: id}
-	sigPath := filepath.Join(dir, SigName)
-	sigs, err := os.ReadFile(sigPath)
+	sigs, err := d.ReadFile(SigName, maxSigFile)
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("read %s of %s: %w", SigName, dir, err)
 	}
+	others := signing.Others(sigs, id)
 	manifest := old
 	if !m.Digested() {
 		m.FormatVersion = FormatVersion // written again, by this gpucr
@@ -454,88 +479,35 @@ func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
 		if manifest, err = encode(m); err != nil {
 			return nil, err
 		}
-		res.Dropped = signers(sigs, id)
-		sigs = nil
-		if err := replaceManifest(dir, old, manifest); err != nil {
-			return nil, err
+		res.Dropped = signing.IDs(others)
+		others = nil
+		if err := replaceManifest(d, old, manifest); err != nil {
+			return nil, fmt.Errorf("write the manifest of %s with SHA-256 digests: %w", dir, err)
 		}
 	}
-	var kept []byte
-	for _, line := range bytes.SplitAfter(sigs, []byte("\n")) {
-		if f := strings.Fields(string(line)); len(f) > 1 && f[1] != id {
-			kept = append(append(kept, bytes.TrimRight(line, "\n")...), '\n')
-		}
-	}
-	if err := replaceFile(sigPath, append(kept, signing.Sign(key, manifest)...)); err != nil {
-		return nil, fmt.Errorf("sign %s: %w", dir, err)
-	}
-	if err := durable.SyncDir(dir); err != nil {
+	if err := d.Replace(SigName, append(others, signing.Sign(key, manifest)...)); err != nil {
 		return nil, fmt.Errorf("sign %s: %w", dir, err)
 	}
 	return res, nil
 }
 
-// signers are the key IDs of the signature lines in sigs, but id.
-func signers(sigs []byte, id string) []string {
-	var out []string
-	for _, line := range strings.Split(string(sigs), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[1] != id {
-			out = append(out, f[1])
-		}
-	}
-	return out
-}
+// maxSigFile is the most a signature file may hold: a line per key.
+const maxSigFile = 64 << 10
 
 // replaceManifest puts manifest in place of the image's old one, and a seal for it, so
 // that a crash at any point leaves an image that loads: the seal first lists both
 // manifests' digests, the old manifest's signatures go, the manifest is replaced, and the
-// seal lists the new one only.
-// A seal only finds damage (whoever can write the image can write it), so accepting
-// either of two digests for a moment weakens nothing.
-func replaceManifest(dir string, old, manifest []byte) error {
-	sealPath := filepath.Join(dir, SealName)
-	steps := []struct {
-		path string
-		b    []byte
-	}{
-		{sealPath, []byte(seal(old) + "\n" + seal(manifest) + "\n")},
-		{filepath.Join(dir, SigName), nil}, // the old manifest's signatures: void with it
-		{filepath.Join(dir, ManifestName), manifest},
-		{sealPath, []byte(seal(manifest) + "\n")},
-	}
-	for _, s := range steps {
-		var err error
-		if s.b == nil {
-			err = os.Remove(s.path)
-			if errors.Is(err, fs.ErrNotExist) {
-				err = nil
-			}
-		} else {
-			err = replaceFile(s.path, s.b)
-		}
-		if err == nil {
-			err = durable.SyncDir(dir)
-		}
-		if err != nil {
-			return fmt.Errorf("write the manifest of %s with SHA-256 digests: %w", dir, err)
-		}
-	}
-	return nil
-}
-
-// tmpSuffix names the file an image's manifest, seal or signatures are written to before
-// they replace the old one.
-const tmpSuffix = ".new"
-
-// replaceFile replaces the file at path with b, atomically and durably.
-func replaceFile(path string, b []byte) error {
-	tmp := path + tmpSuffix
-	if err := writeSynced(tmp, b); err != nil {
+// seal lists the new one only. A seal only finds damage (whoever can write the image can
+// write it), so accepting either of two digests for a moment weakens nothing.
+func replaceManifest(d *beneath.Dir, old, manifest []byte) error {
+	if err := d.Replace(SealName, []byte(seal(old)+"\n"+seal(manifest)+"\n")); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	if err := d.Remove(SigName); err != nil { // the old manifest's signatures: void with it
 		return err
 	}
-	return nil
+	if err := d.Replace(ManifestName, manifest); err != nil {
+		return err
+	}
+	return d.Replace(SealName, []byte(seal(manifest)+"\n"))
 }

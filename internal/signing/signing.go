@@ -8,7 +8,6 @@
 package signing
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"crypto/sha256"
@@ -91,12 +90,15 @@ func LoadPrivate(path string) (ed25519.PrivateKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("signing key: %w", err)
 	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("signing key %s is readable by others (mode %04o): chmod 600 it", path, fi.Mode().Perm())
-	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("signing key: %w", err)
+	}
+	if _, err := parsePEM(b, "PUBLIC KEY", x509.ParsePKIXPublicKey); err == nil {
+		return nil, fmt.Errorf("signing key %s is a public key: sign with the private key (gpucr keygen PATH writes it to PATH, the public key to PATH%s)", path, PublicSuffix)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("signing key %s is readable by others (mode %04o): chmod 600 it", path, fi.Mode().Perm())
 	}
 	key, err := parsePEM(b, "PRIVATE KEY", x509.ParsePKCS8PrivateKey)
 	if err != nil {
@@ -175,31 +177,78 @@ func Sign(key ed25519.PrivateKey, manifest []byte) []byte {
 }
 
 // Check verifies that sigFile holds a signature of manifest by one of k, and returns that
-// key's ID. Lines naming other keys are skipped, so an image may carry several signatures.
+// key's ID. Lines naming other keys are skipped, so an image may carry several signatures,
+// and so are lines that are no signature at all.
 func (k Keys) Check(manifest, sigFile []byte) (string, error) {
 	var signers []string
-	for _, line := range bytes.Split(sigFile, []byte("\n")) {
-		f := strings.Fields(string(line))
-		if len(f) == 0 {
+	malformed := 0
+	for _, line := range strings.Split(string(sigFile), "\n") {
+		l, ok := parseLine(line)
+		if !ok {
+			if strings.TrimSpace(line) != "" {
+				malformed++
+			}
 			continue
 		}
-		if len(f) != 3 || f[0] != Algorithm {
-			return "", fmt.Errorf("%w: malformed signature line", ErrUntrusted)
-		}
-		signers = append(signers, f[1])
-		pub, ok := k[f[1]]
+		signers = append(signers, l.id)
+		pub, ok := k[l.id]
 		if !ok {
 			continue
 		}
-		sig, err := base64.StdEncoding.DecodeString(f[2])
-		if err != nil || !ed25519.Verify(pub, manifest, sig) {
-			return "", fmt.Errorf("%w: its signature by key %s does not match its manifest", ErrUntrusted, f[1])
+		if !ed25519.Verify(pub, manifest, l.sig) {
+			return "", fmt.Errorf("%w: its signature by key %s does not match its manifest", ErrUntrusted, l.id)
 		}
-		return f[1], nil
+		return l.id, nil
 	}
-	if len(signers) == 0 {
+	switch {
+	case len(signers) == 0 && malformed > 0:
+		return "", fmt.Errorf("%w: its signature file holds no well-formed signature", ErrUntrusted)
+	case len(signers) == 0:
 		return "", fmt.Errorf("%w: it is not signed", ErrUntrusted)
 	}
 	sort.Strings(signers)
 	return "", fmt.Errorf("%w: signed by key %s, which is not among the %d trusted", ErrUntrusted, strings.Join(signers, ", "), len(k))
+}
+
+// line is one signature of a signature file.
+type line struct {
+	id  string
+	sig []byte
+	raw string
+}
+
+// parseLine reads "ALGORITHM KEYID BASE64" with the one algorithm this format knows.
+func parseLine(s string) (line, bool) {
+	f := strings.Fields(s)
+	if len(f) != 3 || f[0] != Algorithm {
+		return line{}, false
+	}
+	sig, err := base64.StdEncoding.DecodeString(f[2])
+	if err != nil || len(sig) != ed25519.SignatureSize {
+		return line{}, false
+	}
+	return line{id: f[1], sig: sig, raw: strings.Join(f, " ")}, true
+}
+
+// Others returns the well-formed signature lines of sigFile made by keys other than id,
+// as a signature file of their own: what a new signature by id is added to.
+func Others(sigFile []byte, id string) []byte {
+	var out []byte
+	for _, s := range strings.Split(string(sigFile), "\n") {
+		if l, ok := parseLine(s); ok && l.id != id {
+			out = append(append(out, l.raw...), '\n')
+		}
+	}
+	return out
+}
+
+// IDs are the key IDs of the signature lines of sigFile.
+func IDs(sigFile []byte) []string {
+	var out []string
+	for _, s := range strings.Split(string(sigFile), "\n") {
+		if l, ok := parseLine(s); ok {
+			out = append(out, l.id)
+		}
+	}
+	return out
 }

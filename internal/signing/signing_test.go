@@ -52,8 +52,8 @@ func TestSignAndCheck(t *testing.T) {
 		"another key":       {onlyB, manifest, sig, "not among the 1 trusted"},
 		"changed manifest":  {onlyA, []byte(`{"files":[1]}`), sig, "does not match"},
 		"no signature":      {onlyA, manifest, nil, "not signed"},
-		"malformed":         {onlyA, manifest, []byte("rsa x y\n"), "malformed"},
-		"bad base64":        {onlyA, manifest, []byte("ed25519 " + ID(key.Public().(ed25519.PublicKey)) + " !!!\n"), "does not match"},
+		"malformed":         {onlyA, manifest, []byte("rsa x y\n"), "no well-formed signature"},
+		"bad base64":        {onlyA, manifest, []byte("ed25519 " + ID(key.Public().(ed25519.PublicKey)) + " !!!\n"), "no well-formed signature"},
 		"signature swapped": {onlyA, manifest, Sign(mustKey(t, b), manifest), "not among"},
 	}
 	for name, c := range cases {
@@ -62,9 +62,20 @@ func TestSignAndCheck(t *testing.T) {
 			t.Errorf("%s: %v, want %q", name, err, c.want)
 		}
 	}
-	// A second signature by another key is skipped, not a failure.
+	// A second signature by another key is skipped, not a failure; so is a line that is no
+	// signature, wherever it is (a note someone added must not void the signatures).
 	if _, err := onlyA.Check(manifest, append(Sign(mustKey(t, b), manifest), sig...)); err != nil {
 		t.Errorf("two signatures: %v", err)
+	}
+	noted := append([]byte("# re-signed by ops, ticket 42\n"), sig...)
+	if _, err := onlyA.Check(manifest, noted); err != nil {
+		t.Errorf("a note before the signature: %v", err)
+	}
+	// Others keeps the other keys' well-formed lines only.
+	idA := ID(key.Public().(ed25519.PublicKey))
+	two := append(Sign(mustKey(t, b), manifest), noted...)
+	if kept := Others(two, idA); len(IDs(kept)) != 1 || IDs(kept)[0] == idA || strings.Contains(string(kept), "#") {
+		t.Errorf("Others of B's, a note and A's signature: %q", kept)
 	}
 }
 
@@ -81,6 +92,10 @@ func TestKeysOthersCanReadAreRefused(t *testing.T) {
 	}
 	if _, err := Generate(p); err == nil {
 		t.Fatal("Generate overwrote an existing key")
+	}
+	// The public key handed where the private one belongs is named as what it is.
+	if _, err := LoadPrivate(p + PublicSuffix); err == nil || !strings.Contains(err.Error(), "is a public key") {
+		t.Fatalf("LoadPrivate of the public key: %v", err)
 	}
 }
 

@@ -1,0 +1,118 @@
+package beneath
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+)
+
+// ReplaceSuffix names the file Replace writes before it renames it over its target; one
+// an interrupted Replace left is removed by the next.
+const ReplaceSuffix = ".new"
+
+// Dir is a directory held open, whose entries are read, created, renamed and removed by
+// name through it: a directory that others can write may swap a name for a symlink at
+// any moment, and gpucr, as root, must neither write nor read through one.
+type Dir struct {
+	fd   int
+	path string
+}
+
+// OpenDir holds the directory at path, which must not be a symlink itself.
+func OpenDir(path string) (*Dir, error) {
+	fd, err := unix.Open(path, unix.O_DIRECTORY|unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return &Dir{fd: fd, path: path}, nil
+}
+
+// Close lets the directory go.
+func (d *Dir) Close() error { return unix.Close(d.fd) }
+
+// ReadFile reads the regular file name in d, refusing a symlink; at most limit bytes.
+func (d *Dir) ReadFile(name string, limit int64) ([]byte, error) {
+	fd, err := unix.Openat2(d.fd, name, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolve})
+	if err != nil {
+		return nil, d.err("open", name, err)
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(d.path, name))
+	defer f.Close()
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return nil, err
+	case !fi.Mode().IsRegular():
+		return nil, d.err("read", name, fmt.Errorf("not a regular file"))
+	case fi.Size() > limit:
+		return nil, d.err("read", name, fmt.Errorf("%d bytes, more than %d", fi.Size(), limit))
+	}
+	b := make([]byte, fi.Size())
+	if _, err := f.ReadAt(b, 0); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// Replace puts b in place of the file name in d, atomically and durably: written to a new
+// file beside it (created, never opened if it exists, so no symlink is followed), synced,
+// renamed over name, and the directory synced.
+func (d *Dir) Replace(name string, b []byte) error {
+	tmp := name + ReplaceSuffix
+	_ = unix.Unlinkat(d.fd, tmp, 0) // an interrupted Replace's; unlink removes a symlink, not its target
+	fd, err := unix.Openat(d.fd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return d.err("create", tmp, err)
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(d.path, tmp))
+	_, err = f.Write(b)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = d.rename(tmp, name)
+	}
+	if err != nil {
+		_ = unix.Unlinkat(d.fd, tmp, 0)
+		return err
+	}
+	return d.Sync()
+}
+
+// Remove removes the entry name from d (a symlink itself, never its target); a missing
+// one is not an error.
+func (d *Dir) Remove(name string) error {
+	if err := unix.Unlinkat(d.fd, name, 0); err != nil && err != unix.ENOENT {
+		return d.err("remove", name, err)
+	}
+	return nil
+}
+
+// Sync makes d's entries durable.
+func (d *Dir) Sync() error {
+	fd, err := unix.Openat(d.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return d.err("open", ".", err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fsync(fd); err != nil {
+		return d.err("sync", ".", err)
+	}
+	return nil
+}
+
+func (d *Dir) rename(from, to string) error {
+	if err := unix.Renameat(d.fd, from, d.fd, to); err != nil {
+		return d.err("rename", from, err)
+	}
+	return nil
+}
+
+func (d *Dir) err(op, name string, err error) error {
+	return &os.PathError{Op: op, Path: filepath.Join(d.path, name), Err: err}
+}

@@ -1,0 +1,59 @@
+package beneath
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// A directory others can write is read and written by name, never through a symlink one
+// of them put there: Replace neither writes into the file a leftover temporary name points
+// to nor into the one the target name points to, and ReadFile refuses to read either.
+func TestDirNeverFollowsSymlinks(t *testing.T) {
+	root := t.TempDir()
+	victim := filepath.Join(root, "victim")
+	if err := os.WriteFile(victim, []byte("root's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "image")
+	if err := os.Mkdir(dir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"sig" + ReplaceSuffix, "sig"} {
+		if err := os.Symlink(victim, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.ReadFile("sig", 1<<10); !errors.Is(err, unix.ELOOP) {
+		t.Fatalf("ReadFile through a symlink = %v, want ELOOP", err)
+	}
+	if err := d.Replace("sig", []byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "root's" {
+		t.Fatalf("the symlinks' target was written: %q", b)
+	}
+	if fi, err := os.Lstat(filepath.Join(dir, "sig")); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("sig after Replace: %v, %v", fi, err)
+	}
+	if b, err := d.ReadFile("sig", 1<<10); err != nil || string(b) != "new" {
+		t.Fatalf("sig holds %q, %v", b, err)
+	}
+	if _, err := os.Lstat(filepath.Join(dir, "sig"+ReplaceSuffix)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the temporary name is left: %v", err)
+	}
+	if _, err := d.ReadFile("sig", 2); err == nil {
+		t.Fatal("ReadFile beyond its limit succeeded")
+	}
+	if _, err := OpenDir(filepath.Join(dir, "sig")); err == nil {
+		t.Fatal("OpenDir of a file succeeded")
+	}
+}
