@@ -7,12 +7,16 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"syscall"
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/parallel"
@@ -28,7 +32,7 @@ const maxStored = ChunkSize + ChunkSize/8
 var ErrNotEmpty = errors.New("destination is not empty")
 
 // Pull fetches the checkpoint at prefix into dir, which must be absent or empty. Every
-// chunk's sha256 is checked as it arrives and a bad or missing one is named; zero chunks
+// chunk is checked as it arrives (checkChunk) and a bad or missing one is named; zero chunks
 // are left as holes. The image is assembled in a hidden directory beside dir, verified with
 // image.Open, and only then renamed to dir, so a failed pull leaves nothing at dir.
 func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*image.Manifest, *Stats, error) {
@@ -49,7 +53,9 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	defer os.RemoveAll(staging)
 	img := filepath.Join(staging, "img")
 
-	p := &puller{st: st, prefix: prefix, m: m, o: o, stats: Stats{Files: len(m.Files)}}
+	kept := *m
+	kept.Files = slices.DeleteFunc(slices.Clone(m.Files), func(f File) bool { return !pulled(f.Path, len(o.Trust) > 0) })
+	p := &puller{st: st, prefix: prefix, m: &kept, o: o, stats: Stats{Files: len(kept.Files)}}
 	defer p.close()
 	if err := p.create(img); err != nil {
 		return nil, nil, err
@@ -78,6 +84,23 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		return nil, nil, fmt.Errorf("image %s pulled but not durable: %w", dir, err)
 	}
 	return im, &p.stats, nil
+}
+
+// pulled says whether a pull (or a streamed restore) fetches the file at path that a
+// manifest object lists. The manifest object is not signed: it may list files the image's
+// manifest does not, which the image's own check refuses, but for two kinds that check
+// lets by — CRIU's logs, which no restore reads, and what an interrupted gpucr sign left
+// (image.CheckListed). An interrupted sign's leftovers are never part of an image; the logs
+// are not taken from a store that must prove what it holds (trusted): they are bytes no
+// signature covers.
+func pulled(p string, trusted bool) bool {
+	switch {
+	case strings.HasSuffix(p, beneath.ReplaceSuffix) && !strings.Contains(p, "/"):
+		return false
+	case trusted && path.Dir(p) == image.LogsDir:
+		return false
+	}
+	return true
 }
 
 // checkDest accepts a destination that is absent or an empty directory, in an existing

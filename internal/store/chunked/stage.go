@@ -55,7 +55,7 @@ func Stage(ctx context.Context, st store.Store, prefix, parent string, o Options
 	if err != nil {
 		return nil, err
 	}
-	local, need, all := localPart(m)
+	local, need, all := localPart(m, len(o.Trust) > 0)
 	if bound := LocalBound(all); need > bound {
 		return nil, fmt.Errorf("%s: %w: CRIU's files need %s of local disk, a streamed restore uses at most %s "+
 			"(5%% of the image, at most 1 GiB); fetch it with gpucr pull URL DIR and restore -D DIR",
@@ -106,11 +106,11 @@ func (s *Staged) Close() {
 }
 
 // localPart returns the files of m a streamed restore fetches (all but the memory gpucr
-// saved), the local disk they need, and the image's size.
-func localPart(m *Manifest) (local []File, need, all int64) {
+// saved, and what pulled leaves out), the local disk they need, and the image's size.
+func localPart(m *Manifest, trusted bool) (local []File, need, all int64) {
 	for _, f := range m.Files {
 		all += f.Size
-		if path.Dir(f.Path) == criuimg.MemDir {
+		if path.Dir(f.Path) == criuimg.MemDir || !pulled(f.Path, trusted) {
 			continue
 		}
 		local = append(local, f)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
+	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
 )
@@ -255,5 +256,59 @@ func TestStageRefusesLargeCRIUFiles(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(parent); len(entries) != 0 {
 		t.Errorf("a refused stage left %d entries", len(entries))
+	}
+}
+
+// The manifest object is not signed: it may list files the image's manifest does not. A
+// trusted pull or streamed restore takes none that the image's check would let by unread
+// (CRIU's logs, an interrupted sign's leftovers): a "trusted" image holds signed bytes only.
+// An untrusted pull keeps the logs (they are for people), never the leftovers.
+func TestTrustedPullTakesOnlySignedFiles(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	pub, key, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, mem := memImage(t, 1, 0)
+	m, _, err := chunked.Push(ctx, st, "signed", memImageOf(t, mem, 0, key), chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(m.Files, func(f chunked.File) bool { return f.Path == "criu/pstree.img" })
+	for _, extra := range []string{"logs/run-me.sh", image.ManifestName + ".new"} {
+		f := m.Files[i]
+		f.Path = extra
+		m.Files = append(m.Files, f)
+	}
+	raw, _ := json.Marshal(m)
+	if err := st.Put(ctx, chunked.ManifestKey("signed"), bytes.NewReader(raw), int64(len(raw))); err != nil {
+		t.Fatal(err)
+	}
+	trusted := chunked.Options{Trust: signing.Keys{signing.ID(pub): pub}}
+	for name, c := range map[string]struct {
+		o    chunked.Options
+		logs bool
+	}{"trusted": {trusted, false}, "untrusted": {chunked.Options{}, true}} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "img")
+			if _, _, err := chunked.Pull(ctx, st, "signed", dir, c.o); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "logs", "run-me.sh")); (err == nil) != c.logs {
+				t.Errorf("logs/run-me.sh pulled: %v, want %v", err == nil, c.logs)
+			}
+			if _, err := os.Stat(filepath.Join(dir, image.ManifestName+".new")); err == nil {
+				t.Error("an interrupted sign's leftover was pulled")
+			}
+			s, err := chunked.Stage(ctx, st, "signed", t.TempDir(), c.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if _, err := os.Stat(filepath.Join(s.Dir, "logs", "run-me.sh")); (err == nil) != c.logs {
+				t.Errorf("logs/run-me.sh staged: %v, want %v", err == nil, c.logs)
+			}
+		})
 	}
 }
