@@ -288,7 +288,7 @@ func TestHostileArchivesAreRefused(t *testing.T) {
 }
 
 // With trusted keys an import takes only an archive signed by one of them, checked before
-// the image's files are written.
+// the image's files are written, and only the files its signed manifest lists.
 func TestImportChecksTheSignature(t *testing.T) {
 	_, key, err := ed25519.GenerateKey(nil)
 	if err != nil {
@@ -300,6 +300,9 @@ func TestImportChecksTheSignature(t *testing.T) {
 	pub := key.Public().(ed25519.PublicKey)
 	if _, signer, err := Import(context.Background(), signed, out, signing.Keys{signing.ID(pub): pub}); err != nil || signer != signing.ID(pub) {
 		t.Fatalf("signed import: %q, %v", signer, err)
+	}
+	if logs, _ := os.ReadDir(filepath.Join(out, image.LogsDir)); len(logs) != 0 {
+		t.Errorf("a trusted import took %d of CRIU's logs, which no signature covers", len(logs))
 	}
 	out2 := filepath.Join(t.TempDir(), "img")
 	if _, _, err := Import(context.Background(), signed, out2, signing.Keys{signing.ID(other): other}); !errors.Is(err, signing.ErrUntrusted) {
