@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/signing"
 )
 
@@ -22,13 +23,7 @@ import (
 // container description and CRIU's logs, with bytes that tell the files apart.
 func testImage(t testing.TB, sign ed25519.PrivateKey) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "img")
-	s, err := image.Begin(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.SignWith = sign
-	for p, b := range map[string][]byte{
+	files := map[string][]byte{
 		"criu/pstree.img":       []byte("pstree"),
 		"criu/pages-1.img":      bytes.Repeat([]byte{7}, 3*4096),
 		"criu/pagemap-1.img":    []byte("pagemap"),
@@ -37,20 +32,9 @@ func testImage(t testing.TB, sign ed25519.PrivateKey) string {
 		"logs/dump.log":         []byte("CRIU said"),
 		"logs/" + StatsDump:     []byte("stats"),
 		"criu/descriptors.json": []byte(`["/dev/null"]`),
-	} {
-		full := filepath.Join(s.Dir(), p)
-		if err := os.MkdirAll(filepath.Dir(full), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(full, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
 	}
 	m := &image.Manifest{RootPID: 1, Processes: []image.Process{{PID: 1, Command: "counter", Threads: 1}}, Created: time.Now()}
-	if err := s.Commit(m); err != nil {
-		t.Fatal(err)
-	}
-	return dir
+	return imagetest.Commit(t, files, m, sign)
 }
 
 func testExport() Export {

@@ -23,24 +23,10 @@ const pagesPath = "criu/pages-1.img"
 // commitTestImage commits a small image into a new directory, signed by key when not nil.
 func commitTestImage(t *testing.T, key ed25519.PrivateKey) string {
 	t.Helper()
-	final := filepath.Join(t.TempDir(), "img")
-	s, err := image.Begin(final)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.SignWith = key
 	pages := make([]byte, 2*image.HashChunkSize+4096)
 	rand.Read(pages)
-	for rel, b := range map[string][]byte{pagesPath: pages, "criu/core-1.img": []byte("core")} {
-		if err := os.WriteFile(filepath.Join(s.Dir(), filepath.FromSlash(rel)), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
 	m := &image.Manifest{GpucrVersion: "test", RootPID: 1, Processes: []image.Process{{PID: 1}}}
-	if err := s.Commit(m); err != nil {
-		t.Fatal(err)
-	}
-	return final
+	return imagetest.Commit(t, map[string][]byte{pagesPath: pages, "criu/core-1.img": []byte("core")}, m, key)
 }
 
 func newKey(t *testing.T) (ed25519.PrivateKey, signing.Keys) {

@@ -3,12 +3,38 @@
 package imagetest
 
 import (
+	"crypto/ed25519"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/image"
 )
+
+// Commit commits files (slash paths inside the image, and their bytes) as an image in a
+// new directory, under manifest m, signed by key when not nil, and returns the directory.
+func Commit(t testing.TB, files map[string][]byte, m *image.Manifest, key ed25519.PrivateKey) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "img")
+	s, err := image.Begin(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.SignWith = key
+	for p, b := range files {
+		full := filepath.Join(s.Dir(), filepath.FromSlash(p))
+		if err := os.MkdirAll(filepath.Dir(full), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Commit(m); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
 
 // Recommit copies the image in dir into a new staging directory, lets change edit the
 // staged files, and commits them under the same manifest, every file listed, checksummed

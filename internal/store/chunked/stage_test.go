@@ -34,15 +34,6 @@ func memImage(t *testing.T, seed uint64, pages int) (string, []byte) {
 // memImageOf commits the image memImage does with the memory mem, signed by key if not nil.
 func memImageOf(t *testing.T, mem []byte, pages int, key ed25519.PrivateKey) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "img")
-	s, err := image.Begin(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.SignWith = key
-	if err := os.Mkdir(filepath.Join(s.Dir(), "mem"), 0o700); err != nil {
-		t.Fatal(err)
-	}
 	files := map[string][]byte{
 		"criu/pages-1.img":   make([]byte, pages),
 		"criu/pagemap-1.img": []byte("pagemap"),
@@ -50,17 +41,36 @@ func memImageOf(t *testing.T, mem []byte, pages int, key ed25519.PrivateKey) str
 		"logs/dump.log":      []byte("dump log\n"),
 		memFile:              mem,
 	}
-	for p, b := range files {
-		if err := os.WriteFile(filepath.Join(s.Dir(), p), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
 	m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42, MemoryBytes: uint64(len(mem)),
 		Host: image.HostInfo{Hostname: "h"}, Processes: []image.Process{{PID: 42, PPID: 1, Command: "counter", Threads: 1}}}
-	if err := s.Commit(m); err != nil {
+	return imagetest.Commit(t, files, m, key)
+}
+
+// swapMemory pushes image a to "a" and image b to "b" in st, then rewrites a's manifest
+// object to list b's chunks for the memory file, as whoever can write a store can: every
+// chunk whole, its sha256 and xxh64 right. It returns b's manifest object.
+func swapMemory(t *testing.T, st store.Store, a, b string) *chunked.Manifest {
+	t.Helper()
+	ctx := context.Background()
+	if _, _, err := chunked.Push(ctx, st, "a", a, chunked.Options{}); err != nil {
 		t.Fatal(err)
 	}
-	return dir
+	mb, _, err := chunked.Push(ctx, st, "b", b, chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ma, err := chunked.Load(ctx, st, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(ma.Files, func(f chunked.File) bool { return f.Path == memFile })
+	j := slices.IndexFunc(mb.Files, func(f chunked.File) bool { return f.Path == memFile })
+	ma.Files[i].Chunks = mb.Files[j].Chunks
+	raw, _ := json.Marshal(ma)
+	if err := st.Put(ctx, chunked.ManifestKey("a"), bytes.NewReader(raw), int64(len(raw))); err != nil {
+		t.Fatal(err)
+	}
+	return mb
 }
 
 // readAll reads the memory file through mem as the fill does, in aligned image pieces.
@@ -149,24 +159,7 @@ func TestStagedMemoryRefusesOtherBytes(t *testing.T) {
 	st := store.NewDir(root)
 	a, want := memImage(t, 1, 0)
 	b, _ := memImage(t, 7, 0)
-	if _, _, err := chunked.Push(ctx, st, "a", a, chunked.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	mb, _, err := chunked.Push(ctx, st, "b", b, chunked.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ma, err := chunked.Load(ctx, st, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(ma.Files, func(f chunked.File) bool { return f.Path == memFile })
-	j := slices.IndexFunc(mb.Files, func(f chunked.File) bool { return f.Path == memFile })
-	ma.Files[i].Chunks = mb.Files[j].Chunks
-	raw, _ := json.Marshal(ma)
-	if err := st.Put(ctx, chunked.ManifestKey("a"), bytes.NewReader(raw), int64(len(raw))); err != nil {
-		t.Fatal(err)
-	}
+	mb := swapMemory(t, st, a, b)
 	s, err := chunked.Stage(ctx, st, "a", t.TempDir(), chunked.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -184,6 +177,7 @@ func TestStagedMemoryRefusesOtherBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
+	j := slices.IndexFunc(mb.Files, func(f chunked.File) bool { return f.Path == memFile })
 	first := mb.Files[j].Chunks[0]
 	obj := filepath.Join(root, filepath.FromSlash(chunked.ChunkKey("b", first.SHA256)))
 	if err := os.WriteFile(obj, []byte("not zstd"), 0o600); err != nil {
@@ -208,25 +202,8 @@ func TestStagedSignedMemoryRefusesForgedBytes(t *testing.T) {
 	_, want := memImage(t, 1, 0)
 	forged := bytes.Clone(want)
 	imagetest.ForgeXXH64(forged[:image.HashChunkSize], 100, 0x90)
-	if _, _, err := chunked.Push(ctx, st, "signed", memImageOf(t, want, 0, key), chunked.Options{}); err != nil {
-		t.Fatal(err)
-	}
-	mf, _, err := chunked.Push(ctx, st, "forged", memImageOf(t, forged, 0, nil), chunked.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ms, err := chunked.Load(ctx, st, "signed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(ms.Files, func(f chunked.File) bool { return f.Path == memFile })
-	j := slices.IndexFunc(mf.Files, func(f chunked.File) bool { return f.Path == memFile })
-	ms.Files[i].Chunks = mf.Files[j].Chunks
-	raw, _ := json.Marshal(ms)
-	if err := st.Put(ctx, chunked.ManifestKey("signed"), bytes.NewReader(raw), int64(len(raw))); err != nil {
-		t.Fatal(err)
-	}
-	s, err := chunked.Stage(ctx, st, "signed", t.TempDir(), chunked.Options{})
+	swapMemory(t, st, memImageOf(t, want, 0, key), memImageOf(t, forged, 0, nil))
+	s, err := chunked.Stage(ctx, st, "a", t.TempDir(), chunked.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
