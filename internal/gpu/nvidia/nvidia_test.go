@@ -32,16 +32,21 @@ const (
 type fakeDriver struct {
 	l2         map[string]uint64
 	l2Err      error
+	l2Calls    int
 	initErr    error
 	state      int
 	stateErr   error
 	restoreErr error
+	firstErr   error // the first Restore's answer, before restoreErr
 	calls      []string
 	pairs      []cuda.GPUPair
 }
 
-func (f *fakeDriver) Init() error                              { f.calls = append(f.calls, "init"); return f.initErr }
-func (f *fakeDriver) L2CacheSizes() (map[string]uint64, error) { return f.l2, f.l2Err }
+func (f *fakeDriver) Init() error { f.calls = append(f.calls, "init"); return f.initErr }
+func (f *fakeDriver) L2CacheSizes() (map[string]uint64, error) {
+	f.l2Calls++
+	return f.l2, f.l2Err
+}
 func (f *fakeDriver) State(int) (int, error)                   { return f.state, f.stateErr }
 func (f *fakeDriver) Checkpoint(pid int) error                 { return f.call("checkpoint %d", pid) }
 func (f *fakeDriver) Unlock(pid int) error                     { return f.call("unlock %d", pid) }
@@ -51,6 +56,10 @@ func (f *fakeDriver) Lock(pid int, timeout time.Duration) error {
 func (f *fakeDriver) Restore(pid int, pairs []cuda.GPUPair) error {
 	f.pairs = pairs
 	if err := f.call("restore %d", pid); err != nil {
+		return err
+	}
+	if err := f.firstErr; err != nil {
+		f.firstErr = nil
 		return err
 	}
 	return f.restoreErr
@@ -83,7 +92,14 @@ func mockH100(uuid, bus string, procs ...nvml.ProcessInfo) *mock.Device {
 			return nvml.FEATURE_ENABLED, nvml.FEATURE_ENABLED, nvml.SUCCESS
 		},
 		GetComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) { return procs, nvml.SUCCESS },
+		GetPersistenceModeFunc:         func() (nvml.EnableState, nvml.Return) { return nvml.FEATURE_DISABLED, nvml.SUCCESS },
 	}
+}
+
+// persistent puts d in persistence mode.
+func persistent(d *mock.Device) *mock.Device {
+	d.GetPersistenceModeFunc = func() (nvml.EnableState, nvml.Return) { return nvml.FEATURE_ENABLED, nvml.SUCCESS }
+	return d
 }
 
 func mockNVML(devs ...*mock.Device) *mock.Interface {
@@ -403,6 +419,74 @@ func TestRestore(t *testing.T) {
 				t.Fatalf("driver saw calls %v with pairs %v; want init, restore with %v", d.calls, d.pairs, c.wantPairs)
 			}
 		})
+	}
+}
+
+// Under persistence mode a restore does not initialize CUDA in gpucr (0.2 s on its
+// critical path), unless the driver answers that it must; without it, it always does.
+func TestRestoreUnderPersistenceMode(t *testing.T) {
+	notInit := &cuda.Error{Call: "cuCheckpointProcessRestore", Code: 3, Name: "CUDA_ERROR_NOT_INITIALIZED"}
+	cases := []struct {
+		name   string
+		devs   []*mock.Device
+		driver fakeDriver
+		calls  []string
+	}{
+		{"every GPU persistent", []*mock.Device{persistent(mockH100(uuidA, "00000000:1A:00.0")), persistent(mockH100(uuidB, "00000000:9A:00.0"))},
+			fakeDriver{}, []string{"restore 42"}},
+		{"the driver wants CUDA initialized after all", []*mock.Device{persistent(mockH100(uuidA, "00000000:1A:00.0"))},
+			fakeDriver{firstErr: notInit}, []string{"restore 42", "init", "restore 42"}},
+		{"one GPU not persistent", []*mock.Device{persistent(mockH100(uuidA, "00000000:1A:00.0")), mockH100(uuidB, "00000000:9A:00.0")},
+			fakeDriver{}, []string{"init", "restore 42"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := c.driver
+			if err := newBackend(mockNVML(c.devs...), &d).Restore(context.Background(), 42, nil); err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(d.calls, c.calls) {
+				t.Fatalf("driver calls %v, want %v", d.calls, c.calls)
+			}
+		})
+	}
+	d := fakeDriver{firstErr: &cuda.Error{Call: "cuCheckpointProcessRestore", Code: 801, Name: "CUDA_ERROR_NOT_SUPPORTED"}}
+	err := newBackend(mockNVML(persistent(mockH100(uuidA, "00000000:1A:00.0"))), &d).Restore(context.Background(), 42, nil)
+	if err == nil || !reflect.DeepEqual(d.calls, []string{"restore 42"}) {
+		t.Fatalf("another driver error: %v after %v, want it returned, not retried", err, d.calls)
+	}
+}
+
+// The L2 sizes, which cost CUDA's initialization in gpucr, are read once per boot: kept in
+// the state directory for the next run, and read again when the driver or a GPU changed.
+func TestL2SizesKeptForTheNextRun(t *testing.T) {
+	state := t.TempDir()
+	devs := []*mock.Device{mockH100(uuidA, "00000000:1A:00.0"), mockH100(uuidB, "00000000:9A:00.0")}
+	sizes := map[string]uint64{uuidA: 50 << 20, uuidB: 50 << 20}
+	host := func(lib *mock.Interface) (*fakeDriver, gpu.Host) {
+		t.Helper()
+		d := &fakeDriver{l2: sizes}
+		b := newBackend(lib, d)
+		b.state, b.sys = state, t.TempDir()
+		h, err := b.Host(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d, h
+	}
+	if d, h := host(mockNVML(devs...)); d.l2Calls != 1 || h.Devices[1].Properties["l2CacheBytes"] != "52428800" {
+		t.Fatalf("first run: %d CUDA queries, %+v", d.l2Calls, h.Devices[1])
+	}
+	if d, h := host(mockNVML(devs...)); d.l2Calls != 0 || h.Devices[1].Properties["l2CacheBytes"] != "52428800" {
+		t.Fatalf("second run: %d CUDA queries, %+v; want the kept sizes", d.l2Calls, h.Devices[1])
+	}
+	if d, _ := host(mockNVML(append(devs, mockH100(uuidC, "00000000:AA:00.0"))...)); d.l2Calls != 1 {
+		t.Fatalf("a GPU more: %d CUDA queries, want the sizes read again", d.l2Calls)
+	}
+	newDriver := mockNVML(devs...)
+	newDriver.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return "590.1", nvml.SUCCESS }
+	if d, _ := host(newDriver); d.l2Calls != 1 {
+		t.Fatalf("another driver: %d CUDA queries, want the sizes read again", d.l2Calls)
 	}
 }
 
