@@ -61,7 +61,7 @@ type Backend struct {
 	cuda driver
 	sys  string // sysfs mount, where PCI devices' NUMA nodes show
 
-	state  string // gpu.Config.StateDir: where the L2 sizes are kept for the next run
+	state string // gpu.Config.StateDir: where the L2 sizes are kept for the next run
 
 	l2Once sync.Once
 	l2     map[string]uint64 // by UUID; read once, since it initializes CUDA in gpucr

@@ -47,9 +47,9 @@ func (f *fakeDriver) L2CacheSizes() (map[string]uint64, error) {
 	f.l2Calls++
 	return f.l2, f.l2Err
 }
-func (f *fakeDriver) State(int) (int, error)                   { return f.state, f.stateErr }
-func (f *fakeDriver) Checkpoint(pid int) error                 { return f.call("checkpoint %d", pid) }
-func (f *fakeDriver) Unlock(pid int) error                     { return f.call("unlock %d", pid) }
+func (f *fakeDriver) State(int) (int, error)   { return f.state, f.stateErr }
+func (f *fakeDriver) Checkpoint(pid int) error { return f.call("checkpoint %d", pid) }
+func (f *fakeDriver) Unlock(pid int) error     { return f.call("unlock %d", pid) }
 func (f *fakeDriver) Lock(pid int, timeout time.Duration) error {
 	return f.call("lock %d %v", pid, timeout)
 }
