@@ -37,7 +37,6 @@ type fakeDriver struct {
 	state      int
 	stateErr   error
 	restoreErr error
-	firstErr   error // the first Restore's answer, before restoreErr
 	calls      []string
 	pairs      []cuda.GPUPair
 }
@@ -56,10 +55,6 @@ func (f *fakeDriver) Lock(pid int, timeout time.Duration) error {
 func (f *fakeDriver) Restore(pid int, pairs []cuda.GPUPair) error {
 	f.pairs = pairs
 	if err := f.call("restore %d", pid); err != nil {
-		return err
-	}
-	if err := f.firstErr; err != nil {
-		f.firstErr = nil
 		return err
 	}
 	return f.restoreErr
@@ -92,14 +87,7 @@ func mockH100(uuid, bus string, procs ...nvml.ProcessInfo) *mock.Device {
 			return nvml.FEATURE_ENABLED, nvml.FEATURE_ENABLED, nvml.SUCCESS
 		},
 		GetComputeRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) { return procs, nvml.SUCCESS },
-		GetPersistenceModeFunc:         func() (nvml.EnableState, nvml.Return) { return nvml.FEATURE_DISABLED, nvml.SUCCESS },
 	}
-}
-
-// persistent puts d in persistence mode.
-func persistent(d *mock.Device) *mock.Device {
-	d.GetPersistenceModeFunc = func() (nvml.EnableState, nvml.Return) { return nvml.FEATURE_ENABLED, nvml.SUCCESS }
-	return d
 }
 
 func mockNVML(devs ...*mock.Device) *mock.Interface {
@@ -422,38 +410,21 @@ func TestRestore(t *testing.T) {
 	}
 }
 
-// Under persistence mode a restore does not initialize CUDA in gpucr (0.2 s on its
-// critical path), unless the driver answers that it must; without it, it always does.
-func TestRestoreUnderPersistenceMode(t *testing.T) {
-	notInit := &cuda.Error{Call: "cuCheckpointProcessRestore", Code: 3, Name: "CUDA_ERROR_NOT_INITIALIZED"}
-	cases := []struct {
-		name   string
-		devs   []*mock.Device
-		driver fakeDriver
-		calls  []string
-	}{
-		{"every GPU persistent", []*mock.Device{persistent(mockH100(uuidA, "00000000:1A:00.0")), persistent(mockH100(uuidB, "00000000:9A:00.0"))},
-			fakeDriver{}, []string{"restore 42"}},
-		{"the driver wants CUDA initialized after all", []*mock.Device{persistent(mockH100(uuidA, "00000000:1A:00.0"))},
-			fakeDriver{firstErr: notInit}, []string{"restore 42", "init", "restore 42"}},
-		{"one GPU not persistent", []*mock.Device{persistent(mockH100(uuidA, "00000000:1A:00.0")), mockH100(uuidB, "00000000:9A:00.0")},
-			fakeDriver{}, []string{"init", "restore 42"}},
+// CUDA is initialized in gpucr once, from PlanRestore on, beside CRIU's restore; the
+// driver's restore waits for it.
+func TestRestoreInitializesCUDAOnceFromThePlan(t *testing.T) {
+	d := &fakeDriver{}
+	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), d)
+	b.sys = t.TempDir()
+	snap := &gpu.Snapshot{Host: gpu.Host{Devices: []gpu.Device{{UUID: uuidA, Name: "NVIDIA H100 80GB HBM3"}}}}
+	if _, err := b.PlanRestore(context.Background(), gpu.RestoreInput{Snapshot: snap}); err != nil {
+		t.Fatal(err)
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			d := c.driver
-			if err := newBackend(mockNVML(c.devs...), &d).Restore(context.Background(), 42, nil); err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(d.calls, c.calls) {
-				t.Fatalf("driver calls %v, want %v", d.calls, c.calls)
-			}
-		})
+	if err := b.Restore(context.Background(), 42, nil); err != nil {
+		t.Fatal(err)
 	}
-	d := fakeDriver{firstErr: &cuda.Error{Call: "cuCheckpointProcessRestore", Code: 801, Name: "CUDA_ERROR_NOT_SUPPORTED"}}
-	err := newBackend(mockNVML(persistent(mockH100(uuidA, "00000000:1A:00.0"))), &d).Restore(context.Background(), 42, nil)
-	if err == nil || !reflect.DeepEqual(d.calls, []string{"restore 42"}) {
-		t.Fatalf("another driver error: %v after %v, want it returned, not retried", err, d.calls)
+	if !reflect.DeepEqual(d.calls, []string{"init", "restore 42"}) {
+		t.Fatalf("driver calls %v, want one init before the restore", d.calls)
 	}
 }
 

@@ -116,7 +116,6 @@ import "C"
 
 import (
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -164,16 +163,6 @@ func (e *Error) Error() string {
 		s += ": " + e.Message
 	}
 	return s
-}
-
-// notInitialized is CUDA_ERROR_NOT_INITIALIZED: cuInit was not called in this process.
-const notInitialized = 3
-
-// IsNotInitialized says whether err is the driver's answer that CUDA is not initialized in
-// this process.
-func IsNotInitialized(err error) bool {
-	var e *Error
-	return errors.As(err, &e) && e.Code == notInitialized
 }
 
 // GPUPair sends the device state a process had on GPU Old to GPU New at restore.

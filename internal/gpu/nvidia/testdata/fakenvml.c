@@ -101,12 +101,6 @@ nvmlReturn_t nvmlDeviceGetEccMode(nvmlDevice_t d, int *cur, int *pending) {
 	*cur = *pending = 1;
 	return SUCCESS;
 }
-/* Persistence mode off, as on a host nobody set it on: gpucr initializes CUDA to restore. */
-nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t d, int *mode) {
-	(void)d;
-	*mode = 0;
-	return SUCCESS;
-}
 
 // Compute processes: the live PIDs with a state file in $FAKEGPU_DIR, all on device 0.
 static nvmlReturn_t procs(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *out) {
