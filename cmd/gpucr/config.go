@@ -53,7 +53,6 @@ func vendorSettings(getenv func(string) string) map[string]string {
 func (a *app) gpuConfig(criuPath string) gpu.Config {
 	c := a.cfg.gpu
 	c.CRIU = criuPath
-	c.StateDir = a.runDir
 	return c
 }
 

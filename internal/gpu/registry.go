@@ -43,9 +43,6 @@ type Description struct {
 type Config struct {
 	CRIU     string
 	Settings map[string]string
-	// StateDir, when set, is a directory only root can write, emptied at boot (gpucr's run
-	// directory), where a backend may keep facts about this host's GPUs between runs.
-	StateDir string
 }
 
 // Off is a registered vendor whose backend cannot work on this host, and why.

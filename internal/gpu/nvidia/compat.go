@@ -55,7 +55,6 @@ func (b *Backend) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Pl
 	if in.Snapshot == nil {
 		return nil, nil
 	}
-	b.startInit() // the restore will need it: it runs beside CRIU's restore
 	host, err := b.Host(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("describe GPUs: %w", err)

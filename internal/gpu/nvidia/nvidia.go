@@ -61,14 +61,8 @@ type Backend struct {
 	cuda driver
 	sys  string // sysfs mount, where PCI devices' NUMA nodes show
 
-	state string // gpu.Config.StateDir: where the L2 sizes are kept for the next run
-
 	l2Once sync.Once
 	l2     map[string]uint64 // by UUID; read once, since it initializes CUDA in gpucr
-
-	initOnce sync.Once
-	initDone chan struct{} // closed once cuInit returned (startInit)
-	initErr  error
 }
 
 // Open loads NVML and libcuda, from cfg's paths where set, or says in one line why NVIDIA
@@ -87,9 +81,7 @@ func Open(cfg gpu.Config) (gpu.Backend, error) {
 		_ = lib.Shutdown() // NVML is of no use without libcuda; its own error adds nothing
 		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", err)
 	}
-	b := newBackend(lib, d)
-	b.state = cfg.StateDir
-	return b, nil
+	return newBackend(lib, d), nil
 }
 
 func newBackend(lib nvml.Interface, d driver) *Backend {
@@ -202,29 +194,12 @@ func mode(r nvml.Return, enabled bool) (string, nvml.Return) {
 	return "disabled", r
 }
 
-// l2Sizes reads the L2 cache sizes once through CUDA, as NVML does not report them, and
-// keeps them for the next runs (l2Cache): CUDA's initialization in gpucr, which the query
-// needs, took 0.18-0.21 s on the H200 machine, before every checkpoint's lock and every
-// restore's CRIU. If CUDA cannot say, they stay 0 ("unknown"), which the compatibility
-// checks allow.
+// l2Sizes reads the L2 cache sizes once through CUDA, as NVML does not report them. If
+// CUDA cannot say, they stay 0 ("unknown"), which the compatibility checks allow.
 func (b *Backend) l2Sizes() map[string]uint64 {
 	b.l2Once.Do(func() {
-		cache := l2Cache{path: filepath.Join(b.state, l2CacheName)}
-		driver, r := b.nvml.SystemGetDriverVersion()
-		uuids, err := b.uuids()
-		known := b.state != "" && r == nvml.SUCCESS && err == nil
-		if known {
-			if b.l2 = cache.load(driver, uuids); b.l2 != nil {
-				return
-			}
-		}
-		sizes, err := b.cuda.L2CacheSizes()
-		if err != nil {
-			return
-		}
-		b.l2 = sizes
-		if known {
-			cache.save(driver, sizes)
+		if sizes, err := b.cuda.L2CacheSizes(); err == nil {
+			b.l2 = sizes
 		}
 	})
 	return b.l2
@@ -401,7 +376,9 @@ func (b *Backend) Restore(_ context.Context, pid int, remap map[string]string) e
 			pairs = append(pairs, cuda.GPUPair{Old: old, New: dst})
 		}
 	}
-	initErr := b.initialized()
+	// The driver restores only with persistence mode on or CUDA initialized in the calling
+	// process, so gpucr initializes it; under persistence mode a failure here is harmless.
+	initErr := b.cuda.Init()
 	if err := b.cuda.Restore(pid, pairs); err != nil {
 		if initErr != nil {
 			return fmt.Errorf("%w (and cuInit in gpucr failed: %v)", err, initErr)
@@ -409,29 +386,6 @@ func (b *Backend) Restore(_ context.Context, pid int, remap map[string]string) e
 		return err
 	}
 	return nil
-}
-
-// startInit initializes CUDA in gpucr, once, in the background. The driver restores only
-// with persistence mode on or CUDA initialized in the calling process, and its restore
-// is slower without it even under persistence mode (0.25-0.4 s more for 4 GiB on the H200
-// machine, device run 56), while cuInit itself takes 0.18-0.21 s there: PlanRestore starts
-// it, so that it runs beside CRIU's restore and the memory fill, off the critical path.
-func (b *Backend) startInit() {
-	b.initOnce.Do(func() {
-		b.initDone = make(chan struct{})
-		go func() {
-			defer close(b.initDone)
-			b.initErr = b.cuda.Init()
-		}()
-	})
-}
-
-// initialized waits for startInit's cuInit (starting it if nothing did) and returns its
-// error; under persistence mode a failure is harmless.
-func (b *Backend) initialized() error {
-	b.startInit()
-	<-b.initDone
-	return b.initErr
 }
 
 // uuids lists this host's GPU UUIDs in index order.

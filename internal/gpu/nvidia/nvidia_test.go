@@ -32,7 +32,6 @@ const (
 type fakeDriver struct {
 	l2         map[string]uint64
 	l2Err      error
-	l2Calls    int
 	initErr    error
 	state      int
 	stateErr   error
@@ -41,14 +40,11 @@ type fakeDriver struct {
 	pairs      []cuda.GPUPair
 }
 
-func (f *fakeDriver) Init() error { f.calls = append(f.calls, "init"); return f.initErr }
-func (f *fakeDriver) L2CacheSizes() (map[string]uint64, error) {
-	f.l2Calls++
-	return f.l2, f.l2Err
-}
-func (f *fakeDriver) State(int) (int, error)   { return f.state, f.stateErr }
-func (f *fakeDriver) Checkpoint(pid int) error { return f.call("checkpoint %d", pid) }
-func (f *fakeDriver) Unlock(pid int) error     { return f.call("unlock %d", pid) }
+func (f *fakeDriver) Init() error                              { f.calls = append(f.calls, "init"); return f.initErr }
+func (f *fakeDriver) L2CacheSizes() (map[string]uint64, error) { return f.l2, f.l2Err }
+func (f *fakeDriver) State(int) (int, error)                   { return f.state, f.stateErr }
+func (f *fakeDriver) Checkpoint(pid int) error                 { return f.call("checkpoint %d", pid) }
+func (f *fakeDriver) Unlock(pid int) error                     { return f.call("unlock %d", pid) }
 func (f *fakeDriver) Lock(pid int, timeout time.Duration) error {
 	return f.call("lock %d %v", pid, timeout)
 }
@@ -407,57 +403,6 @@ func TestRestore(t *testing.T) {
 				t.Fatalf("driver saw calls %v with pairs %v; want init, restore with %v", d.calls, d.pairs, c.wantPairs)
 			}
 		})
-	}
-}
-
-// CUDA is initialized in gpucr once, from PlanRestore on, beside CRIU's restore; the
-// driver's restore waits for it.
-func TestRestoreInitializesCUDAOnceFromThePlan(t *testing.T) {
-	d := &fakeDriver{}
-	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), d)
-	b.sys = t.TempDir()
-	snap := &gpu.Snapshot{Host: gpu.Host{Devices: []gpu.Device{{UUID: uuidA, Name: "NVIDIA H100 80GB HBM3"}}}}
-	if _, err := b.PlanRestore(context.Background(), gpu.RestoreInput{Snapshot: snap}); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.Restore(context.Background(), 42, nil); err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(d.calls, []string{"init", "restore 42"}) {
-		t.Fatalf("driver calls %v, want one init before the restore", d.calls)
-	}
-}
-
-// The L2 sizes, which cost CUDA's initialization in gpucr, are read once per boot: kept in
-// the state directory for the next run, and read again when the driver or a GPU changed.
-func TestL2SizesKeptForTheNextRun(t *testing.T) {
-	state := t.TempDir()
-	devs := []*mock.Device{mockH100(uuidA, "00000000:1A:00.0"), mockH100(uuidB, "00000000:9A:00.0")}
-	sizes := map[string]uint64{uuidA: 50 << 20, uuidB: 50 << 20}
-	host := func(lib *mock.Interface) (*fakeDriver, gpu.Host) {
-		t.Helper()
-		d := &fakeDriver{l2: sizes}
-		b := newBackend(lib, d)
-		b.state, b.sys = state, t.TempDir()
-		h, err := b.Host(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return d, h
-	}
-	if d, h := host(mockNVML(devs...)); d.l2Calls != 1 || h.Devices[1].Properties["l2CacheBytes"] != "52428800" {
-		t.Fatalf("first run: %d CUDA queries, %+v", d.l2Calls, h.Devices[1])
-	}
-	if d, h := host(mockNVML(devs...)); d.l2Calls != 0 || h.Devices[1].Properties["l2CacheBytes"] != "52428800" {
-		t.Fatalf("second run: %d CUDA queries, %+v; want the kept sizes", d.l2Calls, h.Devices[1])
-	}
-	if d, _ := host(mockNVML(append(devs, mockH100(uuidC, "00000000:AA:00.0"))...)); d.l2Calls != 1 {
-		t.Fatalf("a GPU more: %d CUDA queries, want the sizes read again", d.l2Calls)
-	}
-	newDriver := mockNVML(devs...)
-	newDriver.SystemGetDriverVersionFunc = func() (string, nvml.Return) { return "590.1", nvml.SUCCESS }
-	if d, _ := host(newDriver); d.l2Calls != 1 {
-		t.Fatalf("another driver: %d CUDA queries, want the sizes read again", d.l2Calls)
 	}
 }
 
