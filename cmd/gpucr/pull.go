@@ -19,7 +19,7 @@ func (a *app) pullCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "pull s3://BUCKET/PREFIX|PATH DIR",
 		Short: "Fetch a stored checkpoint into an image directory, checking every chunk and file",
-		Long: "pull fetches the checkpoint into DIR, which must not exist or be empty. Every chunk's sha256 is\n" +
+		Long: "pull fetches the checkpoint into DIR, which must not exist or be empty. Every chunk is\n" +
 			"checked as it arrives (a missing or corrupted chunk is named), then every file's checksum as\n" +
 			"restore does; only a verified image is renamed to DIR.",
 		Args: cobra.ExactArgs(2),

@@ -59,7 +59,7 @@ func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.De
 }
 
 // newDecoder is the zstd decoder of fetchChunk for n chunks at once. The frame's own
-// checksum is not checked: fetchChunk checks the decoded bytes' sha256, which says more.
+// checksum is not checked: fetchChunk checks the decoded bytes (checkChunk), which says more.
 func newDecoder(n int) (*zstd.Decoder, error) {
 	dec, err := zstd.NewReader(nil, zstd.WithDecoderConcurrency(n), zstd.WithDecoderMaxMemory(2*ChunkSize), zstd.IgnoreChecksum(true))
 	if err != nil {

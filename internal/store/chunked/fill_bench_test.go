@@ -21,7 +21,7 @@ import (
 
 // BenchmarkFill is a restore's memory fill (memfill.Plan.Fill) of 256 MiB into fresh
 // anonymous memory of this process, as into a restored one, from a local image and from a
-// store: the store's costs (fetch, zstd, sha256 of every chunk) against the local read. The
+// store: the store's costs (fetch, zstd, the check of every chunk) against the local read. The
 // memory is test/gpu/holder.py's, seeded random 64-bit values, with one chunk in 16 zeros.
 //
 //	go test -run '^$' -bench Fill -count 5 ./internal/store/chunked

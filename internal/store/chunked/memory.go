@@ -15,8 +15,8 @@ import (
 )
 
 // Memory serves the memory gpucr saved (criuimg.MemDir) of a stored checkpoint to a
-// restore's fill (a memfill.Source): each chunk is fetched when the fill reads it and its
-// sha256 checked before its bytes are used, and each piece is hashed as the image hashes
+// restore's fill (a memfill.Source): each chunk is fetched when the fill reads it and
+// checked (checkChunk) before its bytes are used, and each piece is hashed as the image hashes
 // it, so that Verify holds the restored tasks until every file is the one the image's own
 // verified manifest lists. Nothing of it is written to local disk.
 type Memory struct {
