@@ -75,20 +75,46 @@ func removeAt(dir int, name, full string) error {
 }
 
 // Open opens rel, a path inside dir, for reading, refusing a symlink anywhere on the way,
-// a ".." that leaves dir, and a mount crossed: a file an image lists is read from the
-// image and nowhere else.
+// a ".." that leaves dir, a mount crossed, and anything but a regular file: a file an
+// image lists is read from the image and nowhere else, and a FIFO put in its place must
+// not hang gpucr in open(2).
 func Open(dir, rel string) (*os.File, error) {
 	d, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
 	defer unix.Close(d)
-	fd, err := unix.Openat2(d, rel, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolve})
+	return openRegular(d, dir, rel)
+}
+
+// ErrNotRegular means a path that must be a regular file is something else (a FIFO, a
+// device, a directory).
+var ErrNotRegular = errors.New("not a regular file")
+
+// openRegular opens rel beneath the directory dirfd (named dir in errors) as Open does.
+// The open does not block (a FIFO would wait for a writer), and the file is checked to be
+// regular before anything reads it.
+func openRegular(dirfd int, dir, rel string) (*os.File, error) {
+	full := filepath.Join(dir, rel)
+	fd, err := unix.Openat2(dirfd, rel, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_NONBLOCK | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolve})
 	if err != nil {
 		if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
 			err = fmt.Errorf("%w: a symlink or mount leads out of %s", err, dir)
 		}
-		return nil, &os.PathError{Op: "open", Path: filepath.Join(dir, rel), Err: err}
+		return nil, &os.PathError{Op: "open", Path: full, Err: err}
 	}
-	return os.NewFile(uintptr(fd), filepath.Join(dir, rel)), nil
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "stat", Path: full, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "open", Path: full, Err: ErrNotRegular}
+	}
+	if err := unix.SetNonblock(fd, false); err != nil {
+		unix.Close(fd)
+		return nil, &os.PathError{Op: "open", Path: full, Err: err}
+	}
+	return os.NewFile(uintptr(fd), full), nil
 }

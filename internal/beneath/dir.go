@@ -1,6 +1,7 @@
 package beneath
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,32 +21,55 @@ type Dir struct {
 	path string
 }
 
-// OpenDir holds the directory at path, which must not be a symlink itself.
+// ErrSymlinkInPath means a path given to OpenDir goes through a symlink.
+var ErrSymlinkInPath = errors.New("a symlink is on the way")
+
+// OpenDir holds the directory at path, which must have no symlink anywhere in it, its
+// last part included: whoever can write a directory on the way could otherwise point it
+// at a directory of someone else's.
 func OpenDir(path string) (*Dir, error) {
-	fd, err := unix.Open(path, unix.O_DIRECTORY|unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Openat2(unix.AT_FDCWD, abs, &unix.OpenHow{
+		Flags:   unix.O_DIRECTORY | unix.O_PATH | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if errors.Is(err, unix.ELOOP) {
+		err = ErrSymlinkInPath
+		if real, rerr := filepath.EvalSymlinks(abs); rerr == nil {
+			err = fmt.Errorf("%w: give the directory's own path, %s", ErrSymlinkInPath, real)
+		}
+	}
 	if err != nil {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	return &Dir{fd: fd, path: path}, nil
 }
 
+// Is says whether path names the directory d holds, now.
+func (d *Dir) Is(path string) bool {
+	var held, named unix.Stat_t
+	return unix.Fstat(d.fd, &held) == nil && unix.Stat(path, &named) == nil &&
+		held.Dev == named.Dev && held.Ino == named.Ino
+}
+
 // Close lets the directory go.
 func (d *Dir) Close() error { return unix.Close(d.fd) }
 
-// ReadFile reads the regular file name in d, refusing a symlink; at most limit bytes.
+// ReadFile reads the regular file name in d, refusing a symlink or anything not regular;
+// at most limit bytes.
 func (d *Dir) ReadFile(name string, limit int64) ([]byte, error) {
-	fd, err := unix.Openat2(d.fd, name, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: resolve})
+	f, err := openRegular(d.fd, d.path, name)
 	if err != nil {
-		return nil, d.err("open", name, err)
+		return nil, err
 	}
-	f := os.NewFile(uintptr(fd), filepath.Join(d.path, name))
 	defer f.Close()
 	fi, err := f.Stat()
 	switch {
 	case err != nil:
 		return nil, err
-	case !fi.Mode().IsRegular():
-		return nil, d.err("read", name, fmt.Errorf("not a regular file"))
 	case fi.Size() > limit:
 		return nil, d.err("read", name, fmt.Errorf("%d bytes, more than %d", fi.Size(), limit))
 	}

@@ -57,3 +57,41 @@ func TestDirNeverFollowsSymlinks(t *testing.T) {
 		t.Fatal("OpenDir of a file succeeded")
 	}
 }
+
+// A FIFO where a regular file belongs is refused at once, not waited on for a writer; a
+// directory reached through a symlink, at its end or on the way, is not held.
+func TestFIFOsAndSymlinkedDirsAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	if err := unix.Mkfifo(filepath.Join(dir, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(dir, "fifo"); !errors.Is(err, ErrNotRegular) {
+		t.Fatalf("Open of a FIFO = %v, want ErrNotRegular", err)
+	}
+	d, err := OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if _, err := d.ReadFile("fifo", 1<<10); !errors.Is(err, ErrNotRegular) {
+		t.Fatalf("ReadFile of a FIFO = %v, want ErrNotRegular", err)
+	}
+	if !d.Is(dir) {
+		t.Fatal("Is of the held directory's own path = false")
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(dir, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{link, filepath.Join(link, ".")} {
+		if _, err := OpenDir(p); !errors.Is(err, ErrSymlinkInPath) {
+			t.Fatalf("OpenDir(%s) = %v, want ErrSymlinkInPath", p, err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := OpenDir(filepath.Join(link, "sub")); !errors.Is(err, ErrSymlinkInPath) {
+		t.Fatalf("OpenDir through a symlinked parent = %v, want ErrSymlinkInPath", err)
+	}
+}

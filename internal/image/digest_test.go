@@ -10,8 +10,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/signing"
@@ -237,7 +239,8 @@ func TestSignFollowsNoSymlink(t *testing.T) {
 	if b, _ := os.ReadFile(secret); !strings.HasPrefix(string(b), "ed25519 0123456789abcdef") || len(b) != 34 {
 		t.Fatalf("the symlink's target changed: %q", b)
 	}
-	// A directory given through a symlink is signed where it is, once, and stays whole.
+	// A directory given through a symlink is refused, and named: whoever can write the
+	// link could point it at an image of someone else's.
 	if err := os.Remove(filepath.Join(dir, image.SigName)); err != nil {
 		t.Fatal(err)
 	}
@@ -245,10 +248,24 @@ func TestSignFollowsNoSymlink(t *testing.T) {
 	if err := os.Symlink(dir, link); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := image.Sign(link, key); err != nil {
-		t.Fatalf("sign through a symlinked directory: %v", err)
+	if _, err := image.Sign(link, key); !errors.Is(err, beneath.ErrSymlinkInPath) || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("sign through a symlinked directory = %v, want it refused naming %s", err, dir)
 	}
-	if fi, err := os.Lstat(filepath.Join(dir, image.SigName)); err != nil || !fi.Mode().IsRegular() {
-		t.Fatalf("the signature is not in the image itself: %v %v", fi, err)
+	if _, err := os.Lstat(filepath.Join(dir, image.SigName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the symlink's target was signed: %v", err)
+	}
+	// A FIFO in the image is refused, not waited on.
+	fifo := commitTestImage(t, nil)
+	if err := os.Remove(filepath.Join(fifo, image.ManifestName)); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(fifo, image.ManifestName), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := image.Sign(fifo, key); !errors.Is(err, beneath.ErrNotRegular) {
+		t.Fatalf("sign of an image whose manifest is a FIFO = %v, want it refused", err)
+	}
+	if _, err := image.Load(fifo); !errors.Is(err, beneath.ErrNotRegular) {
+		t.Fatalf("load of an image whose manifest is a FIFO = %v, want it refused", err)
 	}
 }

@@ -416,16 +416,13 @@ type Signed struct {
 // (checkpointed unsigned, or by an older gpucr) gets them first, computed in the same read
 // that verifies the files, and a manifest rewritten with them; the other keys' signatures
 // of the old manifest are dropped. Every step is a rename, and at every point the image is
-// whole. The image's directory is held open and written only through it, by names never
-// followed: whoever else can write it cannot make root write or read elsewhere.
+// whole. The image's directory, named by a path without symlinks, is held open and written
+// only through it, by names never followed, once it is known to be the directory read:
+// whoever else can write it cannot make root write or read elsewhere.
 func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
-	dir, err := Resolve(dir)
-	if err != nil {
-		return nil, err
-	}
 	d, err := beneath.OpenDir(dir)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("sign: %w", err)
 	}
 	defer d.Close()
 	for _, name := range []string{ManifestName, SealName, SigName} {
@@ -464,6 +461,10 @@ func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
 		if err := f.same(g); err != nil {
 			return nil, err
 		}
+	}
+	// What was read must be what is written: the directory held, still at dir.
+	if !d.Is(dir) {
+		return nil, fmt.Errorf("sign %s: the directory was replaced while it was read; nothing was written", dir)
 	}
 	id := signing.ID(key.Public().(ed25519.PublicKey))
 	res := &Signed{KeyID: id}
