@@ -110,6 +110,13 @@ func piecesSHA256(pieces []Piece) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-func isSHA256(s string) bool {
-	return len(s) == 2*sha256.Size && strings.Trim(s, "0123456789abcdef") == ""
+// IsXXH64 says whether s is an xxh64 digest as gpucr writes them: 16 lowercase hex digits.
+func IsXXH64(s string) bool { return isHex(s, 8) }
+
+// IsSHA256 says whether s is a SHA-256 digest as gpucr writes them: 64 lowercase hex digits.
+func IsSHA256(s string) bool { return isHex(s, sha256.Size) }
+
+// isHex says whether s is n bytes in lowercase hex.
+func isHex(s string, n int) bool {
+	return len(s) == 2*n && strings.Trim(s, "0123456789abcdef") == ""
 }

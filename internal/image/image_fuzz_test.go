@@ -176,7 +176,7 @@ func FuzzLoad(f *testing.F) {
 				t.Fatalf("accepted file path %q (listed before: %v)", file.Path, paths[file.Path])
 			}
 			paths[file.Path] = true
-			if file.Size < 0 || !isXXH64(file.XXH64) {
+			if file.Size < 0 || !IsXXH64(file.XXH64) {
 				t.Fatalf("accepted file %+v", file)
 			}
 		}

@@ -219,7 +219,7 @@ func (m *Manifest) problem() string {
 		switch {
 		case !filepath.IsLocal(f.Path) || path.Clean(f.Path) != f.Path || f.Path == ".":
 			return fmt.Sprintf("file path %q is not inside the image", f.Path)
-		case f.Size < 0 || !isXXH64(f.XXH64) || (f.Strong() && !isSHA256(f.SHA256)):
+		case f.Size < 0 || !IsXXH64(f.XXH64) || (f.Strong() && !IsSHA256(f.SHA256)):
 			return fmt.Sprintf("file %s has an invalid size or checksum", f.Path)
 		case seen[f.Path]:
 			return fmt.Sprintf("file %s is listed twice", f.Path)
@@ -286,10 +286,6 @@ func CheckListed(dir string, m *Manifest) error {
 		}
 		return &CorruptError{rel, "not listed in the manifest: the image was changed after its checkpoint"}
 	})
-}
-
-func isXXH64(s string) bool {
-	return len(s) == 16 && strings.Trim(s, "0123456789abcdef") == ""
 }
 
 // Verify checks every file of m in dir and returns a *CorruptError for the first wrong one

@@ -130,7 +130,7 @@ func FuzzLoad(f *testing.F) {
 			seen[file.Path] = true
 			var total int64
 			for _, c := range file.Chunks {
-				if c.Size <= 0 || c.Size > ChunkSize || !c.Zero && !isSHA256(c.SHA256) {
+				if c.Size <= 0 || c.Size > ChunkSize || !c.Zero && !image.IsSHA256(c.SHA256) {
 					t.Fatalf("%s: accepted chunk %+v", file.Path, c)
 				}
 				total += c.Size

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/parallel"
 	"github.com/gpucr/gpucr/internal/store"
 )
@@ -124,7 +125,7 @@ func checkStore(ctx context.Context, st store.Store, dir string, known bool) err
 		return err
 	}
 	for _, e := range chunks {
-		if e.Dir || !isSHA256(e.Name()) {
+		if e.Dir || !image.IsSHA256(e.Name()) {
 			return fmt.Errorf("%w: %s holds %q, which is no chunk; nothing was removed", ErrNotStore, st.URL(chunksKey(dir)), e.Name())
 		}
 	}

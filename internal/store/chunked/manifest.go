@@ -13,7 +13,6 @@
 package chunked
 
 import (
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"path"
@@ -163,7 +162,7 @@ func (m *Manifest) problem() string {
 		seen[f.Path] = true
 		var total int64
 		for _, c := range f.Chunks {
-			if c.Size <= 0 || c.Size > ChunkSize || (!c.Zero && !isSHA256(c.SHA256)) || (c.XXH64 != "" && !isXXH64(c.XXH64)) {
+			if c.Size <= 0 || c.Size > ChunkSize || (!c.Zero && !image.IsSHA256(c.SHA256)) || (c.XXH64 != "" && !image.IsXXH64(c.XXH64)) {
 				return fmt.Sprintf("file %s has an invalid chunk", f.Path)
 			}
 			total += c.Size
@@ -176,16 +175,6 @@ func (m *Manifest) problem() string {
 		return "no " + image.ManifestName + " among the files"
 	}
 	return ""
-}
-
-func isSHA256(s string) bool {
-	b, err := hex.DecodeString(s)
-	return err == nil && len(b) == 32 && hex.EncodeToString(b) == s
-}
-
-func isXXH64(s string) bool {
-	b, err := hex.DecodeString(s)
-	return err == nil && len(b) == 8 && hex.EncodeToString(b) == s
 }
 
 // ChunkError names a chunk that a pull could not use and the file it belongs to.
