@@ -322,15 +322,9 @@ func CheckSizes(dir string, files []File) error {
 // records one), in parallel, and returns a *CorruptError for the first wrong one in path
 // order. Sizes must have been checked.
 func CheckSums(dir string, files []File) error {
-	files = sortedFiles(files)
-	paths := make([]string, len(files))
-	for i, f := range files {
-		paths[i] = f.Path
-	}
-	// Not yet cancellable: the engine passes no context here until issue 14's rewrite of it.
-	got, err := sumFiles(context.Background(), dir, paths, false, func(i int) bool { return files[i].Strong() })
+	files, got, err := recompute(dir, files, File.Strong)
 	if err != nil {
-		return fmt.Errorf("verify %s: %w", dir, err)
+		return err
 	}
 	for i, f := range files {
 		if err := f.same(got[i]); err != nil {
@@ -338,6 +332,22 @@ func CheckSums(dir string, files []File) error {
 		}
 	}
 	return nil
+}
+
+// recompute returns files sorted by path, and their entries computed from their bytes in
+// dir, with the SHA-256 of those strong says.
+func recompute(dir string, files []File, strong func(File) bool) (sorted, got []File, err error) {
+	sorted = sortedFiles(files)
+	paths := make([]string, len(sorted))
+	for i, f := range sorted {
+		paths[i] = f.Path
+	}
+	// Not yet cancellable: the engine passes no context here until issue 14's rewrite of it.
+	got, err = sumFiles(context.Background(), dir, paths, false, func(i int) bool { return strong(sorted[i]) })
+	if err != nil {
+		return nil, nil, fmt.Errorf("verify %s: %w", dir, err)
+	}
+	return sorted, got, nil
 }
 
 // same returns a *CorruptError unless got, computed from the file's bytes, has f's
@@ -440,14 +450,9 @@ func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
 	if err := CheckSizes(dir, m.Files); err != nil {
 		return nil, err
 	}
-	files := sortedFiles(m.Files)
-	paths := make([]string, len(files))
-	for i, f := range files {
-		paths[i] = f.Path
-	}
-	got, err := sumFiles(context.Background(), dir, paths, false, func(int) bool { return true })
+	files, got, err := recompute(dir, m.Files, func(File) bool { return true })
 	if err != nil {
-		return nil, fmt.Errorf("verify %s: %w", dir, err)
+		return nil, err
 	}
 	for i, f := range files {
 		g := got[i]

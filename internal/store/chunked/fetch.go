@@ -23,8 +23,8 @@ const verifyBlock = 64 << 10
 // dst[:0], whose capacity should be c.Size to decode in place; comp is the buffer for the
 // compressed bytes. It returns the chunk's bytes, the buffer, and how many bytes came over
 // the wire; the bytes are returned only once they are checked against c (checkChunk): a
-// missing, short, long or altered chunk is a *ChunkError. also, when not nil, is written the chunk's bytes as
-// they are checked (the image's own digest of them).
+// missing, short, long or altered chunk is a *ChunkError. also, when not nil, is given the
+// chunk's bytes as they are checked (the image's own digest of them).
 func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte, also *image.PieceHash) ([]byte, []byte, error) {
 	key := ChunkKey(prefix, c.SHA256)
 	bad := func(reason string) error {
@@ -52,8 +52,8 @@ func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.De
 	if int64(len(data)) != c.Size {
 		return nil, comp, bad(fmt.Sprintf("corrupted: %d bytes, want %d", len(data), c.Size))
 	}
-	if err := checkChunk(data, c, also); err != nil {
-		return nil, comp, bad(err.Error())
+	if !checkChunk(data, c, also) {
+		return nil, comp, bad("corrupted: its bytes do not match the manifest object's digest")
 	}
 	return data, comp, nil
 }
@@ -68,10 +68,10 @@ func newDecoder(n int) (*zstd.Decoder, error) {
 	return dec, nil
 }
 
-// checkChunk checks a chunk's bytes against its xxh64, or its sha256 where the manifest
-// object has no xxh64, and passes them to also (when not nil) block by block, while they
-// are in cache.
-func checkChunk(data []byte, c Chunk, also *image.PieceHash) error {
+// checkChunk says whether a chunk's bytes match its xxh64, or its sha256 where the
+// manifest object has no xxh64, and passes them to also (when not nil) block by block,
+// while they are in cache.
+func checkChunk(data []byte, c Chunk, also *image.PieceHash) bool {
 	var h hash.Hash = xxhash.New()
 	want := c.XXH64
 	if want == "" {
@@ -85,8 +85,5 @@ func checkChunk(data []byte, c Chunk, also *image.PieceHash) error {
 		}
 		b = b[n:]
 	}
-	if hex.EncodeToString(h.Sum(nil)) != want {
-		return errors.New("corrupted: its bytes do not match the manifest object's digest")
-	}
-	return nil
+	return hex.EncodeToString(h.Sum(nil)) == want
 }
