@@ -18,9 +18,11 @@
 #            with GPUCR_S3_ENDPOINT and AWS_* set, uses that service)
 #   shm      MinIO on 127.0.0.1, its data on /dev/shm
 #   disk     MinIO on 127.0.0.1, its data on disk (under /var/tmp)
-# MinIO runs with throwaway credentials on a free loopback port, its bucket made as a directory
-# at the top of its data (which MinIO serves as a bucket: the device has no S3 client), and is
-# stopped with its data removed at the end of its pass.
+# MinIO runs with throwaway credentials on a free loopback port (BENCH_MINIO_FLAGS: more flags
+# of its server, e.g. --no-compat, which spares it an MD5 of every object it stores; not in a
+# MINIO_* variable, which MinIO would read as its own), its bucket made as a directory at the
+# top of its data (which MinIO serves as a bucket: the device has no S3 client), and is stopped
+# with its data removed at the end of its pass.
 # Per repetition, wall times: first, once for all stores,
 #   ckpt-local, rst-local   checkpoint -D IMG (on /dev/shm), then restore -D IMG
 #   user                    today's path: checkpoint -D on DISK, cp -a of the image (the move to
@@ -69,14 +71,15 @@ MPID=""; MDATA=""
 # $OUTD/minio-NAME.log, and points gpucr at it.
 minio_start() {
   MDATA=$1; rm -rf "$MDATA"; mkdir -p "$MDATA/$BUCKET"
-  local port cport log=$OUTD/minio-$2.log
+  local port cport log=$OUTD/minio-$2.log margs
+  read -ra margs <<< "${BENCH_MINIO_FLAGS:-}"
   read -r port cport < <(python3 -c 'import socket
 ss = [socket.socket() for _ in range(2)]
 for s in ss: s.bind(("127.0.0.1", 0))
 print(*(s.getsockname()[1] for s in ss))')
   MINIO_ROOT_USER=gpucr-bench MINIO_ROOT_PASSWORD=gpucr-bench-secret MINIO_BROWSER=off \
     MINIO_UPDATE=off MINIO_CI_CD=1 setsid "$MINIO" server --quiet --address "127.0.0.1:$port" \
-    --console-address "127.0.0.1:$cport" "$MDATA" </dev/null > "$log" 2>&1 &
+    --console-address "127.0.0.1:$cport" "${margs[@]}" "$MDATA" </dev/null > "$log" 2>&1 &
   MPID=$!
   export GPUCR_S3_ENDPOINT=http://127.0.0.1:$port AWS_ACCESS_KEY_ID=gpucr-bench \
     AWS_SECRET_ACCESS_KEY=gpucr-bench-secret AWS_REGION=us-east-1
@@ -138,21 +141,27 @@ stop() {
   kill -9 "${PID[$1]}" 2>/dev/null
   for _ in $(seq 600); do [ -e "/proc/${PID[$1]}" ] || break; sleep 0.05; done
 }
-# record KEY SECONDS: keeps a measurement (KEY: WL.STORE.STEP.REP, STORE "-" for a local one;
-# SECONDS nan for a step that failed).
+# record KEY SECONDS [BUSY]: keeps a measurement (KEY: WL.STORE.STEP.REP, STORE "-" for a
+# local one; SECONDS nan for a step that failed; BUSY the cores the whole machine kept busy
+# meanwhile, on average).
 record() {
   V[$1]=$2
-  local wl store step rep secs=$2; IFS=. read -r wl store step rep <<< "$1"
+  local wl store step rep secs=$2 busy=${3:-null}; IFS=. read -r wl store step rep <<< "$1"
   [ "$secs" = nan ] && secs=null
-  echo "{\"rep\":$rep,\"gib\":$GIB,\"workload\":\"$wl\",\"store\":\"$store\",\"step\":\"$step\",\"seconds\":$secs}" >> "$J"
+  echo "{\"rep\":$rep,\"gib\":$GIB,\"workload\":\"$wl\",\"store\":\"$store\",\"step\":\"$step\",\"seconds\":$secs,\"busyCores\":$busy}" >> "$J"
 }
+# busy_ticks: the clock ticks every core of the machine has spent busy since boot (/proc/stat:
+# all but idle and iowait), to tell a step bound by the machine's cores from one that waits.
+busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9; exit}' /proc/stat; }
 # timed KEY CMD...: runs CMD, its output in $OUTD/KEY.out; records its wall time as KEY (nan
-# if it failed), started at $S.
+# if it failed), started at $S, and how many cores were busy meanwhile.
 timed() {
-  local key=$1 t; shift
-  S=$(now)
+  local key=$1 t b busy; shift
+  b=$(busy_ticks); S=$(now)
   if "$@" > "$OUTD/$key.out" 2>&1; then t=$(calc "$(now) - $S"); else bad "$key: $(tail -1 "$OUTD/$key.out")"; t=nan; fi
-  record "$key" "$t"
+  busy=$(calc "($(busy_ticks) - $b) / $(getconf CLK_TCK) / $t")
+  echo "$key: $t s, $busy cores busy"
+  record "$key" "$t" "$busy"
   [ "$t" != nan ]
 }
 # restored WL KEY CMD...: times the restore CMD (--json) as KEY and checks what it restored,
@@ -238,7 +247,7 @@ table() {
 
 echo "== host"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-echo "$(nproc) cores; $("$G" --version); workloads: $WORKLOADS; stores: $STORES; $GIB GiB"
+echo "$(nproc) cores; $("$G" --version); workloads: $WORKLOADS; stores: $STORES; $GIB GiB; MinIO flags: ${BENCH_MINIO_FLAGS:-none}"
 for kind in $STORES; do
   case $kind in shm | disk) [ -x "$MINIO" ] || { echo "no MinIO server at $MINIO for store $kind (MINIO=...)"; exit 1; } ;; esac
 done
