@@ -35,15 +35,15 @@ func (d *Dir) path(key string) string { return filepath.Join(d.root, filepath.Fr
 // URL is the object's file path.
 func (d *Dir) URL(key string) string { return d.path(key) }
 
-func (d *Dir) Put(ctx context.Context, key string, r io.Reader, size int64) error {
-	return d.write(ctx, key, r, size, false)
+func (d *Dir) Put(ctx context.Context, key string, data []byte) error {
+	return d.write(ctx, key, data, false)
 }
 
-func (d *Dir) Create(ctx context.Context, key string, r io.Reader, size int64) error {
-	return d.write(ctx, key, r, size, true)
+func (d *Dir) Create(ctx context.Context, key string, data []byte) error {
+	return d.write(ctx, key, data, true)
 }
 
-func (d *Dir) write(ctx context.Context, key string, r io.Reader, size int64, exclusive bool) error {
+func (d *Dir) write(ctx context.Context, key string, data []byte, exclusive bool) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
@@ -60,10 +60,7 @@ func (d *Dir) write(ctx context.Context, key string, r io.Reader, size int64, ex
 		return fmt.Errorf("write %s: %w", d.URL(key), err)
 	}
 	defer os.Remove(tmp.Name()) // after the rename or link, a no-op or the spare name
-	n, err := io.Copy(tmp, io.LimitReader(r, size+1))
-	if err == nil && n != size {
-		err = fmt.Errorf("got %d bytes, want %d", n, size)
-	}
+	_, err = tmp.Write(data)
 	if err == nil {
 		err = tmp.Sync()
 	}

@@ -25,10 +25,11 @@ var (
 // Every write is atomic: an object is absent or whole, never partial, which is what lets a
 // checkpoint be complete exactly when its manifest object exists.
 type Store interface {
-	// Put stores size bytes read from r at key, replacing any object there.
-	Put(ctx context.Context, key string, r io.Reader, size int64) error
+	// Put stores data at key, replacing any object there. Objects are chunks, manifests and
+	// leases, each in memory whole: a service is sent it in one request, checksummed first.
+	Put(ctx context.Context, key string, data []byte) error
 	// Create is Put that fails with ErrExists instead of replacing an object.
-	Create(ctx context.Context, key string, r io.Reader, size int64) error
+	Create(ctx context.Context, key string, data []byte) error
 	// Get streams the object at key; ErrNotFound if there is none.
 	Get(ctx context.Context, key string) (io.ReadCloser, error)
 	// Stat returns the size of the object at key; ErrNotFound if there is none.

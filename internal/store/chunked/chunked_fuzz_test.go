@@ -39,12 +39,12 @@ func (s *oneObject) Get(_ context.Context, key string) (io.ReadCloser, error) {
 	}
 	return io.NopCloser(bytes.NewReader(s.data)), nil
 }
-func (s *oneObject) Put(context.Context, string, io.Reader, int64) error    { return errReadOnly }
-func (s *oneObject) Create(context.Context, string, io.Reader, int64) error { return errReadOnly }
-func (s *oneObject) Stat(context.Context, string) (int64, error)            { return 0, errReadOnly }
-func (s *oneObject) List(context.Context, string) ([]store.Entry, error)    { return nil, errReadOnly }
-func (s *oneObject) Delete(context.Context, string) error                   { return errReadOnly }
-func (s *oneObject) URL(key string) string                                  { return "mem://" + key }
+func (s *oneObject) Put(context.Context, string, []byte) error           { return errReadOnly }
+func (s *oneObject) Create(context.Context, string, []byte) error        { return errReadOnly }
+func (s *oneObject) Stat(context.Context, string) (int64, error)         { return 0, errReadOnly }
+func (s *oneObject) List(context.Context, string) ([]store.Entry, error) { return nil, errReadOnly }
+func (s *oneObject) Delete(context.Context, string) error                { return errReadOnly }
+func (s *oneObject) URL(key string) string                               { return "mem://" + key }
 
 func sum(b string) string {
 	h := sha256.Sum256([]byte(b))

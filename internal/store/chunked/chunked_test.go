@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -115,7 +114,7 @@ func sameTree(t *testing.T, want, got string) {
 // put stores b under key, failing the test if it cannot.
 func put(t *testing.T, st store.Store, key string, b []byte) {
 	t.Helper()
-	if err := st.Put(context.Background(), key, bytes.NewReader(b), int64(len(b))); err != nil {
+	if err := st.Put(context.Background(), key, b); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -265,7 +264,7 @@ type cutStore struct {
 	cancel context.CancelFunc
 }
 
-func (c *cutStore) Put(ctx context.Context, key string, r io.Reader, size int64) error {
+func (c *cutStore) Put(ctx context.Context, key string, data []byte) error {
 	if strings.Contains(key, "/"+chunked.ChunksDir+"/") && c.puts.Add(1) > c.after {
 		if c.cancel != nil {
 			c.cancel()
@@ -273,7 +272,7 @@ func (c *cutStore) Put(ctx context.Context, key string, r io.Reader, size int64)
 		}
 		return errors.New("connection cut")
 	}
-	return c.Store.Put(ctx, key, r, size)
+	return c.Store.Put(ctx, key, data)
 }
 
 // assertAbsent checks that no checkpoint is at prefix by every way of looking.
@@ -307,14 +306,14 @@ func TestPullDetectsBadChunks(t *testing.T) {
 		{"missing", func(ctx context.Context, st store.Store, key string) error { return st.Delete(ctx, key) }, "missing"},
 		{"other content", func(ctx context.Context, st store.Store, key string) error {
 			b := enc.EncodeAll(random(99, 4*mib), nil)
-			return st.Put(ctx, key, bytes.NewReader(b), int64(len(b)))
+			return st.Put(ctx, key, b)
 		}, "corrupted: its bytes do not match"},
 		{"garbage", func(ctx context.Context, st store.Store, key string) error {
-			return st.Put(ctx, key, strings.NewReader("not zstd at all"), 15)
+			return st.Put(ctx, key, []byte("not zstd at all"))
 		}, "corrupted: "},
 		{"truncated", func(ctx context.Context, st store.Store, key string) error {
 			b := enc.EncodeAll(random(2, 4*mib), nil)[:1000]
-			return st.Put(ctx, key, bytes.NewReader(b), int64(len(b)))
+			return st.Put(ctx, key, b)
 		}, "corrupted: "},
 	}
 	for name, open := range stores(t) {

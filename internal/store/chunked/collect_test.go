@@ -1,7 +1,6 @@
 package chunked_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -138,7 +137,7 @@ func TestCollectRemovesNothingBesideAnUnreadableManifest(t *testing.T) {
 		t.Fatal("the cut push succeeded")
 	}
 	newer := []byte(`{"format": 99}`)
-	if err := st.Put(ctx, chunked.ManifestKey("job/future"), bytes.NewReader(newer), int64(len(newer))); err != nil {
+	if err := st.Put(ctx, chunked.ManifestKey("job/future"), newer); err != nil {
 		t.Fatal(err)
 	}
 	before := chunkNames(t, st, "job")
@@ -206,7 +205,7 @@ func TestPushWaitsOutACollection(t *testing.T) {
 	stopped := make(chan time.Time, 1)
 	go func() { // a collection that stays alive for a while, then dies
 		for end := time.Now().Add(1200 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-			_ = st.Put(ctx, key, strings.NewReader("x"), 1)
+			_ = st.Put(ctx, key, []byte("x"))
 		}
 		stopped <- time.Now()
 	}()
@@ -262,7 +261,7 @@ func TestLeaseOfADeadGpucrIsIgnored(t *testing.T) {
 		{fmt.Sprintf("write-there-otherboot-%d-1-00", exited.Process.Pid), true},
 	} {
 		key := "job/" + chunked.LeasesDir + "/" + l.name
-		if err := st.Put(ctx, key, strings.NewReader("x"), 1); err != nil {
+		if err := st.Put(ctx, key, []byte("x")); err != nil {
 			t.Fatal(err)
 		}
 		_, err := chunked.Collect(ctx, st, "job", false)
@@ -361,13 +360,13 @@ func TestCollectRefusesADirectoryThatIsNoStore(t *testing.T) {
 			ctx := context.Background()
 			st := open(t)
 			for _, key := range []string{"mine/chunks/results.csv", "mine/chunks/" + strings.Repeat("a", 64), "mine/notes.txt"} {
-				if err := st.Put(ctx, key, strings.NewReader("data"), 4); err != nil {
+				if err := st.Put(ctx, key, []byte("data")); err != nil {
 					t.Fatal(err)
 				}
 			}
 			// Without a chunks/ at all: a push's leftovers are looked for in every folder, and
 			// a user's photos/.holiday.tmp-jpg went as one (a second hostile test).
-			if err := st.Put(ctx, "other/photos/x.jpg", strings.NewReader("data"), 4); err != nil {
+			if err := st.Put(ctx, "other/photos/x.jpg", []byte("data")); err != nil {
 				t.Fatal(err)
 			}
 			if c, err := chunked.Collect(ctx, st, "other", false); !errors.Is(err, chunked.ErrNotStore) || !strings.Contains(err.Error(), "has no chunks/") {

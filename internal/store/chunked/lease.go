@@ -1,7 +1,6 @@
 package chunked
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -118,7 +117,7 @@ func (l *lease) refresh(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	b := []byte(time.Now().UTC().Format(time.RFC3339Nano))
-	return l.st.Put(ctx, l.key, bytes.NewReader(b), int64(len(b)))
+	return l.st.Put(ctx, l.key, b)
 }
 
 // release stops refreshing the lease and deletes it.

@@ -118,7 +118,7 @@ func createManifest(ctx context.Context, st store.Store, prefix string, im *imag
 	if err != nil {
 		return nil, fmt.Errorf("encode manifest: %w", err)
 	}
-	if err := st.Create(ctx, ManifestKey(prefix), bytes.NewReader(b), int64(len(b))); err != nil {
+	if err := st.Create(ctx, ManifestKey(prefix), b); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			return nil, fmt.Errorf("%s: %w", st.URL(prefix), ErrExists)
 		}
@@ -349,7 +349,7 @@ func (u *uploader) store(ctx context.Context, key string, data []byte, buf *buff
 		u.count(func(s *Stats) { s.Present++; s.PresentBytes += size })
 	case errors.Is(e.err, store.ErrNotFound):
 		buf.comp = compress(u.enc, data, buf.comp[:0])
-		e.stored, e.err = int64(len(buf.comp)), u.st.Put(ctx, key, bytes.NewReader(buf.comp), int64(len(buf.comp)))
+		e.stored, e.err = int64(len(buf.comp)), u.st.Put(ctx, key, buf.comp)
 		if e.err != nil {
 			e.err = fmt.Errorf("upload %s at %d: %w", file, off, e.err)
 		} else {

@@ -67,7 +67,7 @@ func swapMemory(t *testing.T, st store.Store, a, b string) *chunked.Manifest {
 	j := slices.IndexFunc(mb.Files, func(f chunked.File) bool { return f.Path == memFile })
 	ma.Files[i].Chunks = mb.Files[j].Chunks
 	raw, _ := json.Marshal(ma)
-	if err := st.Put(ctx, chunked.ManifestKey("a"), bytes.NewReader(raw), int64(len(raw))); err != nil {
+	if err := st.Put(ctx, chunked.ManifestKey("a"), raw); err != nil {
 		t.Fatal(err)
 	}
 	return mb
@@ -259,7 +259,7 @@ func TestTrustedPullTakesOnlySignedFiles(t *testing.T) {
 		m.Files = append(m.Files, f)
 	}
 	raw, _ := json.Marshal(m)
-	if err := st.Put(ctx, chunked.ManifestKey("signed"), bytes.NewReader(raw), int64(len(raw))); err != nil {
+	if err := st.Put(ctx, chunked.ManifestKey("signed"), raw); err != nil {
 		t.Fatal(err)
 	}
 	trusted := chunked.Options{Trust: signing.Keys{signing.ID(pub): pub}}
