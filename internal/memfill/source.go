@@ -15,12 +15,13 @@ import (
 // or a store whose chunks are fetched as the fill needs them (chunked.Memory), so that the
 // largest part of an image never has to sit on local disk.
 type Source interface {
-	// ReadPiece reads into buf the bytes of the image file at path (slash-separated,
-	// relative to the image) from off, all of them or an error, and hands them to use part
-	// by part, in order, each as soon as it is read: the fill writes a part into the process
-	// while it is still in the core's cache. The fill reads in the image's hashing pieces
-	// (image.HashChunkSize, aligned), so a source that verifies as it reads can hash each
-	// piece as it goes.
+	// ReadPiece reads len(buf) bytes of the image file at path (slash-separated, relative
+	// to the image) from off, all of them or an error, and hands them to use part by part,
+	// in order, each as soon as it is read: the fill writes a part into the process while it
+	// is still in the core's cache. A part lies in buf or in the source's own memory (a
+	// store's chunk where it arrived), and only for the call. The fill reads in the image's
+	// hashing pieces (image.HashChunkSize, aligned), so a source that verifies as it reads
+	// can hash each piece as it goes.
 	ReadPiece(ctx context.Context, path string, off int64, buf []byte, use func(at int, part []byte) error) error
 	// Verify says, once the fill has read everything, whether what it read is the image's.
 	Verify() error

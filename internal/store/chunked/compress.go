@@ -57,3 +57,37 @@ func rawFrame(data, dst []byte) []byte {
 	}
 	return dst
 }
+
+// rawBlocks returns the blocks of frame, in order, if it is a frame as rawFrame writes them
+// holding size bytes: one segment, a 4-byte content size, raw blocks only and nothing after
+// the last. Their bytes are the content, so a fetched chunk is used without decoding, which
+// would copy every byte once more. Any other frame, valid or not, is the decoder's to read.
+func rawBlocks(frame []byte, size int64) ([][]byte, bool) {
+	const header = 4 + 1 + 4 // magic, descriptor, content size
+	if len(frame) < header || binary.LittleEndian.Uint32(frame) != frameMagic || frame[4] != frameSingleSegment4 ||
+		int64(binary.LittleEndian.Uint32(frame[5:])) != size {
+		return nil, false
+	}
+	parts := make([][]byte, 0, size/maxRawBlock+1)
+	var got int64
+	for rest, last := frame[header:], false; !last; {
+		if len(rest) < 3 {
+			return nil, false
+		}
+		h := uint32(rest[0]) | uint32(rest[1])<<8 | uint32(rest[2])<<16
+		n := int(h >> 3)
+		if (h>>1)&3 != blockRaw || n > maxRawBlock || n > len(rest)-3 {
+			return nil, false
+		}
+		last = h&1 == 1
+		if n > 0 {
+			parts = append(parts, rest[3:3+n])
+		}
+		got += int64(n)
+		rest = rest[3+n:]
+		if last && len(rest) != 0 {
+			return nil, false
+		}
+	}
+	return parts, got == size
+}

@@ -71,3 +71,60 @@ func randomBytes(n int) []byte {
 	}
 	return b
 }
+
+// A raw frame's blocks are its content without decoding, at every size around a block's
+// limit; anything else, or a frame of another size, is left to the decoder.
+func TestRawBlocks(t *testing.T) {
+	random := randomBytes(ChunkSize)
+	for _, n := range []int{1, 5, maxRawBlock - 1, maxRawBlock, maxRawBlock + 1, 3 * maxRawBlock, ChunkSize} {
+		frame := rawFrame(random[:n], nil)
+		parts, ok := rawBlocks(frame, int64(n))
+		if !ok || !bytes.Equal(bytes.Join(parts, nil), random[:n]) {
+			t.Errorf("%d bytes: %d parts, ok %v, not the content", n, len(parts), ok)
+		}
+		if _, ok := rawBlocks(frame, int64(n)+1); ok {
+			t.Errorf("%d bytes: read as %d", n, n+1)
+		}
+	}
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enc.Close()
+	frame := rawFrame(random[:3*maxRawBlock], nil)
+	for name, f := range map[string][]byte{
+		"compressed":        enc.EncodeAll(bytes.Repeat([]byte("gpucr "), 1000), nil),
+		"trailing bytes":    append(bytes.Clone(frame), 0),
+		"truncated":         frame[:len(frame)-1],
+		"no last block":     frame[:9+3+maxRawBlock],
+		"another magic":     append([]byte{0x29}, frame[1:]...),
+		"another header":    append(append(bytes.Clone(frame[:4]), frameSingleSegment4|1<<2), frame[5:]...),
+		"header only":       frame[:9],
+		"a compressed type": append(bytes.Clone(frame[:9]), byte(2<<1|1), 0, 0),
+	} {
+		if parts, ok := rawBlocks(f, 3*maxRawBlock); ok {
+			t.Errorf("%s: read as %d raw blocks", name, len(parts))
+		}
+	}
+}
+
+// Whatever rawBlocks reads as a raw frame, the decoder reads as the same bytes: using the
+// blocks where they lie changes nothing a restore gets.
+func FuzzRawBlocks(f *testing.F) {
+	f.Add(rawFrame(randomBytes(maxRawBlock+3), nil), int64(maxRawBlock+3))
+	f.Add(rawFrame([]byte("gpucr"), nil), int64(5))
+	dec, err := newDecoder(1)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, frame []byte, size int64) {
+		parts, ok := rawBlocks(frame, size)
+		if !ok {
+			return
+		}
+		got, err := dec.DecodeAll(frame, nil)
+		if err != nil || !bytes.Equal(bytes.Join(parts, nil), got) || int64(len(got)) != size {
+			t.Fatalf("raw blocks of %d bytes, the decoder: %d bytes, %v", size, len(got), err)
+		}
+	})
+}

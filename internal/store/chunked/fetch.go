@@ -19,13 +19,14 @@ import (
 // by the caller's digest while it is still in the core's cache, not twice from memory.
 const verifyBlock = 64 << 10
 
-// fetchChunk downloads chunk c of file (at offset off, for errors) and decodes it into
-// dst[:0], whose capacity should be c.Size to decode in place; comp is the buffer for the
-// compressed bytes. It returns the chunk's bytes, the buffer, and how many bytes came over
-// the wire; the bytes are returned only once they are checked against c (checkChunk): a
-// missing, short, long or altered chunk is a *ChunkError. also, when not nil, is given the
-// chunk's bytes as they are checked (the image's own digest of them).
-func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte, also *image.PieceHash) ([]byte, []byte, error) {
+// fetchChunk downloads chunk c of file (at offset off, for errors) and returns its bytes as
+// parts, in order, only once they are checked against c (checkChunk): a missing, short, long
+// or altered chunk is a *ChunkError. A chunk stored raw (rawFrame, most of GPU memory) is
+// used where it arrived, its blocks in comp, not copied out; a compressed one is decoded into
+// dst[:0], whose capacity should be c.Size. comp is the buffer for the bytes as stored; it is
+// returned, with how many came over the wire. also, when not nil, is given the chunk's bytes
+// as they are checked (the image's own digest of them).
+func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte, also *image.PieceHash) ([][]byte, []byte, error) {
 	key := ChunkKey(prefix, c.SHA256)
 	bad := func(reason string) error {
 		return &ChunkError{URL: st.URL(key), File: file, Offset: off, Reason: reason}
@@ -45,17 +46,21 @@ func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.De
 	if len(comp) > maxStored {
 		return nil, comp, bad(fmt.Sprintf("corrupted: object larger than %d bytes", maxStored))
 	}
-	data, err := dec.DecodeAll(comp, dst[:0])
-	if err != nil {
-		return nil, comp, bad("corrupted: " + err.Error())
+	parts, ok := rawBlocks(comp, c.Size)
+	if !ok {
+		data, err := dec.DecodeAll(comp, dst[:0])
+		if err != nil {
+			return nil, comp, bad("corrupted: " + err.Error())
+		}
+		if int64(len(data)) != c.Size {
+			return nil, comp, bad(fmt.Sprintf("corrupted: %d bytes, want %d", len(data), c.Size))
+		}
+		parts = [][]byte{data}
 	}
-	if int64(len(data)) != c.Size {
-		return nil, comp, bad(fmt.Sprintf("corrupted: %d bytes, want %d", len(data), c.Size))
-	}
-	if !checkChunk(data, c, also) {
+	if !checkChunk(parts, c, also) {
 		return nil, comp, bad("corrupted: its bytes do not match the manifest object's digest")
 	}
-	return data, comp, nil
+	return parts, comp, nil
 }
 
 // newDecoder is the zstd decoder of fetchChunk for n chunks at once. The frame's own
@@ -68,22 +73,24 @@ func newDecoder(n int) (*zstd.Decoder, error) {
 	return dec, nil
 }
 
-// checkChunk says whether a chunk's bytes match its xxh64, or its sha256 where the
-// manifest object has no xxh64, and passes them to also (when not nil) block by block,
-// while they are in cache.
-func checkChunk(data []byte, c Chunk, also *image.PieceHash) bool {
+// checkChunk says whether a chunk's bytes (parts, in order) match its xxh64, or its sha256
+// where the manifest object has no xxh64, and passes them to also (when not nil) block by
+// block, while they are in cache.
+func checkChunk(parts [][]byte, c Chunk, also *image.PieceHash) bool {
 	var h hash.Hash = xxhash.New()
 	want := c.XXH64
 	if want == "" {
 		h, want = sha256.New(), c.SHA256
 	}
-	for b := data; len(b) > 0; {
-		n := min(len(b), verifyBlock)
-		h.Write(b[:n])
-		if also != nil {
-			also.Add(b[:n])
+	for _, b := range parts {
+		for len(b) > 0 {
+			n := min(len(b), verifyBlock)
+			h.Write(b[:n])
+			if also != nil {
+				also.Add(b[:n])
+			}
+			b = b[n:]
 		}
-		b = b[n:]
 	}
 	return hex.EncodeToString(h.Sum(nil)) == want
 }

@@ -77,9 +77,10 @@ func newMemory(st store.Store, prefix string, m *Manifest, im *image.Manifest, o
 	return mem, nil
 }
 
-// ReadPiece fills p with the file at name (slash-separated, relative to the image) from off,
-// fetching the chunks that hold it, and hands each chunk's bytes to use as soon as they are
-// checked; zero chunks are zeros, fetched from nowhere.
+// ReadPiece hands use the file at name (slash-separated, relative to the image) from off,
+// len(p) bytes, fetching the chunks that hold them, each part as soon as it is checked; zero
+// chunks are zeros, fetched from nowhere. The parts of a whole chunk stored raw lie where
+// they arrived, not in p (see fetchChunk); use must not keep any part.
 func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []byte, use func(at int, part []byte) error) error {
 	f := mem.files[name]
 	end := off + int64(len(p))
@@ -97,11 +98,11 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 	for at := off; at < end; i++ {
 		c, start := f.chunks[i], f.ends[i]-f.chunks[i].Size
 		n := min(end, f.ends[i]) - at
-		dst := p[at-off : at-off+n]
-		if err := mem.chunk(ctx, name, c, start, at-start, dst, piece); err != nil {
-			return err
-		}
-		if err := use(int(at-off), dst); err != nil {
+		from := int(at - off)
+		err := mem.chunk(ctx, name, c, start, at-start, p[from:from+int(n)], piece, func(k int, part []byte) error {
+			return use(from+k, part)
+		})
+		if err != nil {
 			return err
 		}
 		at += n
@@ -115,41 +116,31 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 	return nil
 }
 
-// chunk puts into dst the bytes of chunk c (which starts at start in file name) from its
-// offset within, and writes them to piece (when not nil).
-func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, within int64, dst []byte, piece *image.PieceHash) error {
+// chunk hands use the bytes of chunk c (which starts at start in file name) from its offset
+// within, len(dst) of them, and writes them to piece (when not nil). A chunk read whole is
+// handed over as fetchChunk returns it; one read in part is copied into dst first.
+func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, within int64, dst []byte, piece *image.PieceHash, use func(k int, part []byte) error) error {
 	if c.Zero {
 		clear(dst)
 		if piece != nil {
 			piece.Add(dst)
 		}
 		mem.count(func(s *Stats) { s.ZeroBytes += int64(len(dst)) })
-		return nil
+		return use(0, dst)
 	}
 	comp := mem.bufs.Get().(*[]byte)
 	defer mem.bufs.Put(comp)
-	var whole []byte
-	var also *image.PieceHash
-	if within == 0 && int64(len(dst)) == c.Size {
-		whole = dst[:0:len(dst)] // decoded in place, and hashed for the piece as it is checked
-		if piece != nil {
-			also = piece
-		}
-	} else {
+	whole := within == 0 && int64(len(dst)) == c.Size
+	decoded, also := dst[:0:len(dst)], piece // a whole chunk is hashed for the piece as it is checked
+	if !whole {
 		part := mem.bufs.Get().(*[]byte)
 		defer mem.bufs.Put(part)
-		whole = (*part)[:0]
+		decoded, also = (*part)[:0], nil
 	}
-	data, b, err := fetchChunk(ctx, mem.st, mem.prefix, mem.dec, name, start, c, whole, *comp, also)
+	parts, b, err := fetchChunk(ctx, mem.st, mem.prefix, mem.dec, name, start, c, decoded, *comp, also)
 	*comp = b[:0]
 	if err != nil {
 		return err
-	}
-	if &data[0] != &dst[0] {
-		copy(dst, data[within:])
-	}
-	if piece != nil && also == nil {
-		piece.Add(dst)
 	}
 	mem.count(func(s *Stats) {
 		s.Chunks++
@@ -157,7 +148,36 @@ func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, withi
 		s.TransferredBytes += c.Size
 		s.WireBytes += int64(len(b))
 	})
+	if !whole {
+		copyFrom(dst, parts, within)
+		if piece != nil {
+			piece.Add(dst)
+		}
+		return use(0, dst)
+	}
+	k := 0
+	for _, part := range parts {
+		if err := use(k, part); err != nil {
+			return err
+		}
+		k += len(part)
+	}
 	return nil
+}
+
+// copyFrom fills dst with the bytes of parts (in order) from offset skip.
+func copyFrom(dst []byte, parts [][]byte, skip int64) {
+	for _, part := range parts {
+		if skip >= int64(len(part)) {
+			skip -= int64(len(part))
+			continue
+		}
+		n := copy(dst, part[skip:])
+		dst, skip = dst[n:], 0
+		if len(dst) == 0 {
+			return
+		}
+	}
 }
 
 // Verify says whether every file was read whole, and is the image's: the digests of its

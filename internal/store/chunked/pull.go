@@ -206,16 +206,19 @@ type place struct {
 // chunk fetches one chunk, checks it and writes it in place.
 func (p *puller) chunk(ctx context.Context, j job, buf *buffers) error {
 	f, c := p.m.Files[j.file], p.m.Files[j.file].Chunks[j.index]
-	data, comp, err := fetchChunk(ctx, p.st, p.prefix, p.dec, f.Path, j.off, c, buf.raw, buf.comp, nil)
+	parts, comp, err := fetchChunk(ctx, p.st, p.prefix, p.dec, f.Path, j.off, c, buf.raw, buf.comp, nil)
 	buf.comp = comp
 	if err != nil {
 		return err
 	}
-	buf.raw = data[:0]
 	places := p.places[c.SHA256]
 	for _, pl := range places {
-		if _, err := p.files[pl.file].WriteAt(data, pl.off); err != nil {
-			return fmt.Errorf("write %s at %d: %w", p.m.Files[pl.file].Path, pl.off, err)
+		at := pl.off
+		for _, part := range parts {
+			if _, err := p.files[pl.file].WriteAt(part, at); err != nil {
+				return fmt.Errorf("write %s at %d: %w", p.m.Files[pl.file].Path, at, err)
+			}
+			at += int64(len(part))
 		}
 	}
 	p.mu.Lock()

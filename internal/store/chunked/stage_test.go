@@ -6,6 +6,7 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -76,13 +77,32 @@ func swapMemory(t *testing.T, st store.Store, a, b string) *chunked.Manifest {
 // readAll reads the memory file through mem as the fill does, in aligned image pieces.
 func readAll(t *testing.T, mem *chunked.Memory, size int) ([]byte, error) {
 	t.Helper()
-	out := make([]byte, size)
+	var out []byte
 	for off := 0; off < size; off += image.HashChunkSize {
-		if err := mem.ReadPiece(context.Background(), memFile, int64(off), out[off:min(size, off+image.HashChunkSize)], func(int, []byte) error { return nil }); err != nil {
+		b, err := readPiece(mem, int64(off), min(size-off, image.HashChunkSize))
+		if err != nil {
 			return nil, err
 		}
+		out = append(out, b...)
 	}
 	return out, nil
+}
+
+// readPiece reads n bytes of the memory file from off through mem as the fill does: from
+// the parts handed to use, in order, which need not lie in the buffer given.
+func readPiece(mem *chunked.Memory, off int64, n int) ([]byte, error) {
+	out, next := make([]byte, n), 0
+	err := mem.ReadPiece(context.Background(), memFile, off, make([]byte, n), func(at int, part []byte) error {
+		if at != next {
+			return fmt.Errorf("a part at %d, want one at %d", at, next)
+		}
+		next += copy(out[at:], part)
+		return nil
+	})
+	if err == nil && next != n {
+		err = fmt.Errorf("parts ended at %d of %d bytes", next, n)
+	}
+	return out, err
 }
 
 // A push lists the files in the order a restore needs them; a staged checkpoint has every
@@ -132,8 +152,7 @@ func TestStageServesMemoryFromTheStore(t *testing.T) {
 				t.Fatalf("memory read back: %v, equal %v", err, bytes.Equal(got, want))
 			}
 			// An unaligned read spanning chunks is served too (it is not hashed).
-			part := make([]byte, 5*mib)
-			if err := s.Memory.ReadPiece(ctx, memFile, 3*mib+7, part, func(int, []byte) error { return nil }); err != nil || !bytes.Equal(part, want[3*mib+7:8*mib+7]) {
+			if part, err := readPiece(s.Memory, 3*mib+7, 5*mib); err != nil || !bytes.Equal(part, want[3*mib+7:8*mib+7]) {
 				t.Fatalf("unaligned read: %v", err)
 			}
 			if err := s.Memory.Verify(); err != nil {
