@@ -134,8 +134,8 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // put sends data in one plain request whose x-amz-checksum-crc32c header the service checks
 // the body against, refusing the object if they differ. The whole object is in memory, so
 // its CRC32C is known before it is sent: the streamed form a client otherwise needs for a
-// checksum (aws-chunked with a trailer) copied every byte three more times on each side,
-// a fifth of gpucr's CPU in a checkpoint --to MinIO (device run 60).
+// checksum (aws-chunked with a trailer) copies every byte twice more on the client, and the
+// service parses it (a push to MinIO on loopback: 8% less of gpucr's CPU, docs/storage.md).
 func (s *S3) put(ctx context.Context, key string, data []byte, opts minio.PutObjectOptions) error {
 	if err := checkKey(key); err != nil {
 		return err
