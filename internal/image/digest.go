@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash"
+	"slices"
 	"strings"
 
 	"github.com/cespare/xxhash/v2"
@@ -108,6 +109,45 @@ func piecesSHA256(pieces []Piece) string {
 		h.Write(p.SHA256[:])
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// FileReads collects the digests of a file's pieces as a reader hashes them, one whole
+// piece at a time, in any order and from any goroutine as long as each piece is recorded
+// by one, so that the file is checked against its manifest entry once every piece is in:
+// a restore verifies what it reads as it reads it, not in a second pass.
+type FileReads struct {
+	File   File
+	pieces []Piece
+	read   []bool
+}
+
+// NewFileReads starts collecting the pieces of f.
+func NewFileReads(f File) *FileReads {
+	n := (f.Size + HashChunkSize - 1) / HashChunkSize
+	return &FileReads{File: f, pieces: make([]Piece, n), read: make([]bool, n)}
+}
+
+// Piece says which piece a read of n bytes from off is, if it is one whole piece.
+func (r *FileReads) Piece(off, n int64) (int, bool) {
+	if off < 0 || off%HashChunkSize != 0 || off >= r.File.Size || n != min(HashChunkSize, r.File.Size-off) {
+		return 0, false
+	}
+	return int(off / HashChunkSize), true
+}
+
+// Record keeps the digests of piece k.
+func (r *FileReads) Record(k int, d Piece) { r.pieces[k], r.read[k] = d, true }
+
+// Whole says whether every piece was recorded.
+func (r *FileReads) Whole() bool { return !slices.Contains(r.read, false) }
+
+// Check returns a *CorruptError unless every piece was recorded and together they are the
+// file's manifest entry.
+func (r *FileReads) Check() error {
+	if !r.Whole() {
+		return &CorruptError{Path: r.File.Path, Reason: "not read whole"}
+	}
+	return r.File.Check(r.pieces)
 }
 
 // IsXXH64 says whether s is an xxh64 digest as gpucr writes them: 16 lowercase hex digits.

@@ -269,3 +269,43 @@ func TestSignFollowsNoSymlink(t *testing.T) {
 		t.Fatalf("load of an image whose manifest is a FIFO = %v, want it refused", err)
 	}
 }
+
+// A file's pieces recorded in any order check as the file, only once all are in; a piece
+// of other bytes, or a read that is not one whole piece, is not taken for one.
+func TestFileReads(t *testing.T) {
+	for _, strong := range []bool{false, true} {
+		data := make([]byte, 2*image.HashChunkSize+5)
+		for i := range data {
+			data[i] = byte(i*7 + i>>20) // no two pieces alike
+		}
+		var pieces []image.Piece
+		for off := 0; off < len(data); off += image.HashChunkSize {
+			pieces = append(pieces, image.SumPiece(data[off:min(off+image.HashChunkSize, len(data))], strong))
+		}
+		f := image.FileOf("mem/x", int64(len(data)), pieces, strong)
+		r := image.NewFileReads(f)
+		for _, c := range []struct{ off, n int64 }{{1, image.HashChunkSize}, {0, image.HashChunkSize - 1}, {2 * image.HashChunkSize, image.HashChunkSize}, {3 * image.HashChunkSize, 0}, {-image.HashChunkSize, image.HashChunkSize}} {
+			if k, ok := r.Piece(c.off, c.n); ok {
+				t.Errorf("a read of %d bytes at %d taken for piece %d", c.n, c.off, k)
+			}
+		}
+		for _, k := range []int{2, 0} {
+			i, ok := r.Piece(int64(k)*image.HashChunkSize, min(image.HashChunkSize, int64(len(data)-k*image.HashChunkSize)))
+			if !ok || i != k {
+				t.Fatalf("piece %d: %d, %v", k, i, ok)
+			}
+			r.Record(i, pieces[i])
+		}
+		if r.Whole() || !errors.Is(r.Check(), image.ErrCorrupt) {
+			t.Fatalf("strong %v: a file read in part checks as %v", strong, r.Check())
+		}
+		r.Record(1, pieces[0])
+		if !r.Whole() || !errors.Is(r.Check(), image.ErrCorrupt) {
+			t.Fatalf("strong %v: a piece of other bytes checks as %v", strong, r.Check())
+		}
+		r.Record(1, pieces[1])
+		if err := r.Check(); err != nil {
+			t.Fatalf("strong %v: the file's own pieces: %v", strong, err)
+		}
+	}
+}

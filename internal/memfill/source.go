@@ -61,33 +61,28 @@ func (dirSource) Verify() error { return nil }
 // no second pass over nearly all of the image holds it up. A file the fill did not read
 // whole, in aligned pieces, is read again by Verify.
 func CheckedDir(dir string, check []image.File) Source {
-	c := &checkedDir{dir: dirSource(dir), files: map[string]*checkedFile{}}
+	c := &checkedDir{dir: dirSource(dir), files: map[string]*image.FileReads{}}
 	for _, f := range check {
-		n := (f.Size + image.HashChunkSize - 1) / image.HashChunkSize
-		c.files[f.Path] = &checkedFile{File: f, pieces: make([]image.Piece, n), read: make([]bool, n)}
+		c.files[f.Path] = image.NewFileReads(f)
 	}
 	return c
 }
 
 type checkedDir struct {
 	dir   dirSource
-	files map[string]*checkedFile
-}
-
-// checkedFile is one file being verified: the digest of each piece read, by index. Workers
-// write distinct pieces, and Verify runs once they are all done.
-type checkedFile struct {
-	image.File
-	pieces []image.Piece
-	read   []bool
+	files map[string]*image.FileReads // workers record distinct pieces; Verify runs after them
 }
 
 func (c *checkedDir) ReadPiece(ctx context.Context, path string, off int64, buf []byte, use func(at int, part []byte) error) error {
 	f, ok := c.files[path]
-	if !ok || off%image.HashChunkSize != 0 || int64(len(buf)) != min(image.HashChunkSize, f.Size-off) {
+	k, whole := 0, false
+	if ok {
+		k, whole = f.Piece(off, int64(len(buf)))
+	}
+	if !whole {
 		return c.dir.ReadPiece(ctx, path, off, buf, use)
 	}
-	h := image.NewPieceHash(f.Strong())
+	h := image.NewPieceHash(f.File.Strong())
 	err := c.dir.ReadPiece(ctx, path, off, buf, func(at int, part []byte) error {
 		h.Add(part)
 		return use(at, part)
@@ -95,8 +90,7 @@ func (c *checkedDir) ReadPiece(ctx context.Context, path string, off int64, buf 
 	if err != nil {
 		return err
 	}
-	i := off / image.HashChunkSize
-	f.pieces[i], f.read[i] = h.Sum(), true
+	f.Record(k, h.Sum())
 	return nil
 }
 
@@ -104,11 +98,11 @@ func (c *checkedDir) Verify() error {
 	var again []image.File
 	for _, path := range slices.Sorted(maps.Keys(c.files)) {
 		f := c.files[path]
-		if slices.Contains(f.read, false) {
+		if !f.Whole() {
 			again = append(again, f.File)
 			continue
 		}
-		if err := f.Check(f.pieces); err != nil {
+		if err := f.Check(); err != nil {
 			return err
 		}
 	}

@@ -33,11 +33,9 @@ type Memory struct {
 // memFile is one file of the saved memory: its chunks, where each ends, and the digests
 // of its image pieces as the fill read them.
 type memFile struct {
-	want   image.File
+	*image.FileReads
 	chunks []Chunk
 	ends   []int64
-	pieces []image.Piece
-	hashed []bool
 }
 
 // newMemory serves the files im (the image's verified manifest) lists under
@@ -57,14 +55,12 @@ func newMemory(st store.Store, prefix string, m *Manifest, im *image.Manifest, o
 		if !ok || s.Size != f.Size {
 			return nil, fmt.Errorf("%s: %w: %s is not stored as the image lists it", st.URL(prefix), ErrBadManifest, f.Path)
 		}
-		mf := &memFile{want: f, chunks: s.Chunks}
+		mf := &memFile{FileReads: image.NewFileReads(f), chunks: s.Chunks}
 		var end int64
 		for _, c := range s.Chunks {
 			end += c.Size
 			mf.ends = append(mf.ends, end)
 		}
-		n := (f.Size + image.HashChunkSize - 1) / image.HashChunkSize
-		mf.pieces, mf.hashed = make([]image.Piece, n), make([]bool, n)
 		mem.files[f.Path] = mf
 		mem.stats.Files++
 		mem.stats.Bytes += f.Size
@@ -84,15 +80,15 @@ func newMemory(st store.Store, prefix string, m *Manifest, im *image.Manifest, o
 func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []byte, use func(at int, part []byte) error) error {
 	f := mem.files[name]
 	end := off + int64(len(p))
-	if f == nil || off < 0 || end > f.want.Size {
+	if f == nil || off < 0 || end > f.File.Size {
 		return fmt.Errorf("memory fill: %s has no bytes %d-%d in %s", name, off, end, mem.st.URL(mem.prefix))
 	}
 	// A whole image piece is hashed as the image's checksum hashes it, each chunk's bytes
 	// as they are checked.
 	var piece *image.PieceHash
-	k := off / image.HashChunkSize
-	if off%image.HashChunkSize == 0 && end == min(off+image.HashChunkSize, f.want.Size) {
-		piece = image.NewPieceHash(f.want.Strong())
+	k, whole := f.Piece(off, int64(len(p)))
+	if whole {
+		piece = image.NewPieceHash(f.File.Strong())
 	}
 	i := sort.Search(len(f.ends), func(i int) bool { return f.ends[i] > off })
 	for at := off; at < end; i++ {
@@ -110,7 +106,7 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 	if piece != nil {
 		d := piece.Sum()
 		mem.mu.Lock()
-		f.pieces[k], f.hashed[k] = d, true
+		f.Record(k, d)
 		mem.mu.Unlock()
 	}
 	return nil
@@ -186,12 +182,10 @@ func (mem *Memory) Verify() error {
 	mem.mu.Lock()
 	defer mem.mu.Unlock()
 	for name, f := range mem.files {
-		for _, ok := range f.hashed {
-			if !ok {
-				return &image.CorruptError{Path: name, Reason: "not read whole from the store by the restore"}
-			}
+		if !f.Whole() {
+			return &image.CorruptError{Path: name, Reason: "not read whole from the store by the restore"}
 		}
-		if err := f.want.Check(f.pieces); err != nil {
+		if err := f.Check(); err != nil {
 			return fmt.Errorf("%w: %s holds other bytes than the image", err, mem.st.URL(mem.prefix))
 		}
 	}
