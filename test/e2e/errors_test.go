@@ -99,9 +99,7 @@ func TestDamagedImagesAreNeverRestored(t *testing.T) {
 func TestDamagedSavedMemoryFailsTheRestore(t *testing.T) {
 	needCRIU(t)
 	w := startCounter(t, "-mib", "40")
-	dir := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	testutil.WaitGone(t, w.pid)
+	dir := checkpointGone(t, w)
 	saved, _ := filepath.Glob(filepath.Join(dir, criuimg.MemDir, "*"))
 	if len(saved) == 0 {
 		t.Fatal("the image holds no memory gpucr saved itself: the test needs a larger range")
@@ -282,9 +280,7 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := startCounterOf(t, prog)
-	dir := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	testutil.WaitGone(t, w.pid)
+	dir := checkpointGone(t, w)
 
 	if err := os.Rename(prog, prog+".away"); err != nil {
 		t.Fatal(err)

@@ -18,10 +18,17 @@ import (
 func sharedImage(t *testing.T) (dir string, w *workload) {
 	t.Helper()
 	w = startCounter(t, "-mib", "4")
-	dir = filepath.Join(t.TempDir(), "img")
+	return checkpointGone(t, w), w
+}
+
+// checkpointGone checkpoints w into a new image directory, returned once w has exited (as
+// a checkpoint without --leave-running leaves it) and its PID is free for a restore.
+func checkpointGone(t *testing.T, w *workload) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
 	testutil.WaitGone(t, w.pid)
-	return dir, w
+	return dir
 }
 
 func copyImage(t *testing.T, src string) string {

@@ -109,9 +109,7 @@ func TestSharedMemoryRestores(t *testing.T) {
 	needCRIU(t)
 	w := startCounter(t, "-mib", "32", "-shm", "16")
 	w.waitCount(t, 3)
-	dir := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	testutil.WaitGone(t, w.pid)
+	dir := checkpointGone(t, w)
 	shmem, _ := filepath.Glob(filepath.Join(dir, "criu", "pagemap-shmem-*.img"))
 	if len(shmem) == 0 {
 		t.Fatal("no shared-memory pagemap in the image")
@@ -127,9 +125,7 @@ func TestTreeWithPipeRestores(t *testing.T) {
 	needCRIU(t)
 	w := startCounter(t, "-child", "-mib", "64")
 	w.waitFile(t, "child", 3)
-	dir := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	testutil.WaitGone(t, w.pid)
+	dir := checkpointGone(t, w)
 	if saved, _ := filepath.Glob(filepath.Join(dir, "mem", fmt.Sprintf("%d-*.img", w.pid))); len(saved) == 0 {
 		t.Error("gpucr did not save the parent's 64 MiB itself")
 	}
@@ -204,9 +200,7 @@ func TestRunLaunchesACheckpointableJob(t *testing.T) {
 	w.waitFile(t, "count.1", 3)
 
 	var tree inspectDoc
-	dir := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	testutil.WaitGone(t, w.pid)
+	dir := checkpointGone(t, w)
 	if err := json.Unmarshal([]byte(mustGpucr(t, "inspect", "--json", dir)), &tree); err != nil {
 		t.Fatal(err)
 	}
@@ -255,9 +249,7 @@ func TestRestoreOfAnImageOthersCouldChange(t *testing.T) {
 	needCRIU(t)
 	w := startCounter(t, "-mib", "16")
 	w.waitCount(t, 3)
-	dir := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
-	testutil.WaitGone(t, w.pid)
+	dir := checkpointGone(t, w)
 	frozen := w.read(t, "count")
 	if err := os.Chmod(filepath.Join(dir, "criu"), 0o777); err != nil {
 		t.Fatal(err)

@@ -86,8 +86,8 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 	// A whole image piece is hashed as the image's checksum hashes it, each chunk's bytes
 	// as they are checked.
 	var piece *image.PieceHash
-	k, whole := f.Piece(off, int64(len(p)))
-	if whole {
+	k, isPiece := f.Piece(off, int64(len(p)))
+	if isPiece {
 		piece = image.NewPieceHash(f.File.Strong())
 	}
 	i := sort.Search(len(f.ends), func(i int) bool { return f.ends[i] > off })
