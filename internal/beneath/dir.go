@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/internal/crashpoint"
 )
 
 // ReplaceSuffix names the file Replace writes before it renames it over its target; one
@@ -99,6 +101,7 @@ func (d *Dir) Replace(name string, b []byte) error {
 		err = cerr
 	}
 	if err == nil {
+		crashpoint.Hit("replace " + name + ": written aside")
 		err = d.rename(tmp, name)
 	}
 	if err != nil {

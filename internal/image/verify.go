@@ -18,6 +18,7 @@ import (
 	"syscall"
 
 	"github.com/gpucr/gpucr/internal/beneath"
+	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/signing"
 )
 
@@ -463,6 +464,7 @@ func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
 			return nil, err
 		}
 	}
+	crashpoint.Hit("sign: files read")
 	// What was read must be what is written: the directory held, still at dir.
 	if !d.Is(dir) {
 		return nil, fmt.Errorf("sign %s: the directory was replaced while it was read; nothing was written", dir)
@@ -505,11 +507,14 @@ func replaceManifest(d *beneath.Dir, old, manifest []byte) error {
 	if err := d.Replace(SealName, []byte(seal(old)+"\n"+seal(manifest)+"\n")); err != nil {
 		return err
 	}
+	crashpoint.Hit("sign: both manifests sealed")
 	if err := d.Remove(SigName); err != nil { // the old manifest's signatures: void with it
 		return err
 	}
+	crashpoint.Hit("sign: old signatures removed")
 	if err := d.Replace(ManifestName, manifest); err != nil {
 		return err
 	}
+	crashpoint.Hit("sign: manifest replaced")
 	return d.Replace(SealName, []byte(seal(manifest)+"\n"))
 }

@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/image"
@@ -162,4 +165,41 @@ func TestSignStreamedAndCosign(t *testing.T) {
 		t.Fatalf("signed image's manifest: %v", err)
 	}
 	w.checkRunsOn(t, "a second checkpoint with -R")
+}
+
+// `gpucr sign` killed with SIGKILL at each step of its work (GPUCR_TEST_CRASH_AT), the
+// rewrite of an unsigned image's manifest included, leaves an image that verifies, and
+// signing it again works.
+func TestSignKilledAnywhereLeavesAnImage(t *testing.T) {
+	needCRIU(t)
+	key := filepath.Join(t.TempDir(), "bob")
+	mustGpucr(t, "keygen", key)
+	w := startCounter(t, "-mib", "16")
+	w.waitCount(t, 2)
+	plain := filepath.Join(t.TempDir(), "plain")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", plain, "-R")
+	for _, at := range []string{
+		"sign: files read",
+		"replace manifest.sha256: written aside", // the seal of both manifests
+		"sign: both manifests sealed",
+		"sign: old signatures removed",
+		"replace manifest.json: written aside",
+		"sign: manifest replaced",
+		"replace manifest.sig: written aside",
+	} {
+		dir := copyImage(t, plain)
+		cmd := exec.Command(bin.gpucr, "sign", dir, "--key", key)
+		cmd.Env = append(os.Environ(), "GPUCR_TEST_CRASH_AT="+at)
+		out, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Fatalf("%s: sign was not killed there (%v): the point is not reached\n%s", at, err, out)
+		}
+		if out, code := gpucr(t, "verify", dir); code != 0 {
+			t.Fatalf("killed at %s: the image does not verify (exit %d)\n%s", at, code, out)
+		}
+		mustGpucr(t, "sign", dir, "--key", key)
+		mustGpucr(t, "verify", dir, "--trust", key+".pub")
+	}
+	w.checkRunsOn(t, "a checkpoint with -R")
 }
