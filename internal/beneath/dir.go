@@ -57,6 +57,11 @@ func (d *Dir) Is(path string) bool {
 		held.Dev == named.Dev && held.Ino == named.Ino
 }
 
+// Within is a path that names the held directory whatever happens to its own path
+// meanwhile (its /proc/self/fd link, with a trailing slash so that a walk starts inside
+// it): reads through it cannot be sent to another directory by a rename between them.
+func (d *Dir) Within() string { return fmt.Sprintf("/proc/self/fd/%d/", d.fd) }
+
 // Close lets the directory go.
 func (d *Dir) Close() error { return unix.Close(d.fd) }
 

@@ -95,3 +95,43 @@ func TestFIFOsAndSymlinkedDirsAreRefused(t *testing.T) {
 		t.Fatalf("OpenDir through a symlinked parent = %v, want ErrSymlinkInPath", err)
 	}
 }
+
+// Reads through Within reach the directory held, not whatever is at its path by then: a
+// directory renamed away and another put in its place between two reads changes nothing.
+func TestWithinIsTheDirectoryHeld(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "image")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("held"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := os.Rename(dir, filepath.Join(root, "away")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f"), []byte("swapped in"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := Open(d.Within(), "f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 32)
+	n, _ := f.Read(b)
+	if string(b[:n]) != "held" {
+		t.Fatalf("read %q through Within, want the held directory's %q", b[:n], "held")
+	}
+	if d.Is(dir) {
+		t.Error("Is says the directory put in its place is the one held")
+	}
+}

@@ -166,6 +166,12 @@ func TestSignAddsDigests(t *testing.T) {
 	if _, err := image.Sign(dir, a); !errors.Is(err, image.ErrCorrupt) {
 		t.Fatalf("sign of a forged image = %v, want it refused as corrupt", err)
 	}
+	// Sign reads through the directory it holds; its errors still name the image as given.
+	empty := t.TempDir()
+	if _, err := image.Sign(empty, a); !errors.Is(err, image.ErrNoManifest) || !strings.Contains(err.Error(), empty) ||
+		strings.Contains(err.Error(), "/proc/") {
+		t.Fatalf("sign of a directory that is no image = %v, want ErrNoManifest naming %s", err, empty)
+	}
 }
 
 // Sign writes a manifest with digests in steps; the image loads after each of them, and

@@ -99,12 +99,8 @@ func decode(b []byte) (*Manifest, error) {
 
 // readSealed reads the manifest's bytes of the image at dir and checks them against the seal.
 func readSealed(dir string) ([]byte, error) {
-	abs, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, fmt.Errorf("resolve %s: %w", dir, err)
-	}
-	if base := filepath.Base(abs); strings.HasPrefix(base, ".") && strings.Contains(base, partialMark) {
-		return nil, sentinelf(ErrNoManifest, "%s is not a gpucr image: it is an unfinished checkpoint's staging directory", dir)
+	if err := refuseStaging(dir); err != nil {
+		return nil, err
 	}
 	b, err := readBeneath(dir, ManifestName, maxManifest)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
@@ -120,6 +116,18 @@ func readSealed(dir string) ([]byte, error) {
 		return nil, err
 	}
 	return b, nil
+}
+
+// refuseStaging refuses dir if it is an unfinished checkpoint's staging directory.
+func refuseStaging(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("resolve %s: %w", dir, err)
+	}
+	if base := filepath.Base(abs); strings.HasPrefix(base, ".") && strings.Contains(base, partialMark) {
+		return sentinelf(ErrNoManifest, "%s is not a gpucr image: it is an unfinished checkpoint's staging directory", dir)
+	}
+	return nil
 }
 
 // maxManifest is the largest manifest read: far more than a tree of thousands of
@@ -423,10 +431,14 @@ type Signed struct {
 // (checkpointed unsigned, or by an older gpucr) gets them first, computed in the same read
 // that verifies the files, and a manifest rewritten with them; the other keys' signatures
 // of the old manifest are dropped. Every step is a rename, and at every point the image is
-// whole. The image's directory, named by a path without symlinks, is held open and written
-// only through it, by names never followed, once it is known to be the directory read:
-// whoever else can write it cannot make root write or read elsewhere.
+// whole. The image's directory, named by a path without symlinks, is held open, read only
+// through it (a rename of it, or of a directory above, cannot swap another in between two
+// reads) and written only through it, by names never followed, once it is known to be still
+// at dir: whoever else can write it cannot make root write or read elsewhere.
 func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
+	if err := refuseStaging(dir); err != nil {
+		return nil, err
+	}
 	d, err := beneath.OpenDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("sign: %w", err)
@@ -437,23 +449,9 @@ func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
 			return nil, err
 		}
 	}
-	old, err := readSealed(dir)
+	old, m, files, got, err := readHeld(d.Within())
 	if err != nil {
-		return nil, err
-	}
-	m, err := decode(old)
-	if err != nil {
-		return nil, err
-	}
-	if err := CheckListed(dir, m); err != nil {
-		return nil, err
-	}
-	if err := CheckSizes(dir, m.Files); err != nil {
-		return nil, err
-	}
-	files, got, err := recompute(dir, m.Files, func(File) bool { return true })
-	if err != nil {
-		return nil, err
+		return nil, namedAs(err, d.Within(), dir)
 	}
 	for i, f := range files {
 		g := got[i]
@@ -494,6 +492,41 @@ func Sign(dir string, key ed25519.PrivateKey) (*Signed, error) {
 	}
 	return res, nil
 }
+
+// readHeld reads what Sign signs of the image at within (the directory Sign holds): the
+// manifest, as bytes checked against the seal and decoded, checked against what the
+// directory holds, and every file, sorted as recompute sorts them, with what its bytes
+// hash to.
+func readHeld(within string) (manifest []byte, m *Manifest, files, got []File, err error) {
+	if manifest, err = readSealed(within); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if m, err = decode(manifest); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if err := CheckListed(within, m); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	if err := CheckSizes(within, m.Files); err != nil {
+		return nil, nil, nil, nil, err
+	}
+	files, got, err = recompute(within, m.Files, func(File) bool { return true })
+	return manifest, m, files, got, err
+}
+
+// namedAs is err with the path within written as dir in its message, for the user who
+// named the image by dir; errors.Is and errors.As see err.
+func namedAs(err error, within, dir string) error {
+	return renamedError{err, strings.TrimSuffix(within, "/"), dir}
+}
+
+type renamedError struct {
+	err      error
+	from, to string
+}
+
+func (e renamedError) Error() string { return strings.ReplaceAll(e.err.Error(), e.from, e.to) }
+func (e renamedError) Unwrap() error { return e.err }
 
 // maxSigFile is the most a signature file may hold: a line per key.
 const maxSigFile = 64 << 10
