@@ -87,6 +87,33 @@ func Open(dir, rel string) (*os.File, error) {
 	return openRegular(d, dir, rel)
 }
 
+// ReadFile reads rel, a regular file inside dir opened as Open opens it, refusing one of
+// more than limit bytes: whoever wrote it must not make gpucr fill its memory.
+func ReadFile(dir, rel string, limit int64) ([]byte, error) {
+	f, err := Open(dir, rel)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readLimited(f, limit)
+}
+
+// readLimited reads all of f, a regular file, unless it is larger than limit bytes.
+func readLimited(f *os.File, limit int64) ([]byte, error) {
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return nil, err
+	case fi.Size() > limit:
+		return nil, &os.PathError{Op: "read", Path: f.Name(), Err: fmt.Errorf("%d bytes, more than %d", fi.Size(), limit)}
+	}
+	b := make([]byte, fi.Size())
+	if _, err := f.ReadAt(b, 0); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
 // ErrNotRegular means a path that must be a regular file is something else (a FIFO, a
 // device, a directory).
 var ErrNotRegular = errors.New("not a regular file")

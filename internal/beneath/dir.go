@@ -65,26 +65,14 @@ func (d *Dir) Within() string { return fmt.Sprintf("/proc/self/fd/%d/", d.fd) }
 // Close lets the directory go.
 func (d *Dir) Close() error { return unix.Close(d.fd) }
 
-// ReadFile reads the regular file name in d, refusing a symlink or anything not regular;
-// at most limit bytes.
+// ReadFile reads the regular file name in d as ReadFile does.
 func (d *Dir) ReadFile(name string, limit int64) ([]byte, error) {
 	f, err := openRegular(d.fd, d.path, name)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	fi, err := f.Stat()
-	switch {
-	case err != nil:
-		return nil, err
-	case fi.Size() > limit:
-		return nil, d.err("read", name, fmt.Errorf("%d bytes, more than %d", fi.Size(), limit))
-	}
-	b := make([]byte, fi.Size())
-	if _, err := f.ReadAt(b, 0); err != nil {
-		return nil, err
-	}
-	return b, nil
+	return readLimited(f, limit)
 }
 
 // Replace puts b in place of the file name in d, atomically and durably: written to a new

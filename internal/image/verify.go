@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -102,7 +101,7 @@ func readSealed(dir string) ([]byte, error) {
 	if err := refuseStaging(dir); err != nil {
 		return nil, err
 	}
-	b, err := readBeneath(dir, ManifestName, maxManifest)
+	b, err := beneath.ReadFile(dir, ManifestName, maxManifest)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
 		return nil, sentinelf(ErrNoManifest, "%s is not a gpucr image: no %s", dir, ManifestName)
 	}
@@ -133,21 +132,6 @@ func refuseStaging(dir string) error {
 // maxManifest is the largest manifest read: far more than a tree of thousands of
 // processes lists, far less than a file that is no manifest could fill memory with.
 const maxManifest = 64 << 20
-
-// readBeneath reads the file name of the image at dir, no symlink followed, at most limit
-// bytes: an image's author must not make gpucr read a file of root's instead.
-func readBeneath(dir, name string, limit int64) ([]byte, error) {
-	f, err := beneath.Open(dir, name)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err == nil && int64(len(b)) > limit {
-		err = fmt.Errorf("%s is larger than %d bytes", f.Name(), limit)
-	}
-	return b, err
-}
 
 // checkFormat refuses manifest bytes of a format newer than this gpucr's. The version is
 // read alone: a newer format may not decode as this one.
@@ -186,7 +170,7 @@ func seal(manifest []byte) string {
 // checkSeal compares the manifest's bytes with the seal committed beside them. It runs
 // after the format check, so that a newer gpucr may seal differently.
 func checkSeal(dir string, manifest []byte) error {
-	b, err := readBeneath(dir, SealName, 1<<10)
+	b, err := beneath.ReadFile(dir, SealName, 1<<10)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &CorruptError{SealName, "missing: the manifest cannot be checked"}
 	}
@@ -409,7 +393,7 @@ func checkSigned(dir string, manifest []byte, trusted signing.Keys) (string, err
 	if len(trusted) == 0 {
 		return "", nil
 	}
-	sig, err := readBeneath(dir, SigName, maxSigFile)
+	sig, err := beneath.ReadFile(dir, SigName, maxSigFile)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", fmt.Errorf("%w: it is not signed", signing.ErrUntrusted)
 	}
