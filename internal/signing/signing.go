@@ -181,15 +181,8 @@ func Sign(key ed25519.PrivateKey, manifest []byte) []byte {
 // and so are lines that are no signature at all.
 func (k Keys) Check(manifest, sigFile []byte) (string, error) {
 	var signers []string
-	malformed := 0
-	for _, line := range strings.Split(string(sigFile), "\n") {
-		l, ok := parseLine(line)
-		if !ok {
-			if strings.TrimSpace(line) != "" {
-				malformed++
-			}
-			continue
-		}
+	lines, malformed := parseLines(sigFile)
+	for _, l := range lines {
 		signers = append(signers, l.id)
 		pub, ok := k[l.id]
 		if !ok {
@@ -230,12 +223,26 @@ func parseLine(s string) (line, bool) {
 	return line{id: f[1], sig: sig, raw: strings.Join(f, " ")}, true
 }
 
+// parseLines returns the well-formed signature lines of sigFile, in order, and how many
+// other lines are not blank.
+func parseLines(sigFile []byte) (lines []line, malformed int) {
+	for _, s := range strings.Split(string(sigFile), "\n") {
+		if l, ok := parseLine(s); ok {
+			lines = append(lines, l)
+		} else if strings.TrimSpace(s) != "" {
+			malformed++
+		}
+	}
+	return lines, malformed
+}
+
 // Others returns the well-formed signature lines of sigFile made by keys other than id,
 // as a signature file of their own: what a new signature by id is added to.
 func Others(sigFile []byte, id string) []byte {
 	var out []byte
-	for _, s := range strings.Split(string(sigFile), "\n") {
-		if l, ok := parseLine(s); ok && l.id != id {
+	lines, _ := parseLines(sigFile)
+	for _, l := range lines {
+		if l.id != id {
 			out = append(append(out, l.raw...), '\n')
 		}
 	}
@@ -245,10 +252,9 @@ func Others(sigFile []byte, id string) []byte {
 // IDs are the key IDs of the signature lines of sigFile.
 func IDs(sigFile []byte) []string {
 	var out []string
-	for _, s := range strings.Split(string(sigFile), "\n") {
-		if l, ok := parseLine(s); ok {
-			out = append(out, l.id)
-		}
+	lines, _ := parseLines(sigFile)
+	for _, l := range lines {
+		out = append(out, l.id)
 	}
 	return out
 }
