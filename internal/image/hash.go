@@ -120,6 +120,15 @@ func (s *Summer) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// Piece returns the digests of piece k, once its last byte was written, and whether they
+// include its SHA-256.
+func (s *Summer) Piece(k int64) (Piece, bool, bool) {
+	if k < 0 || k >= int64(len(s.pieces)) {
+		return Piece{}, false, false
+	}
+	return s.pieces[k], s.strong, true
+}
+
 // File is the manifest entry of the file at path with the bytes written so far.
 func (s *Summer) File(path string) File {
 	pieces := s.pieces

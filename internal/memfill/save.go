@@ -254,33 +254,45 @@ func Sync(ctx context.Context, imageDir string, files []image.File) error {
 
 // SaveTo is Save for a checkpoint streamed to a store: every range is read from its process,
 // on all cores, into the criuimg.MemDir file that create starts for it (path relative to
-// the image), a file per worker at a time. The processes must be frozen.
+// the image), a file per worker at a time, straight into the receiver's own buffers. The
+// processes must be frozen.
 func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.Receiver, error)) error {
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
 	count := counting(ctx, rs)
-	return parallel.Each(ctx, rs, workers, func() []byte { return make([]byte, image.HashChunkSize) },
-		func(_ context.Context, r Range, buf []byte) error {
+	return parallel.Each(ctx, rs, workers, func() struct{} { return struct{}{} },
+		func(_ context.Context, r Range, _ struct{}) error {
 			f, err := create(r.file())
 			if err != nil {
 				return fmt.Errorf("memory save: %w", err)
 			}
 			size := r.End - r.Start
-			for at := uint64(0); at < size; at += uint64(len(buf)) {
-				data := buf[:min(uint64(len(buf)), size-at)]
-				if err := moveRemote(unix.ProcessVMReadv, "memory save: read", r.PID, r.Start+at, data); err != nil {
-					return err
-				}
-				if err := f.Receive(at, len(data), bytes.NewReader(data)); err != nil {
+			for at := uint64(0); at < size; at += image.HashChunkSize {
+				n := min(image.HashChunkSize, size-at)
+				if err := f.Receive(at, int(n), &remoteReader{pid: r.PID, addr: r.Start + at}); err != nil {
 					return fmt.Errorf("memory save: %w", err)
 				}
-				count.Add(int64(len(data)))
+				count.Add(int64(n))
 			}
 			if err := f.Close(); err != nil {
 				return fmt.Errorf("memory save: %w", err)
 			}
 			return nil
 		})
+}
+
+// remoteReader reads the memory of process pid from addr on.
+type remoteReader struct {
+	pid  int
+	addr uint64
+}
+
+func (r *remoteReader) Read(p []byte) (int, error) {
+	if err := moveRemote(unix.ProcessVMReadv, "read", r.pid, r.addr, p); err != nil {
+		return 0, err
+	}
+	r.addr += uint64(len(p))
+	return len(p), nil
 }
 
 // counting is the meter.Counter ctx carries, told the bytes of rs as its total.

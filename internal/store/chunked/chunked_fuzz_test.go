@@ -202,10 +202,12 @@ func FuzzPageCuts(f *testing.F) {
 		f.Fatal(err)
 	}
 	path := filepath.Join(dir, image.CRIUDir, "pagemap-1.img")
-	if err := os.WriteFile(path, fuzzcheck.Pagemap(f, 1, pmEntry(0x7f00003ff000, 2048, present)), 0o600); err != nil {
+	// Two windows' worth of pages from one page before a window's end.
+	const across = 2 * ChunkSize / criuimg.PageSize
+	if err := os.WriteFile(path, fuzzcheck.Pagemap(f, 1, pmEntry(0x7f0000000000+ChunkSize-criuimg.PageSize, across, present)), 0o600); err != nil {
 		f.Fatal(err)
 	}
-	if got := pageCuts(dir, []File{{Path: image.CRIUDir + "/pages-1.img", Size: 2048 * criuimg.PageSize}}); !slices.Equal(got[image.CRIUDir+"/pages-1.img"], []int64{criuimg.PageSize, criuimg.PageSize + ChunkSize, 2048 * criuimg.PageSize}) {
+	if got := pageCuts(dir, []File{{Path: image.CRIUDir + "/pages-1.img", Size: across * criuimg.PageSize}}); !slices.Equal(got[image.CRIUDir+"/pages-1.img"], []int64{criuimg.PageSize, criuimg.PageSize + ChunkSize, across * criuimg.PageSize}) {
 		f.Fatalf("a run across three windows is cut at %v", got)
 	}
 	f.Fuzz(func(t *testing.T, data []byte, size int64) {

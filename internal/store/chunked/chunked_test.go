@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -25,7 +26,10 @@ import (
 	"github.com/gpucr/gpucr/internal/store/storetest"
 )
 
-const mib = 1 << 20
+const (
+	mib   = 1 << 20
+	chunk = chunked.ChunkSize
+)
 
 // random returns n reproducible pseudo-random bytes: incompressible, like most of a
 // process's memory.
@@ -38,13 +42,13 @@ func random(seed uint64, n int) []byte {
 	return b
 }
 
-// testImage commits an image whose page file has, in 4 MiB chunks: random data, two zero
-// chunks, a repeat of the first chunk, text, and a short tail. variant changes one chunk.
+// testImage commits an image whose page file has, in chunks: random data, two zero chunks,
+// a repeat of the first chunk, random data (changed by variant), text, and a short tail.
 func testImage(t *testing.T, variant uint64) string {
 	t.Helper()
-	first := random(1, 4*mib)
-	pages := bytes.Join([][]byte{first, make([]byte, 8*mib), first, random(2+variant, 4*mib),
-		bytes.Repeat([]byte("compressible page text "), 4*mib/23+1)[:4*mib], random(3, 1234)}, nil)
+	first := random(1, chunk)
+	pages := bytes.Join([][]byte{first, make([]byte, 2*chunk), first, random(2+variant, chunk),
+		bytes.Repeat([]byte("compressible page text "), chunk/23+1)[:chunk], random(3, 1234)}, nil)
 	dir := filepath.Join(t.TempDir(), "img")
 	s, err := image.Begin(dir)
 	if err != nil {
@@ -147,7 +151,7 @@ func TestRoundTrip(t *testing.T) {
 			}
 			// pages: 7 chunks, 2 zero, one repeat; plus 5 small files, the manifest's seal
 			// among them (empty.img has none).
-			if stats.ZeroBytes != 8*mib || stats.Chunks != 9 || stats.Transferred != 8 || stats.Files != 6 {
+			if stats.ZeroBytes != 2*chunk || stats.Chunks != 9 || stats.Transferred != 8 || stats.Files != 6 {
 				t.Errorf("push stats = %+v", stats)
 			}
 			if last.Load() != stats.Bytes {
@@ -165,7 +169,7 @@ func TestRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if im.RootPID != 42 || pstats.ZeroBytes != 8*mib || pstats.Bytes != stats.Bytes {
+			if im.RootPID != 42 || pstats.ZeroBytes != 2*chunk || pstats.Bytes != stats.Bytes {
 				t.Errorf("pull: root %d stats %+v", im.RootPID, pstats)
 			}
 			sameTree(t, src, dst)
@@ -307,7 +311,7 @@ func TestPullDetectsBadChunks(t *testing.T) {
 	}{
 		{"missing", func(ctx context.Context, st store.Store, key string) error { return st.Delete(ctx, key) }, "missing"},
 		{"other content", func(ctx context.Context, st store.Store, key string) error {
-			b := enc.EncodeAll(random(99, 4*mib), nil)
+			b := enc.EncodeAll(random(99, chunk), nil)
 			return st.Put(ctx, key, b)
 		}, "corrupted: its bytes do not match"},
 		{"a byte of a raw block changed", func(ctx context.Context, st store.Store, key string) error {
@@ -318,7 +322,7 @@ func TestPullDetectsBadChunks(t *testing.T) {
 			}
 			b, err := io.ReadAll(r)
 			r.Close()
-			if err != nil || len(b) < 4*mib || b[4] != 0xA0 {
+			if err != nil || len(b) < chunk || b[4] != 0xA0 {
 				return fmt.Errorf("the chunk is not stored as a raw frame (%d bytes, %v): the case would test nothing", len(b), err)
 			}
 			b[len(b)/2] ^= 1
@@ -328,7 +332,7 @@ func TestPullDetectsBadChunks(t *testing.T) {
 			return st.Put(ctx, key, []byte("not zstd at all"))
 		}, "corrupted: "},
 		{"truncated", func(ctx context.Context, st store.Store, key string) error {
-			b := enc.EncodeAll(random(2, 4*mib), nil)[:1000]
+			b := enc.EncodeAll(random(2, chunk), nil)[:1000]
 			return st.Put(ctx, key, b)
 		}, "corrupted: "},
 	}
@@ -343,7 +347,7 @@ func TestPullDetectsBadChunks(t *testing.T) {
 			var victim chunked.Chunk
 			for _, f := range m.Files {
 				if f.Path == "criu/pages-1.img" {
-					victim = f.Chunks[4] // at 16 MiB
+					victim = f.Chunks[4] // random(2), stored raw
 				}
 			}
 			key := chunked.ChunkKey("ckpt", victim.SHA256)
@@ -369,7 +373,7 @@ func TestPullDetectsBadChunks(t *testing.T) {
 					if !errors.As(err, &ce) || !errors.Is(err, chunked.ErrBadChunk) {
 						t.Fatalf("Pull = %v, want a ChunkError", err)
 					}
-					want := "chunk " + st.URL(key) + " (criu/pages-1.img at offset 16777216): " + tt.reason
+					want := "chunk " + st.URL(key) + " (criu/pages-1.img at offset " + strconv.Itoa(4*chunk) + "): " + tt.reason
 					if !strings.HasPrefix(err.Error(), want) {
 						t.Errorf("error %q\ndoes not start %q", err, want)
 					}

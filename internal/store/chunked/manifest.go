@@ -26,8 +26,11 @@ import (
 // unchanged memory between checkpoints, larger means fewer objects (docs/storage.md). CRIU's
 // pages-*.img files are cut where their pages' virtual addresses cross a ChunkSize boundary
 // (see pageCuts); other files every ChunkSize bytes, so files smaller than this are one chunk.
-// It is not image.HashChunkSize, the image's unit of checksumming: the two need not agree.
-const ChunkSize = 4 << 20
+// It is image.HashChunkSize, the image's unit of checksumming, so that a chunk of gpucr's
+// memory files is one piece of the image and the chunk's xxh64 is the piece's: it is taken
+// once, not twice, on its way to the store and back (samePiece). Checkpoints stored with
+// smaller chunks (4 MiB before) are read as they are.
+const ChunkSize = image.HashChunkSize
 
 // FormatVersion is the object manifest format this build writes and reads.
 const FormatVersion = 1

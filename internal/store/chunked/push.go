@@ -16,7 +16,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/gpucr/gpucr/internal/image"
@@ -298,19 +297,30 @@ func (p *pusher) chunk(ctx context.Context, j job, buf *buffers) (Chunk, error) 
 	if _, err := p.opened[j.file].ReadAt(data, j.off); err != nil {
 		return Chunk{}, fmt.Errorf("read %s at %d: %w", p.paths[j.file], j.off, err)
 	}
-	return p.put(ctx, data, buf, p.paths[j.file], j.off)
+	return p.put(ctx, data, nil, buf, p.paths[j.file], j.off)
 }
 
-// put records data as a zero chunk, or hashes it and, unless the store has it already,
-// compresses and uploads it. file and off name the chunk in errors.
-func (u *uploader) put(ctx context.Context, data []byte, buf *buffers, file string, off int64) (Chunk, error) {
+// knownDigests are a chunk's digests as the image's checksum already took them, the chunk
+// being one whole piece of its file: its xxh64, and its SHA-256 when strong.
+type knownDigests struct {
+	image.Piece
+	strong bool
+}
+
+// put records data as a zero chunk, or hashes it (unless known has its digests) and, unless
+// the store has it already, compresses and uploads it. file and off name the chunk in errors.
+func (u *uploader) put(ctx context.Context, data []byte, known *knownDigests, buf *buffers, file string, off int64) (Chunk, error) {
 	size := int64(len(data))
 	if bytes.Equal(data, zeroChunk[:size]) {
 		u.count(func(s *Stats) { s.ZeroBytes += size })
 		return Chunk{Size: size, Zero: true}, nil
 	}
-	sum := sha256.Sum256(data)
-	c := Chunk{Size: size, SHA256: hex.EncodeToString(sum[:]), XXH64: fmt.Sprintf("%016x", xxhash.Sum64(data))}
+	if known == nil {
+		known = &knownDigests{Piece: image.SumPiece(data, true), strong: true}
+	} else if !known.strong {
+		known.SHA256, known.strong = sha256.Sum256(data), true
+	}
+	c := Chunk{Size: size, SHA256: hex.EncodeToString(known.SHA256[:]), XXH64: fmt.Sprintf("%016x", known.XXH64)}
 	key := ChunkKey(u.prefix, c.SHA256)
 
 	stored, err := u.store(ctx, key, data, buf, file, off)

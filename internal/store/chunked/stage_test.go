@@ -24,11 +24,12 @@ import (
 const memFile = "mem/42-7f0000000000.img"
 
 // memImage commits an image of small CRIU files, a CRIU page file of pages bytes of zeros,
-// and memory gpucr saved: 12 MiB of random bytes (seed), 8 MiB of zeros and a short tail,
-// so that its last piece is short. It returns the image and the memory.
+// and memory gpucr saved: a chunk and a half of random bytes (seed), a chunk and a half of
+// zeros (one zero chunk) and a short tail, so that its last piece is short. It returns the
+// image and the memory.
 func memImage(t *testing.T, seed uint64, pages int) (string, []byte) {
 	t.Helper()
-	mem := bytes.Join([][]byte{random(seed, 12*mib), make([]byte, 8*mib), random(seed+1, 1234)}, nil)
+	mem := bytes.Join([][]byte{random(seed, 3*chunk/2), make([]byte, 3*chunk/2), random(seed+1, 1234)}, nil)
 	return memImageOf(t, mem, pages, nil), mem
 }
 
@@ -158,7 +159,7 @@ func TestStageServesMemoryFromTheStore(t *testing.T) {
 			if err := s.Memory.Verify(); err != nil {
 				t.Fatalf("Verify after a whole read: %v", err)
 			}
-			if st := s.Memory.Stats(); st.ZeroBytes != 8*mib || st.Transferred == 0 {
+			if st := s.Memory.Stats(); st.ZeroBytes != chunk || st.Transferred == 0 {
 				t.Errorf("memory stats %+v", st)
 			}
 			s.Close()

@@ -41,6 +41,7 @@ type streamJob struct {
 	index int
 	off   int64
 	data  []byte
+	known *knownDigests // when the chunk is one whole piece of the image's file
 }
 
 // NewStream starts a checkpoint at prefix in st. It fails at once if one exists there.
@@ -84,7 +85,7 @@ func (s *Stream) worker() {
 		case <-s.ctx.Done():
 			return
 		}
-		c, err := s.up.put(s.ctx, j.data, buf, j.f.path, j.off)
+		c, err := s.up.put(s.ctx, j.data, j.known, buf, j.f.path, j.off)
 		s.free <- j.data[:cap(j.data)]
 		if err != nil {
 			s.cancel(err)
@@ -162,6 +163,11 @@ func (f *StreamFile) emit() error {
 	f.chunks = append(f.chunks, Chunk{})
 	f.s.mu.Unlock()
 	j := streamJob{f: f, index: index, off: f.size, data: f.buf}
+	if f.size%image.HashChunkSize == 0 && len(f.buf) == image.HashChunkSize {
+		if d, strong, ok := f.sum.Piece(f.size / image.HashChunkSize); ok {
+			j.known = &knownDigests{Piece: d, strong: strong}
+		}
+	}
 	f.size += int64(len(f.buf))
 	f.buf = nil
 	select {

@@ -4,18 +4,24 @@ import (
 	"bytes"
 	"context"
 	"crypto/ed25519"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/signing"
+	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
 )
 
-// A streamed page file is cut where its pages' addresses cross a 4 MiB window, like a
+// A streamed page file is cut where its pages' addresses cross a ChunkSize window, like a
 // pushed one; the sealed image it finishes pulls back whole and verified.
 func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 	for name, open := range stores(t) {
@@ -37,14 +43,14 @@ func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			const page = 4096
+			const page, w = 4096, chunked.ChunkSize
 			runs := []struct {
 				vaddr uint64
 				data  []byte
 			}{
-				{0x3ff000, random(1, 3*page)},     // crosses into the second window
-				{0x500000, random(2, 1024*page)},  // fills the second window, spills into the third
-				{0x10000000, make([]byte, 8*mib)}, // two windows of zeros
+				{w - page, random(1, 3*page)}, // crosses into the second window
+				{w + w/4, random(2, w)},       // fills the second window, spills into the third
+				{16 * w, make([]byte, 2*w)},   // two windows of zeros
 			}
 			var all []byte
 			for _, r := range runs {
@@ -92,10 +98,10 @@ func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 					}
 				}
 			}
-			if want := []int64{1, 770, 256, 1024, 1024}; !slices.Equal(sizes, want) || !zero[3] || !zero[4] || zero[0] {
+			if want := []int64{1, 2 + 3*w/4/page, w / 4 / page, w / page, w / page}; !slices.Equal(sizes, want) || !zero[3] || !zero[4] || zero[0] {
 				t.Errorf("chunks of the streamed pages file: %v pages (zero %v), want %v", sizes, zero, want)
 			}
-			if stats.ZeroBytes != 8*mib || stats.Bytes < int64(len(all)) {
+			if stats.ZeroBytes != 2*w || stats.Bytes < int64(len(all)) {
 				t.Errorf("stats %+v", stats)
 			}
 
@@ -107,6 +113,72 @@ func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 			got, err := os.ReadFile(filepath.Join(dst, "criu/pages-65537.img"))
 			if err != nil || !bytes.Equal(got, all) {
 				t.Fatalf("pulled pages file: %d bytes, want %d (%v)", len(got), len(all), err)
+			}
+		})
+	}
+}
+
+// A chunk that is one whole piece of its file takes the digests the image's checksum took of
+// it (xxh64, and SHA-256 when signed) instead of hashing it again: they must be its own, as
+// a chunk hashed apart would have them, and the file must pull back verified.
+func TestStreamedWholePiecesKeepTheirDigests(t *testing.T) {
+	for _, signed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("signed=%v", signed), func(t *testing.T) {
+			ctx := context.Background()
+			st := store.NewDir(t.TempDir())
+			s, err := chunked.NewStream(ctx, st, "ckpt", chunked.Options{Signed: signed})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Abort()
+			const name = "mem/42-7f0000000000.img"
+			f, err := s.Create(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			data := random(5, 2*chunk+1234)
+			for at := 0; at < len(data); at += chunk {
+				part := data[at:min(at+chunk, len(data))]
+				if err := f.Receive(uint64(at), len(part), bytes.NewReader(part)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := f.Close(); err != nil {
+				t.Fatal(err)
+			}
+			streamed, err := s.Files()
+			if err != nil {
+				t.Fatal(err)
+			}
+			stage, err := image.Begin(filepath.Join(t.TempDir(), "img"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = stage.Abort() }()
+			m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42, Processes: []image.Process{{PID: 42}}}
+			if err := stage.Seal(m, streamed); err != nil {
+				t.Fatal(err)
+			}
+			om, _, err := s.Finish(ctx, stage.Dir(), m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			j := slices.IndexFunc(om.Files, func(f chunked.File) bool { return f.Path == name })
+			if j < 0 || len(om.Files[j].Chunks) != 3 {
+				t.Fatalf("stored files %+v", om.Files)
+			}
+			for k, c := range om.Files[j].Chunks {
+				b := data[k*chunk : min((k+1)*chunk, len(data))]
+				if sum := sha256.Sum256(b); c.SHA256 != hex.EncodeToString(sum[:]) || c.XXH64 != fmt.Sprintf("%016x", xxhash.Sum64(b)) {
+					t.Errorf("chunk %d: sha256 %s xxh64 %s, not its bytes' digests", k, c.SHA256, c.XXH64)
+				}
+			}
+			dst := filepath.Join(t.TempDir(), "pulled")
+			if _, _, err := chunked.Pull(ctx, st, "ckpt", dst, chunked.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := os.ReadFile(filepath.Join(dst, filepath.FromSlash(name))); err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("pulled %s: %d bytes (%v), want %d", name, len(got), err, len(data))
 			}
 		})
 	}
