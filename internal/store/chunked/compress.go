@@ -40,6 +40,13 @@ const (
 	blockRaw            = 0         // Block_Type of a block stored as is
 )
 
+// rawHeader is where rawFrame's first block starts; each block then takes rawStride bytes of
+// the frame (its 3-byte header and maxRawBlock bytes of content), the last fewer.
+const (
+	rawHeader = 4 + 1 + 4 // magic, descriptor, content size
+	rawStride = 3 + maxRawBlock
+)
+
 // rawFrame appends to dst data (at most 4 GiB - 1 bytes) as one zstd frame of raw blocks.
 func rawFrame(data, dst []byte) []byte {
 	dst = binary.LittleEndian.AppendUint32(dst, frameMagic)
@@ -63,7 +70,7 @@ func rawFrame(data, dst []byte) []byte {
 // the last. Their bytes are the content, so a fetched chunk is used without decoding, which
 // would copy every byte once more. Any other frame, valid or not, is the decoder's to read.
 func rawBlocks(frame []byte, size int64) ([][]byte, bool) {
-	const header = 4 + 1 + 4 // magic, descriptor, content size
+	const header = rawHeader
 	if len(frame) < header || binary.LittleEndian.Uint32(frame) != frameMagic || frame[4] != frameSingleSegment4 ||
 		int64(binary.LittleEndian.Uint32(frame[5:])) != size {
 		return nil, false
@@ -90,4 +97,59 @@ func rawBlocks(frame []byte, size int64) ([][]byte, bool) {
 		}
 	}
 	return parts, got == size
+}
+
+// rawContent hashes, as a chunk's frame arrives read by read, the bytes that are its content
+// if the frame is the one rawFrame writes of size bytes, whose blocks lie where they are known
+// to before it arrives: each new byte is hashed while it is still in the core's cache, not
+// read back from memory afterwards. Whether the frame is that one is known only once it is
+// whole (isRawFrame); until then the hash is a guess, to be used only if it was right.
+type rawContent struct {
+	size int64
+	at   int // bytes of the frame looked at
+	add  func([]byte)
+}
+
+// feed adds the content among the bytes of frame (all that arrived so far) not yet looked at.
+func (r *rawContent) feed(frame []byte) {
+	last := int(max(0, r.size-1) / maxRawBlock) // the last block's index
+	for r.at < len(frame) {
+		if r.at < rawHeader {
+			r.at = min(len(frame), rawHeader)
+			continue
+		}
+		k := (r.at - rawHeader) / rawStride
+		if k > last {
+			r.at = len(frame) // past the content: not that frame, or nothing left
+			return
+		}
+		start := rawHeader + k*rawStride + 3
+		end := start + int(min(maxRawBlock, r.size-int64(k)*maxRawBlock))
+		if r.at < start {
+			r.at = min(len(frame), start)
+			continue
+		}
+		if n := min(len(frame), end); n > r.at {
+			r.add(frame[r.at:n])
+			r.at = n
+		}
+		if r.at >= end {
+			r.at = rawHeader + (k+1)*rawStride
+		}
+	}
+}
+
+// isRawFrame says whether parts, the blocks rawBlocks found in frame, are exactly where
+// rawFrame puts the blocks of size bytes: then rawContent hashed them, and nothing else.
+func isRawFrame(frame []byte, parts [][]byte, size int64) bool {
+	if len(parts) != int(max(0, size-1)/maxRawBlock)+1 {
+		return false
+	}
+	for k, p := range parts {
+		at := cap(frame) - cap(p) // p lies in frame: its offset there
+		if at != rawHeader+k*rawStride+3 || int64(len(p)) != min(maxRawBlock, size-int64(k)*maxRawBlock) {
+			return false
+		}
+	}
+	return true
 }

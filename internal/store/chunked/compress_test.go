@@ -2,10 +2,19 @@ package chunked
 
 import (
 	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/gpucr/gpucr/internal/store"
 )
 
 // Frames of raw blocks are read back by the decoder every restore uses, at every size
@@ -126,5 +135,79 @@ func FuzzRawBlocks(f *testing.F) {
 		if err != nil || !bytes.Equal(bytes.Join(parts, nil), got) || int64(len(got)) != size {
 			t.Fatalf("raw blocks of %d bytes, the decoder: %d bytes, %v", size, len(got), err)
 		}
+		// What rawContent hashed as the frame arrived is the content, whenever it is used.
+		if hashed := feedInPieces(frame, size, len(frame)/3, len(frame)/2); isRawFrame(frame, parts, size) && !bytes.Equal(hashed, got) {
+			t.Fatalf("raw frame of %d bytes: rawContent took %d other bytes", size, len(hashed))
+		}
 	})
+}
+
+// feedInPieces is what rawContent takes of frame when it arrives cut at the offsets cuts.
+func feedInPieces(frame []byte, size int64, cuts ...int) []byte {
+	var took []byte
+	r := &rawContent{size: size, add: func(b []byte) { took = append(took, b...) }}
+	for _, c := range cuts {
+		r.feed(frame[:min(c, len(frame))])
+	}
+	r.feed(frame)
+	return took
+}
+
+// A raw frame is hashed as it arrives, read by read, wherever the reads end: the bytes it
+// takes are the content, and only they.
+func TestRawContentTakesTheContentAsItArrives(t *testing.T) {
+	random := randomBytes(ChunkSize)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{1, 5, maxRawBlock - 1, maxRawBlock, maxRawBlock + 1, 3 * maxRawBlock, ChunkSize} {
+		frame := rawFrame(random[:n], nil)
+		parts, ok := rawBlocks(frame, int64(n))
+		if !ok || !isRawFrame(frame, parts, int64(n)) {
+			t.Fatalf("%d bytes: rawFrame's frame is not read as one", n)
+		}
+		for range 20 {
+			cuts := []int{rng.IntN(len(frame) + 1), rng.IntN(len(frame) + 1), rng.IntN(16), rawHeader + 2}
+			slices.Sort(cuts)
+			if took := feedInPieces(frame, int64(n), cuts...); !bytes.Equal(took, random[:n]) {
+				t.Fatalf("%d bytes cut at %v: took %d bytes, not the content", n, cuts, len(took))
+			}
+		}
+	}
+}
+
+// A frame of raw blocks that rawFrame would not write (an empty block first: valid zstd, the
+// same content) moves every block: what was hashed as it arrived is not used, the chunk is
+// checked again whole and is read right, or refused if a byte of it changed.
+func TestFetchChecksFramesNotCutAsExpected(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	content := randomBytes(2*maxRawBlock + 7)
+	sum := sha256.Sum256(content)
+	c := Chunk{Size: int64(len(content)), SHA256: hex.EncodeToString(sum[:]), XXH64: fmt.Sprintf("%016x", xxhash.Sum64(content))}
+	frame := rawFrame(content, nil)
+	shifted := append(append(bytes.Clone(frame[:rawHeader]), byte(blockRaw<<1), 0, 0), frame[rawHeader:]...)
+	if parts, ok := rawBlocks(shifted, c.Size); !ok || isRawFrame(shifted, parts, c.Size) {
+		t.Fatalf("the shifted frame must read as raw blocks, not where rawFrame puts them, for this test to mean anything")
+	}
+	dec, err := newDecoder(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	fetch := func(object []byte) ([]byte, error) {
+		if err := st.Put(ctx, ChunkKey("ckpt", c.SHA256), object); err != nil {
+			t.Fatal(err)
+		}
+		parts, _, err := fetchChunk(ctx, st, "ckpt", dec, "mem/1.img", 0, c, make([]byte, 0, c.Size), nil, nil)
+		return bytes.Join(parts, nil), err
+	}
+	for name, object := range map[string][]byte{"as written": frame, "shifted": shifted} {
+		if got, err := fetch(object); err != nil || !bytes.Equal(got, content) {
+			t.Errorf("%s: %d bytes, %v", name, len(got), err)
+		}
+		changed := bytes.Clone(object)
+		changed[len(changed)-3] ^= 1
+		if _, err := fetch(changed); !errors.Is(err, ErrBadChunk) {
+			t.Errorf("%s with a byte changed: %v, want it refused", name, err)
+		}
+	}
 }

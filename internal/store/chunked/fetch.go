@@ -38,7 +38,17 @@ func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.De
 	if err != nil {
 		return nil, comp, fmt.Errorf("fetch %s at %d: %w", file, off, err)
 	}
-	comp, err = readAll(r, comp[:0])
+	// A chunk stored raw is hashed as it arrives (rawContent), unless a piece of the image
+	// must be hashed with it: a guess that turns out wrong could not be taken back from it.
+	var guess *rawContent
+	var h hash.Hash
+	arrived := func([]byte) {}
+	if also == nil {
+		h = chunkHash(c)
+		guess = &rawContent{size: c.Size, add: func(b []byte) { h.Write(b) }}
+		arrived = guess.feed
+	}
+	comp, err = readAll(r, comp[:0], arrived)
 	r.Close()
 	if err != nil {
 		return nil, comp, fmt.Errorf("fetch %s at %d: %w", file, off, err)
@@ -47,6 +57,12 @@ func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.De
 		return nil, comp, bad(fmt.Sprintf("corrupted: object larger than %d bytes", maxStored))
 	}
 	parts, ok := rawBlocks(comp, c.Size)
+	if ok && guess != nil && isRawFrame(comp, parts, c.Size) {
+		if hex.EncodeToString(h.Sum(nil)) != chunkDigest(c) {
+			return nil, comp, bad("corrupted: its bytes do not match the manifest object's digest")
+		}
+		return parts, comp, nil
+	}
 	if !ok {
 		data, err := dec.DecodeAll(comp, dst[:0])
 		if err != nil {
@@ -77,11 +93,7 @@ func newDecoder(n int) (*zstd.Decoder, error) {
 // where the manifest object has no xxh64, and passes them to also (when not nil) block by
 // block, while they are in cache.
 func checkChunk(parts [][]byte, c Chunk, also *image.PieceHash) bool {
-	var h hash.Hash = xxhash.New()
-	want := c.XXH64
-	if want == "" {
-		h, want = sha256.New(), c.SHA256
-	}
+	h := chunkHash(c)
 	for _, b := range parts {
 		for len(b) > 0 {
 			n := min(len(b), verifyBlock)
@@ -92,5 +104,22 @@ func checkChunk(parts [][]byte, c Chunk, also *image.PieceHash) bool {
 			b = b[n:]
 		}
 	}
-	return hex.EncodeToString(h.Sum(nil)) == want
+	return hex.EncodeToString(h.Sum(nil)) == chunkDigest(c)
+}
+
+// chunkHash is the hash a chunk is checked by: its xxh64, or its sha256 where the manifest
+// object has no xxh64 (chunkDigest).
+func chunkHash(c Chunk) hash.Hash {
+	if c.XXH64 == "" {
+		return sha256.New()
+	}
+	return xxhash.New()
+}
+
+// chunkDigest is the digest chunkHash must give.
+func chunkDigest(c Chunk) string {
+	if c.XXH64 == "" {
+		return c.SHA256
+	}
+	return c.XXH64
 }

@@ -231,8 +231,9 @@ func (p *puller) chunk(ctx context.Context, j job, buf *buffers) error {
 	return nil
 }
 
-// readAll reads r into b, reading at most maxStored+1 bytes.
-func readAll(r io.Reader, b []byte) ([]byte, error) {
+// readAll reads r into b, reading at most maxStored+1 bytes, and after each read hands
+// arrived (when not nil) all of b read so far.
+func readAll(r io.Reader, b []byte, arrived func([]byte)) ([]byte, error) {
 	lr := io.LimitReader(r, maxStored+1)
 	for {
 		if len(b) == cap(b) {
@@ -240,6 +241,9 @@ func readAll(r io.Reader, b []byte) ([]byte, error) {
 		}
 		n, err := lr.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
+		if arrived != nil && n > 0 {
+			arrived(b)
+		}
 		if err == io.EOF {
 			return b, nil
 		}
