@@ -89,6 +89,7 @@ func FuzzLoad(f *testing.F) {
 		func(m *Manifest) { m.Files[2].Chunks[3].Size = -ChunkSize },
 		func(m *Manifest) { m.Files[2].Chunks[1].Size = ChunkSize + 1 },
 		func(m *Manifest) { m.Files[2].Chunks[0].SHA256 = sum("a")[:63] + "G" },
+		func(m *Manifest) { m.Files[2].Chunks[3].SHA256 = sum("a") }, // a's again, 17 bytes
 		func(m *Manifest) { m.Format = FormatVersion + 1 },
 	} {
 		m := sampleManifest()
@@ -123,6 +124,7 @@ func FuzzLoad(f *testing.F) {
 			t.Fatalf("accepted format %d, compression %q, %d files", m.Format, m.Compression, len(m.Files))
 		}
 		seen := map[string]bool{}
+		chunks := map[string]Chunk{}
 		for _, file := range m.Files {
 			if !filepath.IsLocal(file.Path) || path.Clean(file.Path) != file.Path || seen[file.Path] {
 				t.Fatalf("accepted file path %q (listed before: %v)", file.Path, seen[file.Path])
@@ -132,6 +134,12 @@ func FuzzLoad(f *testing.F) {
 			for _, c := range file.Chunks {
 				if c.Size <= 0 || c.Size > ChunkSize || !c.Zero && !image.IsSHA256(c.SHA256) {
 					t.Fatalf("%s: accepted chunk %+v", file.Path, c)
+				}
+				if first, ok := chunks[c.SHA256]; ok && !c.Zero && (first.Size != c.Size || first.XXH64 != c.XXH64) {
+					t.Fatalf("%s: accepted chunk %+v, listed before as %+v", file.Path, c, first)
+				}
+				if !c.Zero {
+					chunks[c.SHA256] = c
 				}
 				total += c.Size
 			}

@@ -494,6 +494,15 @@ func TestLoadRejects(t *testing.T) {
 			m.Files = slices.DeleteFunc(m.Files, func(f chunked.File) bool { return f.Path == image.ManifestName })
 		}, "no manifest.json"},
 		{"newer format", func(m *chunked.Manifest) { m.Format = chunked.FormatVersion + 1 }, "upgrade gpucr"},
+		// A pull fetches a chunk once and writes it wherever it is listed: a chunk of 8 MiB
+		// listed again as 1 byte would write 8 MiB where 1 byte is declared, again and again.
+		{"a chunk listed again smaller", func(m *chunked.Manifest) {
+			big := m.Files[slices.IndexFunc(m.Files, func(f chunked.File) bool { return f.Path == "criu/pages-1.img" })].Chunks[0]
+			for k := range 3 {
+				m.Files = append(m.Files, chunked.File{Path: fmt.Sprintf("criu/x-%d.img", k), Size: 1,
+					Chunks: []chunked.Chunk{{Size: 1, SHA256: big.SHA256, XXH64: big.XXH64}}})
+			}
+		}, "another size or digest"},
 		{"compression", func(m *chunked.Manifest) { m.Compression = "lz4" }, `unknown compression "lz4"`},
 	}
 	for _, tt := range tests {

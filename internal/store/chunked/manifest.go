@@ -146,7 +146,9 @@ func checkPrefix(prefix string) error {
 
 // problem says what makes a manifest unusable, or "" if nothing does. A pull writes the
 // files it names, so their paths must stay inside the image directory, and the chunks
-// must add up to each file.
+// must add up to each file. A chunk is its content: listed again under its sha256, it has
+// the same size and xxh64, or a pull (which fetches it once and writes it wherever it is
+// listed) would write more than the files' sizes say.
 func (m *Manifest) problem() string {
 	switch {
 	case m.Compression != compression:
@@ -155,6 +157,7 @@ func (m *Manifest) problem() string {
 		return "no files listed"
 	}
 	seen := map[string]bool{}
+	chunks := map[string]Chunk{}
 	for _, f := range m.Files {
 		if !filepath.IsLocal(f.Path) || path.Clean(f.Path) != f.Path {
 			return fmt.Sprintf("file path %q is not inside the image", f.Path)
@@ -167,6 +170,12 @@ func (m *Manifest) problem() string {
 		for _, c := range f.Chunks {
 			if c.Size <= 0 || c.Size > ChunkSize || (!c.Zero && !image.IsSHA256(c.SHA256)) || (c.XXH64 != "" && !image.IsXXH64(c.XXH64)) {
 				return fmt.Sprintf("file %s has an invalid chunk", f.Path)
+			}
+			if !c.Zero {
+				if first, ok := chunks[c.SHA256]; ok && (first.Size != c.Size || first.XXH64 != c.XXH64) {
+					return fmt.Sprintf("file %s lists chunk %s with another size or digest than before", f.Path, c.SHA256)
+				}
+				chunks[c.SHA256] = c
 			}
 			total += c.Size
 		}

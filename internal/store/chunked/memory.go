@@ -86,15 +86,17 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 	}
 	i := sort.Search(len(f.ends), func(i int) bool { return f.ends[i] > off })
 	k, isPiece := f.Piece(off, int64(len(p)))
-	if d, ok := samePiece(f.chunks[i], f.ends[i]-off, len(p), f.File.Strong()); isPiece && ok {
-		// The chunk is the piece: checking it against its xxh64 takes the piece's digest.
-		err := mem.chunk(ctx, name, f.chunks[i], off, 0, p, nil, use)
-		if err == nil {
-			mem.mu.Lock()
-			f.Record(k, d)
-			mem.mu.Unlock()
+	if isPiece { // a piece has bytes, so chunk i holds its first
+		if d, ok := samePiece(f.chunks[i], f.ends[i]-off, len(p), f.File.Strong()); ok {
+			// The chunk is the piece: checking it against its xxh64 takes the piece's digest.
+			err := mem.chunk(ctx, name, f.chunks[i], off, 0, p, nil, use)
+			if err == nil {
+				mem.mu.Lock()
+				f.Record(k, d)
+				mem.mu.Unlock()
+			}
+			return err
 		}
-		return err
 	}
 	// A whole image piece is hashed as the image's checksum hashes it, each chunk's bytes
 	// as they are checked.

@@ -156,6 +156,10 @@ func TestStageServesMemoryFromTheStore(t *testing.T) {
 			if part, err := readPiece(s.Memory, 3*mib+7, 5*mib); err != nil || !bytes.Equal(part, want[3*mib+7:8*mib+7]) {
 				t.Fatalf("unaligned read: %v", err)
 			}
+			// A read of nothing, even at the end, reads nothing.
+			if part, err := readPiece(s.Memory, int64(len(want)), 0); err != nil || len(part) != 0 {
+				t.Fatalf("empty read at the end: %d bytes, %v", len(part), err)
+			}
 			if err := s.Memory.Verify(); err != nil {
 				t.Fatalf("Verify after a whole read: %v", err)
 			}
