@@ -182,7 +182,6 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err != nil {
 		return nil, verify.prefer(err)
 	}
-	fill.Prefetch(ctx) // a store's chunks arrive while CRIU restores the processes
 	spec := RestoreSpec{
 		RestoreRequest: criu.RestoreRequest{ImagesDir: image.CRIUPath(root), WorkDir: work, Options: opts},
 		Timer:          t,

@@ -89,13 +89,6 @@ func (r recording) ReadPiece(ctx context.Context, path string, off int64, p []by
 
 func (r recording) Verify() error { return r.s.record(r.s.Memory.Verify()) }
 
-// Prefetch passes the fill's reads on to the Memory of s, if it reads ahead.
-func (r recording) Prefetch(ctx context.Context, reads []memfill.Read) {
-	if p, ok := r.s.Memory.(memfill.Prefetcher); ok {
-		p.Prefetch(ctx, reads)
-	}
-}
-
 // beginRestore begins a restore of target, journaling with it the paths a streamed restore
 // owns and the others it names (a private copy of the image).
 func (e *Engine) beginRestore(target RestoreTarget, s *Streamed, others ...string) (*Op, error) {

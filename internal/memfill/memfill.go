@@ -266,15 +266,24 @@ func WritableAnon(path string) (func(addr, size uint64) bool, error) {
 // cores, so that a store's latency is overlapped), then asks each source whether what it
 // read is the image's. The processes must be restored and not yet resumed.
 func (p *Plan) Fill(ctx context.Context) error {
+	type job struct {
+		r      run
+		at     int64 // offset within the run
+		len    int64
+		sparse bool // the run is private anonymous memory: zeros need no write where untouched
+	}
 	anon, err := checkMapped(p.runs)
 	if err != nil {
 		return err
 	}
-	jobs := p.jobs(anon)
+	var jobs []job
 	var sources []Source
-	for _, r := range p.runs {
+	for i, r := range p.runs {
 		if !slices.Contains(sources, r.src) {
 			sources = append(sources, r.src)
+		}
+		for at := int64(0); at < r.size; at += piece {
+			jobs = append(jobs, job{r, at, min(piece, r.size-at), anon[i]})
 		}
 	}
 	count := meter.From(ctx)
@@ -282,7 +291,7 @@ func (p *Plan) Fill(ctx context.Context) error {
 	var pm pagemaps
 	defer pm.close()
 	err = parallel.Each(ctx, jobs, max(runtime.GOMAXPROCS(0), fillWorkers), func() []byte { return make([]byte, piece) },
-		func(ctx context.Context, j fillJob, buf []byte) error {
+		func(ctx context.Context, j job, buf []byte) error {
 			return j.r.src.ReadPiece(ctx, j.r.file, j.r.off+j.at, buf[:j.len], func(at int, part []byte) error {
 				addr := j.r.addr + uint64(j.at) + uint64(at)
 				var skipped int64
@@ -309,46 +318,6 @@ func (p *Plan) Fill(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// fillJob is one piece of a run that Fill writes.
-type fillJob struct {
-	r      run
-	at     int64 // offset within the run
-	len    int64
-	sparse bool // the run is private anonymous memory: zeros need no write where untouched
-}
-
-// jobs lists the pieces Fill writes, in the order it takes them; anon says which runs are
-// private anonymous memory (nil: none).
-func (p *Plan) jobs(anon []bool) []fillJob {
-	var jobs []fillJob
-	for i, r := range p.runs {
-		for at := int64(0); at < r.size; at += piece {
-			jobs = append(jobs, fillJob{r, at, min(piece, r.size-at), anon != nil && anon[i]})
-		}
-	}
-	return jobs
-}
-
-// Prefetch tells each source that can read ahead (a Prefetcher) what Fill will read from
-// it, in the order Fill will: called before CRIU's restore, which Fill waits for.
-func (p *Plan) Prefetch(ctx context.Context) {
-	var sources []Source
-	var reads [][]Read // reads[k] are those of sources[k]
-	for _, j := range p.jobs(nil) {
-		k := slices.Index(sources, j.r.src)
-		if k < 0 {
-			k = len(sources)
-			sources, reads = append(sources, j.r.src), append(reads, nil)
-		}
-		reads[k] = append(reads[k], Read{Path: j.r.file, Off: j.r.off + j.at, Len: j.len})
-	}
-	for k, src := range sources {
-		if pf, ok := src.(Prefetcher); ok {
-			pf.Prefetch(ctx, reads[k])
-		}
-	}
 }
 
 // fillWorkers is the fewest pieces in flight at once: a store answers each after a round trip.

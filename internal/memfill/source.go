@@ -13,8 +13,7 @@ import (
 
 // A Source is where a restore reads the memory it fills from: the image's own directory,
 // or a store whose chunks are fetched as the fill needs them (chunked.Memory), so that the
-// largest part of an image never has to sit on local disk. A Plan tells its sources apart
-// with ==: a Source's type must be comparable (a pointer, a string).
+// largest part of an image never has to sit on local disk.
 type Source interface {
 	// ReadPiece reads len(buf) bytes of the image file at path (slash-separated, relative
 	// to the image) from off, all of them or an error, and hands them to use part by part,
@@ -26,20 +25,6 @@ type Source interface {
 	ReadPiece(ctx context.Context, path string, off int64, buf []byte, use func(at int, part []byte) error) error
 	// Verify says, once the fill has read everything, whether what it read is the image's.
 	Verify() error
-}
-
-// A Prefetcher is a Source that can fetch ahead what a fill will read, before the fill
-// begins: a store's chunks then arrive while CRIU is still restoring the processes.
-type Prefetcher interface {
-	// Prefetch is told the reads the fill will make, in the order it will make them. It
-	// returns at once; what it fetched waits for ReadPiece, and is dropped at the source's end.
-	Prefetch(ctx context.Context, reads []Read)
-}
-
-// Read is one read a fill makes of a Source: Len bytes of the file at Path from Off.
-type Read struct {
-	Path     string
-	Off, Len int64
 }
 
 // Dir is the Source of the image files in the local directory dir. The restore checks an

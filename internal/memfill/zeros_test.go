@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"slices"
-	"sync"
 	"testing"
 	"unsafe"
 
@@ -86,52 +84,5 @@ func TestFillWritesNoZerosIntoUntouchedMemory(t *testing.T) {
 	defer func() { _ = unix.Munmap(file) }()
 	if p := fill(t, file); !bytes.Equal(file, data) || p.skipped.Load() != 0 {
 		t.Errorf("a private file mapping: equal %v, skipped %d", bytes.Equal(file, data), p.skipped.Load())
-	}
-}
-
-// aheadSource is a byteSource that reads ahead: it records what it is told the fill will
-// read, and what the fill then reads.
-type aheadSource struct {
-	byteSource
-	mu          sync.Mutex
-	told, reads []Read
-}
-
-func (s *aheadSource) Prefetch(_ context.Context, reads []Read) { s.told = append(s.told, reads...) }
-
-func (s *aheadSource) ReadPiece(ctx context.Context, path string, off int64, p []byte, use func(int, []byte) error) error {
-	s.mu.Lock()
-	s.reads = append(s.reads, Read{Path: path, Off: off, Len: int64(len(p))})
-	s.mu.Unlock()
-	return s.byteSource.ReadPiece(ctx, path, off, p, use)
-}
-
-// A source that reads ahead is told every read the fill will make of it, in the order the
-// fill takes them, and only those: the runs of another source are not its.
-func TestPrefetchTellsEachSourceTheFillsReads(t *testing.T) {
-	const size = 2*piece + 4096
-	data := bytes.Repeat([]byte{7}, 2*size)
-	mem := mapAnon(t, 3*size, unix.PROT_READ|unix.PROT_WRITE)
-	at := func(k int) uint64 { return uint64(uintptr(unsafe.Pointer(&mem[k*size]))) }
-	ahead, plain := &aheadSource{byteSource: data}, byteSource(data)
-	p := &Plan{runs: []run{
-		{pid: os.Getpid(), addr: at(0), size: size, src: ahead, file: "mem/a.img"},
-		{pid: os.Getpid(), addr: at(1), size: size, src: &plain, file: "mem/b.img"},
-		{pid: os.Getpid(), addr: at(2), size: size, src: ahead, file: "mem/a.img", off: size},
-	}}
-	p.Prefetch(context.Background())
-	var want []Read
-	for _, off := range []int64{0, size} {
-		want = append(want, Read{"mem/a.img", off, piece}, Read{"mem/a.img", off + piece, piece}, Read{"mem/a.img", off + 2*piece, 4096})
-	}
-	if !slices.Equal(ahead.told, want) {
-		t.Fatalf("told %v, want %v", ahead.told, want)
-	}
-	if err := p.Fill(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	slices.SortFunc(ahead.reads, func(a, b Read) int { return int(a.Off - b.Off) })
-	if !slices.Equal(ahead.reads, want) {
-		t.Errorf("the fill read %v, not what it told", ahead.reads)
 	}
 }

@@ -7,14 +7,11 @@ import (
 	"sort"
 	"strconv"
 	"sync"
-	"sync/atomic"
 
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
-	"github.com/gpucr/gpucr/internal/memfill"
-	"github.com/gpucr/gpucr/internal/parallel"
 	"github.com/gpucr/gpucr/internal/store"
 )
 
@@ -24,33 +21,14 @@ import (
 // it, so that Verify holds the restored tasks until every file is the one the image's own
 // verified manifest lists. Nothing of it is written to local disk.
 type Memory struct {
-	st      store.Store
-	prefix  string
-	dec     *zstd.Decoder
-	files   map[string]*memFile
-	bufs    sync.Pool // compressed chunks, and chunks read in part or ahead
-	workers int
+	st     store.Store
+	prefix string
+	dec    *zstd.Decoder
+	files  map[string]*memFile
+	bufs   sync.Pool // compressed chunks, and chunks read in part
 
 	mu    sync.Mutex
 	stats Stats
-	ahead map[memfill.Read]*ahead // fetched or being fetched before the fill read them
-	stop  context.CancelFunc      // ends the prefetch
-	wg    sync.WaitGroup          // the prefetch
-}
-
-// PrefetchBytes bounds what a Memory fetches ahead of its fill (Prefetch): held in memory
-// until the fill takes it, it is what the store sends while CRIU restores the processes.
-const PrefetchBytes = 2 << 30
-
-// ahead is a chunk that is one whole read of the fill, fetched before the fill asked for it.
-// Whoever claims it first fetches it: the prefetch, or the fill itself if it came first.
-type ahead struct {
-	claimed atomic.Bool
-	done    chan struct{} // closed once the prefetch that claimed it is done
-	parts   [][]byte      // the chunk's bytes, checked, in bufs
-	bufs    []*[]byte     // from Memory.bufs, given back once the fill took the parts
-	piece   *image.Piece  // the digests of the image piece the read is, if it is one
-	err     error
 }
 
 // memFile is one file of the saved memory: its chunks, where each ends, and the digests
@@ -68,7 +46,7 @@ func newMemory(st store.Store, prefix string, m *Manifest, im *image.Manifest, o
 	for _, f := range m.Files {
 		stored[f.Path] = f
 	}
-	mem := &Memory{st: st, prefix: prefix, files: map[string]*memFile{}, workers: o.workers(), ahead: map[memfill.Read]*ahead{}, stop: func() {}}
+	mem := &Memory{st: st, prefix: prefix, files: map[string]*memFile{}}
 	mem.bufs.New = func() any { b := make([]byte, 0, maxStored+1); return &b }
 	for _, f := range im.Files {
 		if path.Dir(f.Path) != criuimg.MemDir {
@@ -105,9 +83,6 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 	end := off + int64(len(p))
 	if f == nil || off < 0 || end > f.File.Size {
 		return fmt.Errorf("memory fill: %s has no bytes %d-%d in %s", name, off, end, mem.st.URL(mem.prefix))
-	}
-	if done, err := mem.readAhead(ctx, f, memfill.Read{Path: name, Off: off, Len: int64(len(p))}, use); done {
-		return err
 	}
 	i := sort.Search(len(f.ends), func(i int) bool { return f.ends[i] > off })
 	k, isPiece := f.Piece(off, int64(len(p)))
@@ -171,10 +146,17 @@ func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, withi
 		defer mem.bufs.Put(part)
 		decoded, also = (*part)[:0], nil
 	}
-	parts, err := mem.fetch(ctx, name, c, start, decoded, comp, also)
+	parts, b, err := fetchChunk(ctx, mem.st, mem.prefix, mem.dec, name, start, c, decoded, *comp, also)
+	*comp = b[:0]
 	if err != nil {
 		return err
 	}
+	mem.count(func(s *Stats) {
+		s.Chunks++
+		s.Transferred++
+		s.TransferredBytes += c.Size
+		s.WireBytes += int64(len(b))
+	})
 	if !whole {
 		copyFrom(dst, parts, within)
 		if piece != nil {
@@ -190,139 +172,6 @@ func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, withi
 		k += len(part)
 	}
 	return nil
-}
-
-// fetch is fetchChunk of chunk c of file name, which starts at start there, with comp the
-// buffer for its bytes as stored, counted in the stats.
-func (mem *Memory) fetch(ctx context.Context, name string, c Chunk, start int64, decoded []byte, comp *[]byte, also *image.PieceHash) ([][]byte, error) {
-	parts, b, err := fetchChunk(ctx, mem.st, mem.prefix, mem.dec, name, start, c, decoded, *comp, also)
-	*comp = b[:0]
-	if err != nil {
-		return nil, err
-	}
-	mem.count(func(s *Stats) {
-		s.Chunks++
-		s.Transferred++
-		s.TransferredBytes += c.Size
-		s.WireBytes += int64(len(b))
-	})
-	return parts, nil
-}
-
-// Prefetch fetches, in order, the reads that are each one whole chunk stored, up to
-// PrefetchBytes of them, on the Memory's workers, until the fill takes them (ReadPiece)
-// or the Memory is closed. Each is checked as a fill's own fetch is.
-func (mem *Memory) Prefetch(ctx context.Context, reads []memfill.Read) {
-	type job struct {
-		r memfill.Read
-		a *ahead
-	}
-	var jobs []job
-	budget := int64(PrefetchBytes)
-	mem.mu.Lock()
-	for _, r := range reads {
-		f := mem.files[r.Path]
-		if f == nil || budget < r.Len || mem.ahead[r] != nil {
-			continue
-		}
-		if _, ok := f.wholeChunk(r.Off, r.Len); !ok {
-			continue
-		}
-		budget -= r.Len
-		a := &ahead{done: make(chan struct{})}
-		mem.ahead[r] = a
-		jobs = append(jobs, job{r, a})
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	before := mem.stop
-	mem.stop = func() { before(); cancel() }
-	mem.mu.Unlock()
-	mem.wg.Add(1)
-	go func() {
-		defer mem.wg.Done()
-		_ = parallel.Each(ctx, jobs, mem.workers, func() struct{} { return struct{}{} }, func(ctx context.Context, j job, _ struct{}) error {
-			if j.a.claimed.CompareAndSwap(false, true) {
-				mem.fetchAhead(ctx, j.r, j.a)
-				close(j.a.done)
-			}
-			return nil
-		})
-	}()
-}
-
-// fetchAhead fetches into a the chunk that is read r, with the digests of the image piece
-// it is, if it is one.
-func (mem *Memory) fetchAhead(ctx context.Context, r memfill.Read, a *ahead) {
-	f := mem.files[r.Path]
-	i, _ := f.wholeChunk(r.Off, r.Len)
-	c := f.chunks[i]
-	comp := mem.bufs.Get().(*[]byte)
-	a.bufs = []*[]byte{comp}
-	_, isPiece := f.Piece(r.Off, r.Len)
-	d, same := samePiece(c, c.Size, int(r.Len), f.File.Strong())
-	var also *image.PieceHash
-	if isPiece && !same {
-		also = image.NewPieceHash(f.File.Strong())
-	}
-	// A chunk stored raw is used where it arrived, in comp; one compressed is decoded into
-	// a buffer of its own (rare: GPU memory seldom compresses).
-	if a.parts, a.err = mem.fetch(ctx, r.Path, c, r.Off, nil, comp, also); a.err != nil || !isPiece {
-		return
-	}
-	if !same {
-		d = also.Sum()
-	}
-	a.piece = &d
-}
-
-// readAhead hands use read r of f if it was fetched ahead, recording its piece, and says
-// whether it did so (done), with use's error or the fetch's. A read not fetched ahead, or
-// whose fetch failed, is left to ReadPiece to fetch itself.
-func (mem *Memory) readAhead(ctx context.Context, f *memFile, r memfill.Read, use func(at int, part []byte) error) (done bool, err error) {
-	mem.mu.Lock()
-	a := mem.ahead[r]
-	delete(mem.ahead, r)
-	mem.mu.Unlock()
-	if a == nil || a.claimed.CompareAndSwap(false, true) {
-		return false, nil
-	}
-	select {
-	case <-a.done:
-	case <-ctx.Done():
-		return true, context.Cause(ctx)
-	}
-	defer func() {
-		for _, b := range a.bufs {
-			mem.bufs.Put(b)
-		}
-	}()
-	if a.err != nil {
-		return false, nil
-	}
-	at := 0
-	for _, part := range a.parts {
-		if err := use(at, part); err != nil {
-			return true, err
-		}
-		at += len(part)
-	}
-	if a.piece != nil {
-		k, _ := f.Piece(r.Off, r.Len)
-		mem.mu.Lock()
-		f.Record(k, *a.piece)
-		mem.mu.Unlock()
-	}
-	return true, nil
-}
-
-// wholeChunk returns the index of the chunk that is exactly the n bytes from off, if one is
-// and it is not all zeros (nothing to fetch).
-func (f *memFile) wholeChunk(off, n int64) (int, bool) {
-	i := sort.Search(len(f.ends), func(i int) bool { return f.ends[i] > off })
-	if n <= 0 || i == len(f.ends) || f.chunks[i].Zero || f.ends[i]-f.chunks[i].Size != off || f.chunks[i].Size != n {
-		return 0, false
-	}
-	return i, true
 }
 
 // samePiece returns the image digests of a piece of n bytes held whole by chunk c, which
@@ -380,11 +229,5 @@ func (mem *Memory) count(f func(*Stats)) {
 	f(&mem.stats)
 }
 
-// Close ends the prefetch and lets the decoder go.
-func (mem *Memory) Close() {
-	mem.mu.Lock()
-	mem.stop()
-	mem.mu.Unlock()
-	mem.wg.Wait()
-	mem.dec.Close()
-}
+// Close lets the decoder go.
+func (mem *Memory) Close() { mem.dec.Close() }

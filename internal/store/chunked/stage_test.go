@@ -16,7 +16,6 @@ import (
 
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
-	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
@@ -312,83 +311,5 @@ func TestTrustedPullTakesOnlySignedFiles(t *testing.T) {
 				t.Errorf("logs/run-me.sh staged: %v, want %v", err == nil, c.logs)
 			}
 		})
-	}
-}
-
-// The memory a restore fetches ahead of its fill (Prefetch, while CRIU restores) is the
-// memory the fill reads: the same bytes, each chunk fetched once, each piece's digests
-// recorded for Verify, signed or not; a damaged chunk fetched ahead is still refused when
-// the fill reads it; and closing the Memory ends a prefetch under way.
-func TestPrefetchedMemoryIsTheSameMemory(t *testing.T) {
-	ctx := context.Background()
-	_, key, err := ed25519.GenerateKey(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, want := memImage(t, 1, 0)
-	var reads []memfill.Read
-	for off := 0; off < len(want); off += chunk {
-		reads = append(reads, memfill.Read{Path: memFile, Off: int64(off), Len: int64(min(chunk, len(want)-off))})
-	}
-	const fetchable = 3 // of the 4 chunks, one is zeros
-	for _, signer := range []ed25519.PrivateKey{nil, key} {
-		t.Run(fmt.Sprintf("signed=%v", signer != nil), func(t *testing.T) {
-			st := store.NewDir(t.TempDir())
-			if _, _, err := chunked.Push(ctx, st, "a", memImageOf(t, want, 0, signer), chunked.Options{}); err != nil {
-				t.Fatal(err)
-			}
-			s, err := chunked.Stage(ctx, st, "a", t.TempDir(), chunked.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			s.Memory.Prefetch(ctx, reads)
-			deadline := time.Now().Add(10 * time.Second)
-			for s.Memory.Stats().Transferred < fetchable && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
-			got, err := readAll(t, s.Memory, len(want))
-			if err != nil || !bytes.Equal(got, want) {
-				t.Fatalf("memory read after the prefetch: %v, equal %v", err, bytes.Equal(got, want))
-			}
-			if n := s.Memory.Stats().Transferred; n != fetchable {
-				t.Errorf("%d chunks fetched, want each of the %d once", n, fetchable)
-			}
-			if err := s.Memory.Verify(); err != nil {
-				t.Fatalf("Verify of the prefetched memory: %v", err)
-			}
-		})
-	}
-
-	st := store.NewDir(t.TempDir())
-	m, _, err := chunked.Push(ctx, st, "a", memImageOf(t, want, 0, nil), chunked.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := m.Files[slices.IndexFunc(m.Files, func(f chunked.File) bool { return f.Path == memFile })].Chunks[0]
-	if err := st.Put(ctx, chunked.ChunkKey("a", first.SHA256), []byte("not zstd")); err != nil {
-		t.Fatal(err)
-	}
-	s, err := chunked.Stage(ctx, st, "a", t.TempDir(), chunked.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Memory.Prefetch(ctx, reads)
-	if _, err := readAll(t, s.Memory, len(want)); !errors.Is(err, chunked.ErrBadChunk) || !strings.Contains(err.Error(), memFile) {
-		t.Errorf("a damaged chunk fetched ahead: %v", err)
-	}
-	s.Close()
-
-	s, err = chunked.Stage(ctx, st, "a", t.TempDir(), chunked.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.Memory.Prefetch(ctx, reads)
-	closed := make(chan struct{})
-	go func() { s.Close(); close(closed) }()
-	select {
-	case <-closed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not end the prefetch")
 	}
 }
