@@ -59,35 +59,7 @@ func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 				}
 				all = append(all, r.data...)
 			}
-			if err := f.Close(); err != nil {
-				t.Fatal(err)
-			}
-			streamed, err := s.Files()
-			if err != nil {
-				t.Fatal(err)
-			}
-
-			stage, err := image.Begin(filepath.Join(t.TempDir(), "img"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				if err := stage.Abort(); err != nil {
-					t.Error(err)
-				}
-			}()
-			stage.SignWith = key
-			if err := os.WriteFile(filepath.Join(stage.CRIUDir(), "pagemap-42.img"), []byte("pagemap"), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42, Processes: []image.Process{{PID: 42}}}
-			if err := stage.Seal(m, streamed); err != nil {
-				t.Fatal(err)
-			}
-			om, stats, err := s.Finish(ctx, stage.Dir(), m)
-			if err != nil {
-				t.Fatal(err)
-			}
+			om, stats := finishStream(t, s, f, key)
 			var sizes []int64
 			var zero []bool
 			for _, file := range om.Files {
@@ -143,26 +115,13 @@ func TestStreamedWholePiecesKeepTheirDigests(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if err := f.Close(); err != nil {
-				t.Fatal(err)
+			var key ed25519.PrivateKey
+			if signed {
+				if _, key, err = ed25519.GenerateKey(nil); err != nil {
+					t.Fatal(err)
+				}
 			}
-			streamed, err := s.Files()
-			if err != nil {
-				t.Fatal(err)
-			}
-			stage, err := image.Begin(filepath.Join(t.TempDir(), "img"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = stage.Abort() }()
-			m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42, Processes: []image.Process{{PID: 42}}}
-			if err := stage.Seal(m, streamed); err != nil {
-				t.Fatal(err)
-			}
-			om, _, err := s.Finish(ctx, stage.Dir(), m)
-			if err != nil {
-				t.Fatal(err)
-			}
+			om, _ := finishStream(t, s, f, key)
 			j := slices.IndexFunc(om.Files, func(f chunked.File) bool { return f.Path == name })
 			if j < 0 || len(om.Files[j].Chunks) != 3 {
 				t.Fatalf("stored files %+v", om.Files)
@@ -182,4 +141,39 @@ func TestStreamedWholePiecesKeepTheirDigests(t *testing.T) {
 			}
 		})
 	}
+}
+
+// finishStream closes f, the one file streamed into s, seals an image around it (a pagemap
+// beside it; signed by key, when not nil) and finishes s: the manifest object and stats.
+func finishStream(t *testing.T, s *chunked.Stream, f *chunked.StreamFile, key ed25519.PrivateKey) (*chunked.Manifest, *chunked.Stats) {
+	t.Helper()
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	streamed, err := s.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stage, err := image.Begin(filepath.Join(t.TempDir(), "img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := stage.Abort(); err != nil {
+			t.Error(err)
+		}
+	}()
+	stage.SignWith = key
+	if err := os.WriteFile(filepath.Join(stage.CRIUDir(), "pagemap-42.img"), []byte("pagemap"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42, Processes: []image.Process{{PID: 42}}}
+	if err := stage.Seal(m, streamed); err != nil {
+		t.Fatal(err)
+	}
+	om, stats, err := s.Finish(context.Background(), stage.Dir(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return om, stats
 }
