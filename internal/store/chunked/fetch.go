@@ -42,7 +42,7 @@ func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.De
 	// must be hashed with it: a guess that turns out wrong could not be taken back from it.
 	var guess *rawContent
 	var h hash.Hash
-	arrived := func([]byte) {}
+	var arrived func([]byte)
 	if also == nil {
 		h = chunkHash(c)
 		guess = &rawContent{size: c.Size, add: func(b []byte) { h.Write(b) }}

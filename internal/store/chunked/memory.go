@@ -174,11 +174,12 @@ func (mem *Memory) chunk(ctx context.Context, name string, c Chunk, start, withi
 	return nil
 }
 
-// samePiece returns the image digests of a piece of n bytes held whole by chunk c, which
-// starts where the piece does and has size bytes there, when its check against the chunk
-// object's xxh64 gives them: a piece of an unsigned image whose only digest is that xxh64.
-func samePiece(c Chunk, size int64, n int, strong bool) (image.Piece, bool) {
-	if strong || c.Zero || c.Size != size || size != int64(n) || !image.IsXXH64(c.XXH64) {
+// samePiece returns the image digests of a piece of n bytes when chunk c is exactly that
+// piece, so that its check against the chunk object's xxh64 gives them: a piece of an
+// unsigned image, whose only digest is that xxh64. left is how many of c's bytes lie from
+// the piece's start on; c starts where the piece does when that is all of them.
+func samePiece(c Chunk, left int64, n int, strong bool) (image.Piece, bool) {
+	if strong || c.Zero || c.Size != left || left != int64(n) || !image.IsXXH64(c.XXH64) {
 		return image.Piece{}, false
 	}
 	x, err := strconv.ParseUint(c.XXH64, 16, 64)
