@@ -3,8 +3,12 @@ package beneath
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -48,6 +52,43 @@ func OpenDir(path string) (*Dir, error) {
 		return nil, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	return &Dir{fd: fd, path: path}, nil
+}
+
+// OpenDirAll holds the directory at path as OpenDir does, making it first, and any parent
+// missing (mode perm), each by name in the one above it, held: a symlink put on the way
+// while they are made is refused as one already there is.
+func OpenDirAll(path string, perm uint32) (*Dir, error) {
+	d, err := OpenDir(path)
+	if !errors.Is(err, unix.ENOENT) {
+		return d, err
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	parent, name := filepath.Dir(abs), filepath.Base(abs)
+	if parent == abs {
+		return nil, &os.PathError{Op: "open", Path: path, Err: unix.ENOENT}
+	}
+	up, err := OpenDirAll(parent, perm)
+	if err != nil {
+		return nil, err
+	}
+	defer up.Close()
+	if err := unix.Mkdirat(up.fd, name, perm); err != nil && err != unix.EEXIST {
+		return nil, up.err("mkdir", name, err)
+	}
+	fd, err := unix.Openat2(up.fd, name, &unix.OpenHow{
+		Flags:   unix.O_DIRECTORY | unix.O_PATH | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+		Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.ENOTDIR) {
+		err = ErrSymlinkInPath
+	}
+	if err != nil {
+		return nil, up.err("open", name, err)
+	}
+	return &Dir{fd: fd, path: filepath.Join(up.path, name)}, nil
 }
 
 // Is says whether path names the directory d holds, now.
@@ -103,6 +144,100 @@ func (d *Dir) Replace(name string, b []byte) error {
 	}
 	return d.Sync()
 }
+
+// Open opens the regular file name in d for reading, as Open does.
+func (d *Dir) Open(name string) (*os.File, error) { return openRegular(d.fd, d.path, name) }
+
+// CreateTemp creates a new file in d named prefix and a random suffix, open for writing: a
+// name that exists, a symlink included, is never opened.
+func (d *Dir) CreateTemp(prefix string) (*os.File, string, error) {
+	for range 100 {
+		name := prefix + strconv.FormatUint(rand.Uint64(), 36)
+		fd, err := unix.Openat(d.fd, name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+		if err == unix.EEXIST {
+			continue
+		}
+		if err != nil {
+			return nil, "", d.err("create", name, err)
+		}
+		return os.NewFile(uintptr(fd), filepath.Join(d.path, name)), name, nil
+	}
+	return nil, "", d.err("create", prefix+"*", unix.EEXIST)
+}
+
+// Link gives the file from in d the name to as well, failing with fs.ErrExist if to is
+// taken: of two writers linking one name, one wins.
+func (d *Dir) Link(from, to string) error {
+	if err := unix.Linkat(d.fd, from, d.fd, to, 0); err != nil {
+		return d.err("link", to, err)
+	}
+	return nil
+}
+
+// Rename renames from to to in d, replacing what to names (a symlink itself, never its
+// target).
+func (d *Dir) Rename(from, to string) error { return d.rename(from, to) }
+
+// Lstat is what name in d is, a symlink itself.
+func (d *Dir) Lstat(name string) (os.FileInfo, error) {
+	var st unix.Stat_t
+	if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return nil, d.err("lstat", name, err)
+	}
+	return fileInfo{name: name, st: st}, nil
+}
+
+// Entries lists what d holds, each as Lstat says it is; an entry gone since the listing is
+// left out.
+func (d *Dir) Entries() ([]os.FileInfo, error) {
+	fd, err := unix.Openat(d.fd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, d.err("open", ".", err)
+	}
+	f := os.NewFile(uintptr(fd), d.path)
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, d.err("list", ".", err)
+	}
+	var out []os.FileInfo
+	for _, name := range names {
+		if fi, err := d.Lstat(name); err == nil {
+			out = append(out, fi)
+		}
+	}
+	return out, nil
+}
+
+// fileInfo is an os.FileInfo of what fstatat found.
+type fileInfo struct {
+	name string
+	st   unix.Stat_t
+}
+
+func (fi fileInfo) Name() string { return fi.name }
+func (fi fileInfo) Size() int64  { return fi.st.Size }
+func (fi fileInfo) Mode() fs.FileMode {
+	m := fs.FileMode(fi.st.Mode & 0o777)
+	switch fi.st.Mode & unix.S_IFMT {
+	case unix.S_IFDIR:
+		m |= fs.ModeDir
+	case unix.S_IFLNK:
+		m |= fs.ModeSymlink
+	case unix.S_IFIFO:
+		m |= fs.ModeNamedPipe
+	case unix.S_IFSOCK:
+		m |= fs.ModeSocket
+	case unix.S_IFCHR:
+		m |= fs.ModeDevice | fs.ModeCharDevice
+	case unix.S_IFBLK:
+		m |= fs.ModeDevice
+	}
+	return m
+}
+func (fi fileInfo) ModTime() time.Time { return time.Unix(fi.st.Mtim.Unix()) }
+func (fi fileInfo) IsDir() bool        { return fi.Mode().IsDir() }
+func (fi fileInfo) Sys() any           { return &fi.st }
 
 // Remove removes the entry name from d (a symlink itself, never its target); a missing
 // one is not an error.

@@ -135,3 +135,28 @@ func TestWithinIsTheDirectoryHeld(t *testing.T) {
 		t.Error("Is says the directory put in its place is the one held")
 	}
 }
+
+// OpenDirAll makes what is missing and holds the last directory, and refuses a symlink
+// anywhere on the way, one that is there already or one in what it would make.
+func TestOpenDirAll(t *testing.T) {
+	root, elsewhere := t.TempDir(), t.TempDir()
+	d, err := OpenDirAll(filepath.Join(root, "a", "b", "c"), 0o700)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Is(filepath.Join(root, "a", "b", "c")) {
+		t.Error("OpenDirAll holds another directory")
+	}
+	d.Close()
+	if err := os.Symlink(elsewhere, filepath.Join(root, "a", "link")); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"a/link", "a/link/x", "a/link/x/y"} {
+		if d, err := OpenDirAll(filepath.Join(root, p), 0o700); !errors.Is(err, ErrSymlinkInPath) {
+			t.Errorf("OpenDirAll(%s) = %v, %v; want a symlink refused", p, d, err)
+		}
+	}
+	if es, _ := os.ReadDir(elsewhere); len(es) != 0 {
+		t.Errorf("OpenDirAll made %d entries through the symlink", len(es))
+	}
+}

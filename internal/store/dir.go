@@ -13,7 +13,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/gpucr/gpucr/internal/durable"
+	"github.com/gpucr/gpucr/internal/beneath"
 )
 
 // tmpMark is in the name of every file Dir is still writing; List hides them, so an
@@ -22,7 +22,9 @@ const tmpMark = ".tmp-"
 
 // Dir is a store in a local directory: each key is a file under the root. Writes go to a
 // hidden file beside the target that is fsynced and then renamed (Put) or linked (Create)
-// into place, so that a crash never leaves a partial object under its key.
+// into place, so that a crash never leaves a partial object under its key. Every path is
+// resolved without following a symlink, and only regular files are objects: a store others
+// can write must not send gpucr, as root, to read, write or delete anything outside it.
 type Dir struct {
 	root string
 }
@@ -34,6 +36,24 @@ func (d *Dir) path(key string) string { return filepath.Join(d.root, filepath.Fr
 
 // URL is the object's file path.
 func (d *Dir) URL(key string) string { return d.path(key) }
+
+// held opens the directory that holds key's file, and returns the file's name in it. A
+// missing directory is ErrNotFound; with create it is made instead.
+func (d *Dir) held(key string, create bool) (*beneath.Dir, string, error) {
+	dir, name := filepath.Split(d.path(key))
+	open := beneath.OpenDir
+	if create {
+		open = func(p string) (*beneath.Dir, error) { return beneath.OpenDirAll(p, 0o700) }
+	}
+	hd, err := open(dir)
+	if !create && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)) {
+		return nil, "", fmt.Errorf("%s: %w", d.URL(key), ErrNotFound)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", d.URL(key), err)
+	}
+	return hd, name, nil
+}
 
 func (d *Dir) Put(ctx context.Context, key string, data []byte) error {
 	return d.write(ctx, key, data, false)
@@ -50,16 +70,16 @@ func (d *Dir) write(ctx context.Context, key string, data []byte, exclusive bool
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("write %s: %w", d.URL(key), err)
 	}
-	target := d.path(key)
-	dir := filepath.Dir(target)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("write %s: %w", d.URL(key), err)
+	hd, name, err := d.held(key, true)
+	if err != nil {
+		return fmt.Errorf("write %w", err)
 	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(target)+tmpMark+"*")
+	defer hd.Close()
+	tmp, tmpName, err := hd.CreateTemp("." + name + tmpMark)
 	if err != nil {
 		return fmt.Errorf("write %s: %w", d.URL(key), err)
 	}
-	defer os.Remove(tmp.Name()) // after the rename or link, a no-op or the spare name
+	defer func() { _ = hd.Remove(tmpName) }() // after the rename or link, a no-op or the spare name
 	_, err = tmp.Write(data)
 	if err == nil {
 		err = tmp.Sync()
@@ -72,25 +92,32 @@ func (d *Dir) write(ctx context.Context, key string, data []byte, exclusive bool
 	}
 	if exclusive {
 		// link(2) fails on an existing name, atomically: two racing Creates cannot both win.
-		err = os.Link(tmp.Name(), target)
+		err = hd.Link(tmpName, name)
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("write %s: %w", d.URL(key), ErrExists)
 		}
 	} else {
-		err = os.Rename(tmp.Name(), target)
+		err = hd.Rename(tmpName, name)
 	}
 	if err != nil {
 		return fmt.Errorf("write %s: %w", d.URL(key), err)
 	}
-	return durable.SyncDir(dir)
+	return hd.Sync()
 }
 
-func (d *Dir) Get(ctx context.Context, key string) (io.ReadCloser, error) {
-	if _, err := d.Stat(ctx, key); err != nil {
+// Get opens the object without following a symlink and without blocking: a symlink, a FIFO
+// or anything else that is no regular file is no object.
+func (d *Dir) Get(_ context.Context, key string) (io.ReadCloser, error) {
+	if err := checkKey(key); err != nil {
 		return nil, err
 	}
-	f, err := os.Open(d.path(key))
-	if errors.Is(err, fs.ErrNotExist) {
+	hd, name, err := d.held(key, false)
+	if err != nil {
+		return nil, err
+	}
+	defer hd.Close()
+	f, err := hd.Open(name)
+	if notObject(err) {
 		return nil, fmt.Errorf("%s: %w", d.URL(key), ErrNotFound)
 	}
 	if err != nil {
@@ -99,12 +126,24 @@ func (d *Dir) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	return f, nil
 }
 
+// notObject says whether err means that a name is not an object: missing, or not a regular
+// file (a symlink, refused by O_NOFOLLOW, included).
+func notObject(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, beneath.ErrNotRegular) ||
+		errors.Is(err, syscall.ELOOP)
+}
+
 func (d *Dir) Stat(_ context.Context, key string) (int64, error) {
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
-	fi, err := os.Lstat(d.path(key))
-	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || (err == nil && !fi.Mode().IsRegular()) {
+	hd, name, err := d.held(key, false)
+	if err != nil {
+		return 0, err
+	}
+	defer hd.Close()
+	fi, err := hd.Lstat(name)
+	if notObject(err) || (err == nil && !fi.Mode().IsRegular()) {
 		return 0, fmt.Errorf("%s: %w", d.URL(key), ErrNotFound)
 	}
 	if err != nil {
@@ -113,20 +152,34 @@ func (d *Dir) Stat(_ context.Context, key string) (int64, error) {
 	return fi.Size(), nil
 }
 
-func (d *Dir) List(_ context.Context, dir string) ([]Entry, error) {
+// entries lists the directory dir (a key prefix); a missing one is empty, as in S3.
+func (d *Dir) entries(dir string) ([]os.FileInfo, error) {
 	if err := checkDir(dir); err != nil {
 		return nil, err
 	}
-	des, err := os.ReadDir(d.path(dir))
+	hd, err := beneath.OpenDir(d.path(dir))
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil // as in S3, a directory nothing was written under is empty
+		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("list %s: %w", d.URL(dir), err)
 	}
+	defer hd.Close()
+	fis, err := hd.Entries()
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.URL(dir), err)
+	}
+	return fis, nil
+}
+
+func (d *Dir) List(_ context.Context, dir string) ([]Entry, error) {
+	fis, err := d.entries(dir)
+	if err != nil {
+		return nil, err
+	}
 	var out []Entry
-	for _, de := range des {
-		name := de.Name()
+	for _, fi := range fis {
+		name := fi.Name()
 		if strings.HasPrefix(name, ".") && strings.Contains(name, tmpMark) {
 			continue
 		}
@@ -135,13 +188,9 @@ func (d *Dir) List(_ context.Context, dir string) ([]Entry, error) {
 			key = dir + "/" + name
 		}
 		switch {
-		case de.IsDir():
+		case fi.IsDir():
 			out = append(out, Entry{Key: key, Dir: true})
-		case de.Type().IsRegular():
-			fi, err := de.Info()
-			if err != nil {
-				continue // removed since ReadDir
-			}
+		case fi.Mode().IsRegular():
 			out = append(out, Entry{Key: key, Size: fi.Size(), Modified: fi.ModTime()})
 		}
 	}
@@ -150,32 +199,34 @@ func (d *Dir) List(_ context.Context, dir string) ([]Entry, error) {
 }
 
 func (d *Dir) Partial(_ context.Context, dir string) ([]Entry, error) {
-	if err := checkDir(dir); err != nil {
+	fis, err := d.entries(dir)
+	if err != nil {
 		return nil, err
 	}
-	des, err := os.ReadDir(d.path(dir))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", d.URL(dir), err)
-	}
 	var out []Entry
-	for _, de := range des {
-		if name := de.Name(); strings.HasPrefix(name, ".") && strings.Contains(name, tmpMark) && de.Type().IsRegular() {
-			if fi, err := de.Info(); err == nil {
-				out = append(out, Entry{Key: path.Join(dir, name), Size: fi.Size(), Modified: fi.ModTime()})
-			}
+	for _, fi := range fis {
+		if name := fi.Name(); strings.HasPrefix(name, ".") && strings.Contains(name, tmpMark) && fi.Mode().IsRegular() {
+			out = append(out, Entry{Key: path.Join(dir, name), Size: fi.Size(), Modified: fi.ModTime()})
 		}
 	}
 	return out, nil
 }
 
+// Delete removes the object's name, through the directory that holds it: a symlink put in
+// its place is removed itself, never what it points to.
 func (d *Dir) Delete(_ context.Context, key string) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	if err := os.Remove(d.path(key)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	hd, name, err := d.held(key, false)
+	if errors.Is(err, ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("delete %w", err)
+	}
+	defer hd.Close()
+	if err := hd.Remove(name); err != nil {
 		return fmt.Errorf("delete %s: %w", d.URL(key), err)
 	}
 	return nil

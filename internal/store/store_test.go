@@ -14,11 +14,13 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/storetest"
 )
@@ -146,6 +148,71 @@ func TestDir(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A store directory others can write is read, written and cleared without following a
+// symlink anywhere (a hostile test had root's gc delete another store's chunks through a
+// chunks/ symlinked to it, and a push write its chunks and leases there), and an object
+// that is a FIFO or a symlink is no object: nothing outside the store is read, written or
+// removed, and nothing hangs.
+func TestDirFollowsNoSymlink(t *testing.T) {
+	ctx := context.Background()
+	root, victim := t.TempDir(), t.TempDir()
+	secret := filepath.Join(victim, "secret")
+	if err := os.WriteFile(secret, []byte("root's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := store.NewDir(root)
+	for _, link := range []string{"chunks", "job", "deep/er"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(root, link)), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(victim, filepath.Join(root, link)); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Put(ctx, link+"/new", []byte("x")); err == nil || !errors.Is(err, beneath.ErrSymlinkInPath) {
+			t.Errorf("Put through %s, a symlink: %v", link, err)
+		}
+		if _, err := st.Get(ctx, link+"/secret"); err == nil {
+			t.Errorf("Get through %s, a symlink, read outside the store", link)
+		}
+		if _, err := st.Stat(ctx, link+"/secret"); err == nil {
+			t.Errorf("Stat through %s, a symlink, found a file outside the store", link)
+		}
+		if es, err := st.List(ctx, link); err == nil {
+			t.Errorf("List through %s, a symlink: %v", link, es)
+		}
+		if es, err := st.Partial(ctx, link); err == nil {
+			t.Errorf("Partial through %s, a symlink: %v", link, es)
+		}
+		if err := st.Delete(ctx, link+"/secret"); err == nil {
+			t.Errorf("Delete through %s, a symlink, succeeded", link)
+		}
+	}
+	if b, err := os.ReadFile(secret); err != nil || string(b) != "root's" {
+		t.Fatalf("the file outside the store: %q, %v", b, err)
+	}
+	if es, _ := os.ReadDir(victim); len(es) != 1 {
+		t.Errorf("the directory outside the store holds %d entries, want its one file", len(es))
+	}
+	// An object's own name: a symlink is removed itself, a FIFO is not opened.
+	if err := os.Symlink(secret, filepath.Join(root, "obj")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(root, "fifo"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"obj", "fifo"} {
+		if _, err := st.Get(ctx, key); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("Get of %s = %v, want not found", key, err)
+		}
+	}
+	if err := st.Delete(ctx, "obj"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(secret); err != nil {
+		t.Errorf("Delete of a symlink removed its target: %v", err)
 	}
 }
 

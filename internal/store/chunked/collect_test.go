@@ -395,3 +395,62 @@ func TestCollectRefusesADirectoryThatIsNoStore(t *testing.T) {
 		})
 	}
 }
+
+// A collection in a shared store directory whose chunks/ another user replaced with a
+// symlink to a store of someone else's removes nothing there (a hostile test emptied
+// another store so, as root, with gpucr gc and gpucr rm).
+func TestCollectFollowsNoSymlink(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	st := store.NewDir(root)
+	if _, _, err := chunked.Push(ctx, st, "private/job", testImage(t, 0), chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	before := chunkNames(t, st, "private")
+	if _, _, err := chunked.Push(ctx, st, "shared/job", testImage(t, 1), chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(root, "shared", chunked.ChunksDir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(root, "private", chunked.ChunksDir), filepath.Join(root, "shared", chunked.ChunksDir)); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := chunked.Collect(ctx, st, "shared", false); err == nil {
+		t.Errorf("gc of a store whose chunks/ is a symlink: %+v", c)
+	}
+	if _, err := chunked.Delete(ctx, st, "shared/job"); err == nil {
+		t.Error("rm in a store whose chunks/ is a symlink succeeded")
+	}
+	if after := chunkNames(t, st, "private"); len(after) != len(before) {
+		t.Fatalf("the other store's chunks: %d, were %d", len(after), len(before))
+	}
+	if _, _, err := chunked.Pull(ctx, st, "private/job", filepath.Join(t.TempDir(), "img"), chunked.Options{}); err != nil {
+		t.Fatalf("the other store's checkpoint no longer pulls: %v", err)
+	}
+}
+
+// A lease dated far ahead (whoever can write the directory can set a file's time) does not
+// hold collections up for ever: it was not written on the store's clock by a live holder.
+func TestLeaseFromTheFutureIsIgnored(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	st := store.NewDir(root)
+	if err := st.Put(ctx, "job/"+chunked.ChunksDir+"/"+strings.Repeat("a", 64), []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	key := "job/" + chunked.LeasesDir + "/write-there-otherboot-1-1-00"
+	if err := st.Put(ctx, key, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chunked.Collect(ctx, st, "job", true); !errors.Is(err, chunked.ErrBusy) {
+		t.Fatalf("collect beside a fresh lease = %v, want busy", err)
+	}
+	future := time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)
+	if err := os.Chtimes(filepath.Join(root, filepath.FromSlash(key)), future, future); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chunked.Collect(ctx, st, "job", true); err != nil {
+		t.Errorf("collect beside a lease dated %v = %v", future, err)
+	}
+}

@@ -150,7 +150,9 @@ func (l *lease) others(ctx context.Context) ([]holder, error) {
 	}
 	var out []holder
 	for _, e := range entries {
-		if e.Dir || e.Key == l.key || now.Sub(e.Modified) > leaseTTL {
+		// A lease dated ahead of the one just written by more than its life was not written
+		// by a holder on the store's clock: whoever can write the directory set its time.
+		if age := now.Sub(e.Modified); e.Dir || e.Key == l.key || age > leaseTTL || age < -leaseTTL {
 			continue
 		}
 		if h, ok := parseHolder(path.Base(e.Key)); ok && !h.dead() {
