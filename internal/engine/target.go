@@ -356,6 +356,23 @@ type gate struct {
 	host    map[int]int
 }
 
+// restored maps the image's PIDs of the processes this restore made to their host PIDs: the
+// restored root and what descends from it, none resumed yet.
+func (g *gate) restored() (map[int]int, error) {
+	if g.ownPIDs {
+		return g.host, nil
+	}
+	tree, err := proctree.Tree(g.root)
+	if err != nil {
+		return nil, err
+	}
+	m := make(map[int]int, len(tree))
+	for _, p := range tree {
+		m[p.PID] = p.PID
+	}
+	return m, nil
+}
+
 func (g *gate) PostRestore(root int32) error {
 	crashpoint.Hit("in " + PhaseCRIURestore)
 	g.root = int(root)
@@ -370,13 +387,18 @@ func (g *gate) PostRestore(root int32) error {
 		if g.host, err = proctree.HostPIDs(g.root); err != nil {
 			return err
 		}
-		if g.s.Fill != nil {
-			if err := g.s.Fill.Renumber(g.host); err != nil {
-				return err
-			}
-		}
 	}
 	if g.s.Fill != nil {
+		// The fill writes only into the processes this restore made: an image may name
+		// any PID, a thread of another process's among them (/proc does not list it, but
+		// process_vm_writev takes it).
+		restored, err := g.restored()
+		if err != nil {
+			return err
+		}
+		if err := g.s.Fill.Renumber(restored); err != nil {
+			return err
+		}
 		if err := g.s.Timer.RunCounted(g.ctx, PhaseMemoryFill, g.s.Fill.Fill); err != nil {
 			return err
 		}

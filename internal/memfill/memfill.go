@@ -65,8 +65,9 @@ type run struct {
 	off  int64
 }
 
-// Renumber gives each run the process host[pid], for an image that numbers its processes
-// otherwise than this host (a container's own PID namespace).
+// Renumber gives each run the process host[pid]: the restored processes, by their PIDs in
+// the image (which a container's own PID namespace numbers otherwise than the host). A run
+// of a process not among them is refused.
 func (p *Plan) Renumber(host map[int]int) error {
 	for i, r := range p.runs {
 		h, ok := host[r.pid]

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/store/chunked"
@@ -31,13 +33,20 @@ func TestCraftedImagesAreRefused(t *testing.T) {
 	bystander := startCounter(t, "-mib", "4")
 	cases := []struct {
 		name   string
-		change func(t *testing.T, staged string)
+		change func(t *testing.T, staged string, m *image.Manifest)
 		want   string
 	}{
-		{"memory for a process outside the tree", func(t *testing.T, staged string) {
+		{"memory for a process outside the tree", func(t *testing.T, staged string, _ *image.Manifest) {
 			testutil.WriteFile(t, filepath.Join(staged, criuimg.MemDir, criuimg.MemName(bystander.pid, 0x10000)), make([]byte, 4096))
 		}, "not in the image's tree"},
-		{"pages file shorter than its pagemap", func(t *testing.T, staged string) {
+		// A thread's ID is no PID /proc lists, so no check of PIDs in use sees it taken; a
+		// hostile test had the fill write into the bystander through one of its threads.
+		{"memory for a thread of a process outside the tree, listed as a process", func(t *testing.T, staged string, m *image.Manifest) {
+			tid, addr := otherThread(t, bystander.pid), writableAnon(t, bystander.pid)
+			m.Processes = append(m.Processes, image.Process{PID: tid, PPID: 1, Command: "x", Threads: 1})
+			testutil.WriteFile(t, filepath.Join(staged, criuimg.MemDir, criuimg.MemName(tid, addr)), bytes.Repeat([]byte{0x5a}, 4096))
+		}, "not among the restored processes"},
+		{"pages file shorter than its pagemap", func(t *testing.T, staged string, _ *image.Manifest) {
 			p := largestPagesFile(t, staged)
 			fi, err := os.Stat(p)
 			if err != nil {
@@ -50,7 +59,7 @@ func TestCraftedImagesAreRefused(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := imagetest.Recommit(t, good, func(staged string) { tc.change(t, staged) })
+			dir := imagetest.RecommitWith(t, good, func(staged string, m *image.Manifest) { tc.change(t, staged, m) })
 			mustGpucr(t, "verify", dir) // sealed again: the seal alone cannot tell
 			out, code := gpucr(t, "restore", "-D", dir)
 			if code == 0 || !oneLineWith(out, tc.want) {
@@ -89,6 +98,43 @@ func TestCraftedImagesAreRefused(t *testing.T) {
 			}
 		})
 	}
+}
+
+// otherThread is the ID of a thread of process pid other than its first.
+func otherThread(t *testing.T, pid int) int {
+	t.Helper()
+	es, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		if tid, err := strconv.Atoi(e.Name()); err == nil && tid != pid {
+			return tid
+		}
+	}
+	t.Fatalf("process %d has one thread", pid)
+	return 0
+}
+
+// writableAnon is the start of a private anonymous mapping process pid can write.
+func writableAnon(t *testing.T, pid int) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) == 5 && f[1] == "rw-p" {
+			start, _, _ := strings.Cut(f[0], "-")
+			addr, err := strconv.ParseUint(start, 16, 64)
+			if err == nil {
+				return addr
+			}
+		}
+	}
+	t.Fatalf("process %d maps no private anonymous memory it can write", pid)
+	return 0
 }
 
 // A CRIU that hangs — before it creates the tasks, or with them restored but never resumed

@@ -41,6 +41,12 @@ func Commit(t testing.TB, files map[string][]byte, m *image.Manifest, key ed2551
 // and sealed again. It returns the new image's directory.
 func Recommit(t *testing.T, dir string, change func(staged string)) string {
 	t.Helper()
+	return RecommitWith(t, dir, func(staged string, _ *image.Manifest) { change(staged) })
+}
+
+// RecommitWith is Recommit whose change may edit the manifest too.
+func RecommitWith(t *testing.T, dir string, change func(staged string, m *image.Manifest)) string {
+	t.Helper()
 	m, err := image.Load(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +69,7 @@ func Recommit(t *testing.T, dir string, change func(staged string)) string {
 			t.Fatal(err)
 		}
 	}
-	change(s.Dir())
+	change(s.Dir(), m)
 	if err := s.Commit(m); err != nil {
 		t.Fatal(err)
 	}
