@@ -19,6 +19,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
@@ -72,7 +73,7 @@ func Fold(ctx context.Context, src string, m *image.Manifest, dst string) (_ *Re
 		if path.Dir(f.Path) == criuimg.MemDir || rewritten[f.Path] {
 			continue
 		}
-		if err := copyFile(ctx, filepath.Join(src, f.Path), filepath.Join(stage.Dir(), f.Path)); err != nil {
+		if err := copyFile(ctx, src, filepath.Join(src, f.Path), filepath.Join(stage.Dir(), f.Path)); err != nil {
 			return nil, err
 		}
 	}
@@ -187,7 +188,7 @@ func foldProcess(src, stage string, pid int, runs []run) ([]string, error) {
 	if err := criuimg.WritePagemap(filepath.Join(stage, image.CRIUDir, pmName), &criuimg.Pagemap{Head: pm.Head, Entries: entries}); err != nil {
 		return nil, err
 	}
-	if err := writePages(filepath.Join(stage, image.CRIUDir, pagesName), pieces); err != nil {
+	if err := writePages(src, filepath.Join(stage, image.CRIUDir, pagesName), pieces); err != nil {
 		return nil, err
 	}
 	return []string{image.CRIUDir + "/" + pmName, image.CRIUDir + "/" + pagesName}, nil
@@ -217,8 +218,9 @@ func soleUser(criuDir, pmName string, id uint32) error {
 // chunk is how much writePages copies at a time; all-zero chunks are left as holes.
 const chunk = 1 << 20
 
-// writePages writes the present pieces' pages one after another, as CRIU reads them.
-func writePages(dst string, pieces []piece) error {
+// writePages writes the present pieces' pages one after another, as CRIU reads them; their
+// files lie in the image at src.
+func writePages(src, dst string, pieces []piece) error {
 	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return err
@@ -238,7 +240,7 @@ func writePages(dst string, pieces []piece) error {
 		}
 		in := files[p.file]
 		if in == nil {
-			if in, err = os.Open(p.file); err != nil {
+			if in, err = openIn(src, p.file); err != nil {
 				return err
 			}
 			files[p.file] = in
@@ -264,15 +266,26 @@ func writePages(dst string, pieces []piece) error {
 	return out.Close()
 }
 
-// copyFile copies the image file src to dst, creating its directory.
-func copyFile(ctx context.Context, src, dst string) error {
+// openIn opens the file at path in the image at dir as beneath.Open does: whoever can write
+// the image may have swapped it, since it was verified, for a symlink to a file of root's or
+// a FIFO.
+func openIn(dir, path string) (*os.File, error) {
+	rel, err := filepath.Rel(dir, path)
+	if err != nil {
+		return nil, err
+	}
+	return beneath.Open(dir, rel)
+}
+
+// copyFile copies the file src of the image at dir to dst, creating its directory.
+func copyFile(ctx context.Context, dir, src, dst string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return err
 	}
-	in, err := os.Open(src)
+	in, err := openIn(dir, src)
 	if err != nil {
 		return err
 	}
@@ -302,7 +315,7 @@ func copyLogs(ctx context.Context, src, dst string) error {
 		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		if err := copyFile(ctx, filepath.Join(src, image.LogsDir, e.Name()), filepath.Join(dst, image.LogsDir, e.Name())); err != nil {
+		if err := copyFile(ctx, src, filepath.Join(src, image.LogsDir, e.Name()), filepath.Join(dst, image.LogsDir, e.Name())); err != nil {
 			return err
 		}
 	}

@@ -7,10 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/vma"
+	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
@@ -167,5 +169,39 @@ func TestFoldRefusesWhatCRIUCouldNotTake(t *testing.T) {
 				t.Errorf("a refused fold left %v", es)
 			}
 		})
+	}
+}
+
+// A file of the image swapped, after the image was verified, for a symlink to a file of
+// root's or for a FIFO is not copied into the folded image: not read, and not waited on
+// (a hostile test had fold copy a root-only file into a new image that then verified).
+func TestCopyFileFollowsNoSymlink(t *testing.T) {
+	src, out := t.TempDir(), t.TempDir()
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("root's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, filepath.Join(src, "link.img")); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(src, "fifo.img"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"link.img", "fifo.img"} {
+		done := make(chan error, 1)
+		go func() {
+			done <- copyFile(context.Background(), src, filepath.Join(src, name), filepath.Join(out, name))
+		}()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Errorf("copyFile of %s succeeded", name)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("copyFile of %s hangs", name)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(out, "link.img")); err == nil {
+		t.Errorf("the secret was copied: %q", b)
 	}
 }

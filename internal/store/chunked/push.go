@@ -18,6 +18,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
@@ -221,7 +222,9 @@ type job struct {
 func newPusher(up *uploader, dir string, paths []string, o Options) (*pusher, error) {
 	p := &pusher{uploader: up, o: o, paths: paths}
 	for _, rel := range paths {
-		f, err := os.Open(filepath.Join(dir, filepath.FromSlash(rel)))
+		// Not through a symlink, nor a FIFO: whoever can write the image may have swapped a
+		// file since it was verified.
+		f, err := beneath.Open(dir, filepath.FromSlash(rel))
 		if err != nil {
 			p.close()
 			return nil, fmt.Errorf("push %s: %w", dir, err)
