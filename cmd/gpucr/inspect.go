@@ -52,7 +52,7 @@ func (a *app) inspectCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				return a.emit(out, func() { printInspect(a.stdout, out, files) })
+				return a.emit(out, func() { printInspect(terminalSafe{a.stdout}, out, files) })
 			}
 			out, criuDir, err := loadInspect(args[0])
 			if err != nil {
@@ -77,7 +77,7 @@ func (a *app) inspectCmd() *cobra.Command {
 			if err := describeGPUState(&out, criuDir); err != nil {
 				return err
 			}
-			return a.emit(out, func() { printInspect(a.stdout, out, files) })
+			return a.emit(out, func() { printInspect(terminalSafe{a.stdout}, out, files) })
 		},
 	}
 	cmd.Flags().BoolVar(&files, "files", false, "list each process's open files")

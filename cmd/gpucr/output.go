@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/dustin/go-humanize"
 
@@ -65,6 +68,25 @@ func (a *app) emit(v any, text func()) error {
 	}
 	_, err = fmt.Fprintf(a.stdout, "%s\n", b)
 	return err
+}
+
+// terminalSafe passes what it is given on to w with every control character but newline and
+// tab shown as '?': text an image carries (a hostname, a command, a path) reaches a terminal
+// through inspect, and whoever wrote the image must not drive that terminal (a hostile test
+// set its title through a hostname).
+type terminalSafe struct{ w io.Writer }
+
+func (t terminalSafe) Write(p []byte) (int, error) {
+	clean := bytes.Map(func(r rune) rune {
+		if r != '\n' && r != '\t' && unicode.IsControl(r) {
+			return '?'
+		}
+		return r
+	}, p)
+	if _, err := t.w.Write(clean); err != nil {
+		return 0, err
+	}
+	return len(p), nil
 }
 
 // bytesHuman is how the CLI writes a size: in binary units (64 MiB, 1.5 GiB), the units GPU

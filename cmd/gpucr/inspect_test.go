@@ -1,0 +1,26 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/image"
+)
+
+// Text an image carries reaches the terminal without its control characters: a hostname
+// crafted to set the terminal's title (an OSC sequence) prints as harmless text.
+func TestInspectPrintsNoControlCharacters(t *testing.T) {
+	m := &image.Manifest{FormatVersion: 1, Host: image.HostInfo{Hostname: "h\x1b]0;pwned\x07", Kernel: "6.1\x9b2J"}}
+	criu := &criuimg.Summary{Processes: []criuimg.Process{{PID: 42, PPID: 1, Command: "counter\x1b[2J", Threads: 1}}}
+	var b bytes.Buffer
+	printInspect(terminalSafe{&b}, inspectOutput{Dir: "/img", Manifest: m, CRIU: criu}, false)
+	out := b.String()
+	if strings.ContainsAny(out, "\x1b\x07\u009b") {
+		t.Fatalf("inspect printed control characters: %q", out)
+	}
+	if !strings.Contains(out, "h?]0;pwned?") || !strings.Contains(out, "counter?[2J") {
+		t.Errorf("the crafted text is not shown: %q", out)
+	}
+}
