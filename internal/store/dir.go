@@ -50,7 +50,7 @@ func (d *Dir) held(key string, create bool) (*beneath.Dir, string, error) {
 		return nil, "", fmt.Errorf("%s: %w", d.URL(key), ErrNotFound)
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", d.URL(key), err)
+		return nil, "", err // it names the directory
 	}
 	return hd, name, nil
 }
@@ -72,7 +72,7 @@ func (d *Dir) write(ctx context.Context, key string, data []byte, exclusive bool
 	}
 	hd, name, err := d.held(key, true)
 	if err != nil {
-		return fmt.Errorf("write %w", err)
+		return fmt.Errorf("write %s: %w", d.URL(key), err)
 	}
 	defer hd.Close()
 	tmp, tmpName, err := hd.CreateTemp("." + name + tmpMark)
@@ -223,7 +223,7 @@ func (d *Dir) Delete(_ context.Context, key string) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("delete %w", err)
+		return fmt.Errorf("delete %s: %w", d.URL(key), err)
 	}
 	defer hd.Close()
 	if err := hd.Remove(name); err != nil {
