@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"sync"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/parallel"
@@ -59,7 +62,12 @@ func sumFiles(ctx context.Context, dir string, paths []string, durable bool, str
 	workers := runtime.GOMAXPROCS(0)
 	err := parallel.Each(ctx, chunks, workers, func() []byte { return make([]byte, HashChunkSize) },
 		func(_ context.Context, c chunk, buf []byte) error {
-			n, err := files[c.file].ReadAt(buf, int64(c.index)*HashChunkSize)
+			off := int64(c.index) * HashChunkSize
+			if size := min(HashChunkSize, sizes[c.file]-off); inHole(files[c.file], off, size) {
+				pieces[c.file][c.index] = zeroPiece(size, strong(c.file))
+				return nil
+			}
+			n, err := files[c.file].ReadAt(buf, off)
 			if err != nil && !errors.Is(err, io.EOF) {
 				return fmt.Errorf("checksum %s: %w", paths[c.file], err)
 			}
@@ -86,6 +94,33 @@ func sumFiles(ctx context.Context, dir string, paths []string, durable bool, str
 		out[i] = FileOf(p, sizes[i], pieces[i], strong(i))
 	}
 	return out, nil
+}
+
+// inHole says whether the n bytes of f from off lie in a hole, which reads as zeros: the
+// memory gpucr saves leaves its zero pieces so, and hashing them need not read them (nor
+// can a sparse file listed as terabytes make a check read terabytes). A file system that
+// keeps no holes says there is data everywhere.
+func inHole(f *os.File, off, n int64) bool {
+	next, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+	return err == unix.ENXIO || (err == nil && next >= off+n)
+}
+
+// zeroPieces are the digests of a whole piece of zeros, taken once.
+var zeroPieces = sync.OnceValues(func() (Piece, Piece) {
+	zeros := make([]byte, HashChunkSize)
+	return SumPiece(zeros, false), SumPiece(zeros, true)
+})
+
+// zeroPiece is the digests of a piece of n zeros (n at most HashChunkSize).
+func zeroPiece(n int64, strong bool) Piece {
+	if n < HashChunkSize {
+		return SumPiece(make([]byte, n), strong)
+	}
+	weak, full := zeroPieces()
+	if strong {
+		return full
+	}
+	return weak
 }
 
 // Summer computes the checksums of a file from its bytes in order, the same ones Commit

@@ -51,3 +51,55 @@ func TestSumFilesStopsWhenCancelled(t *testing.T) {
 		t.Fatalf("sumFiles after cancel = %v, want context.Canceled", err)
 	}
 }
+
+// A sparse file's holes are hashed as the zeros they read as, without being read: its
+// checksums are those of the same bytes written out (a Summer's), whole holes, a hole that
+// ends mid-piece and a short last piece included.
+func TestSumFilesHashesHolesAsZeros(t *testing.T) {
+	dir := t.TempDir()
+	const size = 4*HashChunkSize + 4096
+	data := make([]byte, size)
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, at := range []int{0, 2*HashChunkSize + 100, 4 * HashChunkSize} { // data in pieces 0, 2 and 4
+		for i := at; i < min(at+4096, size); i++ {
+			data[i] = byte(r.Uint32() | 1)
+		}
+	}
+	f, err := os.Create(filepath.Join(dir, "f"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, at := range []int{0, 2*HashChunkSize + 100, 4 * HashChunkSize} {
+		if _, err := f.WriteAt(data[at:min(at+4096, size)], int64(at)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if !inHole(mustOpen(t, filepath.Join(dir, "f")), HashChunkSize, HashChunkSize) {
+		t.Skip("this file system keeps no holes")
+	}
+	for _, strong := range []bool{false, true} {
+		got, err := sumFiles(context.Background(), dir, []string{"f"}, false, func(int) bool { return strong })
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := NewSummer(strong)
+		s.Write(data)
+		if want := s.File("f"); got[0] != want {
+			t.Errorf("SHA-256 %v: sparse file %+v, its bytes %+v", strong, got[0], want)
+		}
+	}
+}
+
+func mustOpen(t *testing.T, path string) *os.File {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
