@@ -63,7 +63,7 @@ func sumFiles(ctx context.Context, dir string, paths []string, durable bool, str
 	err := parallel.Each(ctx, chunks, workers, func() []byte { return make([]byte, HashChunkSize) },
 		func(_ context.Context, c chunk, buf []byte) error {
 			off := int64(c.index) * HashChunkSize
-			if size := min(HashChunkSize, sizes[c.file]-off); inHole(files[c.file], off, size) {
+			if size := min(HashChunkSize, sizes[c.file]-off); InHole(files[c.file], off, size) {
 				pieces[c.file][c.index] = zeroPiece(size, strong(c.file))
 				return nil
 			}
@@ -96,11 +96,11 @@ func sumFiles(ctx context.Context, dir string, paths []string, durable bool, str
 	return out, nil
 }
 
-// inHole says whether the n bytes of f from off lie in a hole, which reads as zeros: the
+// InHole says whether the n bytes of f from off lie in a hole, which reads as zeros: the
 // memory gpucr saves leaves its zero pieces so, and hashing them need not read them (nor
 // can a sparse file listed as terabytes make a check read terabytes). A file system that
 // keeps no holes says there is data everywhere.
-func inHole(f *os.File, off, n int64) bool {
+func InHole(f *os.File, off, n int64) bool {
 	next, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
 	return err == unix.ENXIO || (err == nil && next >= off+n)
 }

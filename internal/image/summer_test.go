@@ -78,7 +78,7 @@ func TestSumFilesHashesHolesAsZeros(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	if !inHole(mustOpen(t, filepath.Join(dir, "f")), HashChunkSize, HashChunkSize) {
+	if !InHole(mustOpen(t, filepath.Join(dir, "f")), HashChunkSize, HashChunkSize) {
 		t.Skip("this file system keeps no holes")
 	}
 	for _, strong := range []bool{false, true} {

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/store"
@@ -68,6 +69,16 @@ func testImage(t *testing.T, variant uint64) string {
 	m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42, MemoryBytes: uint64(len(pages)),
 		Host: image.HostInfo{Hostname: "h"}, Processes: []image.Process{{PID: 42, PPID: 1, Command: "counter", Threads: 1}}}
 	if err := s.Commit(m); err != nil {
+		t.Fatal(err)
+	}
+	// The zero chunks are a hole, as in the memory gpucr saves: a push takes them as zeros
+	// without reading them, and the file reads the same.
+	f, err := os.OpenFile(filepath.Join(dir, "criu/pages-1.img"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, chunk, 2*chunk); err != nil {
 		t.Fatal(err)
 	}
 	return dir

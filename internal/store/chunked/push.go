@@ -293,8 +293,12 @@ func (p *pusher) run(ctx context.Context) error {
 	})
 }
 
-// chunk reads one chunk of a file and stores it.
+// chunk reads one chunk of a file and stores it; one in a hole is zeros, not read.
 func (p *pusher) chunk(ctx context.Context, j job, buf *buffers) (Chunk, error) {
+	if image.InHole(p.opened[j.file], j.off, j.size) {
+		p.count(func(s *Stats) { s.ZeroBytes += j.size })
+		return Chunk{Size: j.size, Zero: true}, nil
+	}
 	data := buf.raw[:j.size]
 	// A full read returns no error, io.EOF included: any error means the file changed.
 	if _, err := p.opened[j.file].ReadAt(data, j.off); err != nil {
