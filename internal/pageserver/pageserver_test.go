@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -243,5 +244,103 @@ func TestServerReportsSinkThatCannotCreate(t *testing.T) {
 	c.send(cmdOpen2, 0, 0, 5<<typeBits|typePID, nil)
 	if _, err := s.Wait(context.Background()); err == nil || !strings.Contains(err.Error(), "store gone") {
 		t.Fatalf("Wait = %v, want the sink's error", err)
+	}
+}
+
+// TestMain lets this test binary play another local user's process: run with
+// GPUCR_TEST_DIAL=ADDR it connects to ADDR from 127.0.0.2 and the same port, as an orphan
+// outside this process's tree (dialFromItsPort).
+func TestMain(m *testing.M) {
+	if to := os.Getenv("GPUCR_TEST_DIAL"); to != "" {
+		dialFromItsPort(to)
+		return
+	}
+	os.Exit(m.Run())
+}
+
+// dialFromItsPort starts itself again as user nobody in a session of its own and exits, so
+// that the copy is another user's and nobody's descendant; the copy connects to to from
+// 127.0.0.2 and to's own port, writes GPUCR_TEST_READY once connected, and holds the
+// connection a few seconds.
+func dialFromItsPort(to string) {
+	if os.Getenv("GPUCR_TEST_ORPHAN") == "" {
+		cmd := exec.Command(os.Args[0])
+		cmd.Env = append(os.Environ(), "GPUCR_TEST_ORPHAN=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		_ = cmd.Start()
+		return
+	}
+	addr, err := net.ResolveTCPAddr("tcp", to)
+	if err != nil {
+		return
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2), Port: addr.Port}}
+	c, err := d.Dial("tcp", to)
+	if err != nil {
+		return
+	}
+	_ = os.WriteFile(os.Getenv("GPUCR_TEST_READY"), nil, 0o600)
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, _ = c.Read(make([]byte, 1))
+	c.Close()
+}
+
+// A process of another user that connects from another loopback address and the server's
+// own port is not taken for gpucr's CRIU: its socket's ports alone matched gpucr's own side
+// of the connection, the server took it and closed its listener, and the user could listen
+// on the port for CRIU to reach — reading and rewriting every page of the dump (a hostile
+// test). The dump's own connection is served.
+func TestServerIsNotFooledByItsOwnPort(t *testing.T) {
+	s, err := Start(t.TempDir(), &memSink{files: map[string]*memFile{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to play another user")
+	}
+	// A copy of this binary that user nobody can run, in a directory it can write.
+	dir, err := os.MkdirTemp("", "gpucr-dial-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	b, err := os.ReadFile(os.Args[0])
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, "dial"), b, 0o755)
+	}
+	if err == nil {
+		err = os.Chmod(dir, 0o777)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := filepath.Join(dir, "connected")
+	cmd := exec.Command(filepath.Join(dir, "dial"))
+	cmd.Env = append(os.Environ(), "GPUCR_TEST_DIAL=127.0.0.1:"+strconv.Itoa(s.Port()), "GPUCR_TEST_READY="+ready)
+	if err := cmd.Run(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Skip("could not connect from 127.0.0.2 with the server's port")
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the server has looked at it
+	conn, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(s.Port()))
+	if err != nil {
+		t.Fatalf("the dump's own connection, after the other one: %v", err)
+	}
+	c := &client{t, conn}
+	c.send(cmdClose, 0, 0, 0, nil)
+	if got := c.answer(4); !bytes.Equal(got, []byte{0, 0, 0, 0}) {
+		t.Fatalf("close answer %v", got)
+	}
+	conn.Close()
+	if _, err := s.Wait(context.Background()); err != nil {
+		t.Fatalf("the dump's own connection: %v", err)
 	}
 }

@@ -2,11 +2,11 @@ package pageserver
 
 import (
 	"bufio"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -15,15 +15,17 @@ import (
 // fromOwnTree says whether the connection c comes from gpucr itself or a process it started
 // (CRIU, directly or under a container runtime): the page server listens on loopback TCP,
 // which any local user can reach, and only gpucr's own CRIU may send it pages. The peer's
-// socket is found in /proc/net/tcp by its port and then among the descriptors of gpucr's
-// descendants.
+// socket is found in /proc/net/tcp by the whole connection — its own address and port, the
+// server's, established — and then among the descriptors of gpucr's descendants. Ports alone
+// are not enough: a user who connected from 127.0.0.2 with the server's own port matched
+// gpucr's side of that connection, passed, and took the port over for CRIU to reach.
 func fromOwnTree(c net.Conn) (bool, error) {
-	local, ok1 := c.LocalAddr().(*net.TCPAddr)
+	server, ok1 := c.LocalAddr().(*net.TCPAddr)
 	peer, ok2 := c.RemoteAddr().(*net.TCPAddr)
 	if !ok1 || !ok2 {
 		return false, nil
 	}
-	inode, err := socketInode(peer.Port, local.Port)
+	inode, err := socketInode(peer, server)
 	if err != nil || inode == "" {
 		return false, err
 	}
@@ -35,9 +37,16 @@ func fromOwnTree(c net.Conn) (bool, error) {
 	return slices.ContainsFunc(tree, func(p proctree.Process) bool { return holds(p.PID, want) }), nil
 }
 
-// socketInode is the inode of the root-owned loopback TCP socket from port from to port to,
-// or "" if there is none.
-func socketInode(from, to int) (string, error) {
+// tcpEstablished is the state /proc/net/tcp gives an established connection.
+const tcpEstablished = "01"
+
+// socketInode is the inode of the root-owned, established IPv4 TCP socket whose own end is
+// from and whose other end is to, or "" if there is none.
+func socketInode(from, to *net.TCPAddr) (string, error) {
+	local, remote := procAddr(from), procAddr(to)
+	if local == "" || remote == "" {
+		return "", nil
+	}
 	f, err := os.Open("/proc/net/tcp")
 	if err != nil {
 		return "", fmt.Errorf("page server: read the connection's owner: %w", err)
@@ -48,24 +57,22 @@ func socketInode(from, to int) (string, error) {
 	for sc.Scan() {
 		// sl local rem st queues timer retrnsmt uid timeout inode
 		fl := strings.Fields(sc.Text())
-		if len(fl) < 10 || fl[7] != "0" {
-			continue
-		}
-		if port(fl[1]) == from && port(fl[2]) == to {
+		if len(fl) >= 10 && fl[1] == local && fl[2] == remote && fl[3] == tcpEstablished && fl[7] == "0" {
 			return fl[9], nil
 		}
 	}
 	return "", sc.Err()
 }
 
-// port is the port of a /proc/net/tcp address, "0100007F:1F90".
-func port(addr string) int {
-	_, hex, _ := strings.Cut(addr, ":")
-	p, err := strconv.ParseUint(hex, 16, 16)
-	if err != nil {
-		return -1
+// procAddr is an IPv4 address and port as /proc/net/tcp writes them: the address's four
+// bytes read as one number in the host's byte order, then the port, in hex ("0100007F:1F90"
+// on x86); "" for an address that is not IPv4.
+func procAddr(a *net.TCPAddr) string {
+	ip := a.IP.To4()
+	if ip == nil {
+		return ""
 	}
-	return int(p)
+	return fmt.Sprintf("%08X:%04X", binary.NativeEndian.Uint32(ip), a.Port)
 }
 
 // holds says whether process pid has a descriptor on link, "socket:[INODE]".
