@@ -42,6 +42,9 @@ func Import(ctx context.Context, file, dir string, trusted signing.Keys) (*image
 	if err := image.CheckFinal(dir); err != nil {
 		return nil, "", err
 	}
+	if err := image.CheckParent(dir); err != nil {
+		return nil, "", err
+	}
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, "", fmt.Errorf("import %w", err)

@@ -644,3 +644,58 @@ func TestCommittedFromItsStagingPath(t *testing.T) {
 		t.Fatal("a path that is no staging path counts as committed")
 	}
 }
+
+// An image is not made, as root, in a directory another user can change, nor below one:
+// that user could swap the staging directory root writes by name and have root truncate a
+// file of theirs, or read the dumped memory (a hostile test). A root-owned sticky directory
+// (as /tmp) is fine: there nobody renames what root owns.
+func TestBeginRefusesAParentOthersCanChange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	root := t.TempDir()
+	for name, mode := range map[string]os.FileMode{"world-writable": 0o777, "group-writable": 0o770} {
+		dir := filepath.Join(root, name)
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, mode); err != nil {
+			t.Fatal(err)
+		}
+		for _, final := range []string{filepath.Join(dir, "img"), filepath.Join(dir, "sub", "img")} {
+			if err := os.MkdirAll(filepath.Dir(final), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if s, err := Begin(final); err == nil || !strings.Contains(err.Error(), "only root can change") {
+				if s != nil {
+					_ = s.Abort()
+				}
+				t.Errorf("Begin(%s) in a %s directory: %v", final, name, err)
+			}
+		}
+	}
+	owned := filepath.Join(root, "users")
+	if err := os.Mkdir(owned, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(owned, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Begin(filepath.Join(owned, "img")); err == nil {
+		t.Error("Begin in a directory another user owns")
+	}
+	sticky := filepath.Join(root, "sticky")
+	if err := os.Mkdir(sticky, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(sticky, 0o777|os.ModeSticky); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Begin(filepath.Join(sticky, "img"))
+	if err != nil {
+		t.Fatalf("Begin in a root-owned sticky directory: %v", err)
+	}
+	if err := s.Abort(); err != nil {
+		t.Fatal(err)
+	}
+}

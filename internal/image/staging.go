@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/durable"
+	"github.com/gpucr/gpucr/internal/rootonly"
 	"github.com/gpucr/gpucr/internal/signing"
 )
 
@@ -105,6 +106,9 @@ func BeginAt(final, staging string) (*Staging, error) {
 	if err := checkFinal(final); err != nil {
 		return nil, err
 	}
+	if err := CheckParent(final); err != nil {
+		return nil, err
+	}
 	// 0700: the image holds the process's memory, secrets included.
 	var dir string
 	var err error
@@ -123,6 +127,22 @@ func BeginAt(final, staging string) (*Staging, error) {
 		}
 	}
 	return &Staging{dir: dir, final: final}, nil
+}
+
+// CheckParent refuses, to gpucr running as root, a place for a new image in a directory
+// that others can change (a root-owned sticky one, as /tmp, excepted), or below one: root
+// writes the process's memory and CRIU's files there by name, and a user who can rename
+// what that directory holds had root truncate a file of the user's choosing and read the
+// dumped memory (a hostile test). A gpucr run by a user writes only with that user's rights.
+func CheckParent(final string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	parent := filepath.Dir(filepath.Clean(final))
+	if err := rootonly.Walk(parent); err != nil {
+		return fmt.Errorf("image directory %s: %w: others could swap what root writes there; make images in a directory only root can change", final, err)
+	}
+	return nil
 }
 
 // CheckFinal refuses a place for a new image that is neither absent nor an empty directory,

@@ -44,6 +44,9 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	if err := checkDest(dir); err != nil {
 		return nil, nil, err
 	}
+	if err := image.CheckParent(dir); err != nil {
+		return nil, nil, err
+	}
 	// The image is built one level down in a ".NAME.partial-*" directory: image.Load refuses
 	// that name, yet the image inside it can be opened and verified before the rename.
 	staging, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".partial-*")
