@@ -213,9 +213,16 @@ func TestServerServesOnlyItsOwnCRIU(t *testing.T) {
 			t.Fatal("the other process never connected")
 		}
 	}
+	ownDumpIsServed(t, s)
+}
+
+// ownDumpIsServed connects to s from this process, as gpucr's own CRIU, ends the dump, and
+// fails unless s served it.
+func ownDumpIsServed(t *testing.T, s *Server) {
+	t.Helper()
 	conn, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(s.Port()))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the dump's own connection: %v", err)
 	}
 	c := &client{t, conn}
 	c.send(cmdClose, 0, 0, 0, nil)
@@ -330,17 +337,5 @@ func TestServerIsNotFooledByItsOwnPort(t *testing.T) {
 		}
 	}
 	time.Sleep(200 * time.Millisecond) // the server has looked at it
-	conn, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(s.Port()))
-	if err != nil {
-		t.Fatalf("the dump's own connection, after the other one: %v", err)
-	}
-	c := &client{t, conn}
-	c.send(cmdClose, 0, 0, 0, nil)
-	if got := c.answer(4); !bytes.Equal(got, []byte{0, 0, 0, 0}) {
-		t.Fatalf("close answer %v", got)
-	}
-	conn.Close()
-	if _, err := s.Wait(context.Background()); err != nil {
-		t.Fatalf("the dump's own connection: %v", err)
-	}
+	ownDumpIsServed(t, s)
 }
