@@ -603,7 +603,7 @@ func TestContainerStreamFailingKeepsItRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	out, errOut, code := gpucrEnv(t, nil, "checkpoint", "--container", id, "--to", filepath.Join(storeDir, "ckpt"))
-	if code != 1 || out != "" || strings.Count(refusal(errOut), "\n") != 1 || !strings.Contains(errOut, "chunks") {
+	if code != 1 || out != "" || strings.Count(withoutProgress(errOut), "\n") != 1 || !strings.Contains(errOut, "chunks") {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want exit 1 and one line naming the chunks", code, out, errOut)
 	}
 	waitContainerCount(t, bundle, count(t, bundle)+3)

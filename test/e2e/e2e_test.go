@@ -114,12 +114,13 @@ func run(t *testing.T, env []string, stdout, stderr io.Writer, args ...string) i
 	return 0
 }
 
-// gpucr runs the binary and returns its stdout and stderr together, and its exit code.
+// gpucr runs the binary and returns its stdout and stderr together, without progress lines,
+// and its exit code.
 func gpucr(t *testing.T, args ...string) (string, int) {
 	t.Helper()
 	var out bytes.Buffer
 	code := run(t, nil, &out, &out, args...)
-	return out.String(), code
+	return withoutProgress(out.String()), code
 }
 
 func mustGpucr(t *testing.T, args ...string) string {
@@ -158,14 +159,14 @@ func decode(t *testing.T, out string, v any) {
 
 // oneLineWith reports whether gpucr's output is the one line a refusal must be, naming want.
 func oneLineWith(out, want string) bool {
-	out = refusal(out)
+	out = withoutProgress(out)
 	return strings.Contains(out, want) && !strings.Contains(strings.TrimSpace(out), "\n")
 }
 
-// refusal is gpucr's stderr without the lines that log a long phase's progress when stderr
-// is not a terminal (--progress-every): on a slow machine a phase may take long enough to
-// log some before gpucr refuses.
-func refusal(errOut string) string {
+// withoutProgress is gpucr's output without the lines that log a long phase's progress when
+// stderr is not a terminal (--progress-every): on a loaded machine a phase may take long
+// enough to log some, before a refusal or beside a JSON document.
+func withoutProgress(errOut string) string {
 	var b strings.Builder
 	for line := range strings.Lines(errOut) {
 		if !strings.HasPrefix(line, "time=") || !strings.Contains(line, " level=INFO ") {

@@ -179,8 +179,8 @@ func TestStoreErrors(t *testing.T) {
 			if took := time.Since(start); took > 5*time.Second {
 				t.Errorf("took %v to fail", took)
 			}
-			if code != tt.code || !strings.HasPrefix(refusal(errOut), "gpucr: ") || !strings.Contains(errOut, tt.want) ||
-				strings.Count(refusal(errOut), "\n") != 1 || out != "" {
+			if code != tt.code || !strings.HasPrefix(withoutProgress(errOut), "gpucr: ") || !strings.Contains(errOut, tt.want) ||
+				strings.Count(withoutProgress(errOut), "\n") != 1 || out != "" {
 				t.Fatalf("exit %d, stdout %q, stderr %q; want exit %d and one line with %q", code, out, errOut, tt.code, tt.want)
 			}
 			for _, secret := range []string{storetest.SecretKey, "not-the-secret"} {
