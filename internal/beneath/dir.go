@@ -3,12 +3,10 @@ package beneath
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -178,13 +176,17 @@ func (d *Dir) Link(from, to string) error {
 // target).
 func (d *Dir) Rename(from, to string) error { return d.rename(from, to) }
 
-// Lstat is what name in d is, a symlink itself.
+// Lstat is what name in d is, a symlink itself, looked up through the held directory.
 func (d *Dir) Lstat(name string) (os.FileInfo, error) {
-	var st unix.Stat_t
-	if err := unix.Fstatat(d.fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+	fi, err := os.Lstat(filepath.Join(d.Within(), name))
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
 		return nil, d.err("lstat", name, err)
 	}
-	return fileInfo{name: name, st: st}, nil
+	return fi, nil
 }
 
 // Entries lists what d holds, each as Lstat says it is; an entry gone since the listing is
@@ -208,36 +210,6 @@ func (d *Dir) Entries() ([]os.FileInfo, error) {
 	}
 	return out, nil
 }
-
-// fileInfo is an os.FileInfo of what fstatat found.
-type fileInfo struct {
-	name string
-	st   unix.Stat_t
-}
-
-func (fi fileInfo) Name() string { return fi.name }
-func (fi fileInfo) Size() int64  { return fi.st.Size }
-func (fi fileInfo) Mode() fs.FileMode {
-	m := fs.FileMode(fi.st.Mode & 0o777)
-	switch fi.st.Mode & unix.S_IFMT {
-	case unix.S_IFDIR:
-		m |= fs.ModeDir
-	case unix.S_IFLNK:
-		m |= fs.ModeSymlink
-	case unix.S_IFIFO:
-		m |= fs.ModeNamedPipe
-	case unix.S_IFSOCK:
-		m |= fs.ModeSocket
-	case unix.S_IFCHR:
-		m |= fs.ModeDevice | fs.ModeCharDevice
-	case unix.S_IFBLK:
-		m |= fs.ModeDevice
-	}
-	return m
-}
-func (fi fileInfo) ModTime() time.Time { return time.Unix(fi.st.Mtim.Unix()) }
-func (fi fileInfo) IsDir() bool        { return fi.Mode().IsDir() }
-func (fi fileInfo) Sys() any           { return &fi.st }
 
 // Remove removes the entry name from d (a symlink itself, never its target); a missing
 // one is not an error.
