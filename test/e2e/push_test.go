@@ -85,9 +85,10 @@ func TestPushPullRealCheckpoints(t *testing.T) {
 	}
 	// How much the counter's heap moved between the two checkpoints varies from run to run;
 	// without dedup across checkpoints the second push would upload as much as the first.
-	// The 64 MiB heap is a range gpucr saves whole, so a changed 4 MiB window of it is
-	// uploaded whole (zeros included): here one or two of them, 85-95% not uploaded.
-	if second.TransferredBytes >= first.TransferredBytes || second.PresentChunks == 0 || dedup(second) < 0.8 {
+	// The 64 MiB heap is a range gpucr saves whole, so a changed 8 MiB window of it is
+	// uploaded whole (zeros included): here one or two of them, 70-90% not uploaded (85-95%
+	// with the 4 MiB chunks before 2026-11-26).
+	if second.TransferredBytes >= first.TransferredBytes || second.PresentChunks == 0 || dedup(second) < 0.6 {
 		t.Errorf("second checkpoint uploaded %d bytes, first %d", second.TransferredBytes, first.TransferredBytes)
 	}
 
