@@ -84,25 +84,17 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 	if f == nil || off < 0 || end > f.File.Size {
 		return fmt.Errorf("memory fill: %s has no bytes %d-%d in %s", name, off, end, mem.st.URL(mem.prefix))
 	}
+	// A whole image piece is hashed as the image's checksum hashes it, each chunk's bytes
+	// as they are checked; a piece that is one chunk takes that chunk's checked xxh64.
+	var piece *image.PieceHash
+	var digest image.Piece
 	i := sort.Search(len(f.ends), func(i int) bool { return f.ends[i] > off })
 	k, isPiece := f.Piece(off, int64(len(p)))
 	if isPiece { // a piece has bytes, so chunk i holds its first
-		if d, ok := samePiece(f.chunks[i], f.ends[i]-off, len(p), f.File.Strong()); ok {
-			// The chunk is the piece: checking it against its xxh64 takes the piece's digest.
-			err := mem.chunk(ctx, name, f.chunks[i], off, 0, p, nil, use)
-			if err == nil {
-				mem.mu.Lock()
-				f.Record(k, d)
-				mem.mu.Unlock()
-			}
-			return err
+		var same bool
+		if digest, same = samePiece(f.chunks[i], f.ends[i]-off, len(p), f.File.Strong()); !same {
+			piece = image.NewPieceHash(f.File.Strong())
 		}
-	}
-	// A whole image piece is hashed as the image's checksum hashes it, each chunk's bytes
-	// as they are checked.
-	var piece *image.PieceHash
-	if isPiece {
-		piece = image.NewPieceHash(f.File.Strong())
 	}
 	for at := off; at < end; i++ {
 		c, start := f.chunks[i], f.ends[i]-f.chunks[i].Size
@@ -116,10 +108,12 @@ func (mem *Memory) ReadPiece(ctx context.Context, name string, off int64, p []by
 		}
 		at += n
 	}
-	if piece != nil {
-		d := piece.Sum()
+	if isPiece {
+		if piece != nil {
+			digest = piece.Sum()
+		}
 		mem.mu.Lock()
-		f.Record(k, d)
+		f.Record(k, digest)
 		mem.mu.Unlock()
 	}
 	return nil
