@@ -73,7 +73,7 @@ func Fold(ctx context.Context, src string, m *image.Manifest, dst string) (_ *Re
 		if path.Dir(f.Path) == criuimg.MemDir || rewritten[f.Path] {
 			continue
 		}
-		if err := copyFile(ctx, src, filepath.Join(src, f.Path), filepath.Join(stage.Dir(), f.Path)); err != nil {
+		if err := copyFile(ctx, src, filepath.FromSlash(f.Path), filepath.Join(stage.Dir(), f.Path)); err != nil {
 			return nil, err
 		}
 	}
@@ -277,15 +277,16 @@ func openIn(dir, path string) (*os.File, error) {
 	return beneath.Open(dir, rel)
 }
 
-// copyFile copies the file src of the image at dir to dst, creating its directory.
-func copyFile(ctx context.Context, dir, src, dst string) error {
+// copyFile copies the file rel of the image at dir to dst, creating its directory; rel is
+// opened as beneath.Open does (see openIn).
+func copyFile(ctx context.Context, dir, rel, dst string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return err
 	}
-	in, err := openIn(dir, src)
+	in, err := beneath.Open(dir, rel)
 	if err != nil {
 		return err
 	}
@@ -297,7 +298,7 @@ func copyFile(ctx context.Context, dir, src, dst string) error {
 	// os.File's ReadFrom copies in the kernel (copy_file_range) where it can.
 	if _, err := out.ReadFrom(in); err != nil {
 		out.Close()
-		return fmt.Errorf("copy %s: %w", src, err)
+		return fmt.Errorf("copy %s: %w", filepath.Join(dir, rel), err)
 	}
 	return out.Close()
 }
@@ -315,7 +316,7 @@ func copyLogs(ctx context.Context, src, dst string) error {
 		if !e.Type().IsRegular() || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		if err := copyFile(ctx, src, filepath.Join(src, image.LogsDir, e.Name()), filepath.Join(dst, image.LogsDir, e.Name())); err != nil {
+		if err := copyFile(ctx, src, filepath.Join(image.LogsDir, e.Name()), filepath.Join(dst, image.LogsDir, e.Name())); err != nil {
 			return err
 		}
 	}

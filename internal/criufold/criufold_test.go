@@ -190,7 +190,7 @@ func TestCopyFileFollowsNoSymlink(t *testing.T) {
 	for _, name := range []string{"link.img", "fifo.img"} {
 		done := make(chan error, 1)
 		go func() {
-			done <- copyFile(context.Background(), src, filepath.Join(src, name), filepath.Join(out, name))
+			done <- copyFile(context.Background(), src, name, filepath.Join(out, name))
 		}()
 		select {
 		case err := <-done:
