@@ -175,7 +175,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 			if r.Dir == "" && to == "" {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
 			}
-			if r.Sign, err = loadSigningKey(signPath); err != nil {
+			if r.Sign, err = a.loadSigningKey(signPath); err != nil {
 				return err
 			}
 			start := time.Now()
@@ -249,7 +249,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 	f.BoolVarP(&r.LeaveRunning, "leave-running", "R", false, "leave the process tree running after the checkpoint")
 	f.DurationVar(&r.LockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
 	f.StringVar(&ctr, "container", "", "checkpoint the runc container with this ID instead of a PID's tree")
-	f.StringVar(&signPath, "sign", "", "sign the image's manifest with this ed25519 private key (see gpucr keygen)")
+	f.StringVar(&signPath, "sign", "", "sign the image's manifest with this ed25519 private key (see gpucr keygen); default: this host's, if it has one ("+signing.HostKey+", or $GPUCR_SIGNING_KEY)")
 	f.BoolVar(&dryRun, "dry-run", false, "only run the restorability analysis and print every finding; nothing is locked, frozen or written")
 	f.StringSliceVar(&skips, "skip-check", nil, "switch off a restorability check by name (repeatable): "+skippableChecks())
 	// Hidden: a slower way kept to measure what gpucr's page server wins (gpucr-bench).

@@ -6,6 +6,7 @@ import (
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 )
 
@@ -15,6 +16,11 @@ type config struct {
 	criu string         // GPUCR_CRIU: the CRIU binary when --criu is not given
 	gpu  gpu.Config     // each GPU vendor's settings (gpu.Vendor.Settings)
 	s3   store.S3Config // where S3 is and who we are there
+	// trustedKeys (GPUCR_TRUSTED_KEYS) and signingKey (GPUCR_SIGNING_KEY) are this host's
+	// signing policy: the keys images must be signed by, and the key checkpoints are signed
+	// with, where a command names none.
+	trustedKeys string
+	signingKey  string
 }
 
 // configFrom reads the configuration through getenv. S3's endpoint is GPUCR_S3_ENDPOINT or
@@ -25,8 +31,10 @@ type config struct {
 // The instance metadata service is not asked: off EC2 it costs a timeout on every run.
 func configFrom(getenv func(string) string) config {
 	return config{
-		criu: getenv("GPUCR_CRIU"),
-		gpu:  gpu.Config{Settings: vendorSettings(getenv)},
+		criu:        getenv("GPUCR_CRIU"),
+		trustedKeys: cmp.Or(getenv("GPUCR_TRUSTED_KEYS"), signing.HostTrustDir),
+		signingKey:  cmp.Or(getenv("GPUCR_SIGNING_KEY"), signing.HostKey),
+		gpu:         gpu.Config{Settings: vendorSettings(getenv)},
 		s3: store.S3Config{
 			Endpoint: cmp.Or(getenv("GPUCR_S3_ENDPOINT"), getenv("AWS_ENDPOINT_URL")),
 			Region:   cmp.Or(getenv("AWS_REGION"), getenv("AWS_DEFAULT_REGION")),

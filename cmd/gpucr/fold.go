@@ -21,7 +21,7 @@ type foldOutput struct {
 }
 
 func (a *app) foldCmd() *cobra.Command {
-	var trust []string
+	var trust trustFlags
 	cmd := &cobra.Command{
 		Use:   "fold DIR NEWDIR",
 		Short: "Copy an image with the memory gpucr saved itself folded into CRIU's page files, so that plain criu restore restores it",
@@ -31,7 +31,7 @@ func (a *app) foldCmd() *cobra.Command {
 			"it still needs gpucr (or cuda-checkpoint). NEWDIR stays a gpucr image, restorable by gpucr as well.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			keys, err := loadTrust(trust)
+			keys, err := a.trusted(trust)
 			if err != nil {
 				return err
 			}
@@ -54,6 +54,6 @@ func (a *app) foldCmd() *cobra.Command {
 			})
 		},
 	}
-	trustFlag(cmd, &trust)
+	trust.add(cmd)
 	return cmd
 }

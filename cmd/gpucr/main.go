@@ -82,6 +82,9 @@ type app struct {
 	// cpuProfile is where the hidden --cpu-profile writes; stopProfile ends it.
 	cpuProfile  string
 	stopProfile func()
+	// hostTrust is this host's trusted keys directory once a command asked images to be
+	// signed by its keys: a refusal then says so.
+	hostTrust string
 }
 
 func main() {
@@ -142,7 +145,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if code, ok := jobExitCode(err); ok {
 			return code
 		}
-		fmt.Fprintf(stderr, "gpucr: %s\n", oneLine(err))
+		msg := oneLine(err) + a.untrustedHint(err)
+		fmt.Fprintf(stderr, "gpucr: %s\n", msg)
 		code := exitCode(err)
 		if isCobraUsage(err) {
 			code = exitUsage
@@ -150,7 +154,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		var nr notReadyError
 		if (a.json || askedJSON(args)) && !(errors.As(err, &nr) && nr.reported) {
 			// Machines read stdout: the failure is there too, in the same schema.
-			b, _ := json.Marshal(errorOutput{Error: oneLine(err), ExitCode: code})
+			b, _ := json.Marshal(errorOutput{Error: msg, ExitCode: code})
 			fmt.Fprintf(stdout, "%s\n", b)
 		}
 		return code

@@ -15,7 +15,7 @@ import (
 )
 
 func (a *app) pullCmd() *cobra.Command {
-	var trust []string
+	var trust trustFlags
 	cmd := &cobra.Command{
 		Use:   "pull s3://BUCKET/PREFIX|PATH DIR",
 		Short: "Fetch a stored checkpoint into an image directory, checking every chunk and file",
@@ -26,7 +26,7 @@ func (a *app) pullCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
-			keys, err := loadTrust(trust)
+			keys, err := a.trusted(trust)
 			if err != nil {
 				return err
 			}
@@ -37,7 +37,7 @@ func (a *app) pullCmd() *cobra.Command {
 			return a.emit(out, func() { printPull(a, out) })
 		},
 	}
-	trustFlag(cmd, &trust)
+	trust.add(cmd)
 	return cmd
 }
 

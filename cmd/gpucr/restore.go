@@ -42,7 +42,7 @@ func (a *app) restoreCmd() *cobra.Command {
 	var pulled *transferOutput
 	var streamed *streamedRestore
 	var rf runcFlags
-	var trust []string
+	var trust trustFlags
 	cmd := &cobra.Command{
 		Use:   "restore [--container ID] -D DIR | --from LOCATION",
 		Short: "Restore a process tree or runc container (and its GPU state) from an image directory, detached",
@@ -52,7 +52,7 @@ func (a *app) restoreCmd() *cobra.Command {
 			if r.Skips, err = gpu.SkipsFrom(gpu.Vendors(), skips, os.Getenv); err != nil {
 				return usageError{err}
 			}
-			if r.Trust, err = loadTrust(trust); err != nil {
+			if r.Trust, err = a.trusted(trust); err != nil {
 				return err
 			}
 			if from == "" && r.Dir == "" {
@@ -134,7 +134,7 @@ func (a *app) restoreCmd() *cobra.Command {
 	// Hidden: a slower way kept to measure what gpucr's memory fill wins (gpucr-bench).
 	f.BoolVar(&r.CRIURestoresPages, "criu-restores-pages", false, "let CRIU restore all memory pages itself, not gpucr")
 	_ = f.MarkHidden("criu-restores-pages")
-	trustFlag(cmd, &trust)
+	trust.add(cmd)
 	rf.bind(cmd)
 	criuFlags(cmd, &r.Options)
 	return cmd

@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/ed25519"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -11,28 +12,55 @@ import (
 	"github.com/gpucr/gpucr/internal/signing"
 )
 
-// trustFlag adds --trust to cmd, read by loadTrust.
-func trustFlag(cmd *cobra.Command, paths *[]string) {
-	cmd.Flags().StringSliceVar(paths, "trust", nil,
-		"refuse an image not signed by one of these ed25519 public keys (PEM files, or directories of *.pub; repeatable)")
+// trustFlags are a command's --trust and --allow-unsigned, read by app.trusted.
+type trustFlags struct {
+	paths         []string
+	allowUnsigned bool
 }
 
-// loadTrust reads the keys of --trust; none means unsigned images are accepted.
-func loadTrust(paths []string) (signing.Keys, error) {
-	if len(paths) == 0 {
+func (t *trustFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringSliceVar(&t.paths, "trust", nil,
+		"refuse an image not signed by one of these ed25519 public keys (PEM files, or directories of *.pub; repeatable)")
+	cmd.Flags().BoolVar(&t.allowUnsigned, "allow-unsigned", false,
+		"accept an image not signed by a key of this host's trusted keys ("+signing.HostTrustDir+", or $GPUCR_TRUSTED_KEYS), this once")
+}
+
+// trusted reads the keys an image must be signed by: those of --trust, else this host's
+// (none where the host has no policy, or with --allow-unsigned). None means unsigned images
+// are accepted.
+func (a *app) trusted(t trustFlags) (signing.Keys, error) {
+	switch {
+	case len(t.paths) > 0 && t.allowUnsigned:
+		return nil, usageError{errors.New("--trust and --allow-unsigned contradict each other: give one")}
+	case t.allowUnsigned:
 		return nil, nil
+	case len(t.paths) == 0:
+		keys, err := signing.HostTrusted(a.cfg.trustedKeys)
+		if keys != nil {
+			a.hostTrust = a.cfg.trustedKeys
+		}
+		return keys, err
 	}
-	keys, err := signing.LoadTrusted(paths)
+	keys, err := signing.LoadTrusted(t.paths)
 	if err != nil {
 		return nil, usageError{err}
 	}
 	return keys, nil
 }
 
-// loadSigningKey reads the key of --sign, before anything is touched.
-func loadSigningKey(path string) (ed25519.PrivateKey, error) {
+// untrustedHint says what to do about an image this host's policy refused.
+func (a *app) untrustedHint(err error) string {
+	if a.hostTrust == "" || !errors.Is(err, signing.ErrUntrusted) {
+		return ""
+	}
+	return " (this host trusts only images signed by a key in " + a.hostTrust + ": sign it with gpucr sign, or pass --allow-unsigned if you trust where it came from)"
+}
+
+// loadSigningKey reads the key of --sign, before anything is touched; without one, this
+// host's own (a.cfg.signingKey), if it has one.
+func (a *app) loadSigningKey(path string) (ed25519.PrivateKey, error) {
 	if path == "" {
-		return nil, nil
+		return signing.HostSigningKey(a.cfg.signingKey)
 	}
 	key, err := signing.LoadPrivate(path)
 	if err != nil {
@@ -80,7 +108,7 @@ type signOutput struct {
 func (a *app) signCmd() *cobra.Command {
 	var keyPath string
 	cmd := &cobra.Command{
-		Use:   "sign DIR --key KEY",
+		Use:   "sign DIR [--key KEY]",
 		Short: "Verify an image and add an ed25519 signature of its manifest",
 		Long: "sign verifies every file of the image at DIR, then signs its manifest with KEY. The manifest\n" +
 			"records each file's SHA-256, so the signature covers every byte; an image checkpointed without\n" +
@@ -89,12 +117,12 @@ func (a *app) signCmd() *cobra.Command {
 			"keys). Otherwise signatures by other keys are kept.",
 		Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
-			if keyPath == "" {
-				return usageError{fmt.Errorf("say which key signs: --key KEY")}
-			}
-			key, err := loadSigningKey(keyPath)
+			key, err := a.loadSigningKey(keyPath)
 			if err != nil {
 				return err
+			}
+			if key == nil {
+				return usageError{fmt.Errorf("say which key signs: --key KEY (this host has no signing key at %s)", a.cfg.signingKey)}
 			}
 			signed, err := image.Sign(args[0], key)
 			if err != nil {
@@ -110,6 +138,6 @@ func (a *app) signCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVar(&keyPath, "key", "", "the ed25519 private key (PEM, from gpucr keygen or openssl genpkey)")
+	cmd.Flags().StringVar(&keyPath, "key", "", "the ed25519 private key (PEM, from gpucr keygen or openssl genpkey); default: this host's ("+signing.HostKey+", or $GPUCR_SIGNING_KEY)")
 	return cmd
 }

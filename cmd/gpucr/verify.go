@@ -20,13 +20,13 @@ type verifyOutput struct {
 }
 
 func (a *app) verifyCmd() *cobra.Command {
-	var trust []string
+	var trust trustFlags
 	cmd := &cobra.Command{
 		Use:   "verify DIR",
 		Short: "Recompute every checksum of an image and name any file that is wrong",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
-			keys, err := loadTrust(trust)
+			keys, err := a.trusted(trust)
 			if err != nil {
 				return err
 			}
@@ -49,6 +49,6 @@ func (a *app) verifyCmd() *cobra.Command {
 			})
 		},
 	}
-	trustFlag(cmd, &trust)
+	trust.add(cmd)
 	return cmd
 }

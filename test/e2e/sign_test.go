@@ -203,3 +203,56 @@ func TestSignKilledAnywhereLeavesAnImage(t *testing.T) {
 	}
 	w.checkRunsOn(t, "a checkpoint with -R")
 }
+
+// A host with a signing policy (GPUCR_TRUSTED_KEYS and GPUCR_SIGNING_KEY here, for
+// /etc/gpucr/trusted-keys and /etc/gpucr/signing-key) signs its checkpoints with its key and
+// verifies and restores only images its keys signed, with no flag: an unsigned image is
+// refused in one line that says what to do, before anything runs, and --allow-unsigned
+// accepts it once.
+func TestHostSigningPolicy(t *testing.T) {
+	needCRIU(t)
+	keys := t.TempDir()
+	host, trusted := filepath.Join(keys, "host"), filepath.Join(keys, "trusted-keys")
+	mustGpucr(t, "keygen", host)
+	if err := os.Mkdir(trusted, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(host+".pub", filepath.Join(trusted, "host.pub")); err != nil {
+		t.Fatal(err)
+	}
+	signs := []string{"GPUCR_TRUSTED_KEYS=" + trusted, "GPUCR_SIGNING_KEY=" + host}
+	keyless := []string{"GPUCR_TRUSTED_KEYS=" + trusted, "GPUCR_SIGNING_KEY=" + filepath.Join(keys, "none")}
+
+	w := startCounter(t, "-mib", "4")
+	w.waitCount(t, 2)
+	pid := strconv.Itoa(w.pid)
+	signed, plain := filepath.Join(t.TempDir(), "signed"), filepath.Join(t.TempDir(), "plain")
+	var ck checkpointDoc
+	decode(t, mustGpucrEnv(t, signs, "checkpoint", pid, "-D", signed, "-R", "--json"), &ck)
+	var v verifyDoc
+	decode(t, mustGpucrEnv(t, keyless, "verify", signed, "--json"), &v)
+	if ck.SignedBy == "" || v.SignedBy != ck.SignedBy {
+		t.Fatalf("the host's checkpoint is signed by %q, verified as signed by %q", ck.SignedBy, v.SignedBy)
+	}
+	w.checkRunsOn(t, "a checkpoint with -R")
+	mustGpucrEnv(t, keyless, "checkpoint", pid, "-D", plain)
+	testutil.WaitGone(t, w.pid)
+	at := w.read(t, "count")
+
+	for _, args := range [][]string{{"restore", "-D", plain}, {"verify", plain}} {
+		out, errOut, code := gpucrEnv(t, keyless, args...)
+		if code != exitFailed || out != "" || !oneLineWith(errOut, "not signed") || !strings.Contains(errOut, "--allow-unsigned") {
+			t.Fatalf("%s of an unsigned image under the host's policy: exit %d, want one line saying what to do:\n%s%s", args[0], code, out, errOut)
+		}
+	}
+	if testutil.Alive(w.pid) {
+		t.Fatal("a process of the refused image runs")
+	}
+	if _, errOut, code := gpucrEnv(t, keyless, "restore", "-D", plain, "--allow-unsigned", "--trust", trusted); code != exitUsage {
+		t.Fatalf("--trust with --allow-unsigned: exit %d\n%s", code, errOut)
+	}
+	var rs restoreDoc
+	decode(t, mustGpucrEnv(t, keyless, "restore", "-D", plain, "--allow-unsigned", "--json"), &rs)
+	t.Cleanup(func() { testutil.KillAndReap(rs.RootPID) })
+	w.waitCount(t, at+2)
+}
