@@ -195,16 +195,16 @@ func inspectArchive(file string) (inspectOutput, error) {
 func printArchive(w io.Writer, a *archiveInspect, info *container.Info) {
 	fmt.Fprintf(w, "archive   %s layout, %s compression, %s of files\n", a.Layout, a.Compression, bytesHuman(uint64(a.Bytes)))
 	if c := a.Config; c != nil && info == nil {
-		fmt.Fprintf(w, "container %s", c.ID)
+		line := "container " + c.ID // written whole: see terminalSafe
 		if c.Name != "" {
-			fmt.Fprintf(w, " (%s)", c.Name)
+			line += " (" + c.Name + ")"
 		}
 		if c.RootfsImageName != "" {
-			fmt.Fprintf(w, " from %s", c.RootfsImageName)
+			line += " from " + c.RootfsImageName
 		}
 		if c.Runtime != "" {
-			fmt.Fprintf(w, ", runtime %s", c.Runtime)
+			line += ", runtime " + c.Runtime
 		}
-		fmt.Fprintln(w)
+		fmt.Fprintln(w, line)
 	}
 }

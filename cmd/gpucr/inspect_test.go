@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr/internal/archive"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 )
@@ -22,5 +23,25 @@ func TestInspectPrintsNoControlCharacters(t *testing.T) {
 	}
 	if !strings.Contains(out, "h?]0;pwned?") || !strings.Contains(out, "counter?[2J") {
 		t.Errorf("the crafted text is not shown: %q", out)
+	}
+}
+
+// Nor does that text start lines of its own: a newline in a hostname, a command or an
+// archive's container name would print a line the image's author chose, such as one that
+// says the image is signed.
+func TestInspectPrintsNoLineOfTheImages(t *testing.T) {
+	const forged = "\nsigned by trusted key 0123456789abcdef"
+	m := &image.Manifest{FormatVersion: 1, Host: image.HostInfo{Hostname: "h" + forged}}
+	criu := &criuimg.Summary{Processes: []criuimg.Process{{PID: 42, PPID: 1, Command: "counter" + forged + "\n", Threads: 1}}}
+	a := &archiveInspect{Layout: "podman", Config: &archive.Config{ID: "c1", Name: "n" + forged, Runtime: "runc" + forged + "\n"}}
+	var b bytes.Buffer
+	printInspect(terminalSafe{&b}, inspectOutput{Dir: "/img", Manifest: m, CRIU: criu, Archive: a}, false)
+	for line := range strings.Lines(b.String()) {
+		if strings.HasPrefix(strings.TrimSpace(line), "signed by") {
+			t.Fatalf("the image printed a line of its own: %q in\n%s", line, b.String())
+		}
+	}
+	if n := strings.Count(b.String(), "?signed by"); n != 4 {
+		t.Errorf("the crafted text is shown %d times, want 4:\n%s", n, b.String())
 	}
 }

@@ -70,19 +70,24 @@ func (a *app) emit(v any, text func()) error {
 	return err
 }
 
-// terminalSafe passes what it is given on to w with every control character but newline and
-// tab shown as '?': text an image carries (a hostname, a command, a path) reaches a terminal
-// through inspect, and whoever wrote the image must not drive that terminal (a hostile test
-// set its title through a hostname).
+// terminalSafe passes what it is given on to w with every control character but tab shown
+// as '?', and a newline kept only as the last byte of a write: text an image carries (a
+// hostname, a command, a path) reaches a terminal through inspect, and whoever wrote the
+// image must neither drive that terminal (a hostile test set its title through a hostname)
+// nor start a line of its own (such as "signed by trusted key ..."). Its users write each
+// line in one write.
 type terminalSafe struct{ w io.Writer }
 
 func (t terminalSafe) Write(p []byte) (int, error) {
 	clean := bytes.Map(func(r rune) rune {
-		if r != '\n' && r != '\t' && unicode.IsControl(r) {
+		if r != '\t' && unicode.IsControl(r) {
 			return '?'
 		}
 		return r
 	}, p)
+	if len(p) > 0 && p[len(p)-1] == '\n' {
+		clean[len(clean)-1] = '\n'
+	}
 	if _, err := t.w.Write(clean); err != nil {
 		return 0, err
 	}
