@@ -54,6 +54,9 @@ func (a *app) checkpointTarget(cmd *cobra.Command, args []string, ctr string, rf
 	if len(args) > 0 {
 		return nil, usageError{fmt.Errorf("give either a PID or --container ID, not both")}
 	}
+	if err := engine.CheckContainerID(ctr); err != nil {
+		return nil, usageError{fmt.Errorf("--container: %w", err)}
+	}
 	if err := refuseRuncUnpassed(cmd); err != nil {
 		return nil, err
 	}
@@ -72,6 +75,11 @@ func (a *app) restoreTarget(cmd *cobra.Command, rf runcFlags, dir, ctr, newID, b
 			return nil, usageError{fmt.Errorf("--new-id and --bundle need --container")}
 		}
 		return func(e *engine.Engine) engine.RestoreTarget { return e.TreeImage() }, nil
+	}
+	for flag, id := range map[string]string{"--container": ctr, "--new-id": newID} {
+		if err := engine.CheckContainerID(id); err != nil && id != "" {
+			return nil, usageError{fmt.Errorf("%s: %w", flag, err)}
+		}
 	}
 	if err := refuseRuncUnpassed(cmd); err != nil {
 		return nil, err

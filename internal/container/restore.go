@@ -37,7 +37,7 @@ func (ri *runcImage) Open(_ context.Context, dir string, _ *image.Manifest) erro
 	if ri.bundle == "" {
 		ri.bundle = info.Bundle
 	}
-	return nil
+	return engine.CheckContainerID(ri.id)
 }
 
 func (ri *runcImage) What() string      { return "container " + ri.id }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -338,6 +339,12 @@ func runtimeCmd(ctx context.Context, c *txn.Container, args ...string) *exec.Cmd
 func RemoveContainer(ctx context.Context, c *txn.Container) error {
 	if len(c.Runtime) == 0 {
 		return fmt.Errorf("container %s may be left: no runtime recorded", c.ID)
+	}
+	if err := CheckContainerID(c.ID); err != nil {
+		return fmt.Errorf("container left as it is: %w", err)
+	}
+	if c.StateDir != "" && filepath.Base(c.StateDir) != c.ID {
+		return fmt.Errorf("container %s left as it is: its state directory %s is not the runtime's for it", c.ID, c.StateDir)
 	}
 	deadline := time.Now().Add(criuLetGoWait)
 	for {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"time"
 
@@ -184,6 +185,20 @@ func treeLocks(pids []int) []string {
 
 // ContainerLock names the lock that keeps two gpucr operations off one container.
 func ContainerLock(id string) string { return "container-" + id }
+
+// containerID is what runc takes as a container's ID. A restore gives it a state directory
+// (the runtime's root joined with the ID) and a lock, which a rollback removes: an ID that
+// is a path, ".", or "..", would have root remove what it names.
+var containerID = regexp.MustCompile(`^[\w+,.-]+$`)
+
+// CheckContainerID refuses an ID runc would refuse, or one that names anything but one entry
+// of a directory.
+func CheckContainerID(id string) error {
+	if !containerID.MatchString(id) || id == "." || id == ".." {
+		return fmt.Errorf("%q is not a container ID: letters, digits and _ + , . - only, not . or ..", id)
+	}
+	return nil
+}
 
 // A RestoreTarget is what an image is restored as, and how CRIU is driven to do it: a
 // process tree through CRIU's RPC, or a container through its runtime. The checks, the
