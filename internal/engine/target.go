@@ -195,7 +195,7 @@ var containerID = regexp.MustCompile(`^[\w+,.-]+$`)
 // of a directory.
 func CheckContainerID(id string) error {
 	if !containerID.MatchString(id) || id == "." || id == ".." {
-		return fmt.Errorf("%q is not a container ID: letters, digits and _ + , . - only, not . or ..", id)
+		return fmt.Errorf("%q is not a container ID (letters, digits and _ + , . - only; not . or ..)", id)
 	}
 	return nil
 }
