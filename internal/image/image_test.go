@@ -698,4 +698,29 @@ func TestBeginRefusesAParentOthersCanChange(t *testing.T) {
 	if err := s.Abort(); err != nil {
 		t.Fatal(err)
 	}
+
+	// A user's symlink to a directory only root can change is the user's to point elsewhere
+	// while root writes through it (a hostile test did, mid-checkpoint): refused, in the
+	// user's directory or in a sticky one, as is root's own symlink in the user's directory.
+	safe := filepath.Join(root, "safe")
+	if err := os.Mkdir(safe, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range []struct {
+		at  string
+		uid int
+	}{{filepath.Join(owned, "ckpts"), 65534}, {filepath.Join(sticky, "ckpts"), 65534}, {filepath.Join(owned, "mine"), 0}} {
+		if err := os.Symlink(safe, l.at); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Lchown(l.at, l.uid, l.uid); err != nil {
+			t.Fatal(err)
+		}
+		if s, err := Begin(filepath.Join(l.at, "img")); err == nil || !strings.Contains(err.Error(), "only root can change") {
+			if s != nil {
+				_ = s.Abort()
+			}
+			t.Errorf("Begin through %s (a symlink of uid %d to %s): %v", l.at, l.uid, safe, err)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 )
 
@@ -22,27 +23,80 @@ func Mode(path string, fi fs.FileInfo) error {
 	return nil
 }
 
-// Walk checks that path, its symlinks resolved, and every directory above it belong to root
-// and are writable by no one else, a root-owned sticky directory (as /tmp) excepted: there
-// others cannot rename or remove what root owns.
+// Walk checks that path and every directory the kernel passes through to reach it belong
+// to root and are writable by no one else, a root-owned sticky directory (as /tmp)
+// excepted: there others cannot rename or remove what root owns. Symlinks on the way are
+// followed one component at a time, as the kernel does, and each must be root's: a symlink
+// is replaced by whoever may write the directory that holds it (its owner, in a sticky
+// one), so a user's symlink that points at root's directory today can point at theirs
+// while root writes through it (a hostile test).
 func Walk(path string) error {
-	p, err := filepath.EvalSymlinks(path)
+	abs, err := filepath.Abs(path)
 	if err != nil {
 		return err
 	}
-	for {
-		fi, err := os.Lstat(p)
+	return walk(abs)
+}
+
+// maxLinks is how many symlinks a walk follows before it gives up, as the kernel does (40).
+const maxLinks = 40
+
+func walk(abs string) error {
+	if err := check("/"); err != nil {
+		return err
+	}
+	cur, rest, links := "/", strings.Split(strings.TrimPrefix(filepath.Clean(abs), "/"), "/"), 0
+	for len(rest) > 0 {
+		name := rest[0]
+		rest = rest[1:]
+		if name == "" || name == "." {
+			continue
+		}
+		if name == ".." {
+			cur = filepath.Dir(cur)
+			continue
+		}
+		next := filepath.Join(cur, name)
+		fi, err := os.Lstat(next)
 		if err != nil {
 			return err
 		}
-		if err := Mode(p, fi); err != nil && !(fi.Mode()&os.ModeSticky != 0 && owner(fi) == 0) {
+		if fi.Mode()&fs.ModeSymlink == 0 {
+			if err := check(next); err != nil {
+				return err
+			}
+			cur = next
+			continue
+		}
+		if owner(fi) != 0 {
+			return fmt.Errorf("%s is a symlink not owned by root", next)
+		}
+		if links++; links > maxLinks {
+			return fmt.Errorf("%s: too many levels of symbolic links", abs)
+		}
+		to, err := os.Readlink(next)
+		if err != nil {
 			return err
 		}
-		if p == filepath.Dir(p) {
-			return nil // the root
+		if filepath.IsAbs(to) {
+			cur = "/"
 		}
-		p = filepath.Dir(p)
+		rest = append(strings.Split(filepath.Clean(to), "/"), rest...)
 	}
+	return nil
+}
+
+// check applies Mode to the file at path, not following a symlink, a root-owned sticky
+// directory excepted.
+func check(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if err := Mode(path, fi); err != nil && !(fi.Mode()&os.ModeSticky != 0 && owner(fi) == 0) {
+		return err
+	}
+	return nil
 }
 
 func owner(fi fs.FileInfo) uint32 {
