@@ -110,7 +110,10 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	if err != nil {
 		return nil, ri.Remove(gctx, err)
 	}
-	if err := s.Whole(host); err != nil {
+	if err := s.Created(host); err != nil {
+		return nil, ri.Remove(gctx, err)
+	}
+	if err := s.Whole(); err != nil {
 		return nil, ri.Remove(gctx, err)
 	}
 	return &engine.Restored{Root: st.PID, Host: host, Filled: h.took}, nil

@@ -66,7 +66,7 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 		// What the restore created goes unless it is whole: its tasks (at their journaled
 		// PIDs) and the container a runtime created for them.
 		remove := func() error {
-			killCreated(rec.Tree, rec.Owner.Start)
+			killJournaled(rec.Tree)
 			if rec.Container != nil {
 				return RemoveContainer(ctx, rec.Container)
 			}
@@ -282,6 +282,22 @@ func killCreated(tree []txn.Proc, since uint64) {
 	for i := len(tree) - 1; i >= 0; i-- {
 		p, err := proctree.Read(tree[i].PID)
 		if err == nil && p.Start >= since {
+			_ = syscall.Kill(p.PID, syscall.SIGKILL)
+			pids = append(pids, p.PID)
+		}
+	}
+	waitExited(pids, 5*time.Second)
+}
+
+// killJournaled kills, children first, the processes of a dead restore's tree that it
+// journaled as made and that are still the processes they were: a PID taken since by
+// another process, or one never journaled with its start (the restore died before its
+// tasks existed, and CRIU and what it forked go with the restore's directories, killHolders),
+// is not the restore's.
+func killJournaled(tree []txn.Proc) {
+	var pids []int
+	for i := len(tree) - 1; i >= 0; i-- {
+		if p := tree[i]; p.Start != 0 && p.Alive() {
 			_ = syscall.Kill(p.PID, syscall.SIGKILL)
 			pids = append(pids, p.PID)
 		}

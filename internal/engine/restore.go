@@ -187,12 +187,13 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 		Timer:          t,
 		Verified:       verify.wait,
 		Procs:          func() ([]txn.Proc, []txn.GPUProc) { return imageProcs(m, gpus) },
-		Whole: func(host map[int]int) error {
+		Created: func(made map[int]int) error {
 			return op.Update(func(rec *txn.Record) {
 				rec.Tree, rec.GPUs = imageProcs(m, gpus)
-				journalWhole(rec, host)
+				journalMade(rec, made)
 			})
 		},
+		Whole: func() error { return op.Update(func(rec *txn.Record) { rec.Committed = true }) },
 	}
 	if fill.Dir != "" {
 		spec.ImagesDir = fill.Dir
@@ -234,24 +235,28 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	return &RestoreResult{RootPID: restored.Root, SignedBy: signer, Manifest: m, GPUMap: remap, Phases: t.Phases, CRIUStats: restored.Stats}, nil
 }
 
-// journalWhole records that a restore's tasks are whole (verified, filled) under the host
-// PIDs they got: from now on the guardian finishes the restore instead of removing it.
-func journalWhole(rec *txn.Record, host map[int]int) {
-	renumber := func(p *txn.Proc) {
-		if h, ok := host[p.PID]; ok {
-			p.PID = h
+// journalMade records which of the image's processes in rec the restore made (made maps
+// their image PIDs to host PIDs), under their host PIDs and start times. The others keep
+// start 0: nothing shows that a process at such a PID is the restore's, and no rollback
+// from the journal kills it.
+func journalMade(rec *txn.Record, made map[int]int) {
+	mark := func(p *txn.Proc) {
+		h, ok := made[p.PID]
+		p.Start = 0
+		if !ok {
+			return
 		}
-		if q, err := proctree.Read(p.PID); err == nil {
+		p.PID = h
+		if q, err := proctree.Read(h); err == nil {
 			p.Start = q.Start
 		}
 	}
 	for i := range rec.Tree {
-		renumber(&rec.Tree[i])
+		mark(&rec.Tree[i])
 	}
 	for i := range rec.GPUs {
-		renumber(&rec.GPUs[i].Proc)
+		mark(&rec.GPUs[i].Proc)
 	}
-	rec.Committed = true
 }
 
 // planFill is memfill.Prepare, falling back to leaving CRIU's files whole when splitting
@@ -640,13 +645,13 @@ func newCutoff(ctx context.Context, s *RestoreSpec) (*cutoff, context.Context) {
 		}
 	})
 	journal := s.Whole
-	s.Whole = func(host map[int]int) error {
+	s.Whole = func() error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if c.reason != nil {
 			return c.reason
 		}
-		if err := journal(host); err != nil {
+		if err := journal(); err != nil {
 			return err
 		}
 		c.whole = true

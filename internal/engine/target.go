@@ -233,9 +233,12 @@ type RestoreSpec struct {
 	Procs func() ([]txn.Proc, []txn.GPUProc)
 	// Verified blocks until the image's memory is verified and says whether it is whole.
 	Verified func() error
-	// Whole journals that the tasks are verified and filled, under their host PIDs (host
-	// maps image PIDs to them; nil when the image's PIDs are the host's).
-	Whole func(host map[int]int) error
+	// Created journals the processes the restore made, as soon as they exist and before
+	// anything else: made maps their image PIDs to their host PIDs. Only these are ever
+	// killed by a rollback from the journal, and only while they are the processes they were.
+	Created func(made map[int]int) error
+	// Whole journals that the tasks are verified and filled.
+	Whole func() error
 }
 
 // Restored is what a target's restore created.
@@ -389,34 +392,37 @@ func (g *gate) restored() (map[int]int, error) {
 }
 
 func (g *gate) PostRestore(root int32) error {
-	crashpoint.Hit("in " + PhaseCRIURestore)
 	g.root = int(root)
-	if err := g.s.Verified(); err != nil {
-		return err
-	}
-	if err := g.ctx.Err(); err != nil {
-		return fmt.Errorf("restore interrupted: %w", err)
-	}
 	if g.ownPIDs {
 		var err error
 		if g.host, err = proctree.HostPIDs(g.root); err != nil {
 			return err
 		}
 	}
+	// Only the processes this restore made are journaled, filled and ever killed: an image
+	// may name any PID, a thread of another process's among them (/proc does not list it,
+	// but process_vm_writev and kill take it).
+	made, err := g.restored()
+	if err != nil {
+		return err
+	}
+	if err := g.s.Created(made); err != nil {
+		return err
+	}
+	crashpoint.Hit("in " + PhaseCRIURestore)
+	if err := g.s.Verified(); err != nil {
+		return err
+	}
+	if err := g.ctx.Err(); err != nil {
+		return fmt.Errorf("restore interrupted: %w", err)
+	}
 	if g.s.Fill != nil {
-		// The fill writes only into the processes this restore made: an image may name
-		// any PID, a thread of another process's among them (/proc does not list it, but
-		// process_vm_writev takes it).
-		restored, err := g.restored()
-		if err != nil {
-			return err
-		}
-		if err := g.s.Fill.Renumber(restored); err != nil {
+		if err := g.s.Fill.Renumber(made); err != nil {
 			return err
 		}
 		if err := g.s.Timer.RunCounted(g.ctx, PhaseMemoryFill, g.s.Fill.Fill); err != nil {
 			return err
 		}
 	}
-	return g.s.Whole(g.host)
+	return g.s.Whole()
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -562,4 +563,40 @@ func TestKilledRestoreFromAPrivateCopyLeavesNoCopy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A restore's journal names the processes it made by PID and start time only once they
+// exist; until then its PIDs are the image's, and nothing shows that a process there is the
+// restore's. recover kills neither such a process nor one that took a journaled PID since
+// (a hostile test had recover SIGKILL nobody's process at a PID the dead restore had named).
+func TestRecoverSparesAProcessAtAJournaledPID(t *testing.T) {
+	needCRIU(t)
+	host := newCrashHost(t)
+	unproven, reused := testutil.StartSleeper(t), testutil.StartSleeper(t)
+	was, err := txn.ProcOf(reused.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	was.Start-- // the process the restore made there, gone since
+	if err := os.MkdirAll(filepath.Join(host.run, "txn"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for i, tree := range [][]txn.Proc{{{PID: unproven.Process.Pid}}, {was}} {
+		rec := txn.Record{ID: fmt.Sprintf("restore-%012d", i), Op: txn.OpRestore, Target: "image /nowhere",
+			Owner: txn.Proc{PID: 999999, Start: 1}, Phase: "criu-restore", Tree: tree}
+		b, _ := json.Marshal(rec)
+		if err := os.WriteFile(filepath.Join(host.run, "txn", rec.ID+".json"), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := mustGpucr(t, append([]string{"recover"}, host.flags()...)...)
+	if strings.Count(out, "rolled back the restore") != 2 {
+		t.Errorf("recover said: %s", out)
+	}
+	for _, p := range []*exec.Cmd{unproven, reused} {
+		if !testutil.Alive(p.Process.Pid) {
+			t.Errorf("recover killed process %d, which the dead restore had not shown to be its own", p.Process.Pid)
+		}
+	}
+	host.checkClean(t)
 }
