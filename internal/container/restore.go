@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/engine"
@@ -54,6 +55,11 @@ func (ri *runcImage) Check() error {
 }
 
 func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.RestoreSpec) (*engine.Restored, error) {
+	// Once more, now: a container made under the ID since Check is another's, never this
+	// restore's to remove.
+	if _, err := os.Lstat(ri.c.Runc.StateDir(ri.id)); err == nil {
+		return nil, fmt.Errorf("%w: container %s was created meanwhile; restore with --new-id", ErrExists, ri.id)
+	}
 	self := ri.c.Gpucr
 	if self == "" {
 		var err error
@@ -94,6 +100,9 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 			err = errors.New("restore interrupted: runc and its CRIU were stopped")
 		} else if why := hookFailure(s.WorkDir); why != "" {
 			err = fmt.Errorf("%w: %s", err, why) // runc only says that CRIU's script failed
+		} else if strings.Contains(err.Error(), "already exists") {
+			// Another made the container under this ID first: it is theirs, not removed.
+			return nil, fmt.Errorf("%w: %v; restore with --new-id", ErrExists, err)
 		}
 		return nil, ri.Remove(context.WithoutCancel(ctx), err)
 	}

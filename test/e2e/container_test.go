@@ -611,3 +611,31 @@ func TestContainerStreamFailingKeepsItRunning(t *testing.T) {
 		t.Errorf("ls after a failed stream (exit %d):\n%s", code, out)
 	}
 }
+
+// A container made under the restore's ID by someone else while the restore runs is theirs:
+// the failed restore says so and leaves it running (a hostile test had gpucr delete it,
+// taking it for the half-restored one). The other container is started by a runc wrapper
+// just before it runs the real `runc restore`.
+func TestRestoreLeavesAContainerMadeMeanwhile(t *testing.T) {
+	runc, bundle, id, id2 := counterContainer(t, "race")
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", "--container", id, "-D", dir)
+	other := counterBundle(t, runc, "")
+	wrapper := filepath.Join(t.TempDir(), "runc")
+	script := fmt.Sprintf("#!/bin/sh\ncase \" $* \" in *\" restore \"*) %s run --detach --bundle %s %s </dev/null >/dev/null 2>&1 ;; esac\nexec %s \"$@\"\n",
+		runc, other, id2, runc)
+	if err := os.WriteFile(wrapper, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	out, code := gpucr(t, "restore", "--container", id, "-D", dir, "--new-id", id2, "--runc", wrapper)
+	if code == 0 || !oneLineWith(out, "--new-id") {
+		t.Fatalf("restore under an ID taken meanwhile: exit %d, want one line saying what to do:\n%s", code, out)
+	}
+	if gone(runc, id2) {
+		t.Fatal("the failed restore removed the container another had made under its ID")
+	}
+	waitContainerCount(t, other, count(t, other)+2)
+	if n := count(t, bundle); n == 0 {
+		t.Fatal("the checkpointed container's counter is gone")
+	}
+}
