@@ -17,8 +17,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/klauspost/compress/gzip"
@@ -70,6 +72,24 @@ func CompressionFor(name string) Compression {
 	return None
 }
 
+// openArchive opens the archive at file only if it is a regular file: opening a FIFO put in
+// its place would wait for a writer for ever, deaf to SIGTERM (a hostile test).
+func openArchive(file string) (*os.File, error) {
+	f, err := os.OpenFile(file, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s is not a regular file", file)
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
+
 // decompress returns the tar stream of r, decompressed by what its first bytes say it is,
 // and the compression found. close releases the decompressor.
 func decompress(r io.Reader) (tarStream io.Reader, c Compression, closeFn func(), err error) {
@@ -83,7 +103,9 @@ func decompress(r io.Reader) (tarStream io.Reader, c Compression, closeFn func()
 		}
 		return z, Gzip, func() { z.Close() }, nil
 	case bytes.Equal(head, []byte{0x28, 0xb5, 0x2f, 0xfd}):
-		z, err := zstd.NewReader(br)
+		// A window past zstd's own default limit (128 MiB) costs that much memory to read
+		// and is never what gpucr or podman writes.
+		z, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(1<<27))
 		if err != nil {
 			return nil, "", nil, fmt.Errorf("read zstd stream: %w", err)
 		}

@@ -8,15 +8,18 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/signing"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // testImage commits a small container image: CRIU's files, a saved memory run, the
@@ -306,5 +309,118 @@ func TestImportNeverOverwrites(t *testing.T) {
 	}
 	if _, _, err := Import(context.Background(), file, out, nil); !errors.Is(err, image.ErrNotEmpty) {
 		t.Fatalf("import into a non-empty directory: %v", err)
+	}
+}
+
+// A sparse entry is refused before a byte of it is written: a tar reader hands its holes
+// over as zeros, so a 10 KiB archive made a terabyte to write (a hostile test filled a disk
+// with one). Entries as GNU tar writes them, in both its sparse formats.
+func TestSparseEntriesAreRefused(t *testing.T) {
+	gnuTar, err := exec.LookPath("tar")
+	if err != nil {
+		testutil.SkipOrFail(t, "GNU tar makes the sparse entries: "+err.Error())
+	}
+	dir := t.TempDir()
+	f := filepath.Join(dir, "f")
+	if err := os.WriteFile(f, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(f, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	for _, format := range []string{"pax", "gnu"} {
+		file := filepath.Join(dir, format+".tar")
+		if out, err := exec.Command(gnuTar, "--sparse", "--format="+format, "-C", dir, "-cf", file, "f").CombinedOutput(); err != nil {
+			t.Fatalf("tar: %v: %s", err, out)
+		}
+		r, err := os.Open(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		tr := tar.NewReader(r)
+		h, err := tr.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Name = CheckpointDir + "/pages-1.img"
+		u := &unpacker{ctx: context.Background(), stage: t.TempDir()}
+		var refusal *Refusal
+		if err := u.entry(h, tr); !errors.As(err, &refusal) || !strings.Contains(err.Error(), "sparse") {
+			t.Errorf("%s sparse entry: %v, want it refused as sparse", format, err)
+		}
+	}
+}
+
+// An archive whose name is a FIFO is refused at once, by import and by inspect's read: the
+// open would otherwise wait for a writer for ever, deaf to SIGTERM (a hostile test).
+func TestArchivesThatAreFIFOsAreRefused(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "c.tar")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan [2]error, 1)
+	go func() {
+		_, _, ierr := Import(context.Background(), fifo, filepath.Join(t.TempDir(), "img"), nil)
+		_, rerr := Read(fifo)
+		done <- [2]error{ierr, rerr}
+	}()
+	select {
+	case errs := <-done:
+		for _, err := range errs {
+			if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+				t.Errorf("a FIFO as the archive: %v", err)
+			}
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("reading a FIFO as an archive hangs")
+	}
+}
+
+// Zeros are written as holes: an image's memory holds many, and a compressed archive of
+// zeros is tiny, so they cost the disk nothing. The image still verifies.
+func TestImportWritesZerosAsHoles(t *testing.T) {
+	const size = 16 << 20
+	files := map[string][]byte{
+		"criu/pstree.img":     []byte("pstree"),
+		"mem/1-7f0000000.img": append(make([]byte, size-1), 1),
+		"container.json":      []byte(`{"id":"c1","bundle":"/b"}`),
+	}
+	dir := imagetest.Commit(t, files, &image.Manifest{RootPID: 1, Processes: []image.Process{{PID: 1, Command: "c", Threads: 1}}, Created: time.Now()}, nil)
+	out := filepath.Join(t.TempDir(), "imported")
+	if _, _, err := Import(context.Background(), export(t, dir, "c.tar.zst"), out, nil); err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(out, "mem", "1-7f0000000.img"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != size || st.Blocks*512 > 2*copyBlock {
+		t.Errorf("the imported memory file: %d bytes in %d blocks of 512, want %d bytes, all but its last MiB a hole", st.Size, st.Blocks, size)
+	}
+	if _, err := image.Open(out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Import stops before it leaves a file system with less than 5% of it (at most 1 GiB) free.
+func TestRoomLeft(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "the test mounts a small tmpfs: it needs root")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=32m"); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Unmount(dir, syscall.MNT_DETACH)
+	if err := roomLeft("f", dir); err != nil {
+		t.Fatalf("an empty file system: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "f"), bytes.Repeat([]byte{1}, 31<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var refusal *Refusal
+	if err := roomLeft("f", dir); !errors.As(err, &refusal) || !strings.Contains(err.Error(), "would be left with") {
+		t.Fatalf("a file system 31/32 full: %v", err)
 	}
 }

@@ -2,6 +2,7 @@ package archive
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,7 +11,10 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/image"
@@ -45,7 +49,7 @@ func Import(ctx context.Context, file, dir string, trusted signing.Keys) (*image
 	if err := image.CheckParent(dir); err != nil {
 		return nil, "", err
 	}
-	f, err := os.Open(file)
+	f, err := openArchive(file)
 	if err != nil {
 		return nil, "", fmt.Errorf("import %w", err)
 	}
@@ -61,7 +65,7 @@ func Import(ctx context.Context, file, dir string, trusted signing.Keys) (*image
 	if err := os.Mkdir(stage, 0o700); err != nil {
 		return nil, "", fmt.Errorf("import %s: %w", file, err)
 	}
-	u := &unpacker{ctx: ctx, stage: stage, trusted: trusted, dirs: []string{stage}}
+	u := &unpacker{ctx: ctx, stage: stage, trusted: trusted, dirs: []string{stage}, buf: make([]byte, copyBlock)}
 	if err := u.unpack(f); err != nil {
 		return nil, "", fmt.Errorf("import %s: %w", file, err)
 	}
@@ -93,6 +97,30 @@ type unpacker struct {
 	listed  map[string]int64
 	dirs    []string
 	logs    int64
+	buf     []byte // one block of a file being written
+	// unchecked counts the bytes written since the room left on the file system was last
+	// looked at.
+	unchecked int64
+}
+
+// copyBlock is how much of a file is written (or left as a hole) at a time.
+const copyBlock = 1 << 20
+
+// checkEvery is how many bytes are written between looks at the room left.
+const checkEvery = 16 << 20
+
+// sparse says whether h is a sparse entry: tar readers give its holes as zeros, so a few
+// bytes of archive make any number of bytes to write. gpucr's exports hold none.
+func sparse(h *tar.Header) bool {
+	if h.Typeflag == tar.TypeGNUSparse {
+		return true
+	}
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "GNU.sparse.") {
+			return true
+		}
+	}
+	return false
 }
 
 func (u *unpacker) unpack(r io.Reader) error {
@@ -132,6 +160,9 @@ func (u *unpacker) entry(h *tar.Header, r io.Reader) error {
 	p, ok := imagePath(h.Name)
 	if !ok {
 		return &Refusal{h.Name, "has no place in a gpucr export, which holds only checkpoint/, gpucr/, config.dump, spec.dump and stats-dump"}
+	}
+	if sparse(h) {
+		return &Refusal{h.Name, "a sparse entry: gpucr's exports hold none"}
 	}
 	switch h.Typeflag {
 	case tar.TypeReg:
@@ -229,7 +260,10 @@ func (u *unpacker) write(name, p string, r io.Reader, size, limit int64) error {
 	if err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
 	}
-	_, err = io.Copy(f, ctxReader{u.ctx, io.LimitReader(r, size)})
+	err = u.copy(name, f, io.LimitReader(r, size))
+	if err == nil {
+		err = f.Truncate(size) // a hole at the end is not written
+	}
 	if err == nil {
 		err = f.Sync()
 	}
@@ -238,6 +272,60 @@ func (u *unpacker) write(name, p string, r io.Reader, size, limit int64) error {
 	}
 	if err != nil {
 		return fmt.Errorf("write %s: %w", p, err)
+	}
+	return nil
+}
+
+// copy writes r into f block by block, leaving a block of zeros as a hole (memory gpucr saved
+// holds many, and a compressed archive of zeros is tiny), and refuses to go on once the file
+// system would be left with too little room for others.
+func (u *unpacker) copy(name string, f *os.File, r io.Reader) error {
+	for {
+		if err := u.ctx.Err(); err != nil {
+			return err
+		}
+		n, err := io.ReadFull(r, u.buf)
+		if n > 0 {
+			b := u.buf[:n]
+			if allZero(b) {
+				_, err = f.Seek(int64(n), io.SeekCurrent)
+			} else {
+				_, err = f.Write(b)
+				u.unchecked += int64(n)
+			}
+			if err != nil {
+				return err
+			}
+			if u.unchecked >= checkEvery {
+				u.unchecked = 0
+				if err := roomLeft(name, u.stage); err != nil {
+					return err
+				}
+			}
+		}
+		switch {
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+			return nil
+		case err != nil:
+			return err
+		}
+	}
+}
+
+var zeroBlock = make([]byte, copyBlock)
+
+func allZero(b []byte) bool { return bytes.Equal(b, zeroBlock[:len(b)]) }
+
+// roomLeft refuses, as entry name is written, to fill the file system of dir past what it
+// must keep free: 5% of it, at most 1 GiB.
+func roomLeft(name, dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	free, size := int64(st.Bavail)*st.Bsize, int64(st.Blocks)*st.Bsize
+	if keep := min(size/20, 1<<30); free < keep {
+		return &Refusal{name, fmt.Sprintf("the file system of %s would be left with %d MiB free: the image is larger than the room there", dir, free>>20)}
 	}
 	return nil
 }

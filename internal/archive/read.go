@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"os"
 	"path"
 	"strings"
 	"time"
@@ -55,7 +54,7 @@ func held(name string) bool {
 // Read reads the archive at file, plain or compressed with gzip or zstd, without writing
 // any of it out.
 func Read(file string) (*Contents, error) {
-	f, err := os.Open(file)
+	f, err := openArchive(file)
 	if err != nil {
 		return nil, err
 	}
