@@ -412,7 +412,7 @@ func TestRoomLeft(t *testing.T) {
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=32m"); err != nil {
 		t.Fatal(err)
 	}
-	defer syscall.Unmount(dir, syscall.MNT_DETACH)
+	defer func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) }()
 	if err := roomLeft("f", dir); err != nil {
 		t.Fatalf("an empty file system: %v", err)
 	}
