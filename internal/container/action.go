@@ -16,6 +16,7 @@ import (
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/freezer"
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
@@ -38,10 +39,15 @@ type Record struct {
 	GPUs         []gpu.Snapshot `json:"gpus"`
 }
 
+// maxRecord bounds a GPU record: a few GPUs and processes take kilobytes.
+const maxRecord = 4 << 20
+
 // ReadRecord reads the GPU record of a CRIU image directory; os.ErrNotExist means the
-// dump held no GPU state (or was not taken with the integration).
+// dump held no GPU state (or was not taken with the integration). The directory may be an
+// image anyone made (a podman archive): the record is read only as a regular file inside it,
+// no symlink followed, no FIFO waited on, at most maxRecord bytes.
 func ReadRecord(dir string) (*Record, error) {
-	b, err := os.ReadFile(filepath.Join(dir, RecordName))
+	b, err := beneath.ReadFile(dir, RecordName, maxRecord)
 	if err != nil {
 		return nil, err
 	}

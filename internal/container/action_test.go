@@ -571,3 +571,30 @@ func TestPreDumpReadsTheTreeAgainWhenAProcessExits(t *testing.T) {
 		t.Fatalf("GPU calls %v, want the process locked and checkpointed", got)
 	}
 }
+
+// The GPU record is read from an image anyone may have made (a podman archive): only as a
+// regular file inside the image, so a symlink to a file of root's, a FIFO (which would hang
+// CRIU's restore, waiting on its script) or /dev/zero's endless bytes are refused.
+func TestReadRecordReadsOnlyARegularFileInTheImage(t *testing.T) {
+	for name, plant := range map[string]func(p string) error{
+		"symlink": func(p string) error { return os.Symlink("/etc/hostname", p) },
+		"fifo":    func(p string) error { return syscall.Mkfifo(p, 0o600) },
+		"device":  func(p string) error { return os.Symlink("/dev/zero", p) },
+		"large":   func(p string) error { return os.WriteFile(p, make([]byte, maxRecord+1), 0o600) },
+	} {
+		img := t.TempDir()
+		if err := plant(filepath.Join(img, RecordName)); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := ReadRecord(img); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || os.IsNotExist(err) {
+				t.Errorf("%s as the GPU record: %v, want a refusal", name, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s as the GPU record: the read hangs", name)
+		}
+	}
+}
