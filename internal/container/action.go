@@ -13,10 +13,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/freezer"
-	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/txn"
