@@ -598,3 +598,34 @@ func TestReadRecordReadsOnlyARegularFileInTheImage(t *testing.T) {
 		}
 	}
 }
+
+// A restore takes its bundle from the image, which anyone may have made, and runc runs the
+// bundle's hooks as root: a bundle, or its config.json, that others can change is refused.
+func TestCheckBundleRefusesWhatOthersCanChange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "the test makes files of another user: it needs root")
+	}
+	mk := func(owner int) string {
+		b := t.TempDir()
+		if err := os.WriteFile(filepath.Join(b, "config.json"), []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(b, owner, owner); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	if err := checkBundle(mk(0)); err != nil {
+		t.Fatalf("a bundle of root's: %v", err)
+	}
+	if err := checkBundle(mk(65534)); err == nil || !strings.Contains(err.Error(), "hooks") {
+		t.Errorf("a bundle of another user's: %v", err)
+	}
+	b := mk(0)
+	if err := os.Chown(filepath.Join(b, "config.json"), 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkBundle(b); err == nil {
+		t.Error("a bundle whose config.json is another user's was taken")
+	}
+}

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/rootonly"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -38,7 +40,31 @@ func (ri *runcImage) Open(_ context.Context, dir string, _ *image.Manifest) erro
 	if ri.bundle == "" {
 		ri.bundle = info.Bundle
 	}
-	return engine.CheckContainerID(ri.id)
+	if err := engine.CheckContainerID(ri.id); err != nil {
+		return err
+	}
+	return checkBundle(ri.bundle)
+}
+
+// checkBundle refuses, to gpucr running as root, a bundle others could change: runc runs
+// the hooks of its config.json as root, and the bundle is named by the image, which anyone
+// may have made.
+func checkBundle(bundle string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	err := rootonly.Walk(bundle)
+	if err == nil {
+		var fi os.FileInfo
+		config := filepath.Join(bundle, "config.json")
+		if fi, err = os.Lstat(config); err == nil {
+			err = rootonly.Mode(config, fi)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("bundle %s: %w: runc runs its config.json's hooks as root; restore from a bundle only root can change (--bundle)", bundle, err)
+	}
+	return nil
 }
 
 func (ri *runcImage) What() string      { return "container " + ri.id }
