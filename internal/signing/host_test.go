@@ -95,3 +95,29 @@ func TestHostPolicy(t *testing.T) {
 		t.Error("a host signing key others can read was taken")
 	}
 }
+
+// Root signs with, and trusts, only keys that no other user could swap: a key in a
+// directory of another user's, or a key file of theirs, is refused, named.
+func TestRootUsesOnlyKeysRootOwns(t *testing.T) {
+	dir, key := hostPolicy(t)
+	pub := filepath.Join(dir, "host"+PublicSuffix)
+	users := t.TempDir()
+	if err := os.Chown(users, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	theirs := filepath.Join(users, "key")
+	if err := os.Rename(key, theirs); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadPrivate(theirs); err == nil || !strings.Contains(err.Error(), "swap in a key of theirs") {
+		t.Errorf("a signing key in another user's directory: %v", err)
+	}
+	if err := os.Chown(pub, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{pub, dir} {
+		if _, err := LoadTrusted([]string{p}); err == nil || !strings.Contains(err.Error(), "swap in a key of theirs") {
+			t.Errorf("trusting %s, a key of another user's: %v", p, err)
+		}
+	}
+}

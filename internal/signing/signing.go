@@ -21,6 +21,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
 // ErrUntrusted is returned for an image whose signature is missing, made by a key not
@@ -90,6 +92,9 @@ func LoadPrivate(path string) (ed25519.PrivateKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("signing key: %w", err)
 	}
+	if err := rootsOwn(path); err != nil {
+		return nil, fmt.Errorf("signing key %s: %w", path, err)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("signing key: %w", err)
@@ -111,6 +116,19 @@ func LoadPrivate(path string) (ed25519.PrivateKey, error) {
 	return priv, nil
 }
 
+// rootsOwn refuses, to gpucr running as root, a key at path that others than root could
+// change or swap (the file, or a directory on the way to it): whoever could would have root
+// sign with, or trust, a key of theirs.
+func rootsOwn(path string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	if err := rootonly.Walk(path); err != nil {
+		return fmt.Errorf("%w: another user could swap in a key of theirs; keep keys where only root can change them", err)
+	}
+	return nil
+}
+
 // Keys are trusted public keys by ID. An empty set trusts nothing and asks for nothing.
 type Keys map[string]ed25519.PublicKey
 
@@ -123,6 +141,9 @@ func LoadTrusted(paths []string) (Keys, error) {
 		if err != nil {
 			return nil, fmt.Errorf("trusted key: %w", err)
 		}
+		if err := rootsOwn(p); err != nil {
+			return nil, fmt.Errorf("trusted key %s: %w", p, err)
+		}
 		files := []string{p}
 		if fi.IsDir() {
 			if files, err = filepath.Glob(filepath.Join(p, "*"+PublicSuffix)); err != nil {
@@ -133,6 +154,9 @@ func LoadTrusted(paths []string) (Keys, error) {
 			}
 		}
 		for _, f := range files {
+			if err := rootsOwn(f); err != nil {
+				return nil, fmt.Errorf("trusted key %s: %w", f, err)
+			}
 			pub, err := LoadPublic(f)
 			if err != nil {
 				return nil, err
