@@ -27,15 +27,18 @@ type transferOutput struct {
 	TransferredBytes int64 `json:"transferredBytes"`
 	WireBytes        int64 `json:"wireBytes"`
 	// PresentChunks were already in the store (push only): not uploaded again.
-	PresentChunks int     `json:"presentChunks"`
-	PresentBytes  int64   `json:"presentBytes"`
-	Seconds       float64 `json:"seconds"`
+	PresentChunks int   `json:"presentChunks"`
+	PresentBytes  int64 `json:"presentBytes"`
+	// ReplacedChunks were found, in a store others can write, under their name with other
+	// bytes, and uploaded again.
+	ReplacedChunks int     `json:"replacedChunks,omitempty"`
+	Seconds        float64 `json:"seconds"`
 }
 
 func newTransferOutput(dir, url string, s *chunked.Stats, d time.Duration) transferOutput {
 	return transferOutput{Image: dir, URL: url, Files: s.Files, Bytes: s.Bytes, ZeroBytes: s.ZeroBytes,
 		Chunks: s.Transferred, TransferredBytes: s.TransferredBytes, WireBytes: s.WireBytes,
-		PresentChunks: s.Present, PresentBytes: s.PresentBytes, Seconds: d.Seconds()}
+		PresentChunks: s.Present, PresentBytes: s.PresentBytes, ReplacedChunks: s.Replaced, Seconds: d.Seconds()}
 }
 
 func (a *app) pushCmd() *cobra.Command {

@@ -55,6 +55,34 @@ func (d *Dir) held(key string, create bool) (*beneath.Dir, string, error) {
 	return hd, name, nil
 }
 
+// OthersCanWrite says whether a user other than this process's, or root, could add or swap
+// files under dir: dir (or, where it is not made yet, the directory that would hold it) is
+// writable by its group or others, or another user's, or a directory above it is, but for a
+// sticky one of root's or ours, where others cannot rename what is not theirs.
+func (d *Dir) OthersCanWrite(dir string) bool {
+	me := uint32(os.Geteuid())
+	leaf := true
+	for p := d.path(dir); ; p = filepath.Dir(p) {
+		fi, err := os.Lstat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+		case err != nil:
+			return true
+		default:
+			st, ok := fi.Sys().(*syscall.Stat_t)
+			ours := ok && (st.Uid == me || st.Uid == 0)
+			sticky := fi.Mode()&os.ModeSticky != 0 && !leaf
+			if !ours || (fi.Mode().Perm()&0o022 != 0 && !sticky) {
+				return true
+			}
+			leaf = false
+		}
+		if p == filepath.Dir(p) {
+			return false
+		}
+	}
+}
+
 func (d *Dir) Put(ctx context.Context, key string, data []byte) error {
 	return d.write(ctx, key, data, false)
 }

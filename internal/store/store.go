@@ -42,6 +42,13 @@ type Store interface {
 	URL(key string) string
 }
 
+// Shared is a Store that can tell whether users other than this process's (and root) could
+// write what it holds under dir: a push then checks a chunk it finds already stored before
+// it reuses it, since such a user could have put other bytes under the chunk's name.
+type Shared interface {
+	OthersCanWrite(dir string) bool
+}
+
 // PartialLister is a Store whose interrupted writes leave pieces behind: a Dir's
 // temporary files (an S3 object is written whole or not at all).
 type PartialLister interface {

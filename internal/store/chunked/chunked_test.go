@@ -537,3 +537,57 @@ func TestLoadRejects(t *testing.T) {
 		})
 	}
 }
+
+// In a local store others can write, a push reads back, by its SHA-256, each chunk it would
+// reuse: one planted under its name with other bytes is stored again, so the checkpoint is
+// whole (before, it was refused only when pulled: a job lost). In a store only its user
+// can write, a stored chunk is taken on its name.
+func TestPushReplacesAChunkPlantedInASharedStore(t *testing.T) {
+	for name, mode := range map[string]os.FileMode{"shared": 0o777, "own": 0o700} {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			root := filepath.Join(t.TempDir(), "store")
+			if err := os.Mkdir(root, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Chmod(root, mode); err != nil {
+				t.Fatal(err)
+			}
+			st := store.NewDir(root)
+			img := testImage(t, 0)
+			if _, _, err := chunked.Push(ctx, st, "job/1", img, chunked.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			m, err := chunked.Load(ctx, st, "job/1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var planted string
+			for _, f := range m.Files {
+				if f.Path == "criu/pages-1.img" {
+					planted = chunked.ChunkKey("job/1", f.Chunks[0].SHA256)
+				}
+			}
+			enc, _ := zstd.NewWriter(nil)
+			put(t, st, planted, enc.EncodeAll(random(99, chunk), nil))
+
+			_, stats, err := chunked.Push(ctx, st, "job/2", img, chunked.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := map[string]int{"shared": 1, "own": 0}[name]; stats.Replaced != want {
+				t.Fatalf("the second push replaced %d chunks, want %d: %+v", stats.Replaced, want, stats)
+			}
+			if name == "own" {
+				return
+			}
+			for _, prefix := range []string{"job/1", "job/2"} {
+				dst := filepath.Join(t.TempDir(), "img")
+				if _, _, err := chunked.Pull(ctx, st, prefix, dst, chunked.Options{}); err != nil {
+					t.Fatalf("pull %s: %v", prefix, err)
+				}
+				sameTree(t, img, dst)
+			}
+		})
+	}
+}

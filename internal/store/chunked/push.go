@@ -47,8 +47,9 @@ type Stats struct {
 	ZeroBytes int64
 	// Chunks counts the non-zero chunks. Of the distinct ones (a chunk repeated within the
 	// image counts once), Transferred were uploaded (push) or downloaded (pull), Present
-	// were already in the store (push).
-	Chunks, Transferred, Present int
+	// were already in the store (push). Replaced were in a store others can write under
+	// their name with other bytes (planted, or damaged), and uploaded again.
+	Chunks, Transferred, Present, Replaced int
 	// TransferredBytes is the uncompressed size of the transferred chunks, WireBytes what
 	// they took compressed, PresentBytes the uncompressed size of those already present.
 	TransferredBytes, WireBytes, PresentBytes int64
@@ -175,6 +176,10 @@ type uploader struct {
 	enc    *zstd.Encoder
 	lease  *lease // held while chunks may be reused: no collection sweeps meanwhile
 
+	// dec reads back the chunks a push would reuse, where others can write the store: nil
+	// where they cannot, and a stored chunk is taken on its name.
+	dec *zstd.Decoder
+
 	mu    sync.Mutex
 	stats Stats
 	// seen holds the chunks this push has met, by key, so that a chunk that repeats
@@ -187,17 +192,26 @@ func newUploader(ctx context.Context, st store.Store, prefix string, o Options) 
 	if err != nil {
 		return nil, fmt.Errorf("zstd: %w", err)
 	}
-	l, err := writeLease(ctx, st, ParentDir(prefix))
-	if err != nil {
-		enc.Close()
+	u := &uploader{st: st, prefix: prefix, enc: enc, seen: map[string]*seenChunk{}}
+	if sh, ok := st.(store.Shared); ok && sh.OthersCanWrite(chunksKey(ParentDir(prefix))) {
+		if u.dec, err = newDecoder(o.workers()); err != nil {
+			enc.Close()
+			return nil, err
+		}
+	}
+	if u.lease, err = writeLease(ctx, st, ParentDir(prefix)); err != nil {
+		u.close()
 		return nil, err
 	}
-	return &uploader{st: st, prefix: prefix, enc: enc, lease: l, seen: map[string]*seenChunk{}}, nil
+	return u, nil
 }
 
 // close ends the upload, once the manifest object is written or the push given up.
 func (u *uploader) close() {
 	u.enc.Close()
+	if u.dec != nil {
+		u.dec.Close()
+	}
 	u.lease.release()
 }
 
@@ -328,9 +342,7 @@ func (u *uploader) put(ctx context.Context, data []byte, known *knownDigests, bu
 		known.SHA256, known.strong = sha256.Sum256(data), true
 	}
 	c := Chunk{Size: size, SHA256: hex.EncodeToString(known.SHA256[:]), XXH64: fmt.Sprintf("%016x", known.XXH64)}
-	key := ChunkKey(u.prefix, c.SHA256)
-
-	stored, err := u.store(ctx, key, data, buf, file, off)
+	stored, err := u.store(ctx, c, data, buf, file, off)
 	if err != nil {
 		return Chunk{}, err
 	}
@@ -342,7 +354,8 @@ func (u *uploader) put(ctx context.Context, data []byte, known *knownDigests, bu
 // store makes sure the chunk at key is in the store and returns its stored size. The
 // first worker to meet a chunk looks it up and uploads it if needed; one that meets the
 // same chunk meanwhile (a repeat within the image) waits for that and reuses its result.
-func (u *uploader) store(ctx context.Context, key string, data []byte, buf *buffers, file string, off int64) (int64, error) {
+func (u *uploader) store(ctx context.Context, c Chunk, data []byte, buf *buffers, file string, off int64) (int64, error) {
+	key := ChunkKey(u.prefix, c.SHA256)
 	u.mu.Lock()
 	e, found := u.seen[key]
 	if !found {
@@ -361,6 +374,10 @@ func (u *uploader) store(ctx context.Context, key string, data []byte, buf *buff
 	defer close(e.done)
 	size := int64(len(data))
 	e.stored, e.err = u.st.Stat(ctx, key)
+	if e.err == nil && u.dec != nil && !u.intact(ctx, c, buf, file, off) {
+		u.count(func(s *Stats) { s.Replaced++ })
+		e.err = store.ErrNotFound // stored again, over what is there
+	}
 	switch {
 	case e.err == nil:
 		u.count(func(s *Stats) { s.Present++; s.PresentBytes += size })
@@ -374,6 +391,17 @@ func (u *uploader) store(ctx context.Context, key string, data []byte, buf *buff
 		}
 	}
 	return e.stored, e.err
+}
+
+// intact says whether the object stored under chunk c's name holds c's bytes, checked by
+// their SHA-256, the name itself: whoever put it there could match any weaker digest.
+func (u *uploader) intact(ctx context.Context, c Chunk, buf *buffers, file string, off int64) bool {
+	if buf.check == nil {
+		buf.check = make([]byte, 0, ChunkSize)
+	}
+	_, comp, err := fetchChunk(ctx, u.st, u.prefix, u.dec, file, off, Chunk{Size: c.Size, SHA256: c.SHA256}, buf.check, buf.comp[:0], nil)
+	buf.comp = comp
+	return err == nil
 }
 
 // seenChunk is a chunk this push has met: done closes when stored or err is known.

@@ -10,6 +10,7 @@ import (
 // at two chunks per worker whatever the image's size.
 type buffers struct {
 	raw, comp []byte
+	check     []byte // a stored chunk read back, decoded (uploader.intact)
 }
 
 // runJobs runs do for every job on n workers, each with its own buffers; the first error
