@@ -72,23 +72,28 @@ func TestHostPolicy(t *testing.T) {
 		}
 	}
 	must(os.Chmod(dir, 0o777))
-	refused("a directory others can write", "could be changed by others than root", func() { must(os.Chmod(dir, 0o755)) })
+	refused("a directory others can write", "writable by users other than root", func() { must(os.Chmod(dir, 0o755)) })
 	must(os.Chmod(filepath.Dir(dir), 0o777))
-	refused("a parent others can write", "could be changed by others than root", func() { must(os.Chmod(filepath.Dir(dir), 0o700)) })
+	refused("a parent others can write", "writable by users other than root", func() { must(os.Chmod(filepath.Dir(dir), 0o700)) })
 	must(os.Chown(pub, 65534, 65534))
 	refused("a key file of another user", "not owned by root", func() { must(os.Chown(pub, 0, 0)) })
 	must(os.Chmod(pub, 0o666))
 	refused("a key file others can write", "writable by users other than root", func() { must(os.Chmod(pub, 0o644)) })
 	must(os.Rename(pub, pub+".real"))
 	must(os.Symlink(pub+".real", pub))
-	refused("a key that is a symlink", "not a regular file", func() { must(os.Remove(pub)); must(os.Rename(pub+".real", pub)) })
+	must(os.Lchown(pub, 65534, 65534))
+	refused("a key that is another user's symlink", "symlink not owned by root", func() { must(os.Remove(pub)); must(os.Rename(pub+".real", pub)) })
 	must(os.Rename(pub, pub+".off"))
 	refused("a policy with no key", "no *.pub file", func() { must(os.Rename(pub+".off", pub)) })
 
 	link := filepath.Join(filepath.Dir(dir), "link")
 	must(os.Symlink(dir, link))
-	if _, err := HostTrusted(link); err == nil || !strings.Contains(err.Error(), "symlink") {
-		t.Errorf("a policy directory that is a symlink: %v", err)
+	if keys, err := HostTrusted(link); err != nil || len(keys) != 1 {
+		t.Errorf("a policy directory through root's own symlink: %v, %v", keys, err)
+	}
+	must(os.Lchown(link, 65534, 65534))
+	if _, err := HostTrusted(link); err == nil || !strings.Contains(err.Error(), "symlink not owned by root") {
+		t.Errorf("a policy directory through another user's symlink: %v", err)
 	}
 	must(os.Chmod(key, 0o644))
 	if _, err := HostSigningKey(key); err == nil {
