@@ -23,6 +23,7 @@ import (
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/storetest"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // testStore runs the same contract against every backend.
@@ -351,6 +352,45 @@ func TestS3UploadsAreCheckedInTransit(t *testing.T) {
 		}
 		if enc := h.Get("Content-Encoding"); enc != "" {
 			t.Errorf("upload sent as %q, not as its bytes", enc)
+		}
+	}
+}
+
+// A Dir says others could write under a directory when it, or a directory above it, lets
+// them: group or world writable (a sticky one above excepted, not the one itself), or
+// another user's. A directory not made yet is judged by the one that would hold it.
+func TestDirOthersCanWrite(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "the test makes directories of another user: it needs root")
+	}
+	root := t.TempDir()
+	mk := func(rel string, mode os.FileMode, uid int) {
+		t.Helper()
+		p := filepath.Join(root, rel)
+		if err := os.Mkdir(p, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(p, uid, uid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("own", 0o755, 0)
+	mk("group", 0o775, 0)
+	mk("sticky", 0o777|os.ModeSticky, 0)
+	mk("sticky/own", 0o755, 0)
+	mk("theirs", 0o755, 65534)
+	d := store.NewDir(root)
+	for dir, want := range map[string]bool{
+		"own": false, "own/chunks": false, "own/a/b/chunks": false,
+		"group": true, "group/chunks": true,
+		"sticky": true, "sticky/chunks": true, "sticky/own/chunks": false,
+		"theirs/chunks": true,
+	} {
+		if got := d.OthersCanWrite(dir); got != want {
+			t.Errorf("OthersCanWrite(%s) = %v, want %v", dir, got, want)
 		}
 	}
 }
