@@ -113,8 +113,13 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 		took, filled := holdTasks(ctx, s, stop)
 		heldc <- held{took, filled}
 	}()
+	bundle, err := filepath.Abs(ri.bundle)
+	if err != nil {
+		return nil, err
+	}
 	if err := op.Update(func(rec *txn.Record) {
-		rec.Container = &txn.Container{ID: ri.id, Runtime: ri.c.Runc.Command(), StateDir: ri.c.Runc.StateDir(ri.id)}
+		rec.Container = &txn.Container{ID: ri.id, Runtime: ri.c.Runc.Command(), StateDir: ri.c.Runc.StateDir(ri.id),
+			Bundle: bundle, Since: time.Now()}
 	}); err != nil {
 		return nil, err
 	}

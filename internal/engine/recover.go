@@ -326,17 +326,36 @@ func resumeContainer(ctx context.Context, c *txn.Container, tree []txn.Proc) err
 // runtimeStatus is the status the runtime gives container c ("running", "paused", ...), or
 // "" when it cannot say.
 func runtimeStatus(ctx context.Context, c *txn.Container) string {
-	out, err := runtimeCmd(ctx, c, "state", c.ID).Output() // its warnings go to stderr
-	if err != nil {
-		return ""
-	}
-	var st struct {
-		Status string `json:"status"`
-	}
-	if json.Unmarshal(out, &st) != nil {
-		return ""
-	}
+	st, _ := runtimeState(ctx, c)
 	return st.Status
+}
+
+// containerState is what a runtime's `state` says of a container.
+type containerState struct {
+	Status  string    `json:"status"`
+	Bundle  string    `json:"bundle"`
+	Created time.Time `json:"created"`
+}
+
+// runtimeState is the runtime's state of container c; false when it cannot say.
+func runtimeState(ctx context.Context, c *txn.Container) (containerState, bool) {
+	var st containerState
+	out, err := runtimeCmd(ctx, c, "state", c.ID).Output() // its warnings go to stderr
+	return st, err == nil && json.Unmarshal(out, &st) == nil
+}
+
+// madeByRestore says whether the container under c's ID is the one the journaled restore's
+// runtime made (c.Since set): made since it started, from its bundle. One the runtime
+// cannot load is judged by its state directory, made no earlier than the runtime started.
+func madeByRestore(ctx context.Context, c *txn.Container) bool {
+	if c.Since.IsZero() {
+		return true // an older record, or a removal by the restore that just failed itself
+	}
+	if st, ok := runtimeState(ctx, c); ok {
+		return !st.Created.Before(c.Since) && st.Bundle == c.Bundle
+	}
+	fi, err := os.Lstat(c.StateDir)
+	return err != nil || !fi.ModTime().Before(c.Since)
 }
 
 // runRuntime runs the journaled runtime command of c (binary and global flags) with args.
@@ -361,6 +380,9 @@ func RemoveContainer(ctx context.Context, c *txn.Container) error {
 	}
 	if c.StateDir != "" && filepath.Base(c.StateDir) != c.ID {
 		return fmt.Errorf("container %s left as it is: its state directory %s is not the runtime's for it", c.ID, c.StateDir)
+	}
+	if !madeByRestore(ctx, c) {
+		return nil // another's, made under the ID: nothing of the restore's is there
 	}
 	deadline := time.Now().Add(criuLetGoWait)
 	for {

@@ -101,6 +101,10 @@ type Container struct {
 	// StateDir is the runtime's own directory for a container a restore creates: a runtime
 	// killed halfway leaves it behind, with CRIU's root still mounted in it.
 	StateDir string `json:"stateDir,omitempty"`
+	// Bundle and Since are the bundle a restore's runtime was given and when it was started:
+	// a container under the ID made earlier, or from another bundle, is not the restore's.
+	Bundle string    `json:"bundle,omitempty"`
+	Since  time.Time `json:"since,omitzero"`
 }
 
 // ErrBusy means another gpucr operation works on the same process or container.

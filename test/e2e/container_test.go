@@ -15,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/testutil"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // These tests checkpoint and restore real runc containers with real CRIU: through gpucr,
@@ -638,4 +639,29 @@ func TestRestoreLeavesAContainerMadeMeanwhile(t *testing.T) {
 	if n := count(t, bundle); n == 0 {
 		t.Fatal("the checkpointed container's counter is gone")
 	}
+}
+
+// A restore's record names the container it was making; a container under that ID made
+// before the restore's runtime started is another's, and recover leaves it running.
+func TestRecoverLeavesAContainerOlderThanTheRestore(t *testing.T) {
+	runc, bundle, id, _ := counterContainer(t, "older")
+	host := newCrashHost(t)
+	if err := os.MkdirAll(filepath.Join(host.run, "txn"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rec := txn.Record{ID: "restore-0123456789ab", Op: txn.OpRestore, Target: "container " + id,
+		Owner: txn.Proc{PID: 999999, Start: 1}, Phase: "criu-restore",
+		Container: &txn.Container{ID: id, Runtime: []string{runc}, StateDir: filepath.Join("/run/runc", id), Bundle: bundle, Since: time.Now()}}
+	b, _ := json.Marshal(rec)
+	if err := os.WriteFile(filepath.Join(host.run, "txn", rec.ID+".json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if out := mustGpucr(t, append([]string{"recover"}, host.flags()...)...); !strings.Contains(out, "rolled back the restore") {
+		t.Errorf("recover said: %s", out)
+	}
+	if gone(runc, id) {
+		t.Fatal("recover removed a container made before the restore it rolled back")
+	}
+	waitContainerCount(t, bundle, count(t, bundle)+2)
+	host.checkClean(t)
 }
