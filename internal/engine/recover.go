@@ -274,14 +274,21 @@ func anyAlive(tree []txn.Proc) bool {
 	return slices.ContainsFunc(tree, txn.Proc.Alive)
 }
 
-// killCreated kills the processes a restore created: those at the image's PIDs (tree) that
-// started no earlier than the restoring gpucr (since, its start time), children first. A
-// process that took one of the PIDs before CRIU could is not the restore's, and lives.
-func killCreated(tree []txn.Proc, since uint64) {
+// killForks kills the processes at tree's PIDs that are still forks of the CRIU binary at
+// criuPath, started no earlier than since: the tasks of a restore that CRIU was stopped in
+// before they were whole. A process at such a PID running a program of its own is not the
+// restore's: an image may name any PID, a thread of another user's among them, and kill
+// takes it (a hostile test).
+func killForks(tree []txn.Proc, criuPath string, since uint64) {
+	bin, err := os.Stat(criuPath)
+	if err != nil {
+		return
+	}
 	var pids []int
 	for i := len(tree) - 1; i >= 0; i-- {
 		p, err := proctree.Read(tree[i].PID)
-		if err == nil && p.Start >= since {
+		exe, eerr := os.Stat(fmt.Sprintf("/proc/%d/exe", tree[i].PID))
+		if err == nil && eerr == nil && p.Start >= since && os.SameFile(exe, bin) {
 			_ = syscall.Kill(p.PID, syscall.SIGKILL)
 			pids = append(pids, p.PID)
 		}

@@ -592,18 +592,12 @@ func usedBy(f criuimg.MissingFile, m *image.Manifest) string {
 	return fmt.Sprintf("open in %s as fd %d", who, f.FD)
 }
 
-// killTree kills the restored processes of m, children first, and waits briefly for them.
-func killTree(m *image.Manifest) {
-	tree, _ := imageProcs(m, nil)
-	killCreated(tree, selfStart())
-}
-
 // selfStart is gpucr's own start time, in proctree's units: whatever a restore created
 // started no earlier.
 func selfStart() uint64 {
 	p, err := proctree.Read(os.Getpid())
 	if err != nil {
-		return 0 // unreadable /proc/self: kill by PID alone, as the image's PIDs are locked
+		return 0 // unreadable /proc/self: judged by the binary alone
 	}
 	return p.Start
 }

@@ -257,10 +257,9 @@ type treeImage struct {
 	e   *Engine
 	dir string
 	m   *image.Manifest
-	// root is the host PID of the restored root, once CRIU has created it: for an image
-	// with its own PID namespace, whose processes the host numbers anew, the one PID
-	// that reaches them all (killing a namespace's init kills the namespace).
-	root int
+	// made are the processes the restore made, by host PID and start time, once CRIU has
+	// restored them (its post-restore notification): what a rollback kills.
+	made []txn.Proc
 }
 
 func (ti *treeImage) Open(_ context.Context, dir string, m *image.Manifest) error {
@@ -321,7 +320,7 @@ func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Resto
 	cut, run := newCutoff(ctx, &s)
 	g := &gate{ctx: run, s: s, ownPIDs: ti.m.OwnPIDNamespace()}
 	pid, err := ti.e.CRIU.Restore(run, s.RestoreRequest, g)
-	ti.root = g.root
+	ti.made = g.made
 	if reason := cut.done(); reason != nil && err != nil {
 		// CRIU was killed wherever it was: what it had created goes too.
 		ti.kill()
@@ -349,13 +348,17 @@ func (ti *treeImage) rootCommand() string {
 	return ti.m.Processes[0].Command
 }
 
-// kill kills what the restore created: the image's PIDs, or the root of its own PID
-// namespace.
+// kill kills what the restore made: the processes CRIU had restored when it reached
+// post-restore, while they are the processes they were; before that, the tasks at the
+// image's PIDs that are still CRIU's forks (in a PID namespace of its own, the host's PIDs
+// of them are not known, and CRIU takes them with it).
 func (ti *treeImage) kill() {
-	if !ti.m.OwnPIDNamespace() {
-		killTree(ti.m)
-	} else if ti.root > 0 {
-		killCreated([]txn.Proc{{PID: ti.root}}, selfStart())
+	switch {
+	case len(ti.made) > 0:
+		killJournaled(ti.made)
+	case !ti.m.OwnPIDNamespace():
+		tree, _ := imageProcs(ti.m, nil)
+		killForks(tree, ti.e.CRIU.Path, selfStart())
 	}
 }
 
@@ -372,6 +375,7 @@ type gate struct {
 	ownPIDs bool
 	root    int // the root's host PID, as CRIU reports it
 	host    map[int]int
+	made    []txn.Proc // the processes restored (the root and its descendants), with their start times
 }
 
 // restored maps the image's PIDs of the processes this restore made to their host PIDs: the
@@ -405,6 +409,11 @@ func (g *gate) PostRestore(root int32) error {
 	made, err := g.restored()
 	if err != nil {
 		return err
+	}
+	for _, pid := range made {
+		if p, err := txn.ProcOf(pid); err == nil {
+			g.made = append(g.made, p)
+		}
 	}
 	if err := g.s.Created(made); err != nil {
 		return err

@@ -344,3 +344,79 @@ func TestTamperedStoreManifestIsRefused(t *testing.T) {
 		t.Fatalf("the bystander's memory: %s", v)
 	}
 }
+
+// A restore stopped before its tasks are whole kills, at the image's PIDs, only what is
+// still CRIU's own fork: a crafted manifest may list any PID, and another user's process
+// started there while the restore ran lives (a hostile test had it SIGKILLed, through one
+// of its threads, when gpucr was interrupted).
+func TestInterruptedRestoreSparesAProcessAtAListedPID(t *testing.T) {
+	needCRIU(t)
+	good, _ := sharedImage(t)
+	pid := unusedPID(t)
+	dir := imagetest.RecommitWith(t, good, func(_ string, m *image.Manifest) {
+		m.Processes = append(m.Processes, image.Process{PID: pid, PPID: m.RootPID, Command: "listed", Threads: 1})
+	})
+	tmp := t.TempDir()
+	script := filepath.Join(tmp, "hang.sh")
+	testutil.WriteFile(t, script, []byte(hangScript))
+	if err := os.Chmod(script, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(tmp, "criu.conf")
+	testutil.WriteFile(t, conf, []byte("action-script "+script+"\n"))
+	criuPID := filepath.Join(tmp, "criu.pid")
+	cmd := exec.Command(bin.gpucr, "restore", "-q", "-D", dir)
+	cmd.Env = append(os.Environ(), "CRIU_CONFIG_FILE="+conf, "HANG_AT=pre-restore", "CRIU_PID="+criuPID)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitPIDFile(t, criuPID)
+	t.Cleanup(func() { testutil.KillAndReap(waitPIDFile(t, criuPID+".script")) })
+	other := startAt(t, pid)
+	if err := signalAndWait(t, cmd, syscall.SIGTERM, &out); err == nil || !oneLineWith(out.String(), "CRIU was stopped") {
+		t.Fatalf("restore: %v, want one line saying CRIU was stopped:\n%s", err, out.String())
+	}
+	if !testutil.Alive(other) {
+		t.Fatalf("the interrupted restore killed process %d, another user's at a PID its image lists", other)
+	}
+}
+
+// unusedPID is a PID no process or thread holds, well ahead of the next the kernel gives.
+func unusedPID(t *testing.T) int {
+	t.Helper()
+	b, err := os.ReadFile("/proc/sys/kernel/ns_last_pid")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	for pid := last + 5000; pid < last+6000; pid++ {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
+			return pid
+		}
+	}
+	t.Fatal("no unused PID found")
+	return 0
+}
+
+// startAt starts a process of user nobody at PID pid, through the kernel's last PID, and
+// kills it when the test ends.
+func startAt(t *testing.T, pid int) int {
+	t.Helper()
+	for range 50 {
+		testutil.WriteFile(t, "/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)))
+		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "1000")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if cmd.Process.Pid == pid {
+			t.Cleanup(func() { testutil.KillAndReap(pid) })
+			return pid
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+	t.Fatalf("no process could be started at PID %d", pid)
+	return 0
+}
