@@ -1,14 +1,21 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/criufold"
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
+	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
 // foldOutput is what `gpucr fold` wrote.
@@ -39,6 +46,9 @@ func (a *app) foldCmd() *cobra.Command {
 			if err != nil {
 				return classify(err)
 			}
+			if err := onlyRootCanChange(args[0], m); err != nil {
+				return err
+			}
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
 			start := time.Now()
@@ -56,4 +66,33 @@ func (a *app) foldCmd() *cobra.Command {
 	}
 	trust.add(cmd)
 	return cmd
+}
+
+// onlyRootCanChange refuses, to gpucr running as root, an image that others could change:
+// fold reads its files again after verifying them, and a user who swapped one in between
+// had root write unverified bytes into the new image, which then verified (a hostile test).
+// image.OnlyRootCanChange leaves mem/ to a restore's fill, which hashes what it reads; fold
+// copies it, so mem/ and its files are checked here too.
+func onlyRootCanChange(dir string, m *image.Manifest) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	ok, err := image.OnlyRootCanChange(dir, m.Files)
+	if err != nil {
+		return err
+	}
+	mem := []string{criuimg.MemDir}
+	for _, f := range m.Files {
+		if path.Dir(f.Path) == criuimg.MemDir {
+			mem = append(mem, f.Path)
+		}
+	}
+	for _, p := range mem {
+		fi, err := os.Lstat(filepath.Join(dir, filepath.FromSlash(p)))
+		ok = ok && (errors.Is(err, fs.ErrNotExist) || err == nil && rootonly.Mode(p, fi) == nil)
+	}
+	if !ok {
+		return fmt.Errorf("image %s could be changed by others than root while fold reads it: copy it (cp -a) into a directory only root can change and fold the copy", dir)
+	}
+	return nil
 }

@@ -76,3 +76,30 @@ func TestPlainCRIURestoresFoldedAndCompatibleImages(t *testing.T) {
 		t.Fatalf("memory after plain CRIU restored a --criu-compatible image: %s", v)
 	}
 }
+
+// fold reads an image's files again after verifying them: as root it refuses an image that
+// others could change (its mem/ or criu/ files, or a directory of them), since a user who
+// swapped a file in between had root fold unverified bytes into an image that verified.
+func TestFoldRefusesAnImageOthersCouldChange(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "32")
+	w.waitCount(t, 2)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--leave-running")
+	for name, loosen := range map[string]func(img string) error{
+		"mem/ writable by others": func(img string) error { return os.Chmod(filepath.Join(img, "mem"), 0o777) },
+		"a CRIU file of another user's": func(img string) error {
+			return os.Chown(filepath.Join(img, "criu", "pstree.img"), 65534, 65534)
+		},
+	} {
+		img := copyImage(t, dir)
+		if err := loosen(img); err != nil {
+			t.Fatal(err)
+		}
+		out, code := gpucr(t, "fold", img, filepath.Join(t.TempDir(), "folded"))
+		if code == 0 || !oneLineWith(out, "could be changed by others than root") {
+			t.Errorf("fold of an image with %s: exit %d\n%s", name, code, out)
+		}
+	}
+	mustGpucr(t, "fold", dir, filepath.Join(t.TempDir(), "folded"))
+}
