@@ -31,11 +31,15 @@ func Mode(path string, fi fs.FileInfo) error {
 // one), so a user's symlink that points at root's directory today can point at theirs
 // while root writes through it (a hostile test).
 func Walk(path string) error {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return err
+	abs := path
+	if !filepath.IsAbs(path) {
+		wd, err := os.Getwd()
+		if err != nil {
+			return err
+		}
+		abs = wd + "/" + path
 	}
-	return walk(abs)
+	return walk(abs) // not cleaned first: a ".." after a symlink leaves where the link led
 }
 
 // maxLinks is how many symlinks a walk follows before it gives up, as the kernel does (40).
@@ -45,7 +49,7 @@ func walk(abs string) error {
 	if err := check("/"); err != nil {
 		return err
 	}
-	cur, rest, links := "/", strings.Split(strings.TrimPrefix(filepath.Clean(abs), "/"), "/"), 0
+	cur, rest, links := "/", strings.Split(abs, "/"), 0
 	for len(rest) > 0 {
 		name := rest[0]
 		rest = rest[1:]
@@ -81,7 +85,7 @@ func walk(abs string) error {
 		if filepath.IsAbs(to) {
 			cur = "/"
 		}
-		rest = append(strings.Split(filepath.Clean(to), "/"), rest...)
+		rest = append(strings.Split(to, "/"), rest...)
 	}
 	return nil
 }

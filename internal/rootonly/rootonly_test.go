@@ -51,6 +51,7 @@ func TestWalk(t *testing.T) {
 	sticky := mk("sticky", 0o777|os.ModeSticky, 0)
 	open := mk("open", 0o777, 0)
 	mk("safe/inner", 0o755, 0)
+	mk("user/inner", 0o755, nobody)
 
 	for _, c := range []struct {
 		path string
@@ -69,6 +70,8 @@ func TestWalk(t *testing.T) {
 		{link("user/rootlink", filepath.Join(safe, "inner"), 0), "not owned by root"},
 		{link("via-user", filepath.Join(user, "rootlink"), 0), "not owned by root"},
 		{link("loop", "loop", 0), "too many levels"},
+		// The kernel takes ".." from where a symlink led, not from where it lies.
+		{link("safe/into-user", filepath.Join(user, "inner"), 0) + "/../inner", "not owned by root"},
 	} {
 		err := Walk(c.path)
 		switch {
