@@ -284,29 +284,29 @@ func killForks(tree []txn.Proc, criuPath string, since uint64) {
 	if err != nil {
 		return
 	}
-	var pids []int
-	for i := len(tree) - 1; i >= 0; i-- {
-		p, err := proctree.Read(tree[i].PID)
-		exe, eerr := os.Stat(fmt.Sprintf("/proc/%d/exe", tree[i].PID))
-		if err == nil && eerr == nil && p.Start >= since && os.SameFile(exe, bin) {
-			_ = syscall.Kill(p.PID, syscall.SIGKILL)
-			pids = append(pids, p.PID)
-		}
-	}
-	waitExited(pids, 5*time.Second)
+	killBackwards(tree, func(p txn.Proc) bool {
+		q, err := proctree.Read(p.PID)
+		exe, eerr := os.Stat(fmt.Sprintf("/proc/%d/exe", p.PID))
+		return err == nil && eerr == nil && q.Start >= since && os.SameFile(exe, bin)
+	})
 }
 
-// killJournaled kills, children first, the processes of a dead restore's tree that it
-// journaled as made and that are still the processes they were: a PID taken since by
-// another process, or one never journaled with its start (the restore died before its
-// tasks existed, and CRIU and what it forked go with the restore's directories, killHolders),
-// is not the restore's.
+// killJournaled kills the processes of a dead restore's tree that it journaled as made and
+// that are still the processes they were: a PID taken since by another process, or one
+// never journaled with its start (the restore died before its tasks existed, and CRIU and
+// what it forked go with the restore's directories, killHolders), is not the restore's.
 func killJournaled(tree []txn.Proc) {
+	killBackwards(tree, func(p txn.Proc) bool { return p.Start != 0 && p.Alive() })
+}
+
+// killBackwards kills the processes of tree that made says a restore made, children first
+// (tree's order reversed), and waits briefly for them.
+func killBackwards(tree []txn.Proc, made func(txn.Proc) bool) {
 	var pids []int
 	for i := len(tree) - 1; i >= 0; i-- {
-		if p := tree[i]; p.Start != 0 && p.Alive() {
-			_ = syscall.Kill(p.PID, syscall.SIGKILL)
-			pids = append(pids, p.PID)
+		if made(tree[i]) {
+			_ = syscall.Kill(tree[i].PID, syscall.SIGKILL)
+			pids = append(pids, tree[i].PID)
 		}
 	}
 	waitExited(pids, 5*time.Second)
