@@ -43,6 +43,9 @@ func (ri *runcImage) Open(_ context.Context, dir string, _ *image.Manifest) erro
 	if err := engine.CheckContainerID(ri.id); err != nil {
 		return err
 	}
+	if ri.bundle, err = filepath.Abs(ri.bundle); err != nil { // as runc's state names it
+		return err
+	}
 	return checkBundle(ri.bundle)
 }
 
@@ -113,13 +116,9 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 		took, filled := holdTasks(ctx, s, stop)
 		heldc <- held{took, filled}
 	}()
-	bundle, err := filepath.Abs(ri.bundle)
-	if err != nil {
-		return nil, err
-	}
 	if err := op.Update(func(rec *txn.Record) {
 		rec.Container = &txn.Container{ID: ri.id, Runtime: ri.c.Runc.Command(), StateDir: ri.c.Runc.StateDir(ri.id),
-			Bundle: bundle, Since: time.Now()}
+			Bundle: ri.bundle, Since: time.Now()}
 	}); err != nil {
 		return nil, err
 	}
