@@ -145,17 +145,25 @@ func writableAnon(t *testing.T, pid int) uint64 {
 // writing its own PID to $CRIU_PID.script and CRIU's to $CRIU_PID.
 const hangScript = "#!/bin/sh\n[ \"$CRTOOLS_SCRIPT_ACTION\" = \"$HANG_AT\" ] || exit 0\necho $$ > \"$CRIU_PID.script\"\necho $PPID > \"$CRIU_PID\"\nexec sleep 1000\n"
 
-func TestInterruptedRestoreOfAHungCRIU(t *testing.T) {
-	needCRIU(t)
-	dir, w := sharedImage(t)
-	tmp := t.TempDir()
-	script := filepath.Join(tmp, "hang.sh")
+// hangConf writes hangScript and a CRIU configuration that runs it into a new directory,
+// and returns the configuration's path and the directory.
+func hangConf(t *testing.T) (conf, dir string) {
+	t.Helper()
+	dir = t.TempDir()
+	script := filepath.Join(dir, "hang.sh")
 	testutil.WriteFile(t, script, []byte(hangScript))
 	if err := os.Chmod(script, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	conf := filepath.Join(tmp, "criu.conf")
+	conf = filepath.Join(dir, "criu.conf")
 	testutil.WriteFile(t, conf, []byte("action-script "+script+"\n"))
+	return conf, dir
+}
+
+func TestInterruptedRestoreOfAHungCRIU(t *testing.T) {
+	needCRIU(t)
+	dir, w := sharedImage(t)
+	conf, tmp := hangConf(t)
 	for _, at := range []string{"pre-restore", "post-restore"} {
 		t.Run(at, func(t *testing.T) {
 			criuPID := filepath.Join(tmp, at+".pid")
@@ -356,14 +364,7 @@ func TestInterruptedRestoreSparesAProcessAtAListedPID(t *testing.T) {
 	dir := imagetest.RecommitWith(t, good, func(_ string, m *image.Manifest) {
 		m.Processes = append(m.Processes, image.Process{PID: pid, PPID: m.RootPID, Command: "listed", Threads: 1})
 	})
-	tmp := t.TempDir()
-	script := filepath.Join(tmp, "hang.sh")
-	testutil.WriteFile(t, script, []byte(hangScript))
-	if err := os.Chmod(script, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	conf := filepath.Join(tmp, "criu.conf")
-	testutil.WriteFile(t, conf, []byte("action-script "+script+"\n"))
+	conf, tmp := hangConf(t)
 	criuPID := filepath.Join(tmp, "criu.pid")
 	cmd := exec.Command(bin.gpucr, "restore", "-q", "-D", dir)
 	cmd.Env = append(os.Environ(), "CRIU_CONFIG_FILE="+conf, "HANG_AT=pre-restore", "CRIU_PID="+criuPID)
