@@ -384,15 +384,22 @@ func TestInterruptedRestoreSparesAProcessAtAListedPID(t *testing.T) {
 	}
 }
 
-// unusedPID is a PID no process or thread holds, well ahead of the next the kernel gives.
+// unusedPID is a PID no process or thread holds, well ahead of the next the kernel gives
+// (wrapping below pid_max, as the kernel does).
 func unusedPID(t *testing.T) int {
 	t.Helper()
-	b, err := os.ReadFile("/proc/sys/kernel/ns_last_pid")
-	if err != nil {
-		t.Fatal(err)
+	read := func(name string) int {
+		b, err := os.ReadFile("/proc/sys/kernel/" + name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return n
 	}
-	last, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	for pid := last + 5000; pid < last+6000; pid++ {
+	last, limit := read("ns_last_pid"), read("pid_max")
+	const low = 1000 // the kernel gives the lowest PIDs to its threads at boot
+	for i := range 10000 {
+		pid := low + (last+5000+i)%(limit-low)
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
 			return pid
 		}
