@@ -46,7 +46,11 @@ func Walk(path string) error {
 const maxLinks = 40
 
 func walk(abs string) error {
-	if err := check("/"); err != nil {
+	fi, err := os.Lstat("/")
+	if err != nil {
+		return err
+	}
+	if err := check("/", fi); err != nil {
 		return err
 	}
 	cur, rest, links := "/", strings.Split(abs, "/"), 0
@@ -66,7 +70,7 @@ func walk(abs string) error {
 			return err
 		}
 		if fi.Mode()&fs.ModeSymlink == 0 {
-			if err := check(next); err != nil {
+			if err := check(next, fi); err != nil {
 				return err
 			}
 			cur = next
@@ -90,13 +94,8 @@ func walk(abs string) error {
 	return nil
 }
 
-// check applies Mode to the file at path, not following a symlink, a root-owned sticky
-// directory excepted.
-func check(path string) error {
-	fi, err := os.Lstat(path)
-	if err != nil {
-		return err
-	}
+// check applies Mode to fi, the file at path, a root-owned sticky directory excepted.
+func check(path string, fi fs.FileInfo) error {
 	if err := Mode(path, fi); err != nil && !(fi.Mode()&os.ModeSticky != 0 && owner(fi) == 0) {
 		return err
 	}
