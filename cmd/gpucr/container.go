@@ -76,9 +76,12 @@ func (a *app) restoreTarget(cmd *cobra.Command, rf runcFlags, dir, ctr, newID, b
 		}
 		return func(e *engine.Engine) engine.RestoreTarget { return e.TreeImage() }, nil
 	}
-	for flag, id := range map[string]string{"--container": ctr, "--new-id": newID} {
-		if err := engine.CheckContainerID(id); err != nil && id != "" {
-			return nil, usageError{fmt.Errorf("%s: %w", flag, err)}
+	for _, f := range []struct{ flag, id string }{{"--container", ctr}, {"--new-id", newID}} {
+		if f.id == "" {
+			continue // no --new-id: the image's own ID, checked once the image is opened
+		}
+		if err := engine.CheckContainerID(f.id); err != nil {
+			return nil, usageError{fmt.Errorf("%s: %w", f.flag, err)}
 		}
 	}
 	if err := refuseRuncUnpassed(cmd); err != nil {
