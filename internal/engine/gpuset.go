@@ -184,12 +184,10 @@ func (s GPUSet) Resume(ctx context.Context, remap map[string]map[string]string) 
 	})
 }
 
-// Renumber returns s with each process at its host PID (host maps image PIDs to them;
-// nil: the same PIDs). Backends work on host PIDs; images keep their own.
+// Renumber returns s with each process at its host PID: host maps the image's PIDs of the
+// processes a restore made to them, and a process it does not map is refused. Backends work
+// on host PIDs; images keep their own.
 func (s GPUSet) Renumber(host map[int]int) (GPUSet, error) {
-	if host == nil {
-		return s, nil
-	}
 	out := make(GPUSet, len(s))
 	for i, p := range s {
 		h, ok := host[p.PID]

@@ -243,8 +243,11 @@ type RestoreSpec struct {
 
 // Restored is what a target's restore created.
 type Restored struct {
-	Root   int         // host PID of the root task
-	Host   map[int]int // image PID -> host PID; nil when they are the same
+	Root int // host PID of the root task
+	// Host maps the image's PID of each process the restore made to its host PID: GPU
+	// state is restored only into these (an image may list any PID, another user's
+	// thread's among them).
+	Host   map[int]int
 	Filled time.Duration
 	Stats  *criuimg.RestoreStats // CRIU's own account, when it could be read
 }
@@ -333,7 +336,7 @@ func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Resto
 	if err != nil {
 		ti.e.Logger().Warn("CRIU's restore statistics are unreadable", "err", err)
 	}
-	return &Restored{Root: pid, Host: g.host, Stats: stats}, nil
+	return &Restored{Root: pid, Host: g.mapped, Stats: stats}, nil
 }
 
 func (ti *treeImage) Remove(_ context.Context, cause error) error {
@@ -375,7 +378,8 @@ type gate struct {
 	ownPIDs bool
 	root    int // the root's host PID, as CRIU reports it
 	host    map[int]int
-	made    []txn.Proc // the processes restored (the root and its descendants), with their start times
+	made    []txn.Proc  // the processes restored (the root and its descendants), with their start times
+	mapped  map[int]int // the same, image PID -> host PID
 }
 
 // restored maps the image's PIDs of the processes this restore made to their host PIDs: the
@@ -410,6 +414,7 @@ func (g *gate) PostRestore(root int32) error {
 	if err != nil {
 		return err
 	}
+	g.mapped = made
 	for _, pid := range made {
 		if p, err := txn.ProcOf(pid); err == nil {
 			g.made = append(g.made, p)

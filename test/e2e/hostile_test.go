@@ -428,3 +428,36 @@ func startAt(t *testing.T, pid int) int {
 	t.Fatalf("no process could be started at PID %d", pid)
 	return 0
 }
+
+// A crafted image that lists another process's thread as one of its GPU processes: the
+// driver's restore and unlock reach only processes the restore made. A hostile test had
+// root's restore unlock a bystander's job that the driver held checkpointed (its own
+// checkpoint in flight) through one of its threads, which no check of PIDs in use sees.
+func TestGPURestoreReachesOnlyTheRestoredProcesses(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	w := startCounter(t, "-mib", "4", "-gpu-state", drv.dir)
+	drv.claim(t, w.pid)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucrEnv(t, drv.env, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	bystander := startCounter(t, "-mib", "4")
+	tid := otherThread(t, bystander.pid)
+	testutil.WriteFile(t, filepath.Join(drv.dir, strconv.Itoa(tid)), []byte("2\n"))
+	crafted := imagetest.RecommitWith(t, dir, func(_ string, m *image.Manifest) {
+		m.Processes = append(m.Processes, image.Process{PID: tid, PPID: 1, Command: "x", Threads: 1})
+		listed := m.GPUs[0].Processes[0]
+		listed.PID = tid
+		m.GPUs[0].Processes = append(m.GPUs[0].Processes, listed)
+	})
+	out, errOut, code := gpucrEnv(t, drv.env, "restore", "-D", crafted)
+	if code == 0 || !oneLineWith(errOut, fmt.Sprintf("GPU process %d of the image was not restored", tid)) {
+		t.Fatalf("restore: exit %d, want one line naming the thread:\n%s%s", code, out, errOut)
+	}
+	if st := drv.state(tid); st != "2" {
+		t.Fatalf("the bystander's GPU state is %s, want 2 (checkpointed, as its own driver call left it)", st)
+	}
+	if testutil.Alive(w.pid) {
+		t.Fatal("a process of the refused image runs")
+	}
+	bystander.checkRunsOn(t, "the crafted restore")
+}
