@@ -424,3 +424,35 @@ func TestRoomLeft(t *testing.T) {
 		t.Fatalf("a file system 31/32 full: %v", err)
 	}
 }
+
+// Root exports only into a directory others cannot change: a user who could rename in it
+// swapped gpucr's archive for their own while it was written (a hostile test).
+func TestCheckDestRefusesADirectoryOthersCanChange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "the rule is root's: the test needs root")
+	}
+	for _, tc := range []struct {
+		name  string
+		set   func(dir string) error
+		taken bool
+	}{
+		{"root's, 0700", func(dir string) error { return os.Chmod(dir, 0o700) }, true},
+		{"root's, sticky and writable by all", func(dir string) error { return os.Chmod(dir, os.ModeSticky|0o777) }, true},
+		{"writable by all", func(dir string) error { return os.Chmod(dir, 0o777) }, false},
+		{"another user's", func(dir string) error { return os.Chown(dir, 65534, 65534) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := tc.set(dir); err != nil {
+				t.Fatal(err)
+			}
+			err := CheckDest(filepath.Join(dir, "x.tar"))
+			if tc.taken && err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			if !tc.taken && (err == nil || !strings.Contains(err.Error(), "only root can change")) {
+				t.Fatalf("taken, or an unclear refusal: %v", err)
+			}
+		})
+	}
+}

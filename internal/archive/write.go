@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
 // Export is what an archive says about the container besides its image.
@@ -30,7 +31,11 @@ type Export struct {
 const partial = ".partial-"
 
 // CheckDest refuses an archive destination that exists or whose directory does not, so
-// that a checkpoint is refused before its container is stopped, not after.
+// that a checkpoint is refused before its container is stopped, not after. To gpucr
+// running as root it also refuses a directory that others can change (a root-owned sticky
+// one excepted), as for images: the archive is written under a temporary name and linked
+// by name, and a user who could rename in that directory swapped their own archive in
+// (hostile test), for a later restore --import to run as root.
 func CheckDest(file string) error {
 	if _, err := os.Lstat(file); err == nil {
 		return fmt.Errorf("%s exists: gpucr does not overwrite an archive", file)
@@ -39,6 +44,11 @@ func CheckDest(file string) error {
 	}
 	if fi, err := os.Stat(filepath.Dir(file)); err != nil || !fi.IsDir() {
 		return fmt.Errorf("the directory of archive %s does not exist", file)
+	}
+	if os.Geteuid() == 0 {
+		if err := rootonly.Walk(filepath.Dir(file)); err != nil {
+			return fmt.Errorf("archive %s: %w: others could swap what root writes there; export into a directory only root can change", file, err)
+		}
 	}
 	return nil
 }
