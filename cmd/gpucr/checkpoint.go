@@ -203,7 +203,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 			}
 			out := checkpointOutput{
 				Dir: r.Dir, Container: ctr, RootPID: root.pid, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,
-				LeftRunning: r.LeaveRunning, Phases: m.Phases, Paused: m.Paused.Seconds(), Total: time.Since(start).Seconds(),
+				LeftRunning: r.LeaveRunning && released == nil, Phases: m.Phases, Paused: m.Paused.Seconds(), Total: time.Since(start).Seconds(),
 			}
 			if ctr != "" {
 				out.ContainerPID = m.RootPID

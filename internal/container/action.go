@@ -197,7 +197,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	if err := thawForDriver(found.Frozen, &undo, log); err != nil {
 		return err
 	}
-	if err := engine.CheckpointGPUs(ctx, new(engine.Timer), gpus, a.LockTimeout, &undo); err != nil {
+	if _, err := engine.CheckpointGPUs(ctx, new(engine.Timer), gpus, a.LockTimeout, &undo); err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(imgDir, RecordName), append(rec, '\n'), 0o600); err != nil {
@@ -283,7 +283,7 @@ func RollBack(ctx context.Context, backends []gpu.Backend, heldPath string, log 
 	if err := waitThawed(ctx, set, log); err != nil {
 		return err
 	}
-	if err := set.Resume(ctx, nil); err != nil {
+	if err := set.ResumeRetrying(ctx, nil, engine.GPURetryWait); err != nil {
 		return fmt.Errorf("resume GPU processes after the dump: %w", err)
 	}
 	return os.Remove(heldPath)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
@@ -109,10 +110,11 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		undo.Always("remove the memory reserved for the save", func(context.Context) error { return reserve.Release() })
 	}
 	pauseStart := time.Now() // the workload stops with its GPUs' lock (or CRIU's freeze)
+	var gpuResume *GPUResume
 	if len(gpus) > 0 {
 		restoreTHP := e.TuneHost(op) // the driver stages device memory into huge pages
 		undo.Always("put transparent huge pages back", func(context.Context) error { restoreTHP(); return nil })
-		if err := CheckpointGPUs(ctx, t, gpus, r.LockTimeout, &undo); err != nil {
+		if gpuResume, err = CheckpointGPUs(ctx, t, gpus, r.LockTimeout, &undo); err != nil {
 			return nil, err
 		}
 	}
@@ -220,7 +222,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, keepLog(err)
 	}
 	if early {
-		return e.resumeAndCommit(ctx, op, t, &undo, target, stage, r.Dir, m, gpus, copied, pauseStart)
+		return e.resumeAndCommit(ctx, op, t, &undo, target, stage, r.Dir, m, gpuResume, copied, pauseStart)
 	}
 	undo.Commit()
 	if r.Stream == nil {
@@ -239,8 +241,8 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	if err := target.Release(context.WithoutCancel(ctx), r.LeaveRunning); err != nil {
 		return res, fmt.Errorf("image written to %s, but %w", where, err)
 	}
-	if r.LeaveRunning && len(gpus) > 0 {
-		if err := t.Run(PhaseGPUResume, func() error { return gpus.Resume(context.WithoutCancel(ctx), nil) }); err != nil {
+	if r.LeaveRunning && gpuResume != nil {
+		if err := t.Run(PhaseGPUResume, func() error { return gpuResume.Resume(context.WithoutCancel(ctx)) }); err != nil {
 			return res, fmt.Errorf("image written to %s, but resuming the GPU processes failed: %w", where, err)
 		}
 	}
@@ -261,7 +263,7 @@ type Checkpointed struct {
 // copied into the staged image: the tree and its GPUs run again while the copy is made
 // durable and committed. If the commit fails the workload runs on and no image appears.
 func (e *Engine) resumeAndCommit(ctx context.Context, op *Op, t *Timer, undo *Undo, target Target, stage *image.Staging, dir string,
-	m *image.Manifest, gpus GPUSet, copied []image.File, pauseStart time.Time) (*Checkpointed, error) {
+	m *image.Manifest, gpuResume *GPUResume, copied []image.File, pauseStart time.Time) (*Checkpointed, error) {
 	// From here a rollback has nothing to undo in the tree: it is released next, and a
 	// gpucr that dies before the commit leaves an uncommitted checkpoint, which the
 	// guardian rolls back by resuming the GPUs wherever they got to.
@@ -272,8 +274,8 @@ func (e *Engine) resumeAndCommit(ctx context.Context, op *Op, t *Timer, undo *Un
 	go func() {
 		ctx := context.WithoutCancel(ctx)
 		err := target.Release(ctx, true)
-		if err == nil && len(gpus) > 0 {
-			err = resume.Run(PhaseGPUResume, func() error { return gpus.Resume(ctx, nil) })
+		if err == nil && gpuResume != nil {
+			err = resume.Run(PhaseGPUResume, func() error { return gpuResume.Resume(ctx) })
 		}
 		res.Paused = time.Since(pauseStart)
 		resumed <- err
@@ -326,18 +328,50 @@ func gpuMemory(snaps []gpu.Snapshot) uint64 {
 }
 
 // CheckpointGPUs locks gpus, waiting at most timeout for work in flight, and checkpoints
-// their device state into host memory; their resume is on undo before the first lock.
-func CheckpointGPUs(ctx context.Context, t *Timer, gpus GPUSet, timeout time.Duration, undo *Undo) error {
-	undo.OnFail("resume the GPU processes, the workload may be stuck", func(ctx context.Context) error {
-		return gpus.Resume(ctx, nil)
-	})
+// their device state into host memory; their resume is on undo before the first lock, and
+// returned for a tree left running.
+func CheckpointGPUs(ctx context.Context, t *Timer, gpus GPUSet, timeout time.Duration, undo *Undo) (*GPUResume, error) {
+	resume := &GPUResume{gpus: gpus}
+	undo.OnFail("resume the GPU processes", resume.rollback)
 	if err := t.Run(PhaseGPULock, func() error { return gpus.Lock(ctx, timeout) }); err != nil {
-		return fmt.Errorf("lock GPU processes: %w", err)
+		return nil, fmt.Errorf("lock GPU processes: %w", err)
 	}
 	if err := t.Run(PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {
-		return fmt.Errorf("checkpoint GPU state: %w", err)
+		return nil, fmt.Errorf("checkpoint GPU state: %w", err)
 	}
-	return nil
+	return resume, nil
+}
+
+// GPUResume brings a checkpoint's GPU processes back to running, once: the rollback and
+// the resume of a tree left running are one step, and a resume that failed after its
+// retries is neither tried nor reported twice.
+type GPUResume struct {
+	gpus  GPUSet
+	mu    sync.Mutex
+	tried bool
+	err   error
+}
+
+// Resume resumes the processes, retrying (GPUSet.ResumeRetrying), the first time it is
+// called, and returns that call's error every time.
+func (r *GPUResume) Resume(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.tried {
+		r.tried, r.err = true, r.gpus.ResumeRetrying(ctx, nil, GPURetryWait)
+	}
+	return r.err
+}
+
+// rollback is Resume as an undo step: a resume already made has answered for itself.
+func (r *GPUResume) rollback(ctx context.Context) error {
+	r.mu.Lock()
+	tried := r.tried
+	r.mu.Unlock()
+	if tried {
+		return nil
+	}
+	return r.Resume(ctx)
 }
 
 // commitFrozen finishes a checkpoint whose tree has been dumped and is still frozen: the

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -183,6 +185,31 @@ func (s GPUSet) Resume(ctx context.Context, remap map[string]map[string]string) 
 		return nil
 	})
 }
+
+// ResumeRetrying is Resume for a workload that must run on (a checkpoint's rollback, one
+// left running): a driver call can fail while a process is briefly between states, so it
+// tries again every half second for at most wait. A process left locked or checkpointed
+// stays frozen on its GPU for good, so the error that remains says how to bring it back.
+func (s GPUSet) ResumeRetrying(ctx context.Context, remap map[string]map[string]string, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := s.Resume(ctx, remap)
+		if err == nil {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			pids := make([]string, len(s))
+			for i, p := range s {
+				pids[i] = strconv.Itoa(p.PID)
+			}
+			return fmt.Errorf("%w; the workload stays stopped on its GPU until `gpucr recover --pid %s` brings it back", err, strings.Join(pids, ","))
+		}
+		time.Sleep(resumeRetryEvery)
+	}
+}
+
+// resumeRetryEvery is how long ResumeRetrying waits between tries.
+const resumeRetryEvery = 500 * time.Millisecond
 
 // Renumber returns s with each process at its host PID: host maps the image's PIDs of the
 // processes a restore made to them, and a process it does not map is refused. Backends work

@@ -1,8 +1,12 @@
 package engine
 
 import (
+	"context"
+	"errors"
 	"os/exec"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/testutil"
@@ -31,5 +35,36 @@ func TestDropExitedKeepsSetAndSnapshotAligned(t *testing.T) {
 	}
 	if len(f.GPUs) != 2 || len(f.Snapshots[0].Processes) != 2 {
 		t.Fatal("DropExited changed the Found it was called on")
+	}
+}
+
+// flakyGPU is a fakeGPU whose first fails restores fail.
+type flakyGPU struct {
+	*fakeGPU
+	fails int
+}
+
+func (f *flakyGPU) Restore(ctx context.Context, pid int, remap map[string]string) error {
+	if f.fails > 0 {
+		f.fails--
+		return errors.New("between states")
+	}
+	return f.fakeGPU.Restore(ctx, pid, remap)
+}
+
+// A workload that must run on (a checkpoint's rollback, one left running) is resumed
+// through a driver that fails for a moment; one that keeps failing gets an error that says
+// how to bring the workload back, instead of a workload silently frozen on its GPU.
+func TestResumeRetrying(t *testing.T) {
+	flaky := &flakyGPU{fakeGPU: &fakeGPU{pid: 7, state: gpu.StateCheckpointed}, fails: 2}
+	set := GPUSet{{Backend: flaky, Process: gpu.Process{PID: 7}}}
+	if err := set.ResumeRetrying(context.Background(), nil, 10*time.Second); err != nil || flaky.state != gpu.StateRunning {
+		t.Fatalf("resume through two failures: %v, state %v", err, flaky.state)
+	}
+	stuck := &flakyGPU{fakeGPU: &fakeGPU{pid: 7, state: gpu.StateCheckpointed}, fails: 1 << 30}
+	set = GPUSet{{Backend: stuck, Process: gpu.Process{PID: 7}}}
+	err := set.ResumeRetrying(context.Background(), nil, time.Second)
+	if err == nil || !strings.Contains(err.Error(), "gpucr recover --pid 7") {
+		t.Fatalf("a resume that keeps failing: %v", err)
 	}
 }

@@ -24,12 +24,12 @@ import (
 )
 
 // How long recovery waits for CRIU to let go of a tree after gpucr died (CRIU notices at
-// its next message to gpucr and resumes or kills the tree), and keeps retrying a GPU
-// process whose driver call was cut off halfway.
-const (
-	criuLetGoWait = 60 * time.Second
-	gpuRetryWait  = 30 * time.Second
-)
+// its next message to gpucr and resumes or kills the tree).
+const criuLetGoWait = 60 * time.Second
+
+// GPURetryWait is how long a GPU process that must run again is retried: a driver call cut
+// off halfway, or made while the process is briefly between states, can fail for a moment.
+const GPURetryWait = 30 * time.Second
 
 // Recover finishes the rollback of an operation whose gpucr died, from its journal: a
 // checkpoint's workload runs again (container resumed, GPU processes restored and
@@ -204,18 +204,11 @@ func (e *Engine) resumeGPUs(ctx context.Context, rec txn.Record, remap map[strin
 		e.Logger().Info("GPU process found", "pid", p.PID, "state", st, "err", err)
 	}
 	start := time.Now()
-	deadline := start.Add(gpuRetryWait)
-	for {
-		err := set.Resume(ctx, remap)
-		if err == nil {
-			e.Logger().Info("GPU processes resumed", "processes", len(set), "took", time.Since(start))
-		}
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		e.Logger().Info("GPU resume retried", "err", err)
-		time.Sleep(500 * time.Millisecond)
+	if err := set.ResumeRetrying(ctx, remap, GPURetryWait); err != nil {
+		return err
 	}
+	e.Logger().Info("GPU processes resumed", "processes", len(set), "took", time.Since(start))
+	return nil
 }
 
 // HeldSet is the GPU set of the journaled processes held that are still the processes they

@@ -600,3 +600,40 @@ func TestRecoverSparesAProcessAtAJournaledPID(t *testing.T) {
 	}
 	host.checkClean(t)
 }
+
+// A periodic checkpoint resumes its workload's GPU through a driver whose restore fails
+// for a moment: tried again, the workload runs on. A hostile test had the first failure
+// end the checkpoint with the workload left checkpointed on its GPU, frozen, while stdout
+// said it was left running.
+func TestLeftRunningThroughAFailingResume(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	_, w, dir := crashSetup(t, drv)
+	out := mustGpucrEnv(t, append([]string{"FAKECUDA_RESTORE_FAILS=1"}, drv.env...), "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--leave-running")
+	if !strings.Contains(out, "left running") {
+		t.Errorf("the output does not say the tree was left running:\n%s", out)
+	}
+	if st := drv.state(w.pid); st != "0" {
+		t.Fatalf("GPU state %s after the checkpoint, want 0 (running)", st)
+	}
+	w.checkRunsOn(t, "a checkpoint whose first GPU resume failed")
+	mustGpucr(t, "verify", dir)
+}
+
+// A driver that keeps failing the resume: the checkpoint says, in its last line, how to
+// bring the workload back, claims no tree left running, and that way brings it back.
+func TestLeftRunningThroughAResumeThatKeepsFailing(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	_, w, dir := crashSetup(t, drv)
+	out, errOut, code := gpucrEnv(t, append([]string{"FAKECUDA_RESTORE_FAILS=1000000"}, drv.env...), "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--leave-running")
+	hint := fmt.Sprintf("gpucr recover --pid %d", w.pid)
+	if code == 0 || strings.Contains(out, "left running") || !oneLineWith(errOut, hint) {
+		t.Fatalf("exit %d, want a failure naming %q and no tree said left running:\n%s%s", code, hint, out, errOut)
+	}
+	mustGpucrEnv(t, drv.env, "recover", "--pid", strconv.Itoa(w.pid))
+	if st := drv.state(w.pid); st != "0" {
+		t.Fatalf("GPU state %s after gpucr recover, want 0 (running)", st)
+	}
+	w.checkRunsOn(t, "gpucr recover")
+}

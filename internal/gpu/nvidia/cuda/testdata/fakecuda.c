@@ -8,6 +8,8 @@
 // back in its memory, as with the driver: its restore adopts the state file of the one
 // checkpointed process that no longer runs.
 // $FAKECUDA_CHECKPOINT_MS makes each checkpoint take that long, as a large one does.
+// $FAKECUDA_RESTORE_FAILS=N fails the first N restores the calling process asks for, as
+// the driver can while a process is briefly between states.
 // Built by the tests with: cc -shared -fPIC [-DOMIT_CHECKPOINT_API]
 // [-DOMIT_CORE_API] fakecuda.c -o libfakecuda.so
 #include <dirent.h>
@@ -332,6 +334,12 @@ CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *a) {
 	}
 	record("\n");
 	if (!waitRuns(pid, "restore")) return TIMEOUT;
+	static int failed;
+	const char *fails = getenv("FAKECUDA_RESTORE_FAILS");
+	if (fails && failed < atoi(fails)) {
+		failed++;
+		return INVALID_VALUE;
+	}
 	adopt(pid);
 	return move(pid, CHECKPOINTED, LOCKED);
 }
