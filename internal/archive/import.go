@@ -14,8 +14,7 @@ import (
 	"strings"
 	"syscall"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/gpucr/gpucr/internal/diskroom"
 	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/signing"
@@ -317,15 +316,14 @@ var zeroBlock = make([]byte, copyBlock)
 func allZero(b []byte) bool { return bytes.Equal(b, zeroBlock[:len(b)]) }
 
 // roomLeft refuses, as entry name is written, to fill the file system of dir past what it
-// must keep free: 5% of it, at most 1 GiB.
+// must keep free (diskroom.Keep).
 func roomLeft(name, dir string) error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
+	err := diskroom.Check(dir, 0)
+	if full := (*diskroom.FullError)(nil); errors.As(err, &full) {
+		return &Refusal{name, full.Error() + ": the image is larger than the room there"}
 	}
-	free, size := int64(st.Bavail)*st.Bsize, int64(st.Blocks)*st.Bsize
-	if keep := min(size/20, 1<<30); free < keep {
-		return &Refusal{name, fmt.Sprintf("the file system of %s would be left with %d MiB free: the image is larger than the room there", dir, free>>20)}
+	if err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
 	}
 	return nil
 }

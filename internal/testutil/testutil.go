@@ -189,3 +189,18 @@ func WriteFile(t testing.TB, path string, b []byte) {
 		t.Fatal(err)
 	}
 }
+
+// SmallTmpfs mounts a tmpfs of size (as mount takes it: "32m") on a directory of the test's
+// own, unmounted when the test ends: a file system to fill. It needs root.
+func SmallTmpfs(t testing.TB, size string) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		SkipOrFail(t, "the test mounts a small tmpfs: it needs root")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	return dir
+}

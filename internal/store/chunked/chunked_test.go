@@ -21,10 +21,12 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/internal/diskroom"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
 	"github.com/gpucr/gpucr/internal/store/storetest"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 const (
@@ -589,5 +591,38 @@ func TestPushReplacesAChunkPlantedInASharedStore(t *testing.T) {
 				sameTree(t, img, dst)
 			}
 		})
+	}
+}
+
+// A manifest object listing one chunk at many places would have a pull write far more
+// than the chunks it fetches (a hostile test filled a tmpfs from 1 KiB of chunk data): what
+// does not fit, keeping 5% free, is refused before anything is written.
+func TestPullRefusesWhatDoesNotFit(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	m, _, err := chunked.Push(ctx, st, "ckpt", testImage(t, 0), chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range m.Files {
+		if f.Path == "criu/pages-1.img" {
+			c := f.Chunks[4] // random(2): not a zero chunk
+			m.Files[i].Chunks = slices.Repeat([]chunked.Chunk{c}, 64)
+			m.Files[i].Size = 64 * c.Size
+		}
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, st, chunked.ManifestKey("ckpt"), b)
+	parent := testutil.SmallTmpfs(t, "64m")
+	_, _, err = chunked.Pull(ctx, st, "ckpt", filepath.Join(parent, "img"), chunked.Options{})
+	var full *diskroom.FullError
+	if !errors.As(err, &full) {
+		t.Fatalf("Pull = %v, want a refusal for room", err)
+	}
+	if entries, _ := os.ReadDir(parent); len(entries) != 0 {
+		t.Errorf("the refused pull left %d entries", len(entries))
 	}
 }

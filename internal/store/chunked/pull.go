@@ -17,6 +17,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/gpucr/gpucr/internal/beneath"
+	"github.com/gpucr/gpucr/internal/diskroom"
 	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/parallel"
@@ -58,6 +59,12 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 
 	kept := *m
 	kept.Files = slices.DeleteFunc(slices.Clone(m.Files), func(f File) bool { return !pulled(f.Path, len(o.Trust) > 0) })
+	// A manifest object of a few kilobytes can list one small chunk at a million places:
+	// what the pull would write must fit before anything is written (a hostile test filled
+	// a tmpfs from 1 KiB of chunks).
+	if err := diskroom.Check(filepath.Dir(dir), written(kept.Files)); err != nil {
+		return nil, nil, fmt.Errorf("pull %s: %w", st.URL(prefix), err)
+	}
 	p := &puller{st: st, prefix: prefix, m: &kept, o: o, stats: Stats{Files: len(kept.Files)}}
 	defer p.close()
 	if err := p.create(img); err != nil {
@@ -87,6 +94,20 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		return nil, nil, fmt.Errorf("image %s pulled but not durable: %w", dir, err)
 	}
 	return im, &p.stats, nil
+}
+
+// written is how many bytes a pull of files writes: every chunk but the zero ones, which
+// stay holes, wherever it is listed.
+func written(files []File) int64 {
+	var n int64
+	for _, f := range files {
+		for _, c := range f.Chunks {
+			if !c.Zero {
+				n += c.Size
+			}
+		}
+	}
+	return n
 }
 
 // pulled says whether a pull (or a streamed restore) fetches the file at path that a
