@@ -158,77 +158,101 @@ func openFile(fd *fdinfo.FdinfoEntry, f *fdinfo.FileEntry) OpenFile {
 // magics are the image magics CRIU writes.
 var magics = magic.LoadMagic()
 
-// maxImage bounds the CRIU image files gpucr decodes: metadata, read whole into memory.
+// maxImage bounds the CRIU image files gpucr decodes: metadata, decoded whole into memory.
 // Page files, which can be any size, are never decoded.
 const maxImage = 256 << 20
 
+// maxEntries bounds the entries gpucr decodes from one image: each costs ~100 bytes of
+// memory decoded, however few bytes it took in the file, and a hostile image of tiny
+// entries cost 5 GB. Four million is a pagemap of a process whose dumped memory is 16 GiB
+// of pages none of which is next to another.
+const maxEntries = 4 << 20
+
 // decode returns the entries of image name in fsys that are of entry's type.
 func decode[M proto.Message](fsys fs.FS, name string, entry M) ([]M, error) {
-	frames, err := readFrames(fsys, name, 0)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]M, 0, len(frames))
-	for _, b := range frames {
+	var out []M
+	err := eachFrame(fsys, name, 0, func(b []byte) error {
 		m := entry.ProtoReflect().New().Interface().(M)
 		if err := proto.Unmarshal(b, m); err != nil {
-			return nil, fmt.Errorf("read %s: %w", name, err)
+			return fmt.Errorf("read %s: %w", name, err)
 		}
 		out = append(out, m)
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }
 
-// readFrames reads image name in fsys and cuts it into its entries' bytes, as CRIU frames
-// them after the image's magic: each entry's size in 32 bits, then the entry. Every frame
-// is checked to fit in the file before it is taken, as CheckFrames checks a file. The
-// magic must be one CRIU writes, as crit requires, and want when want is not 0.
-func readFrames(fsys fs.FS, name string, want uint32) ([][]byte, error) {
+// eachFrame reads image name in fsys and hands use each entry's bytes in turn, as CRIU
+// frames them after the image's magic: each entry's size in 32 bits, then the entry. The
+// bytes are use's only until it returns. Every frame is checked to fit in the file before
+// it is read, as CheckFrames checks a file; an empty entry (which no entry gpucr reads
+// encodes to) and more than maxEntries are refused. The magic must be one CRIU writes, as
+// crit requires, and want when want is not 0.
+func eachFrame(fsys fs.FS, name string, want uint32, use func([]byte) error) error {
 	f, err := fsys.Open(name)
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
+		return fmt.Errorf("read %s: %w", name, err)
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxImage+1))
+	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
+		return fmt.Errorf("read %s: %w", name, err)
 	}
-	if len(b) > maxImage {
-		return nil, fmt.Errorf("read %s: larger than %d MiB, more than CRIU writes", name, maxImage>>20)
+	size := fi.Size()
+	if size > maxImage {
+		return fmt.Errorf("read %s: larger than %d MiB, more than CRIU writes", name, maxImage>>20)
 	}
-	var frames [][]byte
-	off := 0
+	r := bufio.NewReaderSize(f, 64<<10)
+	var off int64
 	word := func() (uint32, error) {
-		if len(b)-off < 4 {
-			return 0, fmt.Errorf("read %s: at offset %d: %w", name, off, io.ErrUnexpectedEOF)
+		var b [4]byte
+		if _, err := io.ReadFull(r, b[:]); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return 0, fmt.Errorf("read %s: at offset %d: %w", name, off, err)
 		}
 		off += 4
-		return binary.LittleEndian.Uint32(b[off-4:]), nil
+		return binary.LittleEndian.Uint32(b[:]), nil
 	}
 	m, err := word()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if m == imgCommonMagic || m == imgServiceMagic {
 		if m, err = word(); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if _, known := magics.ByValue[uint64(m)]; !known || want != 0 && m != want {
-		return nil, fmt.Errorf("read %s: not the CRIU image expected (magic %#x)", name, m)
+		return fmt.Errorf("read %s: not the CRIU image expected (magic %#x)", name, m)
 	}
-	for off < len(b) {
+	var buf []byte
+	for entries := 0; off < size; entries++ {
 		n, err := word()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		if int64(n) > int64(len(b)-off) {
-			return nil, fmt.Errorf("read %s: entry at offset %d claims %d bytes, %d follow: %w", name, off-4, n, len(b)-off, io.ErrUnexpectedEOF)
+		switch {
+		case int64(n) > size-off:
+			return fmt.Errorf("read %s: entry at offset %d claims %d bytes, %d follow: %w", name, off-4, n, size-off, io.ErrUnexpectedEOF)
+		case n == 0:
+			return fmt.Errorf("read %s: empty entry at offset %d, which CRIU does not write", name, off-4)
+		case entries == maxEntries:
+			return fmt.Errorf("read %s: more than %d entries, more than gpucr reads", name, maxEntries)
 		}
-		frames = append(frames, b[off:off+int(n)])
-		off += int(n)
+		if cap(buf) < int(n) {
+			buf = make([]byte, n)
+		}
+		if _, err := io.ReadFull(r, buf[:n]); err != nil {
+			return fmt.Errorf("read %s: at offset %d: %w", name, off, err)
+		}
+		off += int64(n)
+		if err := use(buf[:n]); err != nil {
+			return err
+		}
 	}
-	return frames, nil
+	return nil
 }
 
 // CheckFrames checks, before crit decodes the image f, that every entry the image's size

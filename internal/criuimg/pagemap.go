@@ -43,22 +43,26 @@ func ReadPagemap(path string) (*Pagemap, error) {
 
 // readPagemap reads the pagemap image name in fsys: its first entry is the head.
 func readPagemap(fsys fs.FS, name string) (*Pagemap, error) {
-	frames, err := readFrames(fsys, name, pagemapMagic)
+	var m *Pagemap
+	err := eachFrame(fsys, name, pagemapMagic, func(b []byte) error {
+		var entry proto.Message
+		if m == nil {
+			m = &Pagemap{Head: &pagemap.PagemapHead{}}
+			entry = m.Head
+		} else {
+			e := &pagemap.PagemapEntry{}
+			m.Entries, entry = append(m.Entries, e), e
+		}
+		if err := proto.Unmarshal(b, entry); err != nil {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	if len(frames) == 0 {
+	if m == nil {
 		return nil, fmt.Errorf("read %s: no pagemap head", name)
-	}
-	m := &Pagemap{Head: &pagemap.PagemapHead{}, Entries: make([]*pagemap.PagemapEntry, len(frames)-1)}
-	if err := proto.Unmarshal(frames[0], m.Head); err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
-	for i, b := range frames[1:] {
-		m.Entries[i] = &pagemap.PagemapEntry{}
-		if err := proto.Unmarshal(b, m.Entries[i]); err != nil {
-			return nil, fmt.Errorf("read %s: %w", name, err)
-		}
 	}
 	return m, nil
 }
