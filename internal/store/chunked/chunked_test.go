@@ -517,6 +517,10 @@ func TestLoadRejects(t *testing.T) {
 			}
 		}, "another size or digest"},
 		{"compression", func(m *chunked.Manifest) { m.Compression = "lz4" }, `unknown compression "lz4"`},
+		// Decoded, every entry costs ~100 bytes however short: 63 MiB of them took 5 GB.
+		{"a million entries", func(m *chunked.Manifest) {
+			m.Files[0].Chunks = append(m.Files[0].Chunks, make([]chunked.Chunk, 1<<20)...)
+		}, "entries, more than"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package chunked
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,6 +15,11 @@ import (
 // maxManifest bounds how much of a manifest object is read: a corrupt or hostile object
 // must not exhaust memory. 64 MiB is over 200,000 chunks' entries, about a terabyte of image.
 const maxManifest = 64 << 20
+
+// maxManifestObjects bounds the JSON objects (chunk entries, files, the image's pieces) a
+// manifest object may hold: decoded, each costs ~100 bytes however short it is, and 63 MiB
+// of empty entries took 5 GB in a hostile test. A million is over three terabytes of image.
+const maxManifestObjects = 1 << 20
 
 // Load reads and checks the manifest object of the checkpoint at prefix.
 func Load(ctx context.Context, st store.Store, prefix string) (*Manifest, error) {
@@ -36,6 +42,10 @@ func Load(ctx context.Context, st store.Store, prefix string) (*Manifest, error)
 	}
 	if len(b) > maxManifest {
 		return nil, fmt.Errorf("%s: %w: larger than %d bytes", st.URL(key), ErrBadManifest, maxManifest)
+	}
+	// Every object opens with a brace (one inside a string only counts it higher).
+	if n := bytes.Count(b, []byte("{")); n > maxManifestObjects {
+		return nil, fmt.Errorf("%s: %w: %d entries, more than the %d a checkpoint of this format has", st.URL(key), ErrBadManifest, n, maxManifestObjects)
 	}
 	// The format is read alone first: a newer one may not decode as this one.
 	var head struct {
