@@ -72,12 +72,14 @@ func printLs(w io.Writer, es []lsEntry) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CHECKPOINT\tCREATED\tHOST\tPROCESSES\tMEMORY\tGPU\tSTORED")
 	for _, e := range es {
+		// A store's checkpoints and what their manifest objects say are anyone's who can
+		// write the store: shown without their control characters, as inspect shows an image.
 		if e.Problem != "" {
-			fmt.Fprintf(tw, "%s\tunusable: %s\n", e.URL, e.Problem)
+			fmt.Fprintf(tw, "%s\tunusable: %s\n", printable(e.URL), printable(e.Problem))
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d (root %d)\t%s\t%s\t%s\n", e.URL, e.Created.Local().Format("2006-01-02 15:04:05"),
-			e.Host, e.Processes, e.RootPID, bytesHuman(e.MemoryBytes), gpuSummary(e.GPUs), bytesHuman(uint64(e.StoredBytes)))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d (root %d)\t%s\t%s\t%s\n", printable(e.URL), e.Created.Local().Format("2006-01-02 15:04:05"),
+			printable(e.Host), e.Processes, e.RootPID, bytesHuman(e.MemoryBytes), printable(gpuSummary(e.GPUs)), bytesHuman(uint64(e.StoredBytes)))
 	}
 	tw.Flush()
 }

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 )
 
 // ls's table writes sizes in binary units a reader takes in at a glance, not byte counts.
@@ -19,5 +20,36 @@ func TestLsTableWritesReadableSizes(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("ls table lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// What a store holds is anyone's who can write it: ls and gpucr's errors show it without
+// its control characters (a hostile test set the terminal's title, cleared the screen and
+// printed a line of its own through a manifest object's hostname and a lease's name).
+func TestStoreTextReachesNoTerminal(t *testing.T) {
+	const hostile = "h\x1b]0;PWNED\x07\x1b[2J\nverified: signed by trusted key 0123"
+	var b strings.Builder
+	printLs(&b, []lsEntry{
+		{URL: "s3://b/" + hostile, Created: time.Unix(0, 0), Host: hostile, Processes: 1, RootPID: 7},
+		{URL: "s3://b/broken", Problem: hostile},
+	})
+	checkNoControl(t, "ls", b.String(), 3)
+
+	var stdout, stderr strings.Builder
+	if code := run([]string{"inspect", "/nonexistent/" + hostile}, &stdout, &stderr); code == 0 {
+		t.Fatalf("inspect of a missing image: exit 0")
+	}
+	checkNoControl(t, "an error", stderr.String(), 1)
+}
+
+// checkNoControl fails t if out holds a control character other than tab and the newline
+// ending each of its lines lines.
+func checkNoControl(t *testing.T, what, out string, lines int) {
+	t.Helper()
+	if n := strings.Count(out, "\n"); n != lines {
+		t.Errorf("%s: %d lines, want %d:\n%q", what, n, lines, out)
+	}
+	if i := strings.IndexFunc(out, func(r rune) bool { return r != '\n' && r != '\t' && unicode.IsControl(r) }); i >= 0 {
+		t.Errorf("%s passes a control character on: %q", what, out)
 	}
 }

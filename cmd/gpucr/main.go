@@ -145,7 +145,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if code, ok := jobExitCode(err); ok {
 			return code
 		}
-		msg := oneLine(err) + a.untrustedHint(err)
+		// An error may quote what an image, a store or a neighbour wrote (a lease's host).
+		msg := printable(oneLine(err)) + a.untrustedHint(err)
 		fmt.Fprintf(stderr, "gpucr: %s\n", msg)
 		code := exitCode(err)
 		if isCobraUsage(err) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"syscall"
+	"strings"
 	"time"
 	"unicode"
 
@@ -79,12 +80,7 @@ func (a *app) emit(v any, text func()) error {
 type terminalSafe struct{ w io.Writer }
 
 func (t terminalSafe) Write(p []byte) (int, error) {
-	clean := bytes.Map(func(r rune) rune {
-		if r != '\t' && unicode.IsControl(r) {
-			return '?'
-		}
-		return r
-	}, p)
+	clean := bytes.Map(shown, p)
 	if len(p) > 0 && p[len(p)-1] == '\n' {
 		clean[len(clean)-1] = '\n'
 	}
@@ -93,6 +89,19 @@ func (t terminalSafe) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// shown is how a character of text that gpucr does not control (an image's, a store's,
+// an error's) reaches a terminal: every control character but tab as '?'.
+func shown(r rune) rune {
+	if r != '\t' && unicode.IsControl(r) {
+		return '?'
+	}
+	return r
+}
+
+// printable is s as shown on a terminal (shown), for text written other than through
+// terminalSafe: a cell of a table, a line of an error.
+func printable(s string) string { return strings.Map(shown, s) }
 
 // bytesHuman is how the CLI writes a size: in binary units (64 MiB, 1.5 GiB), the units GPU
 // memory and pages come in.
