@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"syscall"
 	"strings"
+	"syscall"
 	"time"
 	"unicode"
 
