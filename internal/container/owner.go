@@ -33,10 +33,15 @@ func owner(st State) (engineName, command string, ok bool) {
 	case has("io.kubernetes.cri."):
 		return "containerd's CRI plugin", kubelet, true
 	}
-	// containerd's runtime v2 keeps bundles at .../io.containerd.runtime.v2.task/NAMESPACE/ID.
-	const task = "/io.containerd.runtime.v2.task/"
-	if i := strings.Index(st.Bundle, task); i >= 0 {
-		ns, _, _ := strings.Cut(st.Bundle[i+len(task):], "/")
+	// containerd keeps bundles at .../RUNTIME/NAMESPACE/ID: io.containerd.runtime.v2.task,
+	// or io.containerd.runtime.v1.linux for its legacy runtime (Docker 19.03 and before,
+	// containerd 1.x set up so), under which Docker leaves no annotation.
+	for _, runtime := range []string{"/io.containerd.runtime.v2.task/", "/io.containerd.runtime.v1.linux/"} {
+		i := strings.Index(st.Bundle, runtime)
+		if i < 0 {
+			continue
+		}
+		ns, _, _ := strings.Cut(st.Bundle[i+len(runtime):], "/")
 		if ns == "moby" {
 			return "Docker", "docker checkpoint create " + st.ID + " NAME", true
 		}

@@ -19,6 +19,9 @@ func TestOwner(t *testing.T) {
 		{"containerd cri", State{ID: "abc", Annotations: map[string]string{"io.kubernetes.cri.container-type": "container"}}, "containerd's CRI plugin", "crictl checkpoint"},
 		{"containerd", State{ID: "abc", Bundle: "/run/containerd/io.containerd.runtime.v2.task/default/abc"}, "containerd", "ctr -n default containers checkpoint --task abc"},
 		{"docker", State{ID: "abc", Bundle: "/run/containerd/io.containerd.runtime.v2.task/moby/abc"}, "Docker", "docker checkpoint create abc"},
+		// containerd's legacy runtime, where Docker 19.03 and before ran its containers.
+		{"docker, legacy runtime", State{ID: "abc", Bundle: "/run/containerd/io.containerd.runtime.v1.linux/moby/abc"}, "Docker", "docker checkpoint create abc"},
+		{"containerd, legacy runtime", State{ID: "abc", Bundle: "/run/containerd/io.containerd.runtime.v1.linux/k8s/abc"}, "containerd", "ctr -n k8s containers checkpoint --task abc"},
 		{"containers/storage", State{ID: "abc", Bundle: "/var/lib/containers/storage/overlay-containers/abc/userdata"}, "podman or CRI-O", "podman container checkpoint abc"},
 		{"runc alone", State{ID: "abc", Bundle: "/srv/bundles/abc", Annotations: map[string]string{"org.criu.config": "/etc/criu/x.conf"}}, "", ""},
 	}
