@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -41,6 +42,13 @@ func (a *app) lsCmd() *cobra.Command {
 			st, prefix, err := store.Open(cmd.Context(), args[0], a.cfg.s3)
 			if err != nil {
 				return classifyStore(err)
+			}
+			// A bucket has no directories, so nothing under a prefix is an empty list; a
+			// local directory that is not there is a mistyped path, not an empty store.
+			if !strings.HasPrefix(args[0], "s3://") {
+				if _, err := os.Stat(args[0]); err != nil {
+					return usageError{fmt.Errorf("no store at %s: %w", args[0], err)}
+				}
 			}
 			found, err := chunked.List(cmd.Context(), st, prefix)
 			if err != nil {

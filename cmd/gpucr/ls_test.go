@@ -53,3 +53,13 @@ func checkNoControl(t *testing.T, what, out string, lines int) {
 		t.Errorf("%s passes a control character on: %q", what, out)
 	}
 }
+
+// ls of a local directory that is not there says so, instead of listing nothing: a
+// mistyped path must not look like an empty store.
+func TestLsOfAMissingDirectory(t *testing.T) {
+	var stdout, stderr strings.Builder
+	code := run([]string{"ls", "/nonexistent/gpucr-store"}, &stdout, &stderr)
+	if code == 0 || !strings.Contains(stderr.String(), "no store at /nonexistent/gpucr-store") {
+		t.Fatalf("ls of a missing directory: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+	}
+}
