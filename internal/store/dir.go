@@ -226,6 +226,17 @@ func (d *Dir) List(_ context.Context, dir string) ([]Entry, error) {
 	return out, nil
 }
 
+// PartialOf returns the name of the object that name, a piece Partial lists, is a write
+// of ("x" for ".x.tmp-123").
+func PartialOf(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, ".")
+	if !ok {
+		return "", false
+	}
+	object, _, ok := strings.Cut(rest, tmpMark)
+	return object, ok && object != ""
+}
+
 func (d *Dir) Partial(_ context.Context, dir string) ([]Entry, error) {
 	fis, err := d.entries(dir)
 	if err != nil {

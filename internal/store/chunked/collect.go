@@ -70,14 +70,22 @@ func collect(ctx context.Context, st store.Store, dir string, dryRun, known bool
 			unref = append(unref, e)
 		}
 	}
-	// No push works here: what killed ones were writing is litter.
+	// No push works here: what killed ones were writing is litter — a chunk in chunks/, a
+	// manifest object in a checkpoint's directory, and nothing else: the store directory's
+	// other folders are anyone's (a hostile test's rm of /home/x swept every home's
+	// .NAME.tmp-* files).
 	if pl, ok := st.(store.PartialLister); ok {
 		for _, d := range append(prefixes, chunksKey(dir)) {
 			partial, err := pl.Partial(ctx, d)
 			if err != nil {
 				return nil, err
 			}
-			unref = append(unref, partial...)
+			for _, e := range partial {
+				object, _ := store.PartialOf(e.Name())
+				if d == chunksKey(dir) && image.IsSHA256(object) || d != chunksKey(dir) && object == ManifestObject {
+					unref = append(unref, e)
+				}
+			}
 		}
 	}
 	if dryRun {

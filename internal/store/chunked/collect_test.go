@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // chunkNames lists the chunks stored in dir.
@@ -452,5 +455,39 @@ func TestLeaseFromTheFutureIsIgnored(t *testing.T) {
 	}
 	if _, err := chunked.Collect(ctx, st, "job", true); err != nil {
 		t.Errorf("collect beside a lease dated %v = %v", future, err)
+	}
+}
+
+// What a killed write left in a local store — a chunk's or a manifest object's temporary
+// file — is collected; a file of the same shape that no write of a checkpoint makes stays,
+// in whatever folder of the store directory it is (a hostile test's rm of /home/x swept
+// every home's .NAME.tmp-* files).
+func TestCollectRemovesOnlyWhatKilledWritesLeft(t *testing.T) {
+	ctx := context.Background()
+	root := t.TempDir()
+	st := store.NewDir(root)
+	if _, _, err := chunked.Push(ctx, st, "home/x", testImage(t, 0), chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	litter := []string{
+		"home/chunks/." + strings.Repeat("ab", 32) + ".tmp-123",
+		"home/y/." + chunked.ManifestObject + ".tmp-456",
+	}
+	kept := []string{"home/bob/.notes.tmp-1", "home/y/.draft.tmp-2", "home/chunks/.abc.tmp-3"}
+	for _, p := range append(slices.Clone(litter), kept...) {
+		testutil.WriteFile(t, filepath.Join(root, p), []byte("data"))
+	}
+	if _, err := chunked.Delete(ctx, st, "home/x"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range litter {
+		if _, err := os.Stat(filepath.Join(root, p)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s is left: %v", p, err)
+		}
+	}
+	for _, p := range kept {
+		if _, err := os.Stat(filepath.Join(root, p)); err != nil {
+			t.Errorf("%s was removed: %v", p, err)
+		}
 	}
 }
