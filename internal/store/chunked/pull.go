@@ -70,6 +70,26 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	if err := p.create(img); err != nil {
 		return nil, nil, err
 	}
+	if len(o.Trust) > 0 {
+		// The signed manifest is fetched and checked first, and the store must list what it
+		// signed: an untrusted store gets no other byte written (a hostile test's pull with
+		// --trust wrote until the disk was full, refused only once every byte had arrived).
+		p.only = isManifestFile
+		if err := p.run(ctx); err != nil {
+			return nil, nil, err
+		}
+		signed, _, err := image.LoadTrusted(img, o.Trust)
+		if errors.Is(err, signing.ErrUntrusted) {
+			return nil, nil, fmt.Errorf("%s: %w", st.URL(prefix), err)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("pulled image failed verification: %w", err)
+		}
+		if err := listsSigned(kept.Files, signed); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w: %v", st.URL(prefix), ErrBadManifest, err)
+		}
+		p.only = func(path string) bool { return !isManifestFile(path) }
+	}
 	if err := p.run(ctx); err != nil {
 		return nil, nil, err
 	}
@@ -94,6 +114,26 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		return nil, nil, fmt.Errorf("image %s pulled but not durable: %w", dir, err)
 	}
 	return im, &p.stats, nil
+}
+
+// isManifestFile says whether path is the image's manifest, its seal or its signature.
+func isManifestFile(path string) bool {
+	return path == image.ManifestName || path == image.SealName || path == image.SigName
+}
+
+// listsSigned refuses files, a manifest object's listing, unless each file but the manifest's
+// own is one the signed manifest lists, at its size.
+func listsSigned(files []File, signed *image.Manifest) error {
+	sizes := make(map[string]int64, len(signed.Files))
+	for _, f := range signed.Files {
+		sizes[f.Path] = f.Size
+	}
+	for _, f := range files {
+		if size, ok := sizes[f.Path]; !isManifestFile(f.Path) && (!ok || size != f.Size) {
+			return fmt.Errorf("it lists %s (%d bytes), which the signed manifest does not", f.Path, f.Size)
+		}
+	}
+	return nil
 }
 
 // written is how many bytes a pull of files writes: every chunk but the zero ones, which
@@ -155,6 +195,7 @@ type puller struct {
 	files  []*os.File
 	places map[string][]place // by chunk sha256
 	total  int64
+	only   func(path string) bool // the files run fetches; nil: all
 
 	mu    sync.Mutex
 	stats Stats
@@ -193,15 +234,20 @@ func (p *puller) close() {
 }
 
 func (p *puller) run(ctx context.Context) error {
-	dec, err := newDecoder(p.o.workers())
-	if err != nil {
-		return err
+	if p.dec == nil {
+		dec, err := newDecoder(p.o.workers())
+		if err != nil {
+			return err
+		}
+		p.dec = dec
 	}
-	p.dec = dec
 	// A chunk repeated within the image is fetched once and written to each of its places.
 	perFile := make([][]job, len(p.m.Files))
 	p.places = map[string][]place{}
 	for i, f := range p.m.Files {
+		if p.only != nil && !p.only(f.Path) {
+			continue
+		}
 		var off int64
 		for j, c := range f.Chunks {
 			switch {

@@ -313,3 +313,56 @@ func TestTrustedPullTakesOnlySignedFiles(t *testing.T) {
 		})
 	}
 }
+
+// A trusted pull checks the signed manifest before it fetches anything else, and takes
+// nothing the signature does not list at its size: an unsigned image, or a listing that
+// adds a file, is refused before the bulk is fetched (a hostile test's pull with --trust
+// filled the disk, refused only once every byte had arrived). Each case also removes a
+// chunk of the bulk: a pull that fetched it first would fail on the missing chunk instead.
+func TestTrustedPullChecksTheSignatureFirst(t *testing.T) {
+	ctx := context.Background()
+	pub, key, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted := chunked.Options{Trust: signing.Keys{signing.ID(pub): pub}}
+	_, mem := memImage(t, 1, 0)
+	for name, c := range map[string]struct {
+		key  ed25519.PrivateKey
+		edit func(m *chunked.Manifest)
+		want error
+	}{
+		"unsigned": {nil, func(*chunked.Manifest) {}, signing.ErrUntrusted},
+		"a file the signature does not list": {key, func(m *chunked.Manifest) {
+			f := m.Files[slices.IndexFunc(m.Files, func(f chunked.File) bool { return f.Path == "criu/pstree.img" })]
+			f.Path = "criu/extra.img"
+			m.Files = append(m.Files, f)
+		}, chunked.ErrBadManifest},
+	} {
+		t.Run(name, func(t *testing.T) {
+			st := store.NewDir(t.TempDir())
+			m, _, err := chunked.Push(ctx, st, "job", memImageOf(t, mem, 0, c.key), chunked.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.edit(m)
+			raw, _ := json.Marshal(m)
+			put(t, st, chunked.ManifestKey("job"), raw)
+			for _, f := range m.Files {
+				if strings.HasPrefix(f.Path, "mem/") {
+					if err := st.Delete(ctx, chunked.ChunkKey("job", f.Chunks[0].SHA256)); err != nil {
+						t.Fatal(err)
+					}
+					break
+				}
+			}
+			parent := t.TempDir()
+			if _, _, err := chunked.Pull(ctx, st, "job", filepath.Join(parent, "img"), trusted); !errors.Is(err, c.want) {
+				t.Fatalf("Pull = %v, want %v", err, c.want)
+			}
+			if entries, _ := os.ReadDir(parent); len(entries) != 0 {
+				t.Errorf("the refused pull left %d entries", len(entries))
+			}
+		})
+	}
+}
