@@ -79,11 +79,8 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 			return nil, nil, err
 		}
 		signed, _, err := image.LoadTrusted(img, o.Trust)
-		if errors.Is(err, signing.ErrUntrusted) {
-			return nil, nil, fmt.Errorf("%s: %w", st.URL(prefix), err)
-		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("pulled image failed verification: %w", err)
+			return nil, nil, refusal(st.URL(prefix), err)
 		}
 		if err := listsSigned(kept.Files, signed); err != nil {
 			return nil, nil, fmt.Errorf("%s: %w: %v", st.URL(prefix), ErrBadManifest, err)
@@ -97,11 +94,8 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		return nil, nil, err
 	}
 	im, _, err := image.OpenTrusted(img, o.Trust)
-	if errors.Is(err, signing.ErrUntrusted) {
-		return nil, nil, fmt.Errorf("%s: %w", st.URL(prefix), err)
-	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("pulled image failed verification: %w", err)
+		return nil, nil, refusal(st.URL(prefix), err)
 	}
 	// rename(2) replaces an empty directory and fails on a non-empty one, atomically.
 	if err := syscall.Rename(img, dir); err != nil {
@@ -114,6 +108,15 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		return nil, nil, fmt.Errorf("image %s pulled but not durable: %w", dir, err)
 	}
 	return im, &p.stats, nil
+}
+
+// refusal is the error of a pulled image, from url, that its check refused: untrusted, or
+// failed verification.
+func refusal(url string, err error) error {
+	if errors.Is(err, signing.ErrUntrusted) {
+		return fmt.Errorf("%s: %w", url, err)
+	}
+	return fmt.Errorf("pulled image failed verification: %w", err)
 }
 
 // isManifestFile says whether path is the image's manifest, its seal or its signature.
