@@ -52,7 +52,10 @@ func (b *Backend) reachable(host gpu.Host, root string) (gpu.Host, error) {
 }
 
 // deviceMinors lists the minor numbers of the NVIDIA GPU nodes in dir: character devices
-// of the driver's major named nvidiaN. A node's name alone proves nothing.
+// of the driver's major named nvidiaN. A node's name alone proves nothing, nor does a
+// symlink: read from the host, one in the container's /dev names a node of the host's
+// choosing, not one the container was given (a hostile test's container linked
+// /dev/nvidia1 to the host's and had its GPU state restored onto that GPU).
 func deviceMinors(dir string) (map[int]bool, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -64,7 +67,7 @@ func deviceMinors(dir string) (map[int]bool, error) {
 			continue
 		}
 		var st unix.Stat_t
-		if err := unix.Stat(filepath.Join(dir, e.Name()), &st); err != nil {
+		if err := unix.Lstat(filepath.Join(dir, e.Name()), &st); err != nil {
 			return nil, fmt.Errorf("stat %s: %w", filepath.Join(dir, e.Name()), err)
 		}
 		if st.Mode&unix.S_IFMT == unix.S_IFCHR && unix.Major(st.Rdev) == deviceMajor {

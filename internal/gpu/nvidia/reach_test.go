@@ -121,3 +121,18 @@ func TestPlanRestoreWithoutRootUsesEveryGPU(t *testing.T) {
 		t.Fatalf("remap = %v, want none", plan.Remap)
 	}
 }
+
+// A symlink in the container's /dev to a GPU node of the host is no GPU the container was
+// given (a hostile test restored GPU state onto a GPU so).
+func TestPlanRestoreCountsNoSymlinkedNode(t *testing.T) {
+	host := containerRoot(t, map[string]int{"nvidia1": 1})
+	root := containerRoot(t, map[string]int{"nvidiactl": 255})
+	if err := os.Symlink(filepath.Join(host, "dev", "nvidia1"), filepath.Join(root, "dev", "nvidia1")); err != nil {
+		t.Fatal(err)
+	}
+	img := image([]string{uuidA}, h100(0, uuidA, 0))
+	_, err := newBackend(twoGPUs(), &fakeDriver{}).PlanRestore(context.Background(), gpu.RestoreInput{Snapshot: &img, Root: root})
+	if err == nil || !strings.Contains(err.Error(), "can reach none of this host's 2 NVIDIA GPUs") {
+		t.Fatalf("err = %v, want the container found to reach no GPU", err)
+	}
+}
