@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -145,10 +146,15 @@ var procOf = txn.ProcOf
 // them in the image, and starts the rollback watcher. Any failure rolls the GPUs back and
 // aborts the dump: the container keeps running.
 func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
+	// A record already in the image is an earlier dump's (runc's image path defaults to
+	// ./checkpoint, podman keeps a checkpoint's directory): this dump writes its own, or
+	// none. A hostile test's second dump took the first's as its own, skipped the GPUs, and
+	// its container was dumped and removed with its GPU state nowhere. (CRIU runs the script
+	// twice a step; the script itself stops the second run.)
 	imgDir := a.Getenv(envImageDir)
-	if _, err := os.Stat(filepath.Join(imgDir, RecordName)); err == nil {
-		log.Info("GPU state already checkpointed by this dump's first run of the script")
-		return nil
+	record := filepath.Join(imgDir, RecordName)
+	if err := os.Remove(record); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove an earlier dump's %s from the image: %w", RecordName, err)
 	}
 	root, err := a.initPID()
 	if err != nil {
@@ -200,7 +206,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	if _, err := engine.CheckpointGPUs(ctx, new(engine.Timer), gpus, a.LockTimeout, &undo); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(imgDir, RecordName), append(rec, '\n'), 0o600); err != nil {
+	if err := writeNew(record, append(rec, '\n')); err != nil {
 		return fmt.Errorf("write %s into the image: %w", RecordName, err)
 	}
 	crashpoint.Hit("end pre-dump")
@@ -313,14 +319,23 @@ func (a *Action) preRestore(ctx context.Context, log *slog.Logger) error {
 		return errors.New("the image holds GPU state that CRIU's plugin restores: containers with such GPUs are not supported yet")
 	}
 	log.Info("GPU state can be restored here", "backends", len(rec.GPUs))
-	return writeJSON(a.restorePath(), rec)
+	a.sweep(log)
+	kept, err := a.restorePath()
+	if err != nil {
+		return err
+	}
+	return writeJSON(kept, rec)
 }
 
 // postResume brings back the device state of the restored, now running, tree. If that
 // fails the tree is killed: a process without its GPU state must not run on.
 func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 	var rec Record
-	b, err := os.ReadFile(a.restorePath())
+	kept, err := a.restorePath()
+	if err != nil {
+		return err
+	}
+	b, err := os.ReadFile(kept)
 	if errors.Is(err, fs.ErrNotExist) {
 		log.Info("no GPU state to restore")
 		return nil
@@ -329,9 +344,9 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	if err := json.Unmarshal(b, &rec); err != nil {
-		return fmt.Errorf("read %s: %w", a.restorePath(), err)
+		return fmt.Errorf("read %s: %w", kept, err)
 	}
-	os.Remove(a.restorePath())
+	os.Remove(kept)
 	root, err := a.initPID()
 	if err != nil {
 		return err
@@ -373,8 +388,47 @@ func (a *Action) skips() (gpu.Skips, error) {
 	return gpu.SkipsFrom(gpu.Vendors(), nil, a.Getenv)
 }
 
-func (a *Action) restorePath() string {
-	return filepath.Join(a.StateDir, fmt.Sprintf("restore-%d.json", a.CRIUPID))
+// restorePath is where pre-restore keeps the image's GPU record for post-resume, named by
+// this CRIU's PID and start time as the script names it: a record a failed restore left
+// is never taken by a later CRIU at the same PID (a hostile test had a stale one restored
+// into, and kill, a container without GPU state).
+func (a *Action) restorePath() (string, error) {
+	p, err := proctree.Read(a.CRIUPID)
+	if err != nil {
+		return "", fmt.Errorf("CRIU, PID %d: %w", a.CRIUPID, err)
+	}
+	return filepath.Join(a.StateDir, fmt.Sprintf("restore-%d.%d.json", a.CRIUPID, p.Start)), nil
+}
+
+// sweep removes from the state directory what CRIUs that are gone left there — a failed
+// restore's record, the script's marks of the steps it ran — named, as they all are, by
+// their CRIU's PID and start time.
+func (a *Action) sweep(log *slog.Logger) {
+	entries, err := os.ReadDir(a.StateDir)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		var pid int
+		var start uint64
+		name := strings.TrimPrefix(e.Name(), "restore-")
+		if n, _ := fmt.Sscanf(name, "%d.%d.", &pid, &start); n != 2 || proctree.Same(pid, start) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(a.StateDir, e.Name())); err == nil {
+			log.Info("removed what a CRIU that is gone left", "file", e.Name())
+		}
+	}
+}
+
+// writeNew writes b into a new file at path, following no symlink there.
+func writeNew(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(b)
+	return errors.Join(err, f.Close())
 }
 
 func writeJSON(path string, v any) error {

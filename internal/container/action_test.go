@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -116,7 +117,7 @@ func newAction(t *testing.T, f *fakeGPU, step string, root int) *actionEnv {
 		envAction: step, envInitPID: strconv.Itoa(root), envImageDir: t.TempDir(),
 	}}
 	a.act = &Action{
-		Backends: []gpu.Backend{f}, Getenv: func(k string) string { return a.env[k] }, CRIUPID: 4242,
+		Backends: []gpu.Backend{f}, Getenv: func(k string) string { return a.env[k] }, CRIUPID: os.Getpid(), // the test stands for CRIU
 		StateDir: t.TempDir(), Version: "test", Log: slog.New(slog.DiscardHandler),
 		Watch: func(criuPID int, held string) error {
 			a.watched = append(a.watched, held)
@@ -126,14 +127,17 @@ func newAction(t *testing.T, f *fakeGPU, step string, root int) *actionEnv {
 	return a
 }
 
-func TestPreDumpLocksRecordsAndStartsWatcherOnce(t *testing.T) {
+// Pre-dump locks and checkpoints the GPUs, records them in the image, and starts the
+// watcher. An earlier dump's record in a reused image directory (runc's ./checkpoint) is
+// replaced: a hostile test's second dump took the first's for its own and skipped the GPUs.
+// (CRIU runs the script twice a step; the script, not gpucr, stops the second run.)
+func TestPreDumpLocksRecordsAndStartsWatcher(t *testing.T) {
 	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
 	a := newAction(t, f, "pre-dump", p.Process.Pid)
-	for range 2 { // CRIU runs the script twice per step
-		if err := a.act.Run(context.Background()); err != nil {
-			t.Fatal(err)
-		}
+	testutil.WriteFile(t, filepath.Join(a.env[envImageDir], RecordName), []byte(`{"gpucrVersion":"earlier","gpus":[]}`))
+	if err := a.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
 	}
 	if got := f.log(); !slices.Equal(got, []string{"lock", "checkpoint"}) {
 		t.Fatalf("GPU calls %v, want one lock and one checkpoint", got)
@@ -218,6 +222,21 @@ func TestRestoreStepsBringGPUStateBack(t *testing.T) {
 	a := newAction(t, f, "pre-restore", 0)
 	a.env[envImageDir] = dump.env[envImageDir]
 	a.env[envInitPID] = ""
+	// What CRIUs that are gone left (a failed restore's record, the script's marks) goes at
+	// pre-restore; what a CRIU that runs left, and other files, stay.
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	self, err := proctree.Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := []string{fmt.Sprintf("restore-%d.7.json", gone.Process.Pid), fmt.Sprintf("%d.7.pre-restore", gone.Process.Pid)}
+	kept := []string{fmt.Sprintf("%d.%d.pre-restore", self.PID, self.Start), "dump-1.json"}
+	for _, name := range append(slices.Clone(left), kept...) {
+		testutil.WriteFile(t, filepath.Join(a.act.StateDir, name), []byte("{}"))
+	}
 	for range 2 {
 		if err := a.act.Run(context.Background()); err != nil {
 			t.Fatal(err)
@@ -231,6 +250,16 @@ func TestRestoreStepsBringGPUStateBack(t *testing.T) {
 	}
 	if got := f.log(); !slices.Equal(got, []string{"lock", "checkpoint", "restore", "unlock"}) {
 		t.Fatalf("GPU calls %v", got)
+	}
+	for _, name := range left {
+		if _, err := os.Stat(filepath.Join(a.act.StateDir, name)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s, left by a CRIU that is gone, stays: %v", name, err)
+		}
+	}
+	for _, name := range kept {
+		if _, err := os.Stat(filepath.Join(a.act.StateDir, name)); err != nil {
+			t.Errorf("%s was removed: %v", name, err)
+		}
 	}
 	// pre-restore checks the whole host (no process yet); post-resume places the state on
 	// the GPUs the restored container's own /dev holds.

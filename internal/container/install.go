@@ -120,10 +120,15 @@ bin=%s
 log=%s
 state=%s
 [ "$%s" = skip ] && exit 0
+# This CRIU is its PID and start time: what it keeps in $state is named by both, so that
+# nothing a CRIU left is ever taken for a later one's at the same PID.
+read -r s < /proc/$PPID/stat || exit 1
+set -- ${s##*") "}
+criu=$PPID.${20}
 # forget drops this CRIU's record of the steps it ran, once its last step is over.
 forget() {
-	for m in "$state/$PPID".*; do
-		[ -e "$m" ] && rm -f "$state/$PPID".*
+	for m in "$state/$criu".*; do
+		[ -e "$m" ] && rm -f "$state/$criu".*
 		break
 	done
 }
@@ -142,13 +147,17 @@ pre-dump)
 		done
 		pids=$next
 	done
-	[ -n "$fds" ] && [ -n "$(find $fds -maxdepth 1 \( -lname '/dev/nvidia*' -o -lname /dev/kfd -o -lname '/dev/dri/renderD*' \) -print -quit 2>/dev/null)" ] || exit 0
+	# No GPU: nothing to do but drop an earlier dump's record from a reused image directory.
+	[ -n "$fds" ] && [ -n "$(find $fds -maxdepth 1 \( -lname '/dev/nvidia*' -o -lname /dev/kfd -o -lname '/dev/dri/renderD*' \) -print -quit 2>/dev/null)" ] || {
+		rm -f "$CRTOOLS_IMAGE_DIR/%s"
+		exit 0
+	}
 	;;
 pre-restore)
 	[ -e "$CRTOOLS_IMAGE_DIR/%s" ] || exit 0
 	;;
 post-resume)
-	[ -e "$state/restore-$PPID.json" ] || { forget; exit 0; }
+	[ -e "$state/restore-$criu.json" ] || { forget; exit 0; }
 	;;
 post-dump)
 	forget
@@ -158,9 +167,7 @@ post-dump)
 	exit 0
 	;;
 esac
-read -r s < /proc/$PPID/stat || exit 1
-set -- ${s##*") "}
-ran=$state/$PPID.${20}.$CRTOOLS_SCRIPT_ACTION
+ran=$state/$criu.$CRTOOLS_SCRIPT_ACTION
 if [ -e "$ran" ]; then
 	read -r rc < "$ran"
 	exit "${rc:-1}"
@@ -181,7 +188,7 @@ mkdir -p -m 700 "$state" || exit 1
 rc=$?
 echo "$rc" > "$ran"
 exit "$rc"
-`, shellQuote(bin), shellQuote(log), shellQuote(state), ActionSkipEnv, RecordName)
+`, shellQuote(bin), shellQuote(log), shellQuote(state), ActionSkipEnv, RecordName, RecordName)
 }
 
 // Remove takes the action script out of the configuration files, removing runc's if

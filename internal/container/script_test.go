@@ -3,6 +3,7 @@ package container
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -102,11 +104,17 @@ func TestScriptStartsGpucrOnlyForGPUState(t *testing.T) {
 	env := func(init int) []string {
 		return []string{"CRTOOLS_INIT_PID=" + strconv.Itoa(init), "CRTOOLS_IMAGE_DIR=" + img}
 	}
+	// An earlier dump's record in a reused image directory goes with the dump of a tree that
+	// holds no GPU: a restore of the new image must not take it for the image's.
+	testutil.WriteFile(t, filepath.Join(img, RecordName), []byte("{}"))
 	for _, step := range []string{"pre-dump", "network-lock", "post-dump", "pre-restore", "post-restore", "pre-resume", "post-resume"} {
 		for range 2 {
 			if out, err := h.step(t, step, env(cpu)...); err != nil {
 				t.Fatalf("%s: %v: %s", step, err, out)
 			}
+		}
+		if _, err := os.Stat(filepath.Join(img, RecordName)); step == "pre-dump" && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("the dump of a tree without GPU left an earlier dump's record: %v", err)
 		}
 	}
 	if got := h.ran(); len(got) != 0 {
@@ -127,8 +135,14 @@ func TestScriptStartsGpucrOnlyForGPUState(t *testing.T) {
 			t.Fatalf("pre-restore: %v: %s", err, out)
 		}
 	}
-	// What pre-restore keeps for post-resume, named by the CRIU that runs both.
-	kept := filepath.Join(h.state, "restore-"+strconv.Itoa(os.Getpid())+".json")
+	// What pre-restore keeps for post-resume, named by the CRIU that runs both, and one a
+	// CRIU that was at this PID before left: never taken for this one's.
+	criu, err := proctree.Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WriteFile(t, filepath.Join(h.state, fmt.Sprintf("restore-%d.%d.json", criu.PID, criu.Start-1)), []byte("{}"))
+	kept := filepath.Join(h.state, fmt.Sprintf("restore-%d.%d.json", criu.PID, criu.Start))
 	if err := os.WriteFile(kept, []byte("{}"), 0o600); err != nil {
 		t.Fatal(err)
 	}

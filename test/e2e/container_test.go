@@ -372,6 +372,28 @@ type gpuRoundTrip struct {
 // the integration under both.
 func integrationGPURoundTrip(t *testing.T, dev map[string]any) gpuRoundTrip {
 	t.Helper()
+	g := newIntegrationGPU(t, dev)
+	g.runc("checkpoint", "--image-path", filepath.Join(g.tmp, "img"), "--work-path", filepath.Join(g.tmp, "work"), g.id)
+	frozen := count(t, g.bundle)
+	// runc's restore succeeds even where post-resume fails: CRIU has resumed the processes
+	// by then and only logs the script's status.
+	g.runc("restore", "--detach", "--image-path", filepath.Join(g.tmp, "img"), "--work-path", filepath.Join(g.tmp, "work2"), "--bundle", g.bundle, g.id2)
+	return gpuRoundTrip{bundle: g.bundle, frozen: frozen, gpucrLog: g.gpucrLog, driverCalls: g.driverCalls}
+}
+
+// integrationGPU is a one-process counter container holding a GPU device file, claimed as
+// a fake GPU process on GPU 0, under plain runc with the integration installed.
+type integrationGPU struct {
+	tmp, bundle, id, id2  string
+	pid                   int
+	drv                   *fakeDriver
+	runc                  func(args ...string) // runc with the fake driver, failing the test on an error
+	gpucrLog, driverCalls func() string
+}
+
+// newIntegrationGPU starts an integrationGPU whose container is given the device node dev.
+func newIntegrationGPU(t *testing.T, dev map[string]any) *integrationGPU {
+	t.Helper()
 	runc, criuPath := needRunc(t)
 	tmp := t.TempDir()
 	conf, script, log := filepath.Join(tmp, "runc.conf"), filepath.Join(tmp, "criu-action"), filepath.Join(tmp, "action.log")
@@ -383,29 +405,26 @@ func integrationGPURoundTrip(t *testing.T, dev map[string]any) gpuRoundTrip {
 	testutil.EditJSON(t, filepath.Join(bundle, "config.json"), func(spec map[string]any) {
 		spec["linux"].(map[string]any)["devices"] = []any{dev}
 	})
-	id, id2 := containerID(t, runc, "g"), containerID(t, runc, "g2")
-	runcRun(t, runc, bundle, id)
+	g := &integrationGPU{tmp: tmp, bundle: bundle, id: containerID(t, runc, "g"), id2: containerID(t, runc, "g2"), drv: drv}
+	runcRun(t, runc, bundle, g.id)
 	waitContainerCount(t, bundle, 3)
-	drv.claim(t, runcInitPID(t, runc, id))
+	g.pid = runcInitPID(t, runc, g.id)
+	drv.claim(t, g.pid)
 	calls := filepath.Join(tmp, "cuda.log")
 	read := func(path string) func() string { return func() string { b, _ := os.ReadFile(path); return string(b) } }
+	g.gpucrLog, g.driverCalls = read(log), read(calls)
 	// The fake's two GPUs differ in model and L2 size: those checks would refuse the move,
 	// and are switched off as a user would.
 	env := append(append([]string(nil), drv.env...), "FAKECUDA_LOG="+calls, "NV_MODEL_CHECK=0", "NV_L2_CHECK=0")
-	runcWith := func(args ...string) {
+	g.runc = func(args ...string) {
 		t.Helper()
 		c := hwbreak.Command(runc, append([]string{"--criu", criuPath}, args...)...)
 		c.Env = append(c.Env, env...)
 		if out, err := c.CombinedOutput(); err != nil {
-			t.Fatalf("runc %s: %v: %s\ngpucr's log:\n%s", args[0], err, out, read(log)())
+			t.Fatalf("runc %s: %v: %s\ngpucr's log:\n%s", args[0], err, out, g.gpucrLog())
 		}
 	}
-	runcWith("checkpoint", "--image-path", filepath.Join(tmp, "img"), "--work-path", filepath.Join(tmp, "work"), id)
-	frozen := count(t, bundle)
-	// runc's restore succeeds even where post-resume fails: CRIU has resumed the processes
-	// by then and only logs the script's status.
-	runcWith("restore", "--detach", "--image-path", filepath.Join(tmp, "img"), "--work-path", filepath.Join(tmp, "work2"), "--bundle", bundle, id2)
-	return gpuRoundTrip{bundle: bundle, frozen: frozen, gpucrLog: read(log), driverCalls: read(calls)}
+	return g
 }
 
 // holdGPUDevice makes the bundle's container hold a device at /dev/nvidiactl (the host's
@@ -664,4 +683,26 @@ func TestRecoverLeavesAContainerOlderThanTheRestore(t *testing.T) {
 	}
 	waitContainerCount(t, bundle, count(t, bundle)+2)
 	host.checkClean(t)
+}
+
+// runc's image path defaults to ./checkpoint, and podman keeps a checkpoint's directory: a
+// dump into an image directory that holds an earlier dump's GPU record checkpoints its own
+// GPUs. A hostile test's second dump took the first's record for its own, skipped the
+// driver's lock and checkpoint, and the container was removed with its GPU state nowhere.
+func TestIntegrationDumpsIntoAReusedImagePath(t *testing.T) {
+	g := newIntegrationGPU(t, map[string]any{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0, "fileMode": 0o666})
+	img := filepath.Join(g.tmp, "checkpoint")
+	g.runc("checkpoint", "--leave-running", "--image-path", img, "--work-path", filepath.Join(g.tmp, "work1"), g.id)
+	deadline := time.Now().Add(10 * time.Second) // the rollback watcher resumes the GPU once CRIU is done
+	for g.drv.state(g.pid) != "0" && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	g.runc("checkpoint", "--image-path", img, "--work-path", filepath.Join(g.tmp, "work2"), g.id)
+	if n := strings.Count(g.driverCalls(), fmt.Sprintf("checkpoint %d\n", g.pid)); n != 2 {
+		t.Fatalf("the driver checkpointed the container %d times in two dumps, want 2; its calls:\n%s\ngpucr's log:\n%s", n, g.driverCalls(), g.gpucrLog())
+	}
+	g.runc("restore", "--detach", "--image-path", img, "--work-path", filepath.Join(g.tmp, "work3"), "--bundle", g.bundle, g.id2)
+	if !strings.Contains(g.gpucrLog(), "GPU state restored") {
+		t.Fatalf("the integration did not restore the GPU state; its log:\n%s", g.gpucrLog())
+	}
 }
