@@ -173,8 +173,8 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	var split []int
 	switch {
 	case r.CRIURestoresPages || opts.PluginDir != "":
-	case !r.Streamed.splitFits(m):
-		e.Logger().Info("CRIU restores the memory in its files itself: splitting them would copy them beyond the streamed restore's local disk bound")
+	case !r.Streamed.splitFits(m, work):
+		e.Logger().Info("CRIU restores the memory in its files itself: splitting them would copy them beyond the streamed restore's local disk bound, or the room its file system keeps")
 	default:
 		split = m.Leaves()
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/diskroom"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/txn"
@@ -101,7 +102,7 @@ func (e *Engine) beginRestore(target RestoreTarget, s *Streamed, others ...strin
 
 // splitFits reports whether the copy of CRIU's page files that splitting them makes stays
 // within the local disk a streamed restore may use; a local restore has no such bound.
-func (s *Streamed) splitFits(m *image.Manifest) bool {
+func (s *Streamed) splitFits(m *image.Manifest, work string) bool {
 	if s == nil {
 		return true
 	}
@@ -111,5 +112,5 @@ func (s *Streamed) splitFits(m *image.Manifest) bool {
 			pages += f.Size
 		}
 	}
-	return pages <= s.Room
+	return pages <= s.Room && diskroom.Check(work, pages) == nil
 }

@@ -598,9 +598,11 @@ func TestPushReplacesAChunkPlantedInASharedStore(t *testing.T) {
 	}
 }
 
-// A manifest object listing one chunk at many places would have a pull write far more
-// than the chunks it fetches (a hostile test filled a tmpfs from 1 KiB of chunk data): what
-// does not fit, keeping 5% free, is refused before anything is written.
+// A manifest object listing one chunk at many places would have a pull, or a streamed
+// restore's fetch of CRIU's files, write far more than the chunks it fetches (hostile tests
+// filled a tmpfs, and root's TMPDIR, from 1 KiB of chunk data): what does not fit, keeping
+// 5% free, is refused before anything is written. The streamed restore's own bound (5% of
+// the image, at most 1 GiB) is met here with gigabytes of zero chunks listed as memory.
 func TestPullRefusesWhatDoesNotFit(t *testing.T) {
 	ctx := context.Background()
 	st := store.NewDir(t.TempDir())
@@ -615,18 +617,36 @@ func TestPullRefusesWhatDoesNotFit(t *testing.T) {
 			m.Files[i].Size = 64 * c.Size
 		}
 	}
+	zeros := chunked.File{Path: "mem/1-7f0000000000.img", Size: 2048 * chunk,
+		Chunks: slices.Repeat([]chunked.Chunk{{Size: chunk, Zero: true}}, 2048)}
+	m.Files = append(m.Files, zeros)
 	b, err := json.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	put(t, st, chunked.ManifestKey("ckpt"), b)
-	parent := testutil.SmallTmpfs(t, "64m")
-	_, _, err = chunked.Pull(ctx, st, "ckpt", filepath.Join(parent, "img"), chunked.Options{})
-	var full *diskroom.FullError
-	if !errors.As(err, &full) {
-		t.Fatalf("Pull = %v, want a refusal for room", err)
-	}
-	if entries, _ := os.ReadDir(parent); len(entries) != 0 {
-		t.Errorf("the refused pull left %d entries", len(entries))
+	for name, fetch := range map[string]func(parent string) error{
+		"pull": func(parent string) error {
+			_, _, err := chunked.Pull(ctx, st, "ckpt", filepath.Join(parent, "img"), chunked.Options{})
+			return err
+		},
+		"streamed restore": func(parent string) error {
+			s, err := chunked.Stage(ctx, st, "ckpt", parent, chunked.Options{})
+			if err == nil {
+				s.Close()
+			}
+			return err
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			parent := testutil.SmallTmpfs(t, "64m")
+			var full *diskroom.FullError
+			if err := fetch(parent); !errors.As(err, &full) {
+				t.Fatalf("%s = %v, want a refusal for room", name, err)
+			}
+			if entries, _ := os.ReadDir(parent); len(entries) != 0 {
+				t.Errorf("the refused %s left %d entries", name, len(entries))
+			}
+		})
 	}
 }

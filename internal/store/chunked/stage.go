@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/diskroom"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
@@ -60,6 +61,15 @@ func Stage(ctx context.Context, st store.Store, prefix, parent string, o Options
 		return nil, fmt.Errorf("%s: %w: CRIU's files need %s of local disk, a streamed restore uses at most %s "+
 			"(5%% of the image, at most 1 GiB); fetch it with gpucr pull URL DIR and restore -D DIR",
 			st.URL(prefix), ErrTooMuchLocal, humanize.IBytes(uint64(need)), humanize.IBytes(uint64(bound)))
+	}
+	// Within the bound, what is fetched must also fit where it goes: a manifest object can
+	// list one small chunk at many places (a hostile test filled root's TMPDIR so).
+	room := parent
+	if room == "" {
+		room = os.TempDir()
+	}
+	if err := diskroom.Check(room, written(local)); err != nil {
+		return nil, fmt.Errorf("%s: streamed restore: %w", st.URL(prefix), err)
 	}
 	dir, err := os.MkdirTemp(parent, "gpucr-stream-*")
 	if err != nil {
