@@ -58,14 +58,15 @@ func Read(dir string) (*Summary, error) { return ReadFS(os.DirFS(dir)) }
 
 // ReadFS is Read of the CRIU images in fsys: those of an archive need not be on disk.
 func ReadFS(fsys fs.FS) (*Summary, error) {
-	tree, err := decode(fsys, "pstree.img", &pstree.PstreeEntry{})
+	n := newBudget()
+	tree, err := decode(n, fsys, "pstree.img", &pstree.PstreeEntry{})
 	if err != nil {
 		return nil, err
 	}
 	if len(tree) == 0 {
 		return nil, errors.New("read pstree.img: no processes")
 	}
-	entries, err := decode(fsys, "files.img", &fdinfo.FileEntry{})
+	entries, err := decode(n, fsys, "files.img", &fdinfo.FileEntry{})
 	if err != nil {
 		return nil, err
 	}
@@ -75,8 +76,9 @@ func ReadFS(fsys fs.FS) (*Summary, error) {
 	}
 
 	s := &Summary{Processes: make([]Process, 0, len(tree))}
+	r := &processReader{fsys: fsys, n: n, files: files, fds: map[uint32][]OpenFile{}}
 	for _, t := range tree {
-		p, err := readProcess(fsys, t, files)
+		p, err := r.read(t)
 		if err != nil {
 			return nil, err
 		}
@@ -89,13 +91,23 @@ func ReadFS(fsys fs.FS) (*Summary, error) {
 // taskDead is CRIU's task state of a zombie (TASK_DEAD in its core image).
 const taskDead = 2
 
-// readProcess reads the core, pagemap, ids and fdinfo images of one pstree entry.
-func readProcess(fsys fs.FS, t *pstree.PstreeEntry, files map[uint32]*fdinfo.FileEntry) (Process, error) {
+// processReader reads the processes of one image, within one budget: the files table, and
+// each descriptor table read once however many processes share it.
+type processReader struct {
+	fsys  fs.FS
+	n     *budget
+	files map[uint32]*fdinfo.FileEntry
+	fds   map[uint32][]OpenFile // by files ID
+}
+
+// read reads the core, pagemap, ids and fdinfo images of one pstree entry.
+func (r *processReader) read(t *pstree.PstreeEntry) (Process, error) {
+	fsys, n := r.fsys, r.n
 	pid := t.GetPid()
 	p := Process{PID: int(pid), PPID: int(t.GetPpid()), Threads: len(t.GetThreads())}
 
 	name := fmt.Sprintf("core-%d.img", pid)
-	core, err := decode(fsys, name, &criu_core.CoreEntry{})
+	core, err := decode(n, fsys, name, &criu_core.CoreEntry{})
 	if err != nil {
 		return p, err
 	}
@@ -107,7 +119,7 @@ func readProcess(fsys fs.FS, t *pstree.PstreeEntry, files map[uint32]*fdinfo.Fil
 		return p, nil // a zombie: CRIU writes its core alone, no memory and no files
 	}
 
-	pm, err := readPagemap(fsys, PagemapName(int(pid)))
+	pm, err := readPagemap(n, fsys, PagemapName(int(pid)))
 	if err != nil {
 		return p, err
 	}
@@ -116,21 +128,27 @@ func readProcess(fsys fs.FS, t *pstree.PstreeEntry, files map[uint32]*fdinfo.Fil
 	}
 
 	name = fmt.Sprintf("ids-%d.img", pid)
-	ids, err := decode(fsys, name, &criu_core.TaskKobjIdsEntry{})
+	ids, err := decode(n, fsys, name, &criu_core.TaskKobjIdsEntry{})
 	if err != nil {
 		return p, err
 	}
 	if len(ids) == 0 {
 		return p, fmt.Errorf("read %s: no entries", name)
 	}
-	fds, err := decode(fsys, fmt.Sprintf("fdinfo-%d.img", ids[0].GetFilesId()), &fdinfo.FdinfoEntry{})
+	id := ids[0].GetFilesId()
+	if open, ok := r.fds[id]; ok {
+		p.Files = open
+		return p, nil
+	}
+	fds, err := decode(n, fsys, fmt.Sprintf("fdinfo-%d.img", id), &fdinfo.FdinfoEntry{})
 	if err != nil {
 		return p, err
 	}
 	p.Files = make([]OpenFile, 0, len(fds))
 	for _, fd := range fds {
-		p.Files = append(p.Files, openFile(fd, files[fd.GetId()]))
+		p.Files = append(p.Files, openFile(fd, r.files[fd.GetId()]))
 	}
+	r.fds[id] = p.Files
 	return p, nil
 }
 
@@ -165,13 +183,21 @@ const maxImage = 256 << 20
 // maxEntries bounds the entries gpucr decodes from one image: each costs ~100 bytes of
 // memory decoded, however few bytes it took in the file, and a hostile image of tiny
 // entries cost 5 GB. Four million is a pagemap of a process whose dumped memory is 16 GiB
-// of pages none of which is next to another.
-const maxEntries = 4 << 20
+// of pages none of which is next to another. (A variable: tests lower it.)
+var maxEntries = 4 << 20
 
-// decode returns the entries of image name in fsys that are of entry's type.
-func decode[M proto.Message](fsys fs.FS, name string, entry M) ([]M, error) {
+// budget bounds the entries one reading of an image decodes, all its files together: a
+// crafted image can have many processes name one file of tiny entries (a hostile test's
+// inspect took 2.8 GB so, each file within maxEntries).
+type budget struct{ left int }
+
+// newBudget is the budget of one reading of an image.
+func newBudget() *budget { return &budget{left: maxEntries} }
+
+// decode returns the entries of image name in fsys that are of entry's type, within n.
+func decode[M proto.Message](n *budget, fsys fs.FS, name string, entry M) ([]M, error) {
 	var out []M
-	err := eachFrame(fsys, name, 0, func(b []byte) error {
+	err := eachFrame(n, fsys, name, 0, func(b []byte) error {
 		m := entry.ProtoReflect().New().Interface().(M)
 		if err := proto.Unmarshal(b, m); err != nil {
 			return fmt.Errorf("read %s: %w", name, err)
@@ -186,9 +212,9 @@ func decode[M proto.Message](fsys fs.FS, name string, entry M) ([]M, error) {
 // frames them after the image's magic: each entry's size in 32 bits, then the entry. The
 // bytes are use's only until it returns. Every frame is checked to fit in the file before
 // it is read, as CheckFrames checks a file; an empty entry (which no entry gpucr reads
-// encodes to) and more than maxEntries are refused. The magic must be one CRIU writes, as
-// crit requires, and want when want is not 0.
-func eachFrame(fsys fs.FS, name string, want uint32, use func([]byte) error) error {
+// encodes to) and entries past the budget n are refused. The magic must be one CRIU
+// writes, as crit requires, and want when want is not 0.
+func eachFrame(n *budget, fsys fs.FS, name string, want uint32, use func([]byte) error) error {
 	f, err := fsys.Open(name)
 	if err != nil {
 		return fmt.Errorf("read %s: %w", name, err)
@@ -228,27 +254,29 @@ func eachFrame(fsys fs.FS, name string, want uint32, use func([]byte) error) err
 		return fmt.Errorf("read %s: not the CRIU image expected (magic %#x)", name, m)
 	}
 	var buf []byte
-	for entries := 0; off < size; entries++ {
-		n, err := word()
+	for off < size {
+		size32, err := word()
 		if err != nil {
 			return err
 		}
+		k := int(size32)
 		switch {
-		case int64(n) > size-off:
-			return fmt.Errorf("read %s: entry at offset %d claims %d bytes, %d follow: %w", name, off-4, n, size-off, io.ErrUnexpectedEOF)
-		case n == 0:
+		case int64(k) > size-off:
+			return fmt.Errorf("read %s: entry at offset %d claims %d bytes, %d follow: %w", name, off-4, k, size-off, io.ErrUnexpectedEOF)
+		case k == 0:
 			return fmt.Errorf("read %s: empty entry at offset %d, which CRIU does not write", name, off-4)
-		case entries == maxEntries:
-			return fmt.Errorf("read %s: more than %d entries, more than gpucr reads", name, maxEntries)
+		case n.left == 0:
+			return fmt.Errorf("read %s: the image's files hold more than %d entries, more than gpucr reads", name, maxEntries)
 		}
-		if cap(buf) < int(n) {
-			buf = make([]byte, n)
+		n.left--
+		if cap(buf) < k {
+			buf = make([]byte, k)
 		}
-		if _, err := io.ReadFull(r, buf[:n]); err != nil {
+		if _, err := io.ReadFull(r, buf[:k]); err != nil {
 			return fmt.Errorf("read %s: at offset %d: %w", name, off, err)
 		}
-		off += int64(n)
-		if err := use(buf[:n]); err != nil {
+		off += int64(k)
+		if err := use(buf[:k]); err != nil {
 			return err
 		}
 	}
@@ -336,14 +364,14 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 	if OwnMounts(dir) {
 		return nil, nil
 	}
-	fsys := os.DirFS(dir)
-	entries, err := decode(fsys, "files.img", &fdinfo.FileEntry{})
+	fsys, n := os.DirFS(dir), newBudget()
+	entries, err := decode(n, fsys, "files.img", &fdinfo.FileEntry{})
 	if err != nil {
 		return nil, err
 	}
 	carried := map[uint32]bool{}
 	if _, err := os.Stat(filepath.Join(dir, "remap-fpath.img")); err == nil {
-		remaps, err := decode(fsys, "remap-fpath.img", &remap_file_path.RemapFilePathEntry{})
+		remaps, err := decode(n, fsys, "remap-fpath.img", &remap_file_path.RemapFilePathEntry{})
 		if err != nil {
 			return nil, err
 		}
@@ -371,7 +399,7 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 	if len(byPath) == 0 {
 		return nil, nil
 	}
-	if err := findUsers(fsys, byID); err != nil {
+	if err := findUsers(n, fsys, byID); err != nil {
 		return nil, err
 	}
 	out := make([]MissingFile, 0, len(byPath))
@@ -384,8 +412,8 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 
 // findUsers gives each file of byID (by files.img id) the first process that held it as a
 // descriptor, else the first that mapped it.
-func findUsers(fsys fs.FS, byID map[uint32]*MissingFile) error {
-	tree, err := decode(fsys, "pstree.img", &pstree.PstreeEntry{})
+func findUsers(n *budget, fsys fs.FS, byID map[uint32]*MissingFile) error {
+	tree, err := decode(n, fsys, "pstree.img", &pstree.PstreeEntry{})
 	if err != nil {
 		return err
 	}
@@ -396,12 +424,12 @@ func findUsers(fsys fs.FS, byID map[uint32]*MissingFile) error {
 	}
 	for _, t := range tree {
 		pid := int(t.GetPid())
-		ids, err := decode(fsys, fmt.Sprintf("ids-%d.img", pid), &criu_core.TaskKobjIdsEntry{})
+		ids, err := decode(n, fsys, fmt.Sprintf("ids-%d.img", pid), &criu_core.TaskKobjIdsEntry{})
 		if err != nil {
 			return err
 		}
 		if len(ids) > 0 {
-			fds, err := decode(fsys, fmt.Sprintf("fdinfo-%d.img", ids[0].GetFilesId()), &fdinfo.FdinfoEntry{})
+			fds, err := decode(n, fsys, fmt.Sprintf("fdinfo-%d.img", ids[0].GetFilesId()), &fdinfo.FdinfoEntry{})
 			if err != nil {
 				return err
 			}
@@ -409,7 +437,7 @@ func findUsers(fsys fs.FS, byID map[uint32]*MissingFile) error {
 				use(fd.GetId(), pid, int(fd.GetFd()))
 			}
 		}
-		mms, err := decode(fsys, fmt.Sprintf("mm-%d.img", pid), &mm.MmEntry{})
+		mms, err := decode(n, fsys, fmt.Sprintf("mm-%d.img", pid), &mm.MmEntry{})
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // a zombie has no memory
 		}
@@ -441,8 +469,8 @@ func OwnMounts(dir string) bool {
 // none. CRIU restores it, and the root's parent in a restore is CRIU, which exits as soon
 // as the tree runs.
 func ParentDeathSignal(dir string) (int, error) {
-	fsys := os.DirFS(dir)
-	tree, err := decode(fsys, "pstree.img", &pstree.PstreeEntry{})
+	fsys, n := os.DirFS(dir), newBudget()
+	tree, err := decode(n, fsys, "pstree.img", &pstree.PstreeEntry{})
 	if err != nil {
 		return 0, err
 	}
@@ -450,7 +478,7 @@ func ParentDeathSignal(dir string) (int, error) {
 		return 0, errors.New("read pstree.img: no processes")
 	}
 	name := fmt.Sprintf("core-%d.img", tree[0].GetPid())
-	core, err := decode(fsys, name, &criu_core.CoreEntry{})
+	core, err := decode(n, fsys, name, &criu_core.CoreEntry{})
 	if err != nil {
 		return 0, err
 	}
@@ -464,7 +492,7 @@ func ParentDeathSignal(dir string) (int, error) {
 // (its PID), to the PID of their process: CRIU restores them as they were, and fails
 // halfway, creating the processes first, when one is taken.
 func ThreadIDs(dir string) (map[int]int, error) {
-	tree, err := decode(os.DirFS(dir), "pstree.img", &pstree.PstreeEntry{})
+	tree, err := decode(newBudget(), os.DirFS(dir), "pstree.img", &pstree.PstreeEntry{})
 	if err != nil {
 		return nil, err
 	}

@@ -117,7 +117,7 @@ func FuzzRead(f *testing.F) {
 			}
 			return
 		}
-		procs, err := decode(os.DirFS(dir), "pstree.img", &pstree.PstreeEntry{})
+		procs, err := decode(newBudget(), os.DirFS(dir), "pstree.img", &pstree.PstreeEntry{})
 		if err != nil {
 			t.Fatalf("Read succeeded but pstree.img does not decode: %v", err)
 		}

@@ -11,8 +11,16 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"testing/fstest"
 	"time"
 
+	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/internal/fuzzcheck"
 	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
@@ -125,5 +133,48 @@ func TestReadNotAnImage(t *testing.T) {
 	_, err := Read(t.TempDir())
 	if err == nil || !errors.Is(err, fs.ErrNotExist) || !strings.HasPrefix(err.Error(), "read pstree.img: ") {
 		t.Fatalf("Read(empty dir) = %v, want a missing pstree.img error", err)
+	}
+}
+
+// The entries one reading of an image decodes are bounded for all its files together, and
+// a descriptor table that many processes share is read once: a hostile test's image had
+// every process name one fdinfo file of four million entries, and inspect took 2.8 GB.
+func TestReadBoundsTheWholeImage(t *testing.T) {
+	u32 := proto.Uint32
+	fsys := fstest.MapFS{}
+	add := func(name, magic string, entries ...proto.Message) {
+		fsys[name] = &fstest.MapFile{Data: fuzzcheck.Image(t, magic, entries...)}
+	}
+	var tree []proto.Message
+	for pid := uint32(1); pid <= 3; pid++ {
+		tree = append(tree, &pstree.PstreeEntry{Pid: u32(pid), Ppid: u32(pid - 1), Pgid: u32(1), Sid: u32(1), Threads: []uint32{pid}})
+		add(fmt.Sprintf("core-%d.img", pid), "CORE", &criu_core.CoreEntry{Mtype: criu_core.CoreEntry_X86_64.Enum(),
+			Tc: &criu_core.TaskCoreEntry{TaskState: u32(1), ExitCode: u32(0), Personality: u32(0), Flags: u32(0),
+				BlkSigset: proto.Uint64(0), Comm: proto.String("sh")}})
+		add(fmt.Sprintf("pagemap-%d.img", pid), "PAGEMAP", &pagemap.PagemapHead{PagesId: u32(pid)})
+		add(fmt.Sprintf("ids-%d.img", pid), "IDS", &criu_core.TaskKobjIdsEntry{VmId: u32(pid), FilesId: u32(1), FsId: u32(1), SighandId: u32(1)})
+	}
+	add("pstree.img", "PSTREE", tree...)
+	add("files.img", "FILES")
+	var fds []proto.Message
+	for fd := range 40 {
+		fds = append(fds, &fdinfo.FdinfoEntry{Id: u32(9), Flags: u32(0), Type: fdinfo.FdTypes_UND.Enum(), Fd: u32(uint32(fd))})
+	}
+	add("fdinfo-1.img", "FDINFO", fds...)
+	// 3 + 3 x (core, pagemap head, ids) + 40: 52 entries, the shared table read once.
+	defer func(n int) { maxEntries = n }(maxEntries)
+	maxEntries = 60
+	s, err := ReadFS(fsys)
+	if err != nil {
+		t.Fatalf("an image of 52 entries, within 60: %v", err)
+	}
+	for _, p := range s.Processes {
+		if len(p.Files) != 40 {
+			t.Fatalf("process %d: %d files, want the 40 of the table it shares", p.PID, len(p.Files))
+		}
+	}
+	maxEntries = 50
+	if _, err := ReadFS(fsys); err == nil || !strings.Contains(err.Error(), "the image's files hold more than 50 entries") {
+		t.Fatalf("an image of 52 entries, within 50: %v", err)
 	}
 }

@@ -38,13 +38,13 @@ func (m *Pagemap) PagesName() string { return PagesName(m.Head.GetPagesId()) }
 // anyone can write: its frames are checked before they are decoded, and an image without
 // a head is refused.
 func ReadPagemap(path string) (*Pagemap, error) {
-	return readPagemap(os.DirFS(filepath.Dir(path)), filepath.Base(path))
+	return readPagemap(newBudget(), os.DirFS(filepath.Dir(path)), filepath.Base(path))
 }
 
 // readPagemap reads the pagemap image name in fsys: its first entry is the head.
-func readPagemap(fsys fs.FS, name string) (*Pagemap, error) {
+func readPagemap(n *budget, fsys fs.FS, name string) (*Pagemap, error) {
 	var m *Pagemap
-	err := eachFrame(fsys, name, pagemapMagic, func(b []byte) error {
+	err := eachFrame(n, fsys, name, pagemapMagic, func(b []byte) error {
 		var entry proto.Message
 		if m == nil {
 			m = &Pagemap{Head: &pagemap.PagemapHead{}}

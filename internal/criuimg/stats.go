@@ -67,7 +67,7 @@ func ReadRestoreStats(workDir string) (*RestoreStats, error) {
 // GetRestoreStats panic on a file that holds no entry, and the stats inspect reads are in
 // an image's logs/, which no checksum covers.
 func readStats(fsys fs.FS, name string) (*stats.StatsEntry, error) {
-	entries, err := decode(fsys, name, &stats.StatsEntry{})
+	entries, err := decode(newBudget(), fsys, name, &stats.StatsEntry{})
 	if err != nil {
 		return nil, err
 	}
