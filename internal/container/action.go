@@ -400,6 +400,14 @@ func (a *Action) restorePath() (string, error) {
 	return filepath.Join(a.StateDir, fmt.Sprintf("restore-%d.%d.json", a.CRIUPID, p.Start)), nil
 }
 
+// stateOwner is the CRIU, by PID and start time, that a file of the state directory
+// belongs to: a restore's record (restore-PID.START.json) or the script's mark of a step
+// it ran (PID.START.STEP).
+func stateOwner(name string) (pid int, start uint64, ok bool) {
+	n, _ := fmt.Sscanf(strings.TrimPrefix(name, "restore-"), "%d.%d.", &pid, &start)
+	return pid, start, n == 2
+}
+
 // sweep removes from the state directory what CRIUs that are gone left there — a failed
 // restore's record, the script's marks of the steps it ran — named, as they all are, by
 // their CRIU's PID and start time.
@@ -409,10 +417,7 @@ func (a *Action) sweep(log *slog.Logger) {
 		return
 	}
 	for _, e := range entries {
-		var pid int
-		var start uint64
-		name := strings.TrimPrefix(e.Name(), "restore-")
-		if n, _ := fmt.Sscanf(name, "%d.%d.", &pid, &start); n != 2 || proctree.Same(pid, start) {
+		if pid, start, ok := stateOwner(e.Name()); !ok || proctree.Same(pid, start) {
 			continue
 		}
 		if err := os.Remove(filepath.Join(a.StateDir, e.Name())); err == nil {

@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
@@ -195,6 +197,9 @@ exit "$rc"
 // nothing else is left in it (Install may have created it; crun's it never creates), and
 // deletes the script and gpucr's copy.
 func (in Integration) Remove() error {
+	if err := in.waitIdle(removeWait); err != nil {
+		return err
+	}
 	for _, conf := range in.configs() {
 		lines, err := in.otherLines(conf)
 		if err != nil {
@@ -215,6 +220,38 @@ func (in Integration) Remove() error {
 		}
 	}
 	return nil
+}
+
+// removeWait is how long Remove waits for the dumps and restores under way through the
+// script to end.
+const removeWait = 2 * time.Minute
+
+// waitIdle waits, at most limit, until no CRIU that runs has steps of the script still to
+// come: one removed under a restore leaves its processes running with their GPU state
+// never restored (post-resume does not run), as a rolling update's removal could.
+func (in Integration) waitIdle(limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		busy := in.busy()
+		if busy == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("CRIU (PID %d) is dumping or restoring through the integration: not removed; run again once it is done", busy)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// busy is a CRIU that runs and has run a step of the script, not yet its last (0: none).
+func (in Integration) busy() int {
+	entries, _ := os.ReadDir(in.StateDir)
+	for _, e := range entries {
+		if pid, start, ok := stateOwner(e.Name()); ok && proctree.Same(pid, start) {
+			return pid
+		}
+	}
+	return 0
 }
 
 // otherLines is the configuration file conf without the lines that name this script.

@@ -189,3 +189,37 @@ func TestScriptRepeatsAFailureWithoutRunningAgain(t *testing.T) {
 		t.Fatalf("gpucr ran %v, want once", got)
 	}
 }
+
+// Removing the integration waits while a CRIU that runs is between steps of the script: a
+// restore whose post-resume no longer finds the script keeps running without its GPU state
+// (a rolling update's removal could do that). A CRIU that is gone holds nothing up.
+func TestRemoveWaitsForACRIUMidway(t *testing.T) {
+	h := newScriptHost(t)
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WriteFile(t, filepath.Join(h.state, fmt.Sprintf("restore-%d.7.json", gone.Process.Pid)), []byte("{}"))
+	criu, err := proctree.Read(os.Getpid()) // this test stands for a CRIU midway
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := filepath.Join(h.state, fmt.Sprintf("%d.%d.pre-restore", criu.PID, criu.Start))
+	testutil.WriteFile(t, mark, []byte("0\n"))
+	if err := h.in.waitIdle(300 * time.Millisecond); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("CRIU (PID %d)", criu.PID)) {
+		t.Fatalf("waitIdle with a CRIU midway: %v", err)
+	}
+	removed := make(chan error, 1)
+	go func() { removed <- h.in.Remove() }()
+	time.Sleep(300 * time.Millisecond)
+	if _, err := os.Stat(h.in.Script); err != nil {
+		t.Fatalf("the script was removed under a CRIU midway: %v", err)
+	}
+	os.Remove(mark) // its last step is over
+	if err := <-removed; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(h.in.Script); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the script is still there: %v", err)
+	}
+}
