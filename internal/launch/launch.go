@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/safety"
 )
@@ -91,10 +92,22 @@ func Run(ctx context.Context, j Job) (int, error) {
 	return 0, nil
 }
 
+// stopGrace is how long a rank told to stop has before it is killed, as torchrun gives: a
+// rank hung in a collective, or one that ignores SIGTERM, would otherwise hold the launcher
+// (and the job's exit) for good. A variable: tests shorten it.
+var stopGrace = 30 * time.Second
+
+// stopAll tells the ranks to stop, and kills those still running stopGrace later.
 func stopAll(cmds []*exec.Cmd) {
+	signalAll(cmds, syscall.SIGTERM)
+	time.AfterFunc(stopGrace, func() { signalAll(cmds, syscall.SIGKILL) })
+}
+
+// signalAll sends sig to every rank started; one that has exited ignores it.
+func signalAll(cmds []*exec.Cmd, sig syscall.Signal) {
 	for _, c := range cmds {
-		if c != nil && c.Process != nil && c.ProcessState == nil {
-			_ = c.Process.Signal(syscall.SIGTERM)
+		if c != nil && c.Process != nil {
+			_ = c.Process.Signal(sig)
 		}
 	}
 }
