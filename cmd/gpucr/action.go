@@ -75,7 +75,7 @@ func (a *app) criuActionCmd() *cobra.Command {
 				// One line, on the script's stderr (CRIU's log, which runc and crun name; "Error"
 				// is what runc quotes from it) and on the engine's, where its user looks first.
 				err = actionError{step: os.Getenv("CRTOOLS_SCRIPT_ACTION"), log: logPath, err: err}
-				container.TellEngine(act.CRIUPID, "gpucr: "+oneLine(err))
+				container.TellEngine(act.CRIUPID, engineLine(err))
 				return err
 			}
 			return nil
@@ -175,3 +175,8 @@ func (a *app) installRuncCmd() *cobra.Command {
 	f.BoolVar(&remove, "remove", false, "take the integration out again")
 	return cmd
 }
+
+// engineLine is the one line a failed step writes on the engine's stderr: the error may
+// quote what the image holds (a crafted GPU record's backend name drove the terminal of
+// runc's user), so it is shown as every error gpucr prints is.
+func engineLine(err error) string { return "gpucr: " + printable(oneLine(err)) }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -62,4 +63,11 @@ func TestLsOfAMissingDirectory(t *testing.T) {
 	if code == 0 || !strings.Contains(stderr.String(), "no store at /nonexistent/gpucr-store") {
 		t.Fatalf("ls of a missing directory: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
 	}
+}
+
+// A failed CRIU action step's line on the engine's stderr (runc's, podman's) carries no
+// control character of the image's: a crafted GPU record's backend name did.
+func TestEngineLineReachesNoTerminal(t *testing.T) {
+	err := fmt.Errorf("unknown GPU backend %q", "\x1b]0;PWNED\x07\x1b[31mRED\nsecond line")
+	checkNoControl(t, "the engine's line", engineLine(err)+"\n", 1)
 }
