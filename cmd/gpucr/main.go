@@ -142,14 +142,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	usageErrors(root)
 	if err := root.Execute(); err != nil {
-		if code, ok := jobExitCode(err); ok {
-			return code
-		}
 		// An error may quote what an image, a store or a neighbour wrote (a lease's host).
 		msg := printable(oneLine(err)) + a.untrustedHint(err)
 		fmt.Fprintf(stderr, "gpucr: %s\n", msg)
 		code := exitCode(err)
-		if isCobraUsage(err) {
+		if job, ok := jobExitCode(err); ok {
+			code = job
+		} else if isCobraUsage(err) {
 			code = exitUsage
 		}
 		var nr notReadyError

@@ -2,7 +2,6 @@ package main
 
 import (
 	"errors"
-	"fmt"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -10,10 +9,6 @@ import (
 	"github.com/gpucr/gpucr/internal/launch"
 )
 
-// exitError carries a launched job's exit code out through cobra.
-type exitError struct{ code int }
-
-func (e exitError) Error() string { return fmt.Sprintf("the job exited with code %d", e.code) }
 
 func (a *app) runCmd() *cobra.Command {
 	var nproc int
@@ -29,25 +24,19 @@ slower than over NVLink; single-GPU work is unaffected.
 Checkpoint the whole job by the PID of gpucr run, with --tcp-established.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			code, err := launch.Run(cmd.Context(), launch.Job{NProc: nproc, Command: args, Stdout: a.stdout, Stderr: a.stderr})
-			if err != nil {
-				return err
-			}
-			if code != 0 {
-				return exitError{code}
-			}
-			return nil
+			return launch.Run(cmd.Context(), launch.Job{NProc: nproc, Command: args, Stdout: a.stdout, Stderr: a.stderr})
 		},
 	}
 	cmd.Flags().IntVar(&nproc, "nproc-per-node", 1, "how many ranks to start")
 	return cmd
 }
 
-// jobExitCode returns a launched job's own exit code, if err carries one.
+// jobExitCode returns a launched job's own exit status, if err carries one: gpucr run
+// exits with it, as torchrun does.
 func jobExitCode(err error) (int, bool) {
-	var e exitError
+	var e *launch.RankError
 	if errors.As(err, &e) {
-		return e.code, true
+		return e.ExitCode(), true
 	}
 	return 0, false
 }

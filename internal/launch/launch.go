@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr/internal/safety"
 )
 
@@ -34,15 +36,39 @@ func CheckpointableEnv() []string {
 	return append(safety.NCCLSafeEnv(), "USE_LIBUV=0")
 }
 
+// RankError is the rank that failed first: its exit code, or the signal that killed it.
+type RankError struct {
+	Rank   int
+	Code   int
+	Signal syscall.Signal
+}
+
+func (e *RankError) Error() string {
+	if e.Signal != 0 {
+		return fmt.Sprintf("rank %d was killed by %s (signal %d)", e.Rank, unix.SignalName(e.Signal), int(e.Signal))
+	}
+	return fmt.Sprintf("rank %d exited with code %d", e.Rank, e.Code)
+}
+
+// ExitCode is the job's exit status: the failed rank's, or 128 + the signal that killed
+// it, as a shell gives.
+func (e *RankError) ExitCode() int {
+	if e.Signal != 0 {
+		return 128 + int(e.Signal)
+	}
+	return e.Code
+}
+
 // Run starts the ranks, forwards SIGINT and SIGTERM to them, and waits. When a rank fails
-// the others are stopped, as torchrun does. It returns the first non-zero exit code.
-func Run(ctx context.Context, j Job) (int, error) {
+// the others are stopped, as torchrun does; the rank that failed first is returned as a
+// *RankError (the ranks stopped after it do not hide it).
+func Run(ctx context.Context, j Job) error {
 	if j.NProc < 1 || len(j.Command) == 0 {
-		return 0, errors.New("launch: need a command and at least one process")
+		return errors.New("launch: need a command and at least one process")
 	}
 	port, err := freePort()
 	if err != nil {
-		return 0, err
+		return err
 	}
 	base := append(os.Environ(), CheckpointableEnv()...)
 	base = append(base, "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
@@ -54,7 +80,7 @@ func Run(ctx context.Context, j Job) (int, error) {
 		c.Stdin, c.Stdout, c.Stderr = nil, j.Stdout, j.Stderr
 		if err := c.Start(); err != nil {
 			stopAll(cmds[:i])
-			return 0, fmt.Errorf("launch rank %d: %w", i, err)
+			return fmt.Errorf("launch rank %d: %w", i, err)
 		}
 		cmds[i] = c
 	}
@@ -69,27 +95,30 @@ func Run(ctx context.Context, j Job) (int, error) {
 		}
 	}()
 
-	codes := make([]int, len(cmds))
+	var first *RankError
 	var once sync.Once
 	var wg sync.WaitGroup
 	for i, c := range cmds {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := c.Wait()
-			codes[i] = c.ProcessState.ExitCode()
-			if err != nil {
-				once.Do(func() { stopAll(cmds) })
+			if c.Wait() == nil {
+				return
 			}
+			once.Do(func() {
+				first = &RankError{Rank: i, Code: c.ProcessState.ExitCode()}
+				if ws, ok := c.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+					first.Signal = ws.Signal()
+				}
+				stopAll(cmds)
+			})
 		}()
 	}
 	wg.Wait()
-	for _, code := range codes {
-		if code != 0 {
-			return code, nil
-		}
+	if first != nil {
+		return first
 	}
-	return 0, nil
+	return nil
 }
 
 // stopGrace is how long a rank told to stop has before it is killed, as torchrun gives: a

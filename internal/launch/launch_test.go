@@ -2,6 +2,7 @@ package launch
 
 import (
 	"context"
+	"errors"
 	"io"
 	"testing"
 	"time"
@@ -14,11 +15,33 @@ func TestAFailedRankStopsTheOthers(t *testing.T) {
 	stopGrace = 300 * time.Millisecond
 	script := `trap '' TERM; if [ "$RANK" = 0 ]; then sleep 0.2; exit 3; fi; exec sleep 60`
 	start := time.Now()
-	code, err := Run(context.Background(), Job{NProc: 2, Command: []string{"sh", "-c", script}, Stdout: io.Discard, Stderr: io.Discard})
-	if err != nil || code != 3 {
-		t.Fatalf("Run = %d, %v; want the failed rank's exit code 3", code, err)
+	err := Run(context.Background(), Job{NProc: 2, Command: []string{"sh", "-c", script}, Stdout: io.Discard, Stderr: io.Discard})
+	var failed *RankError
+	if !errors.As(err, &failed) || failed.Rank != 0 || failed.ExitCode() != 3 || err.Error() != "rank 0 exited with code 3" {
+		t.Fatalf("Run = %v, want rank 0's exit code 3", err)
 	}
 	if took := time.Since(start); took > 10*time.Second {
 		t.Fatalf("Run took %v: the rank that ignored SIGTERM was not killed", took)
+	}
+}
+
+// The rank that failed first is the job's failure, not a rank stopped after it (killed by
+// the launcher's SIGTERM, whose exit code is -1), and a rank killed by a signal is told as
+// such, its status 128 + the signal as a shell gives: a hostile test's gpucr run exited 255
+// and said nothing.
+func TestTheFirstFailureIsTheJobs(t *testing.T) {
+	for _, tc := range []struct {
+		script string
+		want   string
+		code   int
+	}{
+		{`if [ "$RANK" = 1 ]; then exit 3; fi; exec sleep 60`, "rank 1 exited with code 3", 3},
+		{`if [ "$RANK" = 1 ]; then kill -KILL $$; fi; exec sleep 60`, "rank 1 was killed by SIGKILL (signal 9)", 137},
+	} {
+		err := Run(context.Background(), Job{NProc: 2, Command: []string{"sh", "-c", tc.script}, Stdout: io.Discard, Stderr: io.Discard})
+		var failed *RankError
+		if !errors.As(err, &failed) || err.Error() != tc.want || failed.ExitCode() != tc.code {
+			t.Errorf("Run = %v, want %q (status %d)", err, tc.want, tc.code)
+		}
 	}
 }
