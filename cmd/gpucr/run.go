@@ -9,7 +9,6 @@ import (
 	"github.com/gpucr/gpucr/internal/launch"
 )
 
-
 func (a *app) runCmd() *cobra.Command {
 	var nproc int
 	cmd := &cobra.Command{
