@@ -43,12 +43,8 @@ func (a *app) lsCmd() *cobra.Command {
 			if err != nil {
 				return classifyStore(err)
 			}
-			// A bucket has no directories, so nothing under a prefix is an empty list; a
-			// local directory that is not there is a mistyped path, not an empty store.
-			if !strings.HasPrefix(args[0], "s3://") {
-				if _, err := os.Stat(args[0]); err != nil {
-					return usageError{fmt.Errorf("no store at %s: %w", args[0], err)}
-				}
+			if err := checkLocalStore(args[0]); err != nil {
+				return err
 			}
 			found, err := chunked.List(cmd.Context(), st, prefix)
 			if err != nil {
@@ -117,4 +113,17 @@ func gpuSummary(ss []gpu.Snapshot) string {
 		return "-"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// checkLocalStore refuses a local store location that does not exist: a bucket has no
+// directories, so nothing under a prefix is an empty store, but a local directory that is
+// not there is a mistyped path — not an empty store to list, nor one to create and collect.
+func checkLocalStore(loc string) error {
+	if strings.HasPrefix(loc, "s3://") {
+		return nil
+	}
+	if _, err := os.Stat(loc); err != nil {
+		return usageError{fmt.Errorf("no store at %s: %w", loc, err)}
+	}
+	return nil
 }

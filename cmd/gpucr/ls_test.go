@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -55,13 +57,20 @@ func checkNoControl(t *testing.T, what, out string, lines int) {
 	}
 }
 
-// ls of a local directory that is not there says so, instead of listing nothing: a
-// mistyped path must not look like an empty store.
-func TestLsOfAMissingDirectory(t *testing.T) {
-	var stdout, stderr strings.Builder
-	code := run([]string{"ls", "/nonexistent/gpucr-store"}, &stdout, &stderr)
-	if code == 0 || !strings.Contains(stderr.String(), "no store at /nonexistent/gpucr-store") {
-		t.Fatalf("ls of a missing directory: exit %d, stdout %q, stderr %q", code, stdout.String(), stderr.String())
+// ls and gc of a local directory that is not there say so, instead of listing nothing or
+// creating it to collect (a hostile test's gc made the mistyped path and reported 0 chunks
+// removed): a mistyped path must not look like an empty store.
+func TestStoreVerbsOfAMissingDirectory(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "gpucr-store")
+	for _, verb := range []string{"ls", "gc"} {
+		var stdout, stderr strings.Builder
+		code := run([]string{verb, missing}, &stdout, &stderr)
+		if code == 0 || !strings.Contains(stderr.String(), "no store at "+missing) {
+			t.Fatalf("%s of a missing directory: exit %d, stdout %q, stderr %q", verb, code, stdout.String(), stderr.String())
+		}
+		if _, err := os.Stat(missing); err == nil {
+			t.Fatalf("%s made the missing directory", verb)
+		}
 	}
 }
 

@@ -152,7 +152,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			code = exitUsage
 		}
 		var nr notReadyError
-		if (a.json || askedJSON(args)) && !(errors.As(err, &nr) && nr.reported) {
+		var held inOutput
+		if (a.json || askedJSON(args)) && !(errors.As(err, &nr) && nr.reported) && !errors.As(err, &held) {
 			// Machines read stdout: the failure is there too, in the same schema.
 			b, _ := json.Marshal(errorOutput{Error: msg, ExitCode: code})
 			fmt.Fprintf(stdout, "%s\n", b)

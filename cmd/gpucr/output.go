@@ -46,6 +46,12 @@ func exitCode(err error) int {
 	return exitFailed
 }
 
+// inOutput is a failure the verb's --json document already holds (with its exit code):
+// stdout must hold that one document, not a second for the error.
+type inOutput struct{ error }
+
+func (e inOutput) Unwrap() error { return e.error }
+
 // notReadyError is a host that cannot do what was asked (not root, no CRIU or too old a
 // one, `gpucr check`'s findings): exit code 3, with reason as the whole message. reported
 // says the verb's own output (`gpucr check`'s report) already said so, and --json must not

@@ -21,6 +21,10 @@ import (
 type recoverOutput struct {
 	Recovered []txn.Record `json:"recovered"`
 	Resumed   []int        `json:"resumedGpuProcesses,omitempty"`
+	// Error and ExitCode say what failed, as every verb's error document does: what was
+	// recovered is reported in the same document.
+	Error    string `json:"error,omitempty"`
+	ExitCode int    `json:"exitCode,omitempty"`
 }
 
 func (a *app) recoverCmd() *cobra.Command {
@@ -46,10 +50,16 @@ func (a *app) recoverCmd() *cobra.Command {
 				}
 				out.Resumed = append(out.Resumed, pid)
 			}
+			if rerr != nil {
+				out.Error, out.ExitCode = printable(oneLine(rerr)), exitCode(rerr)
+			}
 			if err := a.emit(out, func() { printRecover(a, out) }); err != nil {
 				return err
 			}
-			return rerr
+			if rerr != nil {
+				return inOutput{rerr}
+			}
+			return nil
 		},
 	}
 	cmd.Flags().IntSliceVar(&pids, "pid", nil, "a process stranded on its GPU (locked or checkpointed) to restore and unlock")

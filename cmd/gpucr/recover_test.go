@@ -1,0 +1,31 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/gpucr/gpucr/internal/testutil"
+)
+
+// recover --json prints one document, what was recovered and what failed together: a
+// hostile test's --pid of a process not stranded printed two, so stdout was no JSON value.
+func TestRecoverJSONIsOneDocument(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "recover reads root's journal")
+	}
+	var stdout, stderr strings.Builder
+	code := run([]string{"recover", "--json", "--pid", "999999"}, &stdout, &stderr)
+	dec := json.NewDecoder(strings.NewReader(stdout.String()))
+	var out recoverOutput
+	if err := dec.Decode(&out); err != nil {
+		t.Fatalf("stdout is no JSON document: %v\n%s", err, stdout.String())
+	}
+	if dec.More() {
+		t.Fatalf("stdout holds more than one document:\n%s", stdout.String())
+	}
+	if code == 0 || out.ExitCode != code || !strings.Contains(out.Error, "not stranded") {
+		t.Fatalf("exit %d, document %+v", code, out)
+	}
+}
