@@ -186,6 +186,9 @@ while :; do
 	p=$(dirname -- "$p")
 done
 mkdir -p -m 700 "$state" || exit 1
+# Marked before gpucr starts, not only once it is done: install-criu-integration --remove
+# waits while a CRIU that runs has a mark here.
+: > "$ran" || exit 1
 "$bin" criu-action --log "$log" --state-dir "$state" --criu-pid "$PPID"
 rc=$?
 echo "$rc" > "$ran"

@@ -32,7 +32,9 @@ func newScriptHost(t *testing.T) *scriptHost {
 	dir := t.TempDir()
 	h := &scriptHost{runs: filepath.Join(dir, "runs"), exit: filepath.Join(dir, "exit"), state: filepath.Join(dir, "state")}
 	fake := filepath.Join(t.TempDir(), "gpucr")
-	body := "#!/bin/sh\necho \"$CRTOOLS_SCRIPT_ACTION $*\" >> " + h.runs + "\n[ -e " + h.exit + " ] && exit $(cat " + h.exit + ")\nexit 0\n"
+	// It also keeps, per step, what the state directory held while it ran.
+	body := "#!/bin/sh\necho \"$CRTOOLS_SCRIPT_ACTION $*\" >> " + h.runs + "\nls " + h.state + " > " + h.runs + ".$CRTOOLS_SCRIPT_ACTION\n" +
+		"[ -e " + h.exit + " ] && exit $(cat " + h.exit + ")\nexit 0\n"
 	if err := os.WriteFile(fake, []byte(body), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -133,6 +135,17 @@ func TestScriptStartsGpucrOnlyForGPUState(t *testing.T) {
 	for range 2 {
 		if out, err := h.step(t, "pre-restore", env(0)...); err != nil {
 			t.Fatalf("pre-restore: %v: %s", err, out)
+		}
+	}
+	// While gpucr ran a step, the step's mark was there (install-criu-integration --remove
+	// waits on it): a hostile test's removal during a slow pre-restore broke the restore.
+	self, err := proctree.Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []string{"pre-dump", "pre-restore"} {
+		if b, _ := os.ReadFile(h.runs + "." + step); !strings.Contains(string(b), fmt.Sprintf("%d.%d.%s", self.PID, self.Start, step)) {
+			t.Errorf("while gpucr ran %s the state directory held %q, not the step's mark", step, b)
 		}
 	}
 	// What pre-restore keeps for post-resume, named by the CRIU that runs both, and one a
