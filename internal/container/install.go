@@ -134,6 +134,15 @@ forget() {
 		break
 	done
 }
+# A step this CRIU ran already (CRIU runs the script twice a step) repeats its status, before
+# anything else is looked at: after pre-dump's gpucr the driver has closed the GPU
+# processes' device files, and the second run must not take the tree for one without GPU.
+ran=$state/$criu.$CRTOOLS_SCRIPT_ACTION
+if [ -e "$ran" ]; then
+	read -r rc < "$ran"
+	[ "$CRTOOLS_SCRIPT_ACTION" = post-resume ] && forget
+	exit "${rc:-1}"
+fi
 case $CRTOOLS_SCRIPT_ACTION in
 pre-dump)
 	fds= pids=$CRTOOLS_INIT_PID
@@ -169,11 +178,6 @@ post-dump)
 	exit 0
 	;;
 esac
-ran=$state/$criu.$CRTOOLS_SCRIPT_ACTION
-if [ -e "$ran" ]; then
-	read -r rc < "$ran"
-	exit "${rc:-1}"
-fi
 p=$bin
 while :; do
 	s=$(stat -c '%%u %%a' -- "$p") || exit 1

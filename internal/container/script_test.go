@@ -236,3 +236,39 @@ func TestRemoveWaitsForACRIUMidway(t *testing.T) {
 		t.Errorf("the script is still there: %v", err)
 	}
 }
+
+// CRIU's second run of pre-dump comes after gpucr's driver checkpoint, which closes the GPU
+// processes' device files: it repeats the first run's status and leaves the record gpucr
+// wrote in the image. On the GPU machine (device run 78) it took the tree for one without
+// GPU, removed the record, and runc's restore then brought the container back without its
+// GPU state; the fake driver of the CI tests leaves the files open, so only this test sees it.
+func TestScriptSecondPreDumpKeepsTheRecord(t *testing.T) {
+	h := newScriptHost(t)
+	img := t.TempDir()
+	tree := holdingGPUDevice(t)
+	env := []string{"CRTOOLS_INIT_PID=" + strconv.Itoa(tree), "CRTOOLS_IMAGE_DIR=" + img}
+	if out, err := h.step(t, "pre-dump", env...); err != nil {
+		t.Fatalf("pre-dump: %v: %s", err, out)
+	}
+	record := filepath.Join(img, RecordName)
+	testutil.WriteFile(t, record, []byte("{}")) // as gpucr's pre-dump writes it
+	// The driver's checkpoint closes the device files: here, the process holding it goes.
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", tree, tree))
+	holder, err := strconv.Atoi(strings.Fields(string(b))[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(holder, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitGone(t, holder)
+	if out, err := h.step(t, "pre-dump", env...); err != nil {
+		t.Fatalf("the second pre-dump: %v: %s", err, out)
+	}
+	if _, err := os.Stat(record); err != nil {
+		t.Fatalf("the second run of pre-dump removed this dump's record: %v", err)
+	}
+	if got := h.ran(); len(got) != 1 {
+		t.Errorf("gpucr ran %v, want once", got)
+	}
+}
