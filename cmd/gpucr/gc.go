@@ -69,12 +69,12 @@ func (a *app) gcCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
-			if err := checkLocalStore(args[0]); err != nil {
-				return err
-			}
 			st, dir, err := store.Open(ctx, args[0], a.cfg.s3)
 			if err != nil {
 				return classifyStore(err)
+			}
+			if err := checkLocalStore(args[0]); err != nil {
+				return err
 			}
 			if err := notACheckpoint(ctx, st, dir); err != nil {
 				return err
