@@ -343,23 +343,34 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if err := json.Unmarshal(b, &rec); err != nil {
-		return fmt.Errorf("read %s: %w", kept, err)
-	}
 	os.Remove(kept)
 	root, err := a.initPID()
 	if err != nil {
-		return err
+		return err // no tree to name
 	}
-	host, err := proctree.HostPIDs(root)
-	if err != nil {
-		return err
-	}
+	// From here the tree holds GPU state: whatever fails, it must not run on without it (it
+	// runs already: CRIU only logs a failed post-resume). A hostile test's short-lived child
+	// failed the read of the tree, and the container ran on with its GPU checkpointed.
+	var host map[int]int
 	fail := func(cause error) error {
+		if host == nil {
+			tree, _ := proctree.Tree(root)
+			host = map[int]int{}
+			for _, p := range tree {
+				host[p.PID] = p.PID
+			}
+		}
 		for _, pid := range host {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		return fmt.Errorf("%w: %v; the restored processes were killed", engine.ErrGPURestore, cause)
+	}
+	if err := json.Unmarshal(b, &rec); err != nil {
+		return fail(fmt.Errorf("read %s: %w", kept, err))
+	}
+	if host, err = proctree.HostPIDs(root); err != nil {
+		host = nil
+		return fail(err)
 	}
 	skips, err := a.skips()
 	if err != nil {

@@ -658,3 +658,34 @@ func TestCheckBundleRefusesWhatOthersCanChange(t *testing.T) {
 		t.Error("a bundle whose config.json is another user's was taken")
 	}
 }
+
+// Once post-resume has read the GPU record, a failure of any step kills the restored tree:
+// it runs already (CRIU only logs a failed post-resume), and must not run on without its GPU
+// state. A hostile test's tree with a short-lived child failed the read of the tree, and
+// post-resume returned with the container running and its GPU process checkpointed; here
+// the record itself is damaged.
+func TestPostResumeFailureKillsTheTree(t *testing.T) {
+	p := testutil.StartSleeper(t)
+	f := &fakeGPU{pid: p.Process.Pid}
+	dump := newAction(t, f, "pre-dump", p.Process.Pid)
+	if err := dump.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	a := newAction(t, f, "pre-restore", 0)
+	a.env[envImageDir], a.env[envInitPID] = dump.env[envImageDir], ""
+	if err := a.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	kept, err := a.act.restorePath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WriteFile(t, kept, []byte("not JSON"))
+	a.env[envAction], a.env[envInitPID] = "post-resume", strconv.Itoa(p.Process.Pid)
+	if err := a.act.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "the restored processes were killed") {
+		t.Fatalf("post-resume of a damaged record: %v", err)
+	}
+	if !testutil.ExitedWithin(p.Process.Pid, 5*time.Second) {
+		t.Fatal("the restored tree runs on without its GPU state")
+	}
+}

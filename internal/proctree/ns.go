@@ -2,7 +2,9 @@ package proctree
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -41,6 +43,9 @@ func HostPIDs(root int) (map[int]int, error) {
 	m := make(map[int]int, len(tree))
 	for _, p := range tree {
 		in, err := InnerPID(p.PID)
+		if errors.Is(err, ErrNoProcess) || errors.Is(err, fs.ErrNotExist) {
+			continue // exited since the tree was read: it holds nothing to map
+		}
 		if err != nil {
 			return nil, err
 		}
