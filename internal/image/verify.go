@@ -170,7 +170,8 @@ func seal(manifest []byte) string {
 // checkSeal compares the manifest's bytes with the seal committed beside them. It runs
 // after the format check, so that a newer gpucr may seal differently.
 func checkSeal(dir string, manifest []byte) error {
-	b, err := beneath.ReadFile(dir, SealName, 1<<10)
+	limit, _ := ManifestFileLimit(SealName)
+	b, err := beneath.ReadFile(dir, SealName, limit)
 	if errors.Is(err, fs.ErrNotExist) {
 		return &CorruptError{SealName, "missing: the manifest cannot be checked"}
 	}
@@ -511,6 +512,21 @@ type renamedError struct {
 
 func (e renamedError) Error() string { return strings.ReplaceAll(e.err.Error(), e.from, e.to) }
 func (e renamedError) Unwrap() error { return e.err }
+
+// ManifestFileLimit is the most a file of the manifest's own (the manifest, its seal, its
+// signatures) may hold, by name, and false for any other file: what reads them reads no
+// more, so a fetch need fetch no more either.
+func ManifestFileLimit(path string) (int64, bool) {
+	switch path {
+	case ManifestName:
+		return maxManifest, true
+	case SealName:
+		return 1 << 10, true
+	case SigName:
+		return maxSigFile, true
+	}
+	return 0, false
+}
 
 // maxSigFile is the most a signature file may hold: a line per key.
 const maxSigFile = 64 << 10

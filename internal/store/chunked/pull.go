@@ -75,6 +75,13 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		// signed: an untrusted store gets no other byte written (a hostile test's pull with
 		// --trust wrote until the disk was full, refused only once every byte had arrived).
 		p.only = isManifestFile
+		// Those files are small: one listed larger than its reader reads is refused before
+		// it is fetched (a crafted listing had a gigabyte written as manifest.json).
+		for _, f := range kept.Files {
+			if limit, ok := image.ManifestFileLimit(f.Path); ok && f.Size > limit {
+				return nil, nil, fmt.Errorf("%s: %w: %s is listed at %d bytes, more than the %d it may hold", st.URL(prefix), ErrBadManifest, f.Path, f.Size, limit)
+			}
+		}
 		if err := p.run(ctx); err != nil {
 			return nil, nil, err
 		}
@@ -121,7 +128,8 @@ func refusal(url string, err error) error {
 
 // isManifestFile says whether path is the image's manifest, its seal or its signature.
 func isManifestFile(path string) bool {
-	return path == image.ManifestName || path == image.SealName || path == image.SigName
+	_, ok := image.ManifestFileLimit(path)
+	return ok
 }
 
 // listsSigned refuses files, a manifest object's listing, unless each file but the manifest's

@@ -338,6 +338,15 @@ func TestTrustedPullChecksTheSignatureFirst(t *testing.T) {
 			f.Path = "criu/extra.img"
 			m.Files = append(m.Files, f)
 		}, chunked.ErrBadManifest},
+		// The manifest's own files are fetched first, before the signature is checked: one
+		// listed larger than its reader reads is refused unfetched (a hostile test had a
+		// gigabyte written as manifest.json).
+		"a manifest listed as 72 MiB": {key, func(m *chunked.Manifest) {
+			mem := m.Files[slices.IndexFunc(m.Files, func(f chunked.File) bool { return strings.HasPrefix(f.Path, "mem/") })].Chunks[0]
+			i := slices.IndexFunc(m.Files, func(f chunked.File) bool { return f.Path == image.ManifestName })
+			m.Files[i].Chunks = slices.Repeat([]chunked.Chunk{mem}, 9)
+			m.Files[i].Size = 9 * mem.Size
+		}, chunked.ErrBadManifest},
 	} {
 		t.Run(name, func(t *testing.T) {
 			st := store.NewDir(t.TempDir())
