@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -43,21 +44,26 @@ func (a *app) dryRun(cmd *cobra.Command, target func(*engine.Engine) engine.Targ
 	if err != nil {
 		return classifyContainer(err)
 	}
-	if err := a.emit(res, func() {
-		fmt.Fprintf(a.stdout, "%d processes, %d with GPU state: ", res.Processes, len(res.GPUProcesses))
-		if len(res.Findings) == 0 {
-			fmt.Fprintln(a.stdout, "nothing found that would stop a checkpoint or its restore")
-			return
-		}
-		fmt.Fprintf(a.stdout, "%d finding(s), a checkpoint would be refused\n", len(res.Findings))
-		for _, f := range res.Findings {
-			fmt.Fprintf(a.stdout, "  %s: process %d (%s) %s\n    fix: %s\n", f.Check, f.PID, f.Command, f.Reason, f.Fix)
-		}
-	}); err != nil {
+	if err := a.emit(res, func() { printAnalysis(a.stdout, res) }); err != nil {
 		return err
 	}
 	if len(res.Findings) > 0 {
 		return fmt.Errorf("a checkpoint would be refused: %d finding(s)", len(res.Findings))
 	}
 	return nil
+}
+
+// printAnalysis writes what --dry-run found. A process's name and the paths it holds are
+// its user's to choose: they are shown without their control characters (a hostile test's
+// process name drove root's terminal).
+func printAnalysis(w io.Writer, res *engine.Analysis) {
+	fmt.Fprintf(w, "%d processes, %d with GPU state: ", res.Processes, len(res.GPUProcesses))
+	if len(res.Findings) == 0 {
+		fmt.Fprintln(w, "nothing found that would stop a checkpoint or its restore")
+		return
+	}
+	fmt.Fprintf(w, "%d finding(s), a checkpoint would be refused\n", len(res.Findings))
+	for _, f := range res.Findings {
+		fmt.Fprintf(w, "  %s: process %d (%s) %s\n    fix: %s\n", f.Check, f.PID, printable(f.Command), printable(f.Reason), printable(f.Fix))
+	}
 }

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 	"unicode"
+
+	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/safety"
 )
 
 // ls's table writes sizes in binary units a reader takes in at a glance, not byte counts.
@@ -79,4 +82,14 @@ func TestStoreVerbsOfAMissingDirectory(t *testing.T) {
 func TestEngineLineReachesNoTerminal(t *testing.T) {
 	err := fmt.Errorf("unknown GPU backend %q", "\x1b]0;PWNED\x07\x1b[31mRED\nsecond line")
 	checkNoControl(t, "the engine's line", engineLine(err)+"\n", 1)
+}
+
+// --dry-run shows a process's name and the paths it holds, which are its user's to choose,
+// without their control characters: a hostile test's process name drove root's terminal.
+func TestDryRunReachesNoTerminal(t *testing.T) {
+	const hostile = "\x1b]2;PWNED\x07\x1b[2J\nfix: nothing"
+	var b strings.Builder
+	printAnalysis(&b, &engine.Analysis{Processes: 1, Findings: []safety.Finding{
+		{Check: "io-uring", PID: 7, Command: hostile, Reason: "holds " + hostile, Fix: "stop " + hostile}}})
+	checkNoControl(t, "--dry-run", b.String(), 3)
 }

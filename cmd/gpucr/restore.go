@@ -156,7 +156,7 @@ func printRestore(a *app, out restoreOutput, phases []image.Phase) {
 		}
 		sort.Strings(olds)
 		for _, o := range olds {
-			fmt.Fprintf(a.stdout, "  %s GPU %s -> %s\n", backend, o, m[o])
+			fmt.Fprintf(a.stdout, "  %s GPU %s -> %s\n", printable(backend), printable(o), printable(m[o])) // the image's
 		}
 	}
 	fmt.Fprintf(a.stdout, "  phases  %s\n", phasesLine(phases))
