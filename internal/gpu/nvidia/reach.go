@@ -22,7 +22,7 @@ var gpuNode = regexp.MustCompile(`^nvidia[0-9]+$`)
 // /dev holds only those its engine, device plugin or CDI gave it, and its restored
 // processes can be put back only on those, whichever GPUs they ran on before.
 func (b *Backend) reachable(host gpu.Host, root string) (gpu.Host, error) {
-	minors, err := deviceMinors(filepath.Join(root, "dev"))
+	minors, err := deviceMinors(root)
 	if err != nil {
 		return gpu.Host{}, err
 	}
@@ -51,13 +51,29 @@ func (b *Backend) reachable(host gpu.Host, root string) (gpu.Host, error) {
 	return host, nil
 }
 
-// deviceMinors lists the minor numbers of the NVIDIA GPU nodes in dir: character devices
-// of the driver's major named nvidiaN. A node's name alone proves nothing, nor does a
-// symlink: read from the host, one in the container's /dev names a node of the host's
-// choosing, not one the container was given (a hostile test's container linked
-// /dev/nvidia1 to the host's and had its GPU state restored onto that GPU).
-func deviceMinors(dir string) (map[int]bool, error) {
-	entries, err := os.ReadDir(dir)
+// deviceMinors lists the minor numbers of the NVIDIA GPU nodes in root's /dev: character
+// devices of the driver's major named nvidiaN. A node's name alone proves nothing, nor does
+// a symlink, there or as /dev itself: read from the host, it names a node of the host's
+// choosing, not one the container was given (hostile tests' containers linked /dev/nvidia1,
+// and then their whole /dev, to the host's and had their GPU state moved onto its GPUs).
+// So /dev is opened beneath root with no symlink followed, and its entries are looked at
+// through it.
+func deviceMinors(root string) (map[int]bool, error) {
+	rootfd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open the restored processes' root %s: %w", root, err)
+	}
+	defer unix.Close(rootfd)
+	devfd, err := unix.Openat2(rootfd, "dev", &unix.OpenHow{
+		Flags:   unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC,
+		Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open the restored processes' devices %s (a symlink is refused): %w", filepath.Join(root, "dev"), err)
+	}
+	dev := os.NewFile(uintptr(devfd), filepath.Join(root, "dev"))
+	defer dev.Close()
+	entries, err := dev.ReadDir(-1)
 	if err != nil {
 		return nil, fmt.Errorf("list the restored processes' devices: %w", err)
 	}
@@ -67,8 +83,8 @@ func deviceMinors(dir string) (map[int]bool, error) {
 			continue
 		}
 		var st unix.Stat_t
-		if err := unix.Lstat(filepath.Join(dir, e.Name()), &st); err != nil {
-			return nil, fmt.Errorf("stat %s: %w", filepath.Join(dir, e.Name()), err)
+		if err := unix.Fstatat(devfd, e.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return nil, fmt.Errorf("stat %s: %w", filepath.Join(root, "dev", e.Name()), err)
 		}
 		if st.Mode&unix.S_IFMT == unix.S_IFCHR && unix.Major(st.Rdev) == deviceMajor {
 			minors[int(unix.Minor(st.Rdev))] = true

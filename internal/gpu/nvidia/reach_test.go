@@ -136,3 +136,19 @@ func TestPlanRestoreCountsNoSymlinkedNode(t *testing.T) {
 		t.Fatalf("err = %v, want the container found to reach no GPU", err)
 	}
 }
+
+// A container whose /dev itself is a symlink (its init chrooted into a directory whose dev
+// links to /dev) is refused: read from the host, the link names the host's /dev and every
+// GPU in it (a hostile test had its state planned onto the host's GPU so).
+func TestPlanRestoreRefusesASymlinkedDev(t *testing.T) {
+	host := containerRoot(t, map[string]int{"nvidia1": 1})
+	root := t.TempDir()
+	if err := os.Symlink(filepath.Join(host, "dev"), filepath.Join(root, "dev")); err != nil {
+		t.Fatal(err)
+	}
+	img := image([]string{uuidA}, h100(0, uuidA, 0))
+	plan, err := newBackend(twoGPUs(), &fakeDriver{}).PlanRestore(context.Background(), gpu.RestoreInput{Snapshot: &img, Root: root})
+	if err == nil || !strings.Contains(err.Error(), "a symlink is refused") {
+		t.Fatalf("PlanRestore = %+v, %v; want the symlinked /dev refused", plan, err)
+	}
+}
