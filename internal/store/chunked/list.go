@@ -19,7 +19,13 @@ const maxManifest = 64 << 20
 // maxManifestObjects bounds the JSON objects (chunk entries, files, the image's pieces) a
 // manifest object may hold: decoded, each costs ~100 bytes however short it is, and 63 MiB
 // of empty entries took 5 GB in a hostile test. A million is over three terabytes of image.
-const maxManifestObjects = 1 << 20
+// maxManifestValues bounds its values the same way (a comma before each but the first of
+// an object or array): a second hostile test's entries were nulls in an array, which open
+// no object, 13 million of them decoded to 88 bytes each. A real entry holds four or five.
+const (
+	maxManifestObjects = 1 << 20
+	maxManifestValues  = 6 << 20
+)
 
 // Load reads and checks the manifest object of the checkpoint at prefix.
 func Load(ctx context.Context, st store.Store, prefix string) (*Manifest, error) {
@@ -46,6 +52,9 @@ func Load(ctx context.Context, st store.Store, prefix string) (*Manifest, error)
 	// Every object opens with a brace (one inside a string only counts it higher).
 	if n := bytes.Count(b, []byte("{")); n > maxManifestObjects {
 		return nil, fmt.Errorf("%s: %w: %d entries, more than the %d a checkpoint of this format has", st.URL(key), ErrBadManifest, n, maxManifestObjects)
+	}
+	if n := bytes.Count(b, []byte(",")); n > maxManifestValues {
+		return nil, fmt.Errorf("%s: %w: %d values, more than the %d a checkpoint of this format has", st.URL(key), ErrBadManifest, n, maxManifestValues)
 	}
 	// The format is read alone first: a newer one may not decode as this one.
 	var head struct {
