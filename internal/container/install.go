@@ -70,11 +70,7 @@ func (in Integration) Install() error {
 	if err := writeAtomic(in.Binary(), bin, 0o755); err != nil {
 		return err
 	}
-	state := in.StateDir
-	if state == "" {
-		state = StateDir
-	}
-	if err := writeAtomic(in.Script, []byte(actionScript(in.Binary(), in.Log, state)), 0o755); err != nil {
+	if err := writeAtomic(in.Script, []byte(actionScript(in.Binary(), in.Log, in.stateDir())), 0o755); err != nil {
 		return err
 	}
 	for _, conf := range in.configs() {
@@ -229,6 +225,14 @@ func (in Integration) Remove() error {
 	return nil
 }
 
+// stateDir is where the script keeps what passes between steps.
+func (in Integration) stateDir() string {
+	if in.StateDir == "" {
+		return StateDir
+	}
+	return in.StateDir
+}
+
 // removeWait is how long Remove waits for the dumps and restores under way through the
 // script to end.
 const removeWait = 2 * time.Minute
@@ -252,7 +256,7 @@ func (in Integration) waitIdle(limit time.Duration) error {
 
 // busy is a CRIU that runs and has run a step of the script, not yet its last (0: none).
 func (in Integration) busy() int {
-	entries, _ := os.ReadDir(in.StateDir)
+	entries, _ := os.ReadDir(in.stateDir())
 	for _, e := range entries {
 		if pid, start, ok := stateOwner(e.Name()); ok && proctree.Same(pid, start) {
 			return pid

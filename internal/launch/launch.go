@@ -79,7 +79,11 @@ func Run(ctx context.Context, j Job) error {
 		c.Env = append(append([]string(nil), base...), "RANK="+strconv.Itoa(i), "LOCAL_RANK="+strconv.Itoa(i))
 		c.Stdin, c.Stdout, c.Stderr = nil, j.Stdout, j.Stderr
 		if err := c.Start(); err != nil {
-			stopAll(cmds[:i])
+			// The job never ran: the ranks started go at once, none left behind.
+			signalAll(cmds[:i], syscall.SIGKILL)
+			for _, c := range cmds[:i] {
+				_ = c.Wait()
+			}
 			return fmt.Errorf("launch rank %d: %w", i, err)
 		}
 		cmds[i] = c
