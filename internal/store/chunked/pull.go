@@ -71,26 +71,8 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		return nil, nil, err
 	}
 	if len(o.Trust) > 0 {
-		// The signed manifest is fetched and checked first, and the store must list what it
-		// signed: an untrusted store gets no other byte written (a hostile test's pull with
-		// --trust wrote until the disk was full, refused only once every byte had arrived).
-		p.only = isManifestFile
-		// Those files are small: one listed larger than its reader reads is refused before
-		// it is fetched (a crafted listing had a gigabyte written as manifest.json).
-		for _, f := range kept.Files {
-			if limit, ok := image.ManifestFileLimit(f.Path); ok && f.Size > limit {
-				return nil, nil, fmt.Errorf("%s: %w: %s is listed at %d bytes, more than the %d it may hold", st.URL(prefix), ErrBadManifest, f.Path, f.Size, limit)
-			}
-		}
-		if err := p.run(ctx); err != nil {
+		if err := p.signedFirst(ctx, img); err != nil {
 			return nil, nil, err
-		}
-		signed, _, err := image.LoadTrusted(img, o.Trust)
-		if err != nil {
-			return nil, nil, refusal(st.URL(prefix), err)
-		}
-		if err := listsSigned(kept.Files, signed); err != nil {
-			return nil, nil, fmt.Errorf("%s: %w: %v", st.URL(prefix), ErrBadManifest, err)
 		}
 		p.only = func(path string) bool { return !isManifestFile(path) }
 	}
@@ -115,6 +97,33 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		return nil, nil, fmt.Errorf("image %s pulled but not durable: %w", dir, err)
 	}
 	return im, &p.stats, nil
+}
+
+// signedFirst fetches into img only the manifest, its seal and its signature, checks them
+// against p.o.Trust, and refuses a store that lists any other file than the signed manifest
+// does, at its size: an untrusted store gets no other byte written (a hostile test's pull
+// with --trust wrote until the disk was full, refused only once every byte had arrived).
+// Those files are small: one listed larger than its reader reads is refused unfetched (a
+// crafted listing had a gigabyte written as manifest.json).
+func (p *puller) signedFirst(ctx context.Context, img string) error {
+	url := p.st.URL(p.prefix)
+	for _, f := range p.m.Files {
+		if limit, ok := image.ManifestFileLimit(f.Path); ok && f.Size > limit {
+			return fmt.Errorf("%s: %w: %s is listed at %d bytes, more than the %d it may hold", url, ErrBadManifest, f.Path, f.Size, limit)
+		}
+	}
+	p.only = isManifestFile
+	if err := p.run(ctx); err != nil {
+		return err
+	}
+	signed, _, err := image.LoadTrusted(img, p.o.Trust)
+	if err != nil {
+		return refusal(url, err)
+	}
+	if err := listsSigned(p.m.Files, signed); err != nil {
+		return fmt.Errorf("%s: %w: %v", url, ErrBadManifest, err)
+	}
+	return nil
 }
 
 // refusal is the error of a pulled image, from url, that its check refused: untrusted, or
