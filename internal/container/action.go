@@ -369,8 +369,7 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 		return fail(fmt.Errorf("read %s: %w", kept, err))
 	}
 	if host, err = proctree.HostPIDs(root); err != nil {
-		host = nil
-		return fail(err)
+		return fail(err) // host is nil: fail reads the tree itself
 	}
 	skips, err := a.skips()
 	if err != nil {
