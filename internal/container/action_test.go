@@ -212,16 +212,23 @@ func TestRollBackLeavesKilledTreeAlone(t *testing.T) {
 	}
 }
 
-func TestRestoreStepsBringGPUStateBack(t *testing.T) {
-	p := testutil.StartSleeper(t)
-	f := &fakeGPU{pid: p.Process.Pid}
-	dump := newAction(t, f, "pre-dump", p.Process.Pid)
+// dumpedForRestore runs pre-dump of the tree at root with f's GPU, and returns the
+// pre-restore step of a restore of that image (no process restored yet).
+func dumpedForRestore(t *testing.T, f *fakeGPU, root int) *actionEnv {
+	t.Helper()
+	dump := newAction(t, f, "pre-dump", root)
 	if err := dump.act.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	a := newAction(t, f, "pre-restore", 0)
-	a.env[envImageDir] = dump.env[envImageDir]
-	a.env[envInitPID] = ""
+	a.env[envImageDir], a.env[envInitPID] = dump.env[envImageDir], ""
+	return a
+}
+
+func TestRestoreStepsBringGPUStateBack(t *testing.T) {
+	p := testutil.StartSleeper(t)
+	f := &fakeGPU{pid: p.Process.Pid}
+	a := dumpedForRestore(t, f, p.Process.Pid)
 	// What CRIUs that are gone left (a failed restore's record, the script's marks) goes at
 	// pre-restore; what a CRIU that runs left, and other files, stay.
 	gone := exec.Command("true")
@@ -272,12 +279,7 @@ func TestRestoreStepsBringGPUStateBack(t *testing.T) {
 func TestPreRestoreRefusesWithoutTheBackend(t *testing.T) {
 	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
-	dump := newAction(t, f, "pre-dump", p.Process.Pid)
-	if err := dump.act.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	a := newAction(t, f, "pre-restore", 0)
-	a.env[envImageDir] = dump.env[envImageDir]
+	a := dumpedForRestore(t, f, p.Process.Pid)
 	a.act.Backends = nil // a host without the GPU backend
 	if err := a.act.Run(context.Background()); err == nil {
 		t.Fatal("pre-restore accepted GPU state this host cannot take: CRIU would restore a process without it")
@@ -667,12 +669,7 @@ func TestCheckBundleRefusesWhatOthersCanChange(t *testing.T) {
 func TestPostResumeFailureKillsTheTree(t *testing.T) {
 	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: p.Process.Pid}
-	dump := newAction(t, f, "pre-dump", p.Process.Pid)
-	if err := dump.act.Run(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	a := newAction(t, f, "pre-restore", 0)
-	a.env[envImageDir], a.env[envInitPID] = dump.env[envImageDir], ""
+	a := dumpedForRestore(t, f, p.Process.Pid)
 	if err := a.act.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}
