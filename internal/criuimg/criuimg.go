@@ -27,6 +27,8 @@ import (
 	remap_file_path "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
 	"github.com/checkpoint-restore/go-criu/v7/magic"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/internal/protobound"
 )
 
 // Summary is an image's process tree with each process's memory and files.
@@ -180,15 +182,15 @@ var magics = magic.LoadMagic()
 // Page files, which can be any size, are never decoded.
 const maxImage = 256 << 20
 
-// maxEntries bounds the entries gpucr decodes from one image: each costs ~100 bytes of
-// memory decoded, however few bytes it took in the file, and a hostile image of tiny
-// entries cost 5 GB. Four million is a pagemap of a process whose dumped memory is 16 GiB
+// maxEntries bounds the entries, and the messages nested in them, that gpucr decodes from
+// one image: each costs ~100 bytes of memory decoded, however few bytes it took in the
+// file, and a hostile image of tiny entries cost 5 GB. Four million is a pagemap of a process whose dumped memory is 16 GiB
 // of pages none of which is next to another. (A variable: tests lower it.)
 var maxEntries = 4 << 20
 
-// budget bounds the entries one reading of an image decodes, all its files together: a
-// crafted image can have many processes name one file of tiny entries (a hostile test's
-// inspect took 2.8 GB so, each file within maxEntries).
+// budget bounds the entries, and the messages nested in them, that one reading of an image
+// decodes, all its files together: a crafted image can have many processes name one file
+// of tiny entries (a hostile test's inspect took 2.8 GB so, each file within maxEntries).
 type budget struct{ left int }
 
 // newBudget is the budget of one reading of an image.
@@ -199,8 +201,8 @@ func decode[M proto.Message](n *budget, fsys fs.FS, name string, entry M) ([]M, 
 	var out []M
 	err := eachFrame(n, fsys, name, 0, func(b []byte) error {
 		m := entry.ProtoReflect().New().Interface().(M)
-		if err := proto.Unmarshal(b, m); err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
+		if err := n.unmarshal(name, b, m); err != nil {
+			return err
 		}
 		out = append(out, m)
 		return nil
@@ -208,12 +210,35 @@ func decode[M proto.Message](n *budget, fsys fs.FS, name string, entry M) ([]M, 
 	return out, err
 }
 
+// unmarshal decodes the entry b of image name into m, charging n for the messages nested
+// in it before they are made: an empty nested message is two bytes of the file and a
+// struct of memory, so entries alone do not bound what an image costs.
+func (n *budget) unmarshal(name string, b []byte, m proto.Message) error {
+	k, err := protobound.Nested(b, m.ProtoReflect().Descriptor(), n.left)
+	if errors.Is(err, protobound.ErrTooMany) {
+		return n.exhausted(name)
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	n.left -= k
+	if err := proto.Unmarshal(b, m); err != nil {
+		return fmt.Errorf("read %s: %w", name, err)
+	}
+	return nil
+}
+
+// exhausted is the error of a reading past its budget, met in image name.
+func (n *budget) exhausted(name string) error {
+	return fmt.Errorf("read %s: the image's files hold more than %d entries and nested messages, more than gpucr reads", name, maxEntries)
+}
+
 // eachFrame reads image name in fsys and hands use each entry's bytes in turn, as CRIU
 // frames them after the image's magic: each entry's size in 32 bits, then the entry. The
 // bytes are use's only until it returns. Every frame is checked to fit in the file before
-// it is read, as CheckFrames checks a file; an empty entry (which no entry gpucr reads
-// encodes to) and entries past the budget n are refused. The magic must be one CRIU
-// writes, as crit requires, and want when want is not 0.
+// it is read (a few bytes claiming 4 GiB would otherwise cost 4 GiB); an empty entry
+// (which no entry gpucr reads encodes to) and entries past the budget n are refused. The
+// magic must be one CRIU writes, as crit requires, and want when want is not 0.
 func eachFrame(n *budget, fsys fs.FS, name string, want uint32, use func([]byte) error) error {
 	f, err := fsys.Open(name)
 	if err != nil {
@@ -266,7 +291,7 @@ func eachFrame(n *budget, fsys fs.FS, name string, want uint32, use func([]byte)
 		case k == 0:
 			return fmt.Errorf("read %s: empty entry at offset %d, which CRIU does not write", name, off-4)
 		case n.left == 0:
-			return fmt.Errorf("read %s: the image's files hold more than %d entries, more than gpucr reads", name, maxEntries)
+			return n.exhausted(name)
 		}
 		n.left--
 		if cap(buf) < k {
@@ -279,56 +304,6 @@ func eachFrame(n *budget, fsys fs.FS, name string, want uint32, use func([]byte)
 		if err := use(buf[:k]); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// CheckFrames checks, before crit decodes the image f, that every entry the image's size
-// headers announce fits in the file: crit allocates (and parses) each entry at the size its
-// header claims before it reads it, so a few bytes claiming 4 GiB would cost 4 GiB. It
-// reads f through its own reader, leaving f's offset alone. Images whose entries carry
-// data after them (pipe data, socket queues) are not among those gpucr reads and are not
-// framed so.
-func CheckFrames(f *os.File) error {
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	size := fi.Size()
-	r := bufio.NewReaderSize(io.NewSectionReader(f, 0, size), 64<<10)
-	var b [4]byte
-	var off int64
-	next := func() (uint32, error) {
-		if _, err := io.ReadFull(r, b[:]); err != nil {
-			if errors.Is(err, io.EOF) {
-				err = io.ErrUnexpectedEOF
-			}
-			return 0, fmt.Errorf("at offset %d: %w", off, err)
-		}
-		off += 4
-		return binary.LittleEndian.Uint32(b[:]), nil
-	}
-	m, err := next()
-	if err != nil {
-		return err
-	}
-	if m == imgCommonMagic || m == imgServiceMagic {
-		if _, err := next(); err != nil {
-			return err
-		}
-	}
-	for off < size {
-		n, err := next()
-		if err != nil {
-			return err
-		}
-		if int64(n) > size-off {
-			return fmt.Errorf("entry at offset %d claims %d bytes, %d follow: %w", off-4, n, size-off, io.ErrUnexpectedEOF)
-		}
-		if _, err := r.Discard(int(n)); err != nil {
-			return fmt.Errorf("at offset %d: %w", off, err)
-		}
-		off += int64(n)
 	}
 	return nil
 }
@@ -454,6 +429,19 @@ func findUsers(n *budget, fsys fs.FS, byID map[uint32]*MissingFile) error {
 		}
 	}
 	return nil
+}
+
+// ReadMm reads the mm image at path: one process's memory map, one entry.
+func ReadMm(path string) (*mm.MmEntry, error) {
+	name := filepath.Base(path)
+	e, err := decode(newBudget(), os.DirFS(filepath.Dir(path)), name, &mm.MmEntry{})
+	if err != nil {
+		return nil, err
+	}
+	if len(e) != 1 {
+		return nil, fmt.Errorf("read %s: %d entries, an mm image has one", name, len(e))
+	}
+	return e[0], nil
 }
 
 // OwnMounts says whether the image's tree had a mount namespace of its own (CRIU dumped

@@ -1,6 +1,7 @@
 package criuimg
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -18,6 +19,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/gpucr/gpucr/internal/fuzzcheck"
@@ -161,12 +163,13 @@ func TestReadBoundsTheWholeImage(t *testing.T) {
 		fds = append(fds, &fdinfo.FdinfoEntry{Id: u32(9), Flags: u32(0), Type: fdinfo.FdTypes_UND.Enum(), Fd: u32(uint32(fd))})
 	}
 	add("fdinfo-1.img", "FDINFO", fds...)
-	// 3 + 3 x (core, pagemap head, ids) + 40: 52 entries, the shared table read once.
+	// 3 + 3 x (core and its task core, pagemap head, ids) + 40: 55 entries and nested
+	// messages, the shared table read once.
 	defer func(n int) { maxEntries = n }(maxEntries)
 	maxEntries = 60
 	s, err := ReadFS(fsys)
 	if err != nil {
-		t.Fatalf("an image of 52 entries, within 60: %v", err)
+		t.Fatalf("an image of 55 entries, within 60: %v", err)
 	}
 	for _, p := range s.Processes {
 		if len(p.Files) != 40 {
@@ -175,6 +178,38 @@ func TestReadBoundsTheWholeImage(t *testing.T) {
 	}
 	maxEntries = 50
 	if _, err := ReadFS(fsys); err == nil || !strings.Contains(err.Error(), "the image's files hold more than 50 entries") {
-		t.Fatalf("an image of 52 entries, within 50: %v", err)
+		t.Fatalf("an image of 55 entries, within 50: %v", err)
+	}
+}
+
+// One core entry of empty nested messages (its x86 thread's TLS list) is two bytes of the
+// file per message and a struct of memory: a hostile pass's 64 MiB core image decoded to
+// ~4.7 GB before it was refused. The messages are counted before any is made.
+func TestNestedEmptyMessagesAreBounded(t *testing.T) {
+	core := (&criu_core.CoreEntry{}).ProtoReflect().Descriptor()
+	threadInfo := core.Fields().ByName("thread_info")
+	tls := threadInfo.Message().Fields().ByName("tls").Number()
+	var info []byte
+	for range maxEntries + 1 {
+		info = protowire.AppendTag(info, tls, protowire.BytesType)
+		info = protowire.AppendBytes(info, nil)
+	}
+	entry := protowire.AppendBytes(protowire.AppendTag(nil, threadInfo.Number(), protowire.BytesType), info)
+	img := binary.LittleEndian.AppendUint32(nil, imgCommonMagic)
+	img = binary.LittleEndian.AppendUint32(img, uint32(magics.ByName["CORE"]))
+	img = binary.LittleEndian.AppendUint32(img, uint32(len(entry)))
+	fsys := fstest.MapFS{
+		"pstree.img": &fstest.MapFile{Data: fuzzcheck.Image(t, "PSTREE",
+			&pstree.PstreeEntry{Pid: proto.Uint32(1), Ppid: proto.Uint32(0), Pgid: proto.Uint32(1), Sid: proto.Uint32(1), Threads: []uint32{1}})},
+		"files.img":  &fstest.MapFile{Data: fuzzcheck.Image(t, "FILES")},
+		"core-1.img": &fstest.MapFile{Data: append(img, entry...)},
+	}
+	var err error
+	n := fuzzcheck.Allocated(func() { _, err = ReadFS(fsys) })
+	if err == nil || !strings.Contains(err.Error(), "read core-1.img: the image's files hold more than") {
+		t.Fatalf("ReadFS = %v, want the nested messages refused", err)
+	}
+	if n > 64<<20 {
+		t.Errorf("refusing %d MiB of image allocated %d MiB", len(entry)>>20, n>>20)
 	}
 }

@@ -53,10 +53,7 @@ func readPagemap(n *budget, fsys fs.FS, name string) (*Pagemap, error) {
 			e := &pagemap.PagemapEntry{}
 			m.Entries, entry = append(m.Entries, e), e
 		}
-		if err := proto.Unmarshal(b, entry); err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
-		}
-		return nil
+		return n.unmarshal(name, b, entry)
 	})
 	if err != nil {
 		return nil, err

@@ -23,8 +23,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/checkpoint-restore/go-criu/v7/crit"
-	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
 	"golang.org/x/sys/unix"
 
@@ -233,21 +231,9 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 // mapping of the process whose mm image is at path: process_vm_writev writes only there,
 // and only there can CRIU's restore take memory gpucr saved.
 func WritableAnon(path string) (func(addr, size uint64) bool, error) {
-	f, err := os.Open(path)
+	e, err := criuimg.ReadMm(path)
 	if err != nil {
 		return nil, err
-	}
-	defer f.Close()
-	if err := criuimg.CheckFrames(f); err != nil {
-		return nil, fmt.Errorf("read %s: %w", filepath.Base(path), err)
-	}
-	img, err := crit.New(f, nil, "", false, true).Decode(&mm.MmEntry{})
-	if err != nil || len(img.Entries) != 1 {
-		return nil, fmt.Errorf("read %s: %v", filepath.Base(path), err)
-	}
-	e, ok := img.Entries[0].Message.(*mm.MmEntry)
-	if !ok {
-		return nil, fmt.Errorf("read %s: not an mm image", filepath.Base(path))
 	}
 	vmas := e.GetVmas()
 	return func(addr, size uint64) bool {

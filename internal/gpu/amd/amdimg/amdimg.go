@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/gpucr/gpucr/internal/gpu/amd/kfd"
+	"github.com/gpucr/gpucr/internal/protobound"
 )
 
 // File name patterns the plugin uses, with CRIU's file id in place of %d.
@@ -35,10 +36,31 @@ func Write(path string, m proto.Message) error {
 	return nil
 }
 
+// Bounds of what Read takes from a file, which may come from a crafted image: its size (the
+// plugin's largest part, the kernel's private data of a process's queues and buffers, is
+// megabytes), and the messages it decodes to (about a hundred bytes each, from as little
+// as two bytes of the file).
+const (
+	maxFile     = 1 << 30
+	maxMessages = 4 << 20
+)
+
 // Read reads a file written by the plugin (or Write) into m. The length header must match
 // the rest of the file exactly, so a truncated or padded image is reported, not half-read.
 func Read(path string, m proto.Message) error {
-	data, err := os.ReadFile(path)
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("read AMD GPU image: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("read AMD GPU image: %w", err)
+	}
+	if fi.Size() > maxFile {
+		return fmt.Errorf("%s: larger than %d MiB, more than the plugin writes", path, maxFile>>20)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxFile+1))
 	if err != nil {
 		return fmt.Errorf("read AMD GPU image: %w", err)
 	}
@@ -51,6 +73,9 @@ func Read(path string, m proto.Message) error {
 		return fmt.Errorf("%s: header says %d bytes, %d follow: %w", path, size, len(body), io.ErrUnexpectedEOF)
 	case size < uint64(len(body)):
 		return fmt.Errorf("%s: header says %d bytes, %d follow", path, size, len(body))
+	}
+	if _, err := protobound.Nested(body, m.ProtoReflect().Descriptor(), maxMessages); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	if err := proto.Unmarshal(body, m); err != nil {
 		return fmt.Errorf("%s: %w", path, err)

@@ -14,12 +14,15 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/gpucr/gpucr/internal/fuzzcheck"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/gpu/amd/kfd"
 	"github.com/gpucr/gpucr/internal/gpu/amd/placement"
+	"github.com/gpucr/gpucr/internal/protobound"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden images in testdata/")
@@ -309,5 +312,38 @@ func TestNodesMapOntoHost(t *testing.T) {
 		} else if err != nil || !maps.Equal(got, tt.want) {
 			t.Errorf("%s: Map = %v, %v; want %v", tt.host, got, err, tt.want)
 		}
+	}
+}
+
+// A KFD image may come from a crafted archive: an empty buffer entry is two bytes of the
+// file and a struct of memory, and a sparse file reads as gigabytes of zeros.
+func TestReadBoundsWhatAFileCosts(t *testing.T) {
+	dir := t.TempDir()
+	bos := (&CriuKfd{}).ProtoReflect().Descriptor().Fields().ByName("bo_entries").Number()
+	var body []byte
+	for range maxMessages + 1 {
+		body = protowire.AppendBytes(protowire.AppendTag(body, bos, protowire.BytesType), nil)
+	}
+	bomb := filepath.Join(dir, "amdgpu-kfd-1.img")
+	if err := os.WriteFile(bomb, append(binary.LittleEndian.AppendUint64(nil, uint64(len(body))), body...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if n := fuzzcheck.Allocated(func() { err = Read(bomb, &CriuKfd{}) }); n > 64<<20 {
+		t.Errorf("refusing %d MiB of empty entries allocated %d MiB", len(body)>>20, n>>20)
+	}
+	if !errors.Is(err, protobound.ErrTooMany) {
+		t.Errorf("Read of %d empty entries = %v, want them refused", maxMessages+1, err)
+	}
+
+	sparse := filepath.Join(dir, "amdgpu-kfd-2.img")
+	if err := os.WriteFile(sparse, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(sparse, maxFile+1); err != nil {
+		t.Fatal(err)
+	}
+	if err := Read(sparse, &CriuKfd{}); err == nil || !strings.Contains(err.Error(), "more than the plugin writes") {
+		t.Errorf("Read of a %d-byte file = %v, want it refused by size", maxFile+1, err)
 	}
 }
