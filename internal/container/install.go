@@ -186,8 +186,8 @@ while :; do
 	p=$(dirname -- "$p")
 done
 mkdir -p -m 700 "$state" || exit 1
-# Marked before gpucr starts, not only once it is done: install-criu-integration --remove
-# waits while a CRIU that runs has a mark here.
+# Marked before gpucr starts, not only once it is done: a second run after a first that
+# did not finish fails the step instead of starting gpucr again.
 : > "$ran" || exit 1
 "$bin" criu-action --log "$log" --state-dir "$state" --criu-pid "$PPID"
 rc=$?
@@ -197,12 +197,13 @@ exit "$rc"
 }
 
 // Remove takes the action script out of the configuration files, removing runc's if
-// nothing else is left in it (Install may have created it; crun's it never creates), and
-// deletes the script and gpucr's copy.
+// nothing else is left in it (Install may have created it; crun's it never creates), then
+// deletes the script and gpucr's copy once no CRIU that may have read the configuration
+// before runs: one removed under a CRIU that named it leaves a restore running with its
+// GPU state never restored (post-resume does not run), as a rolling update's removal could.
+// If one is still running after removeWait, the script is kept for it and Remove fails;
+// running it again finishes the removal.
 func (in Integration) Remove() error {
-	if err := in.waitIdle(removeWait); err != nil {
-		return err
-	}
 	for _, conf := range in.configs() {
 		lines, err := in.otherLines(conf)
 		if err != nil {
@@ -216,6 +217,14 @@ func (in Integration) Remove() error {
 		if err != nil && !os.IsNotExist(err) {
 			return fmt.Errorf("update %s: %w", conf, err)
 		}
+	}
+	// Listed after the configuration changed: a CRIU started later reads it without the script.
+	crius, err := runningCRIUs()
+	if err != nil {
+		return err
+	}
+	if pid := waitGone(crius, removeWait); pid != 0 {
+		return fmt.Errorf("CRIU's configuration no longer names %s, but CRIU (PID %d), which may have read it before, is still running: the script is kept for it; run again once it is done", in.Script, pid)
 	}
 	for _, p := range []string{in.Script, in.Binary()} {
 		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
@@ -233,36 +242,48 @@ func (in Integration) stateDir() string {
 	return in.StateDir
 }
 
-// removeWait is how long Remove waits for the dumps and restores under way through the
-// script to end.
-const removeWait = 2 * time.Minute
+// removeWait is how long Remove waits for the dumps and restores under way to end. (A
+// variable: tests lower it.)
+var removeWait = 2 * time.Minute
 
-// waitIdle waits, at most limit, until no CRIU that runs has steps of the script still to
-// come: one removed under a restore leaves its processes running with their GPU state
-// never restored (post-resume does not run), as a rolling update's removal could.
-func (in Integration) waitIdle(limit time.Duration) error {
+// criuCommand is CRIU's process name. A process CRIU restores keeps CRIU's PID and start
+// time, and takes its own name back before it runs.
+const criuCommand = "criu"
+
+// runningCRIUs lists the CRIU processes that run now, runc's and crun's `criu swrk` among
+// them: swrk reads a configuration file when a request comes, so any of them may yet read
+// the one it names.
+func runningCRIUs() ([]proctree.Process, error) {
+	all, err := proctree.All()
+	if err != nil {
+		return nil, err
+	}
+	var out []proctree.Process
+	for _, p := range all {
+		if p.Command == criuCommand && !p.Zombie {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// waitGone waits, at most limit, until none of crius is still a running CRIU, and returns
+// one that still is (0: none).
+func waitGone(crius []proctree.Process, limit time.Duration) int {
 	deadline := time.Now().Add(limit)
 	for {
-		busy := in.busy()
-		if busy == 0 {
-			return nil
+		running := 0
+		for _, c := range crius {
+			if p, err := proctree.Read(c.PID); err == nil && p.Start == c.Start && !p.Zombie && p.Command == criuCommand {
+				running = c.PID
+				break
+			}
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("CRIU (PID %d) is dumping or restoring through the integration: not removed; run again once it is done", busy)
+		if running == 0 || time.Now().After(deadline) {
+			return running
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-}
-
-// busy is a CRIU that runs and has run a step of the script, not yet its last (0: none).
-func (in Integration) busy() int {
-	entries, _ := os.ReadDir(in.stateDir())
-	for _, e := range entries {
-		if pid, start, ok := stateOwner(e.Name()); ok && proctree.Same(pid, start) {
-			return pid
-		}
-	}
-	return 0
 }
 
 // otherLines is the configuration file conf without the lines that name this script.

@@ -203,33 +203,85 @@ func TestScriptRepeatsAFailureWithoutRunningAgain(t *testing.T) {
 	}
 }
 
-// Removing the integration waits while a CRIU that runs is between steps of the script: a
-// restore whose post-resume no longer finds the script keeps running without its GPU state
-// (a rolling update's removal could do that). A CRIU that is gone holds nothing up.
-func TestRemoveWaitsForACRIUMidway(t *testing.T) {
-	h := newScriptHost(t)
-	gone := exec.Command("true")
-	if err := gone.Run(); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WriteFile(t, filepath.Join(h.state, fmt.Sprintf("restore-%d.7.json", gone.Process.Pid)), []byte("{}"))
-	criu, err := proctree.Read(os.Getpid()) // this test stands for a CRIU midway
+// fakeCRIU starts a shell named criu running body, with a pipe on its stdin that the
+// test's end closes.
+func fakeCRIU(t *testing.T, body string) *exec.Cmd {
+	t.Helper()
+	b, err := os.ReadFile("/bin/sh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	mark := filepath.Join(h.state, fmt.Sprintf("%d.%d.pre-restore", criu.PID, criu.Start))
-	testutil.WriteFile(t, mark, []byte("0\n"))
-	if err := h.in.waitIdle(300 * time.Millisecond); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("CRIU (PID %d)", criu.PID)) {
-		t.Fatalf("waitIdle with a CRIU midway: %v", err)
+	sh := filepath.Join(t.TempDir(), "criu")
+	testutil.WriteFile(t, sh, b)
+	if err := os.Chmod(sh, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	c := exec.Command(sh, "-c", body)
+	in, err := c.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close(); _ = c.Process.Kill(); _ = c.Wait() })
+	return c
+}
+
+// Removing the integration deletes the script only once no CRIU that may have read the
+// configuration before it changed runs: one that read it, even before its first step,
+// runs the script at its next steps, and a restore whose post-resume no longer finds it
+// keeps running without its GPU state (a rolling update's removal could do that). A CRIU
+// that has become a restored process (its name no longer criu) holds nothing up.
+func TestRemoveWaitsForEveryCRIUThatMayHaveReadIt(t *testing.T) {
+	h := newScriptHost(t)
+	reading := fakeCRIU(t, "read x")
+	restored := fakeCRIU(t, "printf workload > /proc/$$/comm; read x")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if p, err := proctree.Read(restored.Process.Pid); err == nil && p.Command == "workload" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stand-in for a restored process did not take its name")
+		}
 	}
 	removed := make(chan error, 1)
 	go func() { removed <- h.in.Remove() }()
-	time.Sleep(300 * time.Millisecond)
-	if _, err := os.Stat(h.in.Script); err != nil {
-		t.Fatalf("the script was removed under a CRIU midway: %v", err)
+	time.Sleep(500 * time.Millisecond)
+	if conf, err := os.ReadFile(h.in.Config); err == nil && strings.Contains(string(conf), h.in.Script) {
+		t.Errorf("the configuration still names the script while Remove waits:\n%s", conf)
 	}
-	os.Remove(mark) // its last step is over
+	if _, err := os.Stat(h.in.Script); err != nil {
+		t.Fatalf("the script was removed under a CRIU that may have read the configuration: %v", err)
+	}
+	_ = reading.Process.Kill()
+	_ = reading.Wait()
 	if err := <-removed; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(h.in.Script); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the script is still there: %v", err)
+	}
+}
+
+// A CRIU that outlasts the wait keeps the script, and Remove says so; run again once it is
+// gone, Remove finishes.
+func TestRemoveKeepsTheScriptForACRIUThatRunsOn(t *testing.T) {
+	h := newScriptHost(t)
+	criu := fakeCRIU(t, "read x")
+	defer func(d time.Duration) { removeWait = d }(removeWait)
+	removeWait = 300 * time.Millisecond
+	err := h.in.Remove()
+	// Another CRIU of the machine (another package's tests) may be the one named.
+	if err == nil || !strings.Contains(err.Error(), "CRIU (PID ") || !strings.Contains(err.Error(), "run again") {
+		t.Fatalf("Remove under a CRIU that runs on: %v", err)
+	}
+	if _, err := os.Stat(h.in.Script); err != nil {
+		t.Fatalf("the script was removed under a CRIU that runs on: %v", err)
+	}
+	_ = criu.Process.Kill()
+	_ = criu.Wait()
+	if err := h.in.Remove(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(h.in.Script); !errors.Is(err, fs.ErrNotExist) {
