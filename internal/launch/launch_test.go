@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os/exec"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -42,6 +45,31 @@ func TestTheFirstFailureIsTheJobs(t *testing.T) {
 		var failed *RankError
 		if !errors.As(err, &failed) || err.Error() != tc.want || failed.ExitCode() != tc.code {
 			t.Errorf("Run = %v, want %q (status %d)", err, tc.want, tc.code)
+		}
+	}
+}
+
+// A rank that cannot start fails the job at once, and the ranks already started are killed,
+// none left running without the others.
+func TestARankThatCannotStartTakesTheStartedOnesWithIt(t *testing.T) {
+	defer func(f func(*exec.Cmd) error) { startRank = f }(startRank)
+	var started []*exec.Cmd
+	startRank = func(c *exec.Cmd) error {
+		if len(started) == 2 {
+			return errors.New("no more processes")
+		}
+		started = append(started, c)
+		return c.Start()
+	}
+	err := Run(context.Background(), Job{NProc: 3, Command: []string{"sleep", "60"}, Stdout: io.Discard, Stderr: io.Discard})
+	if err == nil || !strings.Contains(err.Error(), "launch rank 2: no more processes") {
+		t.Fatalf("Run = %v, want rank 2's start failure", err)
+	}
+	for i, c := range started {
+		if c.ProcessState == nil {
+			t.Errorf("rank %d was left running", i)
+		} else if ws, ok := c.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGKILL {
+			t.Errorf("rank %d: %v, want it killed", i, c.ProcessState)
 		}
 	}
 }
