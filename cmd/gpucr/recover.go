@@ -76,6 +76,10 @@ func printRecover(a *app, out recoverOutput) {
 			continue
 		}
 		fmt.Fprintf(a.stdout, "rolled back the %s of %s (gpucr PID %d died in %s)\n", r.Op, r.Target, r.Owner.PID, r.Phase)
+		if r.Stored != "" && r.Phase == engine.PhaseCommit {
+			// The store's side of the commit is its manifest, which gpucr may have written.
+			fmt.Fprintf(a.stdout, "  it died while storing its manifest: the checkpoint at %s is complete if `gpucr ls` lists it\n", printable(r.Stored))
+		}
 	}
 	for _, pid := range out.Resumed {
 		fmt.Fprintf(a.stdout, "PID %d runs on its GPU again\n", pid)

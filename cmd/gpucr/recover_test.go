@@ -6,7 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/testutil"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // recover --json prints one document, what was recovered and what failed together: a
@@ -27,5 +29,18 @@ func TestRecoverJSONIsOneDocument(t *testing.T) {
 	}
 	if code == 0 || out.ExitCode != code || !strings.Contains(out.Error, "not stranded") {
 		t.Fatalf("exit %d, document %+v", code, out)
+	}
+}
+
+// A streamed checkpoint whose gpucr and guardian both died in the commit may be complete in
+// the store: recover says where, and says nothing of the kind for one that died earlier.
+func TestRecoverSaysWhereAStreamedCheckpointMayBe(t *testing.T) {
+	var out strings.Builder
+	stored := txn.Record{Op: txn.OpCheckpoint, Target: "PID 42", Phase: engine.PhaseCommit, Stored: "s3://b/jobs/x"}
+	early := stored
+	early.Phase, early.Target = engine.PhaseCRIUDump, "PID 43"
+	printRecover(&app{stdout: &out}, recoverOutput{Recovered: []txn.Record{stored, early}})
+	if got := strings.Count(out.String(), "is complete if `gpucr ls` lists it"); got != 1 || !strings.Contains(out.String(), "the checkpoint at s3://b/jobs/x") {
+		t.Fatalf("recover said:\n%s", out.String())
 	}
 }

@@ -99,6 +99,9 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	undo.Always("remove the staged image", func(context.Context) error { return stage.Abort() })
 	if r.Stream != nil {
 		undo.Always("abort the stream", func(context.Context) error { r.Stream.Abort(); return nil })
+		if err := op.Update(func(rec *txn.Record) { rec.Stored = r.Stream.URL() }); err != nil {
+			return nil, err
+		}
 	}
 	t := e.NewTimer(op)
 	// gpucr saves the large runs of memory itself (below) unless CRIU is to write them all.

@@ -54,6 +54,10 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 		if final, ok := committedImage(rec); ok && !rec.Committed {
 			log.Warn("the checkpoint had committed its image before gpucr died: the image is complete", "image", final)
 		}
+		if rec.Stored != "" && !rec.Committed && rec.Phase == PhaseCommit {
+			// The store's side of the commit is the manifest, written there last.
+			log.Warn("gpucr died while storing the checkpoint's manifest: the checkpoint is complete if `gpucr ls` lists it", "stored", rec.Stored)
+		}
 		if c := rec.Container; c != nil && c.Paused {
 			if err := resumeContainer(ctx, c, rec.Tree); err != nil {
 				errs = append(errs, err)

@@ -56,6 +56,9 @@ type Record struct {
 	Paths []string `json:"paths,omitempty"`
 	// Container is the container a checkpoint pauses, and how to resume it.
 	Container *Container `json:"container,omitempty"`
+	// Stored is where a streamed checkpoint is stored: its manifest, written there last in
+	// its commit, makes it a checkpoint.
+	Stored string `json:"stored,omitempty"`
 	// Committed: a checkpoint's image is in place; a restore's tasks passed their checks
 	// and were filled, so finishing beats killing them.
 	Committed bool `json:"committed,omitempty"`

@@ -158,6 +158,28 @@ func TestKilledStreamLeavesChunksThatGcRemoves(t *testing.T) {
 	}
 }
 
+// A streamed checkpoint killed once its manifest is stored, before its journal says so, is
+// complete in the store while its workload is rolled back: the recovery says where to look
+// instead of leaving the user to think nothing was stored.
+func TestKilledStreamAfterItsManifestSaysWhereItIs(t *testing.T) {
+	needCRIU(t)
+	storeDir := t.TempDir()
+	host := newCrashHost(t)
+	w := startCounter(t, "-mib", "16")
+	w.waitCount(t, 3)
+	loc := filepath.Join(storeDir, "killed")
+	killedAt(t, "end commit", nil, append([]string{"checkpoint", strconv.Itoa(w.pid), "--to", loc}, host.flags()...)...)
+	host.checkClean(t)
+	w.checkRunsOn(t, "the stream killed after its manifest")
+	if out := mustGpucr(t, "ls", storeDir); !strings.Contains(out, "killed") {
+		t.Fatalf("ls does not list the checkpoint whose manifest was stored:\n%s", out)
+	}
+	b, _ := os.ReadFile(filepath.Join(host.run, "recovery.log"))
+	if !strings.Contains(string(b), "the checkpoint is complete if `gpucr ls` lists it") || !strings.Contains(string(b), loc) {
+		t.Errorf("the recovery log does not say where the stored checkpoint is:\n%s", b)
+	}
+}
+
 // Without -D or --to there is nowhere to put the image: a usage error.
 func TestCheckpointNeedsADestination(t *testing.T) {
 	for _, args := range [][]string{{"checkpoint", "1234"}, {"checkpoint", "--container", "c1"}} {

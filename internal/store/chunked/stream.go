@@ -264,6 +264,9 @@ func streamedBytes(files []*StreamFile) int64 {
 	return n
 }
 
+// URL is where the checkpoint is stored, as `gpucr ls` and `restore --from` name it.
+func (s *Stream) URL() string { return s.st.URL(s.prefix) }
+
 // Err is the error that stopped the stream, such as a failed upload; nil if none did or
 // the stream was only given up (Abort, or Finish done).
 func (s *Stream) Err() error {
