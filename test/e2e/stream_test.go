@@ -114,18 +114,27 @@ func TestStreamFailingMidwayKeepsWorkloadRunning(t *testing.T) {
 	}
 }
 
-// A streamed checkpoint killed after its memory went to the store leaves chunks that no
-// checkpoint references; gc removes exactly those (its lease does not hold gc up: its gpucr
-// is gone) and rm removes a checkpoint with the chunks only it used.
-func TestKilledStreamLeavesChunksThatGcRemoves(t *testing.T) {
+// killedStream kills gpucr at point in a streamed checkpoint of a counter to the store
+// "killed" in a new store directory, and checks that the recovery left the counter running
+// and nothing behind. It returns the store directory, the host and the counter.
+func killedStream(t *testing.T, point string) (string, crashHost, *workload) {
+	t.Helper()
 	needCRIU(t)
 	storeDir := t.TempDir()
 	host := newCrashHost(t)
 	w := startCounter(t, "-mib", "16")
 	w.waitCount(t, 3)
-	killedAt(t, "end criu-dump", nil, append([]string{"checkpoint", strconv.Itoa(w.pid), "--to", filepath.Join(storeDir, "killed")}, host.flags()...)...)
+	killedAt(t, point, nil, append([]string{"checkpoint", strconv.Itoa(w.pid), "--to", filepath.Join(storeDir, "killed")}, host.flags()...)...)
 	host.checkClean(t)
-	w.checkRunsOn(t, "the killed stream")
+	w.checkRunsOn(t, "the stream killed at "+point)
+	return storeDir, host, w
+}
+
+// A streamed checkpoint killed after its memory went to the store leaves chunks that no
+// checkpoint references; gc removes exactly those (its lease does not hold gc up: its gpucr
+// is gone) and rm removes a checkpoint with the chunks only it used.
+func TestKilledStreamLeavesChunksThatGcRemoves(t *testing.T) {
+	storeDir, _, w := killedStream(t, "end criu-dump")
 	chunks := func() int {
 		es, _ := os.ReadDir(filepath.Join(storeDir, "chunks"))
 		return len(es)
@@ -162,15 +171,8 @@ func TestKilledStreamLeavesChunksThatGcRemoves(t *testing.T) {
 // complete in the store while its workload is rolled back: the recovery says where to look
 // instead of leaving the user to think nothing was stored.
 func TestKilledStreamAfterItsManifestSaysWhereItIs(t *testing.T) {
-	needCRIU(t)
-	storeDir := t.TempDir()
-	host := newCrashHost(t)
-	w := startCounter(t, "-mib", "16")
-	w.waitCount(t, 3)
+	storeDir, host, _ := killedStream(t, "end commit")
 	loc := filepath.Join(storeDir, "killed")
-	killedAt(t, "end commit", nil, append([]string{"checkpoint", strconv.Itoa(w.pid), "--to", loc}, host.flags()...)...)
-	host.checkClean(t)
-	w.checkRunsOn(t, "the stream killed after its manifest")
 	if out := mustGpucr(t, "ls", storeDir); !strings.Contains(out, "killed") {
 		t.Fatalf("ls does not list the checkpoint whose manifest was stored:\n%s", out)
 	}
