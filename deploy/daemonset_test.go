@@ -26,6 +26,7 @@ type daemonSet struct {
 }
 
 type podSpec struct {
+	HostPID        bool              `yaml:"hostPID"`
 	NodeSelector   map[string]string `yaml:"nodeSelector"`
 	Tolerations    []struct{ Key, Operator, Effect string }
 	InitContainers []container `yaml:"initContainers"`
@@ -141,6 +142,10 @@ func TestDaemonSetInstallsAndRemovesTheIntegration(t *testing.T) {
 		t.Fatalf("want one init container (install) and one container (hold), got %d and %d", len(pod.InitContainers), len(pod.Containers))
 	}
 	install, remove := pod.InitContainers[0].Command, pod.Containers[0].Lifecycle.PreStop.Exec.Command
+	// The removal waits for the node's CRIUs, which it sees only in the node's PID namespace.
+	if !pod.HostPID {
+		t.Error("the pod has no hostPID: its preStop removal cannot see the node's CRIUs to wait for")
+	}
 
 	tmp := t.TempDir()
 	gpucr := filepath.Join(tmp, "gpucr")
@@ -209,6 +214,20 @@ func TestDaemonSetInstallsAndRemovesTheIntegration(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// Run as in a pod without hostPID, the removal cannot wait for the node's CRIUs: it
+	// changes nothing and says why.
+	if _, err := exec.LookPath("unshare"); err == nil {
+		own := onNode(remove)
+		own.Args = append([]string{"unshare", "--pid", "--fork", "--mount-proc"}, own.Args...)
+		own.Path, _ = exec.LookPath("unshare")
+		out, err := own.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), "PID namespace of its own") {
+			t.Errorf("the removal in a PID namespace of its own: %v\n%s", err, out)
+		}
+		if b, _ := os.ReadFile(at("/etc/criu/runc.conf")); !strings.Contains(string(b), "action-script "+script) {
+			t.Errorf("the refused removal changed runc.conf:\n%s", b)
+		}
+	}
 	if out, err := onNode(remove).CombinedOutput(); err != nil {
 		t.Fatalf("the preStop removal failed: %v\n%s", err, out)
 	}

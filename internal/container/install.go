@@ -3,6 +3,7 @@ package container
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -204,6 +205,12 @@ exit "$rc"
 // If one is still running after removeWait, the script is kept for it and Remove fails;
 // running it again finishes the removal.
 func (in Integration) Remove() error {
+	// The wait looks for the node's CRIUs in /proc: checked before anything changes.
+	if host, err := proctree.InHostPIDNamespace(); err != nil {
+		return err
+	} else if !host {
+		return errors.New("gpucr runs in a PID namespace of its own and cannot see the CRIUs that may be using the script: run --remove in the host's PID namespace (hostPID: true in a pod); nothing was removed")
+	}
 	for _, conf := range in.configs() {
 		lines, err := in.otherLines(conf)
 		if err != nil {

@@ -54,6 +54,20 @@ func HostPIDs(root int) (map[int]int, error) {
 	return m, nil
 }
 
+// procPIDInitIno is the inode number of the host's (the initial) PID namespace, the same on
+// every Linux since 3.8 (PROC_PID_INIT_INO, include/linux/proc_ns.h).
+const procPIDInitIno = 0xEFFFFFFC
+
+// InHostPIDNamespace says whether gpucr runs in the host's PID namespace, where /proc shows
+// every process of the machine: in a container's own, the host's are not there to see.
+func InHostPIDNamespace() (bool, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat("/proc/self/ns/pid", &st); err != nil {
+		return false, fmt.Errorf("read gpucr's own PID namespace: %w", err)
+	}
+	return st.Ino == procPIDInitIno, nil
+}
+
 // OwnNamespace says whether process pid is in another namespace of kind ("pid", "mnt",
 // "net", ...) than the calling process.
 func OwnNamespace(pid int, kind string) (bool, error) {
