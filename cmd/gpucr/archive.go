@@ -15,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/signing"
@@ -29,15 +30,19 @@ type exportOutput struct {
 }
 
 // exporter is a checkpoint's --export: where the archive goes, and the image directory it
-// is packed from, a temporary one beside the archive when -D was not given.
+// is packed from, one made beside the archive when -D was not given. Its staging (the
+// archive's temporary file, and a directory it made) is journaled: a gpucr killed while it
+// packs leaves the partial archive to recovery, and the checkpoint, whose container is gone
+// by then, kept and named.
 type exporter struct {
 	file, dir, runtime string
 	temp               bool
+	staging            *engine.StagingDir
 }
 
-// newExporter checks --export before anything is checkpointed; dir is -D, set to a
-// temporary directory beside file when empty.
-func newExporter(file, ctr, to, runc string, dir *string) (*exporter, error) {
+// newExporter checks --export before anything is checkpointed; dir is -D, set to a new
+// directory FILE.image-ID beside file when empty.
+func newExporter(runDir, file, ctr, to, runc string, dir *string) (*exporter, error) {
 	switch {
 	case ctr == "":
 		return nil, usageError{errors.New("--export needs --container: the archive describes a container")}
@@ -51,39 +56,64 @@ func newExporter(file, ctr, to, runc string, dir *string) (*exporter, error) {
 	if runc != "" {
 		x.runtime = filepath.Base(runc)
 	}
-	if x.dir == "" {
-		tmp, err := os.MkdirTemp(filepath.Dir(file), "."+filepath.Base(file)+".image-*")
-		if err != nil {
-			return nil, fmt.Errorf("stage the checkpoint for %s: %w", file, err)
-		}
-		x.dir, x.temp, *dir = tmp, true, tmp
+	var id string // the staging record's, when journaled
+	var err error
+	x.staging, err = engine.NewStagingPath(runDir, "export of container "+ctr+" to "+file, func(rec string) string {
+		id = rec
+		return image.StagingPath(file, rec)
+	})
+	if err != nil {
+		return nil, classify(err)
 	}
+	if x.dir != "" {
+		return x, nil
+	}
+	if id == "" {
+		x.dir, err = os.MkdirTemp(filepath.Dir(file), filepath.Base(file)+".image-*")
+	} else {
+		x.dir = file + ".image-" + id
+		if err = x.staging.Keep(x.dir); err == nil {
+			err = os.Mkdir(x.dir, 0o700)
+		}
+	}
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("stage the checkpoint for %s: %w", file, err), x.staging.Close())
+	}
+	x.temp, *dir = true, x.dir
 	return x, nil
 }
 
-// abandon removes the temporary image directory of a checkpoint that wrote nothing.
+// abandon removes the image directory it made for a checkpoint that wrote nothing.
 func (x *exporter) abandon() {
-	if x != nil && x.temp {
+	if x == nil {
+		return
+	}
+	if x.temp {
 		os.Remove(x.dir) // empty when the checkpoint failed: rmdir is enough, and safe
 	}
+	_ = x.staging.Close()
 }
 
-// write packs the checkpoint m into the archive. A temporary image directory is removed
+// write packs the checkpoint m into the archive. An image directory it made is removed
 // once the archive is whole, and kept, and named, when it is not.
 func (x *exporter) write(ctx context.Context, m *image.Manifest) (*exportOutput, error) {
 	start := time.Now()
 	e, err := exportOf(x.dir, x.runtime, m)
 	var size int64
 	if err == nil {
-		size, err = archive.Write(ctx, x.file, x.dir, m, e, archive.CompressionFor(x.file))
+		size, err = archive.Write(ctx, x.file, x.staging.Dir, x.dir, m, e, archive.CompressionFor(x.file))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("the checkpoint is in %s, but exporting it failed (restore it with gpucr restore --container -D %s): %w", x.dir, x.dir, err)
+		err = fmt.Errorf("the checkpoint is in %s, but exporting it failed (restore it with gpucr restore --container -D %s): %w", x.dir, x.dir, err)
+		return nil, errors.Join(err, x.staging.Close())
 	}
 	if x.temp {
 		if err := beneath.RemoveAll(x.dir); err != nil {
 			return nil, fmt.Errorf("exported to %s, but removing its staging directory failed: %w", x.file, err)
 		}
+	}
+	if err := x.staging.Close(); err != nil {
+		return nil, err
 	}
 	return &exportOutput{File: x.file, Bytes: size, Compression: archive.CompressionFor(x.file), Seconds: time.Since(start).Seconds()}, nil
 }
@@ -113,9 +143,16 @@ func printExport(w io.Writer, out *exportOutput) {
 	fmt.Fprintf(w, "  export  %s (%s, %s) in %.2fs\n", out.File, out.Compression, bytesHuman(uint64(out.Bytes)), out.Seconds)
 }
 
-// importArchive unpacks the archive at file into dir, verified: restore --import.
-func importArchive(ctx context.Context, file, dir string, trust signing.Keys) error {
-	if _, _, err := archive.Import(ctx, file, dir, trust); err != nil {
+// importArchive unpacks the archive at file into dir, verified: restore --import. Its
+// staging beside dir, up to the image's size, is journaled: a killed import leaves it to
+// the next gpucr's recovery.
+func (a *app) importArchive(ctx context.Context, file, dir string, trust signing.Keys) error {
+	sd, err := engine.NewStagingPath(a.runDir, "import of "+file, func(id string) string { return image.StagingPath(dir, id) })
+	if err != nil {
+		return classify(err)
+	}
+	defer func() { _ = sd.Close() }()
+	if _, _, err := archive.Import(ctx, file, dir, sd.Dir, trust); err != nil {
 		if errors.Is(err, archive.ErrRefused) || errors.Is(err, image.ErrCorrupt) || errors.Is(err, image.ErrNotEmpty) ||
 			errors.Is(err, signing.ErrUntrusted) {
 			return usageError{err}

@@ -168,7 +168,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 			}
 			var export *exporter
 			if exportFile != "" {
-				if export, err = newExporter(exportFile, ctr, to, rf.path, &r.Dir); err != nil {
+				if export, err = newExporter(a.runDir, exportFile, ctr, to, rf.path, &r.Dir); err != nil {
 					return err
 				}
 			}

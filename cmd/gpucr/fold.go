@@ -13,6 +13,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criufold"
 	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
 	"github.com/gpucr/gpucr/internal/rootonly"
@@ -52,7 +53,12 @@ func (a *app) foldCmd() *cobra.Command {
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
 			start := time.Now()
-			res, err := criufold.Fold(ctx, args[0], m, args[1])
+			sd, err := engine.NewStagingPath(a.runDir, "fold "+args[0], func(id string) string { return image.StagingPath(args[1], id) })
+			if err != nil {
+				return classify(err)
+			}
+			defer func() { _ = sd.Close() }()
+			res, err := criufold.Fold(ctx, args[0], m, args[1], sd.Dir)
 			if err != nil {
 				return classify(err)
 			}

@@ -7,6 +7,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
 	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/signing"
@@ -47,10 +49,17 @@ func (a *app) pull(ctx context.Context, loc, dir string, trust signing.Keys) (tr
 	if err != nil {
 		return transferOutput{}, classifyStore(err)
 	}
+	// Journaled before it is made: a pull killed halfway leaves its staging (up to the
+	// image's size) to the next gpucr's recovery, not beside DIR for good.
+	sd, err := engine.NewStagingPath(a.runDir, "pull "+st.URL(prefix), func(id string) string { return image.StagingPath(dir, id) })
+	if err != nil {
+		return transferOutput{}, classify(err)
+	}
+	defer func() { _ = sd.Close() }()
 	count := new(meter.Counter)
 	a.progress().StartBytes("pull", count)
 	start := time.Now()
-	_, stats, err := chunked.Pull(ctx, st, prefix, dir, chunked.Options{Progress: countInto(count), Trust: trust})
+	_, stats, err := chunked.Pull(ctx, st, prefix, dir, chunked.Options{Progress: countInto(count), Trust: trust, Staging: sd.Dir})
 	a.progress().Done("pull", time.Since(start))
 	if err != nil {
 		return transferOutput{}, classifyStore(err)

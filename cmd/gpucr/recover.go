@@ -71,6 +71,11 @@ func printRecover(a *app, out recoverOutput) {
 		fmt.Fprintln(a.stdout, "nothing to recover")
 	}
 	for _, r := range out.Recovered {
+		if r.Op == txn.OpStaging && r.Image != "" && r.Committed {
+			fmt.Fprintf(a.stdout, "kept the complete checkpoint at %s: gpucr PID %d died before its %s was whole; restore it with gpucr restore --container -D %s\n",
+				printable(r.Image), r.Owner.PID, printable(r.Target), printable(r.Image))
+			continue
+		}
 		if r.Op == txn.OpCheckpoint && r.Committed {
 			fmt.Fprintf(a.stdout, "finished the %s of %s: its image was complete when gpucr PID %d died in %s; what still ran of it runs on\n", r.Op, r.Target, r.Owner.PID, r.Phase)
 			continue

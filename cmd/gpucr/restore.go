@@ -84,7 +84,7 @@ func (a *app) restoreCmd() *cobra.Command {
 			}
 			if imported != "" {
 				ctx, stop := interrupt.Context(cmd.Context())
-				err := importArchive(ctx, imported, r.Dir, r.Trust)
+				err := a.importArchive(ctx, imported, r.Dir, r.Trust)
 				stop()
 				if err != nil {
 					return err

@@ -52,7 +52,7 @@ func export(t testing.TB, dir, name string) string {
 		t.Fatal(err)
 	}
 	file := filepath.Join(t.TempDir(), name)
-	if _, err := Write(context.Background(), file, dir, m, testExport(), CompressionFor(name)); err != nil {
+	if _, err := Write(context.Background(), file, "", dir, m, testExport(), CompressionFor(name)); err != nil {
 		t.Fatal(err)
 	}
 	return file
@@ -82,7 +82,7 @@ func TestExportImportRoundTrip(t *testing.T) {
 				t.Errorf("manifest from the archive: %v", err)
 			}
 			out := filepath.Join(t.TempDir(), "imported")
-			m, _, err := Import(context.Background(), file, out, nil)
+			m, _, err := Import(context.Background(), file, out, "", nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -129,7 +129,7 @@ func TestWriteIsAtomic(t *testing.T) {
 	if err := os.WriteFile(existing, []byte("keep"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Write(context.Background(), existing, dir, m, testExport(), None); err == nil {
+	if _, err := Write(context.Background(), existing, "", dir, m, testExport(), None); err == nil {
 		t.Error("an existing archive was overwritten")
 	}
 	if b, _ := os.ReadFile(existing); string(b) != "keep" {
@@ -137,13 +137,13 @@ func TestWriteIsAtomic(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := Write(ctx, filepath.Join(out, "new.tar"), dir, m, testExport(), Zstd); !errors.Is(err, context.Canceled) {
+	if _, err := Write(ctx, filepath.Join(out, "new.tar"), "", dir, m, testExport(), Zstd); !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled export: %v", err)
 	}
 	if left := leftovers(t, out); !slices.Equal(left, []string{"there.tar"}) {
 		t.Errorf("a failed export left %v", left)
 	}
-	if _, err := Write(context.Background(), filepath.Join(out, "missing", "x.tar"), dir, m, testExport(), None); err == nil {
+	if _, err := Write(context.Background(), filepath.Join(out, "missing", "x.tar"), "", dir, m, testExport(), None); err == nil {
 		t.Error("an archive in a missing directory was written")
 	}
 }
@@ -260,7 +260,7 @@ func TestHostileArchivesAreRefused(t *testing.T) {
 			if err := os.MkdirAll(sub, 0o700); err != nil {
 				t.Fatal(err)
 			}
-			_, _, err := Import(context.Background(), file, filepath.Join(sub, "img"), nil)
+			_, _, err := Import(context.Background(), file, filepath.Join(sub, "img"), "", nil)
 			if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), "\n") {
 				t.Fatalf("import: %v, want one line with %q", err, c.want)
 			}
@@ -285,14 +285,14 @@ func TestImportChecksTheSignature(t *testing.T) {
 	signed := export(t, testImage(t, key), "s.tar")
 	out := filepath.Join(t.TempDir(), "img")
 	pub := key.Public().(ed25519.PublicKey)
-	if _, signer, err := Import(context.Background(), signed, out, signing.Keys{signing.ID(pub): pub}); err != nil || signer != signing.ID(pub) {
+	if _, signer, err := Import(context.Background(), signed, out, "", signing.Keys{signing.ID(pub): pub}); err != nil || signer != signing.ID(pub) {
 		t.Fatalf("signed import: %q, %v", signer, err)
 	}
 	if logs, _ := os.ReadDir(filepath.Join(out, image.LogsDir)); len(logs) != 0 {
 		t.Errorf("a trusted import took %d of CRIU's logs, which no signature covers", len(logs))
 	}
 	out2 := filepath.Join(t.TempDir(), "img")
-	if _, _, err := Import(context.Background(), signed, out2, signing.Keys{signing.ID(other): other}); !errors.Is(err, signing.ErrUntrusted) {
+	if _, _, err := Import(context.Background(), signed, out2, "", signing.Keys{signing.ID(other): other}); !errors.Is(err, signing.ErrUntrusted) {
 		t.Fatalf("import with another key trusted: %v", err)
 	}
 	if _, err := os.Stat(out2); err == nil {
@@ -307,7 +307,7 @@ func TestImportNeverOverwrites(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(out, "x"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := Import(context.Background(), file, out, nil); !errors.Is(err, image.ErrNotEmpty) {
+	if _, _, err := Import(context.Background(), file, out, "", nil); !errors.Is(err, image.ErrNotEmpty) {
 		t.Fatalf("import into a non-empty directory: %v", err)
 	}
 }
@@ -361,7 +361,7 @@ func TestArchivesThatAreFIFOsAreRefused(t *testing.T) {
 	}
 	done := make(chan [2]error, 1)
 	go func() {
-		_, _, ierr := Import(context.Background(), fifo, filepath.Join(t.TempDir(), "img"), nil)
+		_, _, ierr := Import(context.Background(), fifo, filepath.Join(t.TempDir(), "img"), "", nil)
 		_, rerr := Read(fifo)
 		done <- [2]error{ierr, rerr}
 	}()
@@ -388,7 +388,7 @@ func TestImportWritesZerosAsHoles(t *testing.T) {
 	}
 	dir := imagetest.Commit(t, files, &image.Manifest{RootPID: 1, Processes: []image.Process{{PID: 1, Command: "c", Threads: 1}}, Created: time.Now()}, nil)
 	out := filepath.Join(t.TempDir(), "imported")
-	if _, _, err := Import(context.Background(), export(t, dir, "c.tar.zst"), out, nil); err != nil {
+	if _, _, err := Import(context.Background(), export(t, dir, "c.tar.zst"), out, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	var st syscall.Stat_t

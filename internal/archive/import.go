@@ -35,8 +35,10 @@ const (
 // signature too) before it appears at dir. The manifest, which comes first, is checked
 // before any other byte is written, and each entry is refused as it comes unless it is a
 // regular file the manifest lists, of the size it lists (or one of CRIU's logs), or a
-// directory: no link, device or unlisted file is written, nothing outside dir.
-func Import(ctx context.Context, file, dir string, trusted signing.Keys) (*image.Manifest, string, error) {
+// directory: no link, device or unlisted file is written, nothing outside dir. It is
+// staged beside dir in staging (image.StagingPath of dir, which a caller journals before
+// it exists), or at a fresh name when staging is "".
+func Import(ctx context.Context, file, dir, staging string, trusted signing.Keys) (*image.Manifest, string, error) {
 	dir = filepath.Clean(dir)
 	parent := filepath.Dir(dir)
 	if fi, err := os.Stat(parent); err != nil || !fi.IsDir() {
@@ -53,7 +55,12 @@ func Import(ctx context.Context, file, dir string, trusted signing.Keys) (*image
 		return nil, "", fmt.Errorf("import %w", err)
 	}
 	defer f.Close()
-	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+partial+"*")
+	tmp := staging
+	if tmp == "" {
+		tmp, err = os.MkdirTemp(parent, "."+filepath.Base(dir)+partial+"*")
+	} else {
+		err = os.Mkdir(tmp, 0o700)
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("import %s: %w", file, err)
 	}

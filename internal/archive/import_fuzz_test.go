@@ -30,7 +30,7 @@ func FuzzImport(f *testing.F) {
 			t.Fatal(err)
 		}
 		dest := filepath.Join(sub, "img")
-		_, _, err := Import(context.Background(), file, dest, nil)
+		_, _, err := Import(context.Background(), file, dest, "", nil)
 		left := leftovers(t, sub)
 		switch {
 		case err != nil && len(left) > 0:

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
@@ -55,13 +56,20 @@ func CheckDest(file string) error {
 
 // Write packs the gpucr image at dir, which m describes, and e into a new archive at
 // file, compressed as c, and returns its size. The archive is written to a temporary
-// file beside file, synced and linked into place: file appears whole or not at all, and
-// an existing file is never replaced.
-func Write(ctx context.Context, file, dir string, m *image.Manifest, e Export, c Compression) (int64, error) {
+// file beside file — staging (image.StagingPath of file, which a caller journals before
+// it exists), or a fresh name when staging is "" — synced and linked into place: file
+// appears whole or not at all, and an existing file is never replaced.
+func Write(ctx context.Context, file, staging, dir string, m *image.Manifest, e Export, c Compression) (int64, error) {
 	if err := CheckDest(file); err != nil {
 		return 0, err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+partial+"*")
+	var tmp *os.File
+	var err error
+	if staging == "" {
+		tmp, err = os.CreateTemp(filepath.Dir(file), "."+filepath.Base(file)+partial+"*")
+	} else {
+		tmp, err = os.OpenFile(staging, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("write archive %s: %w", file, err)
 	}

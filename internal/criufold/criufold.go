@@ -40,12 +40,14 @@ type Result struct {
 // at dst (absent or empty) whose mem/ is folded into CRIU's files. The new image is a gpucr
 // image like any other (committed atomically, checksummed; unsigned, as its files differ
 // from those src's signatures cover), and its criu/ is restorable by CRIU alone.
-func Fold(ctx context.Context, src string, m *image.Manifest, dst string) (_ *Result, err error) {
+// It is staged at staging (image.StagingPath of dst, journaled by the caller so that a fold
+// killed halfway leaves its copy to recovery), or at a fresh name when staging is "".
+func Fold(ctx context.Context, src string, m *image.Manifest, dst, staging string) (_ *Result, err error) {
 	runs, err := memRuns(src, m)
 	if err != nil {
 		return nil, err
 	}
-	stage, err := image.Begin(dst)
+	stage, err := image.BeginAt(dst, staging)
 	if err != nil {
 		return nil, err
 	}

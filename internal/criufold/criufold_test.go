@@ -91,7 +91,7 @@ func TestFoldPutsMemIntoCRIUsFiles(t *testing.T) {
 	}
 	src, m := testImage(t, map[string][]byte{"1-40000.img": run})
 	dst := filepath.Join(t.TempDir(), "folded")
-	res, err := Fold(context.Background(), src, m, dst)
+	res, err := Fold(context.Background(), src, m, dst, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func TestFoldRefusesWhatCRIUCouldNotTake(t *testing.T) {
 			}
 			src, m := testImage(t, c.extra, more...)
 			out := t.TempDir()
-			_, err := Fold(context.Background(), src, m, filepath.Join(out, "folded"))
+			_, err := Fold(context.Background(), src, m, filepath.Join(out, "folded"), "")
 			if !errors.Is(err, image.ErrCorrupt) {
 				t.Fatalf("fold: %v, want a corrupt-image refusal", err)
 			}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -84,7 +85,14 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 			errs = append(errs, err)
 		}
 	case txn.OpStaging:
-		// Only its directory, below.
+		// Its path, below; and an export's image directory only while it is empty.
+		if rec.Image != "" {
+			if _, err := image.Load(rec.Image); err == nil {
+				log.Warn("the checkpoint is complete and kept: gpucr died before its archive was whole; restore it with gpucr restore --container -D DIR", "dir", rec.Image)
+			} else if err := os.Remove(rec.Image); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				log.Warn("an export's image directory holds something other than an image: kept", "dir", rec.Image, "err", err)
+			}
+		}
 	default:
 		errs = append(errs, fmt.Errorf("unknown operation %q", rec.Op))
 	}
@@ -114,8 +122,13 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 }
 
 // committedImage says whether a checkpoint's image is in place, and where: journaled as
-// committed, or renamed into place by a gpucr killed before it could journal that.
+// committed, or renamed into place by a gpucr killed before it could journal that; or, of
+// an export's staging, whether the image it was to pack is whole.
 func committedImage(rec txn.Record) (string, bool) {
+	if rec.Op == txn.OpStaging && rec.Image != "" {
+		_, err := image.Load(rec.Image)
+		return rec.Image, err == nil
+	}
 	if rec.Op != txn.OpCheckpoint {
 		return "", false
 	}

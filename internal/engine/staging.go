@@ -9,10 +9,11 @@ import (
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
-// StagingDir is a directory made for an operation before the operation itself begins: a
-// streamed restore's fetched files, a streamed checkpoint's small files. A record of its
-// own names it before it exists, so that a gpucr killed at any point leaves it to recovery
-// (the next operation's, or gpucr recover) rather than to nobody.
+// StagingDir is a path made for an operation before the operation itself begins: a
+// streamed restore's fetched files, a streamed checkpoint's small files, a pull's, fold's
+// or import's image before it is renamed into place, an archive before it is linked. A
+// record of its own names it before it exists, so that a gpucr killed at any point leaves
+// it to recovery (the next operation's, or gpucr recover) rather than to nobody.
 type StagingDir struct {
 	Dir string
 	j   *txn.Journal
@@ -32,25 +33,52 @@ func NewStagingDir(root, what, prefix string) (*StagingDir, error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
-	j, err := txn.Begin(root, txn.OpStaging, what)
+	s, err := NewStagingPath(root, what, func(id string) string { return filepath.Join(os.TempDir(), prefix+id) })
 	if err != nil {
 		return nil, err
 	}
-	s := &StagingDir{Dir: filepath.Join(os.TempDir(), prefix+j.ID()), j: j}
-	if err := j.Update(func(r *txn.Record) { r.Paths = []string{s.Dir} }); err != nil {
-		return nil, errors.Join(err, j.End())
-	}
 	if err := os.Mkdir(s.Dir, 0o700); err != nil {
-		return nil, errors.Join(fmt.Errorf("staging for %s: %w", what, err), j.End())
+		return nil, errors.Join(fmt.Errorf("staging for %s: %w", what, err), s.j.End())
 	}
 	return s, nil
 }
 
-// Close removes the directory, then its record. A directory that could not be removed
-// keeps its record, for recovery to retry.
+// NewStagingPath journals under root the path name(ID of the record) for what, which the
+// caller then makes itself, where it must lie: beside the destination it is renamed or
+// linked to (image.StagingPath). Without a journal (root "", or a caller other than root,
+// who cannot write it) Dir is "", and the caller picks a name of its own.
+func NewStagingPath(root, what string, name func(id string) string) (*StagingDir, error) {
+	if root == "" || os.Geteuid() != 0 {
+		return &StagingDir{}, nil
+	}
+	j, err := txn.Begin(root, txn.OpStaging, what)
+	if err != nil {
+		return nil, err
+	}
+	s := &StagingDir{Dir: name(j.ID()), j: j}
+	if err := j.Update(func(r *txn.Record) { r.Paths = []string{s.Dir} }); err != nil {
+		return nil, errors.Join(err, j.End())
+	}
+	return s, nil
+}
+
+// Keep journals dir, which the caller makes next, as the image directory the operation
+// commits a checkpoint into (an export's, packed from there into its archive): a rollback
+// removes it only while it is empty, and names it once it holds the only copy of a job.
+func (s *StagingDir) Keep(dir string) error {
+	if s.j == nil {
+		return nil
+	}
+	return s.j.Update(func(r *txn.Record) { r.Image = dir })
+}
+
+// Close removes the staged path, then its record; a directory Keep named is left alone. A
+// path that could not be removed keeps its record, for recovery to retry.
 func (s *StagingDir) Close() error {
-	if err := removeAll(s.Dir); err != nil {
-		return fmt.Errorf("remove %s: %w", s.Dir, err)
+	if s.Dir != "" {
+		if err := removeAll(s.Dir); err != nil {
+			return fmt.Errorf("remove %s: %w", s.Dir, err)
+		}
 	}
 	if s.j == nil {
 		return nil

@@ -56,6 +56,9 @@ type Record struct {
 	Paths []string `json:"paths,omitempty"`
 	// Container is the container a checkpoint pauses, and how to resume it.
 	Container *Container `json:"container,omitempty"`
+	// Image is a staging record's image directory, which a checkpoint commits into before
+	// gpucr packs it elsewhere (an export's): never removed once it holds an image.
+	Image string `json:"image,omitempty"`
 	// Stored is where a streamed checkpoint is stored: its manifest, written there last in
 	// its commit, makes it a checkpoint.
 	Stored string `json:"stored,omitempty"`

@@ -50,7 +50,12 @@ func Pull(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	}
 	// The image is built one level down in a ".NAME.partial-*" directory: image.Load refuses
 	// that name, yet the image inside it can be opened and verified before the rename.
-	staging, err := os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".partial-*")
+	staging := o.Staging
+	if staging != "" {
+		err = os.Mkdir(staging, 0o700)
+	} else {
+		staging, err = os.MkdirTemp(filepath.Dir(dir), "."+filepath.Base(dir)+".partial-*")
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("pull into %s: %w", dir, err)
 	}

@@ -37,6 +37,9 @@ type Options struct {
 	// Signed makes a Stream take each file's SHA-256 as well as its xxh64: the image it
 	// stores is to be signed, and its manifest must cover every byte (image.File.SHA256).
 	Signed bool
+	// Staging, when set, is the journaled directory a pull assembles the image in (beside
+	// its destination; made by the pull): a killed pull leaves it to recovery.
+	Staging string
 }
 
 // Stats count what a push or pull moved.
