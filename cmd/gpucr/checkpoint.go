@@ -176,6 +176,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
 			}
 			if r.Sign, err = a.loadSigningKey(signPath); err != nil {
+				export.abandon()
 				return err
 			}
 			start := time.Now()
