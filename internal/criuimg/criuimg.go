@@ -340,41 +340,33 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 		return nil, nil
 	}
 	fsys, n := os.DirFS(dir), newBudget()
-	entries, err := decode(n, fsys, "files.img", &fdinfo.FileEntry{})
+	paths, err := reopenedPaths(n, fsys)
 	if err != nil {
 		return nil, err
 	}
-	carried := map[uint32]bool{}
-	if _, err := os.Stat(filepath.Join(dir, "remap-fpath.img")); err == nil {
-		remaps, err := decode(n, fsys, "remap-fpath.img", &remap_file_path.RemapFilePathEntry{})
-		if err != nil {
-			return nil, err
-		}
-		for _, r := range remaps {
-			carried[r.GetOrigId()] = true
-		}
-	}
 	byPath := map[string]*MissingFile{}
 	byID := map[uint32]*MissingFile{}
-	for _, e := range entries {
-		reg := e.GetReg()
-		if reg == nil || carried[reg.GetId()] {
-			continue
-		}
-		name := "/" + strings.TrimPrefix(reg.GetName(), "/")
+	for id, name := range paths {
 		if m, ok := byPath[name]; ok {
-			byID[reg.GetId()] = m
+			byID[id] = m
 			continue
 		}
 		if _, err := os.Lstat(name); errors.Is(err, os.ErrNotExist) {
 			byPath[name] = &MissingFile{Path: name, FD: -1}
-			byID[reg.GetId()] = byPath[name]
+			byID[id] = byPath[name]
 		}
 	}
 	if len(byPath) == 0 {
 		return nil, nil
 	}
-	if err := findUsers(n, fsys, byID); err != nil {
+	// Each file's user: the first process that held it as a descriptor, else the first
+	// that mapped it.
+	err = eachUse(n, fsys, func(u fileUse) {
+		if m := byID[u.id]; m != nil && (m.PID == 0 || m.FD < 0 && u.fd >= 0) {
+			m.PID, m.FD = u.pid, u.fd
+		}
+	})
+	if err != nil {
 		return nil, err
 	}
 	out := make([]MissingFile, 0, len(byPath))
@@ -385,21 +377,55 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 	return out, nil
 }
 
-// findUsers gives each file of byID (by files.img id) the first process that held it as a
-// descriptor, else the first that mapped it.
-func findUsers(n *budget, fsys fs.FS, byID map[uint32]*MissingFile) error {
+// reopenedPaths are the regular files (and directories) of the image's files.img that CRIU
+// reopens by path on restore, by their files.img ID: all but those it carries inside the
+// image (deleted or unlinked files, listed in remap-fpath.img).
+func reopenedPaths(n *budget, fsys fs.FS) (map[uint32]string, error) {
+	entries, err := decode(n, fsys, "files.img", &fdinfo.FileEntry{})
+	if err != nil {
+		return nil, err
+	}
+	carried := map[uint32]bool{}
+	if _, err := fs.Stat(fsys, "remap-fpath.img"); err == nil {
+		remaps, err := decode(n, fsys, "remap-fpath.img", &remap_file_path.RemapFilePathEntry{})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range remaps {
+			carried[r.GetOrigId()] = true
+		}
+	}
+	paths := map[uint32]string{}
+	for _, e := range entries {
+		if reg := e.GetReg(); reg != nil && !carried[reg.GetId()] {
+			paths[reg.GetId()] = "/" + strings.TrimPrefix(reg.GetName(), "/")
+		}
+	}
+	return paths, nil
+}
+
+// fileUse is one use of a file of files.img by a process of the image.
+type fileUse struct {
+	pid   int    // in the image's numbering
+	id    uint32 // the file's files.img ID
+	fd    int    // the descriptor; -1 for the program or a mapping
+	start uint64 // where a mapping starts; 0 for a descriptor or the program
+	exe   bool   // the process's program
+}
+
+// eachUse hands use every descriptor, program and file mapping of the image's processes, in
+// pstree order, each process's descriptors first. A zombie has none.
+func eachUse(n *budget, fsys fs.FS, use func(fileUse)) error {
 	tree, err := decode(n, fsys, "pstree.img", &pstree.PstreeEntry{})
 	if err != nil {
 		return err
 	}
-	use := func(id uint32, pid, fd int) {
-		if m := byID[id]; m != nil && (m.PID == 0 || m.FD < 0 && fd >= 0) {
-			m.PID, m.FD = pid, fd
-		}
-	}
 	for _, t := range tree {
 		pid := int(t.GetPid())
 		ids, err := decode(n, fsys, fmt.Sprintf("ids-%d.img", pid), &criu_core.TaskKobjIdsEntry{})
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // a zombie: its core alone
+		}
 		if err != nil {
 			return err
 		}
@@ -409,21 +435,21 @@ func findUsers(n *budget, fsys fs.FS, byID map[uint32]*MissingFile) error {
 				return err
 			}
 			for _, fd := range fds {
-				use(fd.GetId(), pid, int(fd.GetFd()))
+				use(fileUse{pid: pid, id: fd.GetId(), fd: int(fd.GetFd())})
 			}
 		}
 		mms, err := decode(n, fsys, fmt.Sprintf("mm-%d.img", pid), &mm.MmEntry{})
 		if errors.Is(err, fs.ErrNotExist) {
-			continue // a zombie has no memory
+			continue
 		}
 		if err != nil {
 			return err
 		}
 		for _, e := range mms {
-			use(e.GetExeFileId(), pid, -1)
+			use(fileUse{pid: pid, id: e.GetExeFileId(), fd: -1, exe: true})
 			for _, v := range e.GetVmas() {
 				if v.GetStatus()&vmaFileMapped != 0 {
-					use(uint32(v.GetShmid()), pid, -1)
+					use(fileUse{pid: pid, id: uint32(v.GetShmid()), fd: -1, start: v.GetStart()})
 				}
 			}
 		}

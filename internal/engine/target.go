@@ -146,15 +146,35 @@ func ownNamespaces(pid int) (ownPIDs bool, err error) {
 // it (or, leaving it running, thaws it) when it succeeds.
 func (p *processTree) Dump(ctx context.Context, d criu.DumpRequest, h DumpHooks) error {
 	d.PID = p.pid
-	return p.e.CRIU.Dump(ctx, d, dumpNotify{h: h})
+	return p.e.CRIU.Dump(ctx, d, dumpNotify{h: h, same: p.same})
+}
+
+// same fails unless the root CRIU seized is still the process Open read: CRIU seizes by PID
+// alone, and a root that exited since (the GPU lock takes seconds) could have had its PID
+// taken by another process, which would then be dumped under this one's image.
+func (p *processTree) same() error {
+	if !proctree.Same(p.pid, p.tree[0].Start) {
+		return fmt.Errorf("%w: PID %d exited while it was checkpointed, and the PID is another process's now: not checkpointed", ErrBadTarget, p.pid)
+	}
+	return nil
 }
 
 type dumpNotify struct {
 	criu.NoNotify
-	h DumpHooks
+	h    DumpHooks
+	same func() error
 }
 
-func (n dumpNotify) Seized() error   { n.h.Frozen(); return nil }
+// Seized checks, once CRIU holds the tree (so that its PIDs can no longer change hands),
+// that it is the tree gpucr read; CRIU resumes the tree when this fails.
+func (n dumpNotify) Seized() error {
+	if err := n.same(); err != nil {
+		return err
+	}
+	n.h.Frozen()
+	return nil
+}
+
 func (n dumpNotify) PostDump() error { return n.h.Commit() }
 
 // Release returns, for a killed tree, only once its PIDs and sockets are free, so that a
@@ -421,6 +441,16 @@ func (g *gate) PostRestore(root int32) error {
 		}
 	}
 	if err := g.s.Created(made); err != nil {
+		return err
+	}
+	// CRIU reopened every file by its path, as root, following symlinks: a directory on the
+	// way that a user swapped since the checkpoint hands the restored process another file.
+	// Nothing has run yet; a refusal here has CRIU kill the tasks.
+	want, err := criuimg.OpenedFiles(g.s.ImagesDir)
+	if err != nil {
+		return err
+	}
+	if err := criuimg.CheckReopened("/proc", want, made); err != nil {
 		return err
 	}
 	crashpoint.Hit("in " + PhaseCRIURestore)
