@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // A checkpointed tree's PID can stay taken after its process is gone: as the process group
@@ -66,5 +67,27 @@ func TestRestoreNamesATakenThreadID(t *testing.T) {
 	}
 	if err := waitPIDsFree(m, map[int]int{pid + 1: pid}, time.Second); err != nil {
 		t.Fatalf("restore with its thread IDs free: %v", err)
+	}
+}
+
+// CRIU seizes the root by PID alone: one that exited while its GPUs were locked and had its
+// PID taken by another process would have that process dumped under its image. Once CRIU
+// holds the tree, the root must still be the process read at Open, or the dump fails before
+// anything is copied out of it.
+func TestSeizedTreeMustBeTheOneRead(t *testing.T) {
+	self, err := proctree.Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		start  uint64
+		frozen bool
+	}{{self.Start, true}, {self.Start + 1, false}} {
+		p := &processTree{pid: self.PID, tree: []proctree.Process{{PID: self.PID, Start: tc.start}}}
+		frozen := false
+		err := dumpNotify{h: DumpHooks{Frozen: func() { frozen = true }}, same: p.same}.Seized()
+		if frozen != tc.frozen || (err == nil) != tc.frozen || err != nil && !errors.Is(err, ErrBadTarget) {
+			t.Errorf("root started at %d, read as %d: Seized = %v, frozen %v", self.Start, tc.start, err, frozen)
+		}
 	}
 }
