@@ -175,8 +175,11 @@ func OpenFiles(procRoot string, pid int) ([]string, error) {
 	return out, nil
 }
 
-// Holding returns the processes other than gpucr itself with a descriptor open on dir or
-// anything beneath it.
+// Holding returns the processes other than gpucr itself, in gpucr's mount namespace, with a
+// descriptor open on dir or anything beneath it. A descriptor names its file by the path in
+// its process's mount namespace: in one of their own, users can make a file at any path
+// they like (a hostile pass named a tmpfs file as a restore's directory's), and such a
+// path names nothing of gpucr's.
 func Holding(dir string) ([]int, error) {
 	all, err := scan()
 	if err != nil {
@@ -185,6 +188,9 @@ func Holding(dir string) ([]int, error) {
 	var pids []int
 	for _, p := range all {
 		if p.PID == os.Getpid() {
+			continue
+		}
+		if other, err := OwnNamespace(p.PID, "mnt"); err != nil || other {
 			continue
 		}
 		files, _ := OpenFiles("/proc", p.PID)

@@ -72,3 +72,39 @@ func TestOpenFiles(t *testing.T) {
 		t.Fatalf("OpenFiles(gone) = %v, %v; want none", files, err)
 	}
 }
+
+// Holding names the processes with a file open beneath a directory, by the path a
+// descriptor shows: in a mount namespace of its own a process can show any path (a tmpfs
+// mounted at the directory's name), and is not counted.
+func TestHoldingCountsOnlyGpucrsMountNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: a mount namespace of its own")
+	}
+	dir := t.TempDir()
+	start := func(name string, args ...string) int {
+		t.Helper()
+		c := exec.Command(name, args...)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+		return c.Process.Pid
+	}
+	ours := start("sh", "-c", "exec 3>"+dir+"/ours; exec sleep 60")
+	theirs := start("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		"mount -t tmpfs none "+dir+" && exec 3>"+dir+"/theirs && exec sleep 60")
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		a, _ := OpenFiles("/proc", ours)
+		b, _ := OpenFiles("/proc", theirs)
+		if slices.Contains(a, dir+"/ours") && slices.Contains(b, dir+"/theirs") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the holders did not open their files: %v, %v", a, b)
+		}
+	}
+	held, err := Holding(dir)
+	if err != nil || !slices.Contains(held, ours) || slices.Contains(held, theirs) {
+		t.Fatalf("Holding = %v, %v; want %d and not %d (its own mount namespace)", held, err, ours, theirs)
+	}
+}
