@@ -1,5 +1,6 @@
 // Package crashpoint lets tests kill gpucr with SIGKILL at a named point, as an OOM kill or
-// an operator's kill -9 would, to prove that whatever gpucr leaves behind is recovered.
+// an operator's kill -9 would (or, with GPUCR_TEST_CRASH_GROUP set, its whole process group,
+// as timeout -s KILL would), to prove that whatever gpucr leaves behind is recovered.
 // Outside tests no point is armed and Hit costs a comparison.
 package crashpoint
 
@@ -50,6 +51,11 @@ func Hit(point string) {
 }
 
 func die() {
+	if os.Getenv("GPUCR_TEST_CRASH_GROUP") != "" {
+		// The whole process group, as timeout -s KILL or kill -9 -PGID does (CRIU with
+		// gpucr, where it shares the group); the test starts gpucr as the group's leader.
+		_ = syscall.Kill(0, syscall.SIGKILL)
+	}
 	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	select {} // SIGKILL is not delivered synchronously; nothing may run on
 }

@@ -211,7 +211,9 @@ func (d *Driver) run(ctx context.Context, typ rpc.CriuReqType, imagesDir, workDi
 	opts.WorkDirFd = proto.Int32(int32(work.Fd()))
 	opts.NotifyScripts = proto.Bool(n != nil)
 
-	s, err := startSwrk(d.Path, env)
+	// A dump's CRIU is kept from signals meant for gpucr's process group (startSwrk). A
+	// restore's stays in it: CRIU gives a restored shell job its own group, the terminal's.
+	s, err := startSwrk(d.Path, env, typ == rpc.CriuReqType_DUMP)
 	if err != nil {
 		return nil, fmt.Errorf("criu %s: start %s: %w", op, d.Path, err)
 	}

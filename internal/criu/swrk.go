@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"syscall"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
 	"golang.org/x/sys/unix"
@@ -28,8 +29,13 @@ type swrk struct {
 }
 
 // startSwrk starts the CRIU at path in service mode with env added to gpucr's
-// environment, shielded from the terminal's Ctrl-C.
-func startSwrk(path string, env []string) (*swrk, error) {
+// environment, shielded from the terminal's Ctrl-C. With ownGroup (a dump) CRIU runs in a
+// process group of its own: a signal for gpucr's group (timeout -s KILL, kill -9 -PGID, a
+// service manager stopping gpucr, the terminal's Ctrl-\ or Ctrl-Z) must not reach a CRIU that
+// holds the tree, whose tasks it may be running injected code in: killed there, CRIU leaves
+// a task that dies of SIGTRAP once released. A CRIU that outlives gpucr aborts the dump at
+// its next word with gpucr and resumes the tree itself.
+func startSwrk(path string, env []string, ownGroup bool) (*swrk, error) {
 	// SEQPACKET keeps CRIU's message boundaries: one read is one message.
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -41,6 +47,9 @@ func startSwrk(path string, env []string) (*swrk, error) {
 	cmd := exec.Command(path, "swrk", fmt.Sprint(swrkFD))
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Env = append(os.Environ(), env...)
+	if ownGroup {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	}
 	if err := interrupt.StartImmune(cmd.Start); err != nil {
 		sk.Close()
 		return nil, err
