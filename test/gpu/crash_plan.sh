@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The crash plan, run on the device machine from the bundle directory as root:
-#   bash crash_plan.sh
+#   bash crash_plan.sh                       (GROUP_KILLS="5.2 5.5": also kill gpucr's process group then)
 # gpucr is killed with SIGKILL 1.5 s and 5 s into the checkpoint of a 16 GiB holder and 1 s
 # into its restore, and nothing else is done by hand: the guardian must roll back (or finish)
 # so that the holder answers its data check, data identical, within 10 s of the kill, with
@@ -45,11 +45,16 @@ clean() {
 echo "== host"; nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader
 uname -r; "$G" --version
 
-for at in ${CHECKPOINT_KILLS:-1.5 5}; do
-  echo "== kill -9 of gpucr ${at}s into the checkpoint of a 16 GiB holder"
-  holder "k$at" || { bad "holder"; continue; }
-  "$G" checkpoint "$HP" -D "$W/img$at" & gp=$!
-  sleep "$at"; kill -9 $gp; T0=$(now); wait $gp 2>/dev/null
+# kill_checkpoint AT [group]: kill -9 gpucr AT seconds into the checkpoint of a 16 GiB
+# holder; with "group", gpucr leads its own process group and the whole group is killed, as
+# timeout -s KILL does.
+kill_checkpoint() {
+  local at=$1 how=gpucr; [ "${2:-}" = group ] && how="gpucr's process group"
+  echo "== kill -9 of $how ${at}s into the checkpoint of a 16 GiB holder"
+  holder "k$at" || { bad "holder"; return; }
+  if [ "${2:-}" = group ]; then setsid "$G" checkpoint "$HP" -D "$W/img$at" & gp=$!
+  else "$G" checkpoint "$HP" -D "$W/img$at" & gp=$!; fi
+  sleep "$at"; if [ "${2:-}" = group ]; then kill -9 -- "-$gp"; else kill -9 $gp; fi; T0=$(now); wait $gp 2>/dev/null
   echo "state right after the kill: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ' ')"
   r=$(answer); echo "$r"
   case "$r" in *same=True*kernel=True*) ok "checkpoint killed at ${at}s: holder answers, data identical";; *) bad "checkpoint killed at ${at}s: $r";; esac
@@ -59,7 +64,9 @@ for at in ${CHECKPOINT_KILLS:-1.5 5}; do
   [ -e "$W/img$at" ] && "$G" verify "$W/img$at" && echo "(the checkpoint had committed before the kill)"
   tail -6 /run/gpucr/recovery.log
   kill -9 "$HP"; sleep 0.3; kill $RP; rm -rf "$W/img$at"
-done
+}
+for at in ${CHECKPOINT_KILLS:-1.5 5}; do kill_checkpoint "$at"; done
+for at in ${GROUP_KILLS:-}; do kill_checkpoint "$at" group; done
 
 echo "== kill -9 of gpucr 1s into the restore of a 16 GiB holder"
 if holder r; then
