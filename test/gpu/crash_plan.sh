@@ -54,7 +54,14 @@ kill_checkpoint() {
   holder "k$at" || { bad "holder"; return; }
   if [ "${2:-}" = group ]; then setsid "$G" checkpoint "$HP" -D "$W/img$at" & gp=$!
   else "$G" checkpoint "$HP" -D "$W/img$at" & gp=$!; fi
-  sleep "$at"; if [ "${2:-}" = group ]; then kill -9 -- "-$gp"; else kill -9 $gp; fi; T0=$(now); wait $gp 2>/dev/null
+  sleep "$at"
+  if ! kill -0 $gp 2>/dev/null; then
+    # Finished before the kill: nothing to roll back, and the holder was checkpointed away.
+    echo "SKIP gpucr finished in under ${at}s: nothing was killed"
+    "$G" verify "$W/img$at" || bad "the checkpoint that finished does not verify"
+    wait $gp; kill $RP; rm -rf "$W/img$at"; return
+  fi
+  if [ "${2:-}" = group ]; then kill -9 -- "-$gp"; else kill -9 $gp; fi; T0=$(now); wait $gp 2>/dev/null
   echo "state right after the kill: $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader | tr '\n' ' ')"
   r=$(answer); echo "$r"
   case "$r" in *same=True*kernel=True*) ok "checkpoint killed at ${at}s: holder answers, data identical";; *) bad "checkpoint killed at ${at}s: $r";; esac
