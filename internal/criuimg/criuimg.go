@@ -16,12 +16,14 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 
 	criu_core "github.com/checkpoint-restore/go-criu/v7/crit/images/criu-core"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	fsimg "github.com/checkpoint-restore/go-criu/v7/crit/images/fs"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/mm"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pstree"
 	remap_file_path "github.com/checkpoint-restore/go-criu/v7/crit/images/remap-file-path"
@@ -362,6 +364,9 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 	// Each file's user: the first process that held it as a descriptor, else the first
 	// that mapped it.
 	err = eachUse(n, fsys, func(u fileUse) {
+		if u.kind == useCwd || u.kind == useRoot {
+			return // named as no process's: PID 0
+		}
 		if m := byID[u.id]; m != nil && (m.PID == 0 || m.FD < 0 && u.fd >= 0) {
 			m.PID, m.FD = u.pid, u.fd
 		}
@@ -398,23 +403,47 @@ func reopenedPaths(n *budget, fsys fs.FS) (map[uint32]string, error) {
 	paths := map[uint32]string{}
 	for _, e := range entries {
 		if reg := e.GetReg(); reg != nil && !carried[reg.GetId()] {
-			paths[reg.GetId()] = "/" + strings.TrimPrefix(reg.GetName(), "/")
+			paths[reg.GetId()] = path.Clean("/" + reg.GetName())
+		}
+	}
+	// A named FIFO's descriptor names its own entry, whose path is a regular file entry's.
+	for _, e := range entries {
+		if f := e.GetFifo(); f != nil {
+			if p, ok := paths[f.GetRegfId()]; ok {
+				paths[e.GetId()] = p
+			}
 		}
 	}
 	return paths, nil
 }
 
+// How a process uses a file of files.img.
+type useKind int
+
+const (
+	useFD   useKind = iota // an open descriptor
+	useExe                 // its program
+	useMap                 // a file mapping
+	useCwd                 // its working directory
+	useRoot                // its root directory
+)
+
 // fileUse is one use of a file of files.img by a process of the image.
 type fileUse struct {
+	kind  useKind
 	pid   int    // in the image's numbering
 	id    uint32 // the file's files.img ID
-	fd    int    // the descriptor; -1 for the program or a mapping
-	start uint64 // where a mapping starts; 0 for a descriptor or the program
-	exe   bool   // the process's program
+	fd    int    // the descriptor; -1 for any other use
+	start uint64 // where a mapping starts
 }
 
-// eachUse hands use every descriptor, program and file mapping of the image's processes, in
-// pstree order, each process's descriptors first. A zombie has none.
+// vmaExtPlugin marks a mapping a CRIU plugin restores (a GPU's render node, mapped anew onto
+// the GPU the restore places the process on): not the file the image names.
+const vmaExtPlugin = 1 << 27
+
+// eachUse hands use every descriptor, working and root directory, program and file mapping
+// of the image's processes, in pstree order, each process's descriptors first. A zombie has
+// none.
 func eachUse(n *budget, fsys fs.FS, use func(fileUse)) error {
 	tree, err := decode(n, fsys, "pstree.img", &pstree.PstreeEntry{})
 	if err != nil {
@@ -435,8 +464,16 @@ func eachUse(n *budget, fsys fs.FS, use func(fileUse)) error {
 				return err
 			}
 			for _, fd := range fds {
-				use(fileUse{pid: pid, id: fd.GetId(), fd: int(fd.GetFd())})
+				use(fileUse{kind: useFD, pid: pid, id: fd.GetId(), fd: int(fd.GetFd())})
 			}
+		}
+		dirs, err := decode(n, fsys, fmt.Sprintf("fs-%d.img", pid), &fsimg.FsEntry{})
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		for _, d := range dirs {
+			use(fileUse{kind: useCwd, pid: pid, id: d.GetCwdId(), fd: -1})
+			use(fileUse{kind: useRoot, pid: pid, id: d.GetRootId(), fd: -1})
 		}
 		mms, err := decode(n, fsys, fmt.Sprintf("mm-%d.img", pid), &mm.MmEntry{})
 		if errors.Is(err, fs.ErrNotExist) {
@@ -446,10 +483,10 @@ func eachUse(n *budget, fsys fs.FS, use func(fileUse)) error {
 			return err
 		}
 		for _, e := range mms {
-			use(fileUse{pid: pid, id: e.GetExeFileId(), fd: -1, exe: true})
+			use(fileUse{kind: useExe, pid: pid, id: e.GetExeFileId(), fd: -1})
 			for _, v := range e.GetVmas() {
-				if v.GetStatus()&vmaFileMapped != 0 {
-					use(fileUse{pid: pid, id: uint32(v.GetShmid()), fd: -1, start: v.GetStart()})
+				if v.GetStatus()&vmaFileMapped != 0 && v.GetStatus()&vmaExtPlugin == 0 {
+					use(fileUse{kind: useMap, pid: pid, id: uint32(v.GetShmid()), fd: -1, start: v.GetStart()})
 				}
 			}
 		}

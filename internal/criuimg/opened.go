@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -21,10 +22,12 @@ import (
 var ErrReopenedElsewhere = errors.New("a file the process had open was reopened at another path")
 
 // Opened is what one process of an image had open, mapped or ran, by path, as CRIU saved it.
+// "" is a file carried in the image, or unknown.
 type Opened struct {
-	FDs  map[int]string    // descriptor -> path
-	Maps map[uint64]string // start of a file mapping -> path
-	Exe  string            // its program; "" when carried in the image or unknown
+	FDs       map[int]string    // descriptor -> path
+	Maps      map[uint64]string // start of a file mapping -> path
+	Exe       string            // its program
+	Cwd, Root string            // its working and root directories
 }
 
 // OpenedFiles lists, for each process of the image at dir (by its image PID), the files it
@@ -51,13 +54,17 @@ func OpenedFiles(dir string) (map[int]*Opened, error) {
 			o = &Opened{FDs: map[int]string{}, Maps: map[uint64]string{}}
 			out[u.pid] = o
 		}
-		switch {
-		case u.exe:
-			o.Exe = p
-		case u.fd >= 0:
+		switch u.kind {
+		case useFD:
 			o.FDs[u.fd] = p
-		default:
+		case useExe:
+			o.Exe = p
+		case useMap:
 			o.Maps[u.start] = p
+		case useCwd:
+			o.Cwd = p
+		case useRoot:
+			o.Root = p
 		}
 	})
 	if err != nil {
@@ -67,31 +74,49 @@ func OpenedFiles(dir string) (map[int]*Opened, error) {
 }
 
 // CheckReopened checks that every process CRIU restored (made maps image PIDs to host PIDs,
-// its /proc under procRoot) holds, at each descriptor, mapping and program the image lists
-// in want, the file at the path the image gives: the kernel names a file by the path it was
-// reached at, so a symlink followed on the way (a directory of the path swapped for one
-// since the checkpoint) shows as another path, and the restore is refused before any task
-// runs.
+// its /proc under procRoot) holds, at each descriptor, mapping, program, working and root
+// directory the image lists in want, the file at the path the image gives: the kernel names
+// a file by the path it was reached at, so a symlink followed on the way (a directory of the
+// path swapped for one since the checkpoint) shows as another path, and the restore is
+// refused before any task runs. A path in /proc of a process outside the restored tree names
+// whatever process has that PID now (a root daemon's memory, say), however alike the path.
 func CheckReopened(procRoot string, want map[int]*Opened, made map[int]int) error {
+	restored := map[int]bool{}
+	for _, pid := range made {
+		restored[pid] = true
+	}
 	for _, imagePID := range slices.Sorted(maps.Keys(made)) {
 		o := want[imagePID]
 		if o == nil {
 			continue
 		}
 		proc := filepath.Join(procRoot, strconv.Itoa(made[imagePID]))
-		for _, fd := range slices.Sorted(maps.Keys(o.FDs)) {
-			got, err := os.Readlink(filepath.Join(proc, "fd", strconv.Itoa(fd)))
-			if err != nil {
-				return fmt.Errorf("%w: PID %d's descriptor %d (%s): %v", ErrReopenedElsewhere, imagePID, fd, o.FDs[fd], err)
+		check := func(what, link, was string) error {
+			if was == "" {
+				return nil
 			}
-			if got != o.FDs[fd] {
-				return fmt.Errorf("%w: PID %d's descriptor %d was %s when checkpointed and is %s now: a directory on the way was changed (a symlink?)",
-					ErrReopenedElsewhere, imagePID, fd, o.FDs[fd], got)
+			if n, ok := procPID(was); ok && !restored[n] {
+				return fmt.Errorf("%w: PID %d's %s is %s, of process %d, which the restore did not make: that PID is another process's now",
+					ErrReopenedElsewhere, imagePID, what, was, n)
+			}
+			got, err := os.Readlink(filepath.Join(proc, link))
+			if err != nil {
+				return fmt.Errorf("%w: PID %d's %s (%s): %v", ErrReopenedElsewhere, imagePID, what, was, err)
+			}
+			if path.Clean(got) != was {
+				return fmt.Errorf("%w: PID %d's %s was %s when checkpointed and is %s now: a directory on the way was changed (a symlink?)",
+					ErrReopenedElsewhere, imagePID, what, was, got)
+			}
+			return nil
+		}
+		for _, fd := range slices.Sorted(maps.Keys(o.FDs)) {
+			if err := check(fmt.Sprintf("descriptor %d", fd), filepath.Join("fd", strconv.Itoa(fd)), o.FDs[fd]); err != nil {
+				return err
 			}
 		}
-		if o.Exe != "" {
-			if got, err := os.Readlink(filepath.Join(proc, "exe")); err == nil && got != o.Exe {
-				return fmt.Errorf("%w: PID %d's program was %s when checkpointed and is %s now", ErrReopenedElsewhere, imagePID, o.Exe, got)
+		for _, c := range []struct{ what, link, was string }{{"program", "exe", o.Exe}, {"working directory", "cwd", o.Cwd}, {"root", "root", o.Root}} {
+			if err := check(c.what, c.link, c.was); err != nil {
+				return err
 			}
 		}
 		if len(o.Maps) == 0 {
@@ -102,17 +127,31 @@ func CheckReopened(procRoot string, want map[int]*Opened, made map[int]int) erro
 			return fmt.Errorf("%w: PID %d: %v", ErrReopenedElsewhere, imagePID, err)
 		}
 		for _, start := range slices.Sorted(maps.Keys(o.Maps)) {
-			p := o.Maps[start]
+			was := o.Maps[start]
+			if n, ok := procPID(was); ok && !restored[n] {
+				return fmt.Errorf("%w: PID %d maps %s, of process %d, which the restore did not make", ErrReopenedElsewhere, imagePID, was, n)
+			}
 			got, ok := mapped[start]
-			if !ok || strings.ContainsRune(p, '\n') {
+			if !ok || strings.ContainsRune(was, '\n') {
 				continue // merged into the mapping before it, or a name maps cannot show as it is
 			}
-			if got != p {
-				return fmt.Errorf("%w: PID %d's mapping at %#x was %s when checkpointed and is %s now", ErrReopenedElsewhere, imagePID, start, p, got)
+			if path.Clean(got) != was {
+				return fmt.Errorf("%w: PID %d's mapping at %#x was %s when checkpointed and is %s now", ErrReopenedElsewhere, imagePID, start, was, got)
 			}
 		}
 	}
 	return nil
+}
+
+// procPID is the PID of a path in /proc/PID/, if it is one.
+func procPID(p string) (int, bool) {
+	rest, ok := strings.CutPrefix(p, "/proc/")
+	if !ok {
+		return 0, false
+	}
+	first, _, _ := strings.Cut(rest, "/")
+	n, err := strconv.Atoi(first)
+	return n, err == nil
 }
 
 // readMaps reads a /proc/PID/maps file: each mapping's start and the path it maps ("" for

@@ -3,12 +3,21 @@ package criuimg
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/hwbreak"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
-// CheckReopened compares what the kernel names each restored descriptor, program and
-// mapping by with the paths the image gives them.
+// CheckReopened compares what the kernel names each restored descriptor, program, working
+// and root directory and mapping by with the paths the image gives them, and refuses a
+// path in /proc of a process the restore did not make.
 func TestCheckReopened(t *testing.T) {
 	proc := t.TempDir()
 	pidDir := filepath.Join(proc, "4242")
@@ -17,37 +26,125 @@ func TestCheckReopened(t *testing.T) {
 	}
 	link := func(name, to string) {
 		os.Remove(filepath.Join(pidDir, name))
+		if to == "" {
+			return
+		}
 		if err := os.Symlink(to, filepath.Join(pidDir, name)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	link("fd/3", "/home/u/work/data")
-	link("exe", "/usr/bin/sleep")
-	maps := "55d0c0000000-55d0c0001000 r--p 00000000 08:01 1234                       /usr/bin/sleep\n" +
+	whole := map[string]string{"fd/3": "/home/u/work/data", "fd/4": "/proc/4242/status", "exe": "/usr/bin/sleep", "cwd": "/home/u/work", "root": "/"}
+	for name, to := range whole {
+		link(name, to)
+	}
+	writeMaps := func(m string) {
+		if err := os.WriteFile(filepath.Join(pidDir, "maps"), []byte(m), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	goodMaps := "55d0c0000000-55d0c0001000 r--p 00000000 08:01 1234                       /usr/bin/sleep\n" +
 		"7f0000000000-7f0000001000 r--p 00000000 08:01 99                         /home/u/work/my file\n" +
 		"7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0                          [stack]\n"
-	if err := os.WriteFile(filepath.Join(pidDir, "maps"), []byte(maps), 0o644); err != nil {
-		t.Fatal(err)
+	writeMaps(goodMaps)
+	opened := func() *Opened {
+		return &Opened{
+			FDs:  map[int]string{3: "/home/u/work/data", 4: "/proc/100/status"},
+			Maps: map[uint64]string{0x55d0c0000000: "/usr/bin/sleep", 0x7f0000000000: "/home/u/work/my file"},
+			Exe:  "/usr/bin/sleep", Cwd: "/home/u/work", Root: "/",
+		}
 	}
-	want := map[int]*Opened{100: {
-		FDs:  map[int]string{3: "/home/u/work/data"},
-		Maps: map[uint64]string{0x55d0c0000000: "/usr/bin/sleep", 0x7f0000000000: "/home/u/work/my file"},
-		Exe:  "/usr/bin/sleep",
-	}}
+	// In the image the process was PID 100 and read its own /proc/100/status; restored at
+	// 4242 without a PID namespace of its own, it would hold 4242's: the test's made map
+	// says 100 -> 4242, and the image's /proc path is checked against the restored PIDs.
 	made := map[int]int{100: 4242}
+	want := map[int]*Opened{100: opened()}
+	want[100].FDs[4] = "/proc/4242/status"
 	if err := CheckReopened(proc, want, made); err != nil {
 		t.Fatalf("every file where it was: %v", err)
 	}
-	link("fd/3", "/etc/shadow") // the directory was swapped for a symlink to /etc
-	if err := CheckReopened(proc, want, made); !errors.Is(err, ErrReopenedElsewhere) {
-		t.Fatalf("descriptor reopened at /etc/shadow: %v, want ErrReopenedElsewhere", err)
+	for _, tc := range []struct {
+		name, link, to string
+		maps           string
+		wantErr        string
+	}{
+		{"a descriptor through a swapped directory", "fd/3", "/etc/shadow", "", "descriptor 3 was /home/u/work/data"},
+		{"a descriptor gone", "fd/3", "", "", "descriptor 3"},
+		{"the program", "exe", "/usr/bin/passwd", "", "program was /usr/bin/sleep"},
+		{"the working directory", "cwd", "/etc", "", "working directory was /home/u/work"},
+		{"the root", "root", "/tmp/x", "", "root was /"},
+		{"a mapping", "", "", "7f0000000000-7f0000001000 r--p 00000000 08:01 7 /etc/shadow\n", "mapping at 0x7f0000000000"},
+	} {
+		if tc.link != "" {
+			link(tc.link, tc.to)
+		}
+		if tc.maps != "" {
+			writeMaps(tc.maps)
+		}
+		err := CheckReopened(proc, want, made)
+		if !errors.Is(err, ErrReopenedElsewhere) || !strings.Contains(err.Error(), tc.wantErr) {
+			t.Errorf("%s: %v, want ErrReopenedElsewhere naming %q", tc.name, err, tc.wantErr)
+		}
+		if tc.link != "" {
+			link(tc.link, whole[tc.link])
+		}
+		writeMaps(goodMaps)
 	}
-	link("fd/3", "/home/u/work/data")
-	maps2 := "7f0000000000-7f0000001000 r--p 00000000 08:01 7                          /etc/shadow\n"
-	if err := os.WriteFile(filepath.Join(pidDir, "maps"), []byte(maps2), 0o644); err != nil {
+	// A /proc path of a process outside the restored tree names whoever has that PID now.
+	want[100].FDs[4] = "/proc/77/mem"
+	link("fd/4", "/proc/77/mem")
+	if err := CheckReopened(proc, want, made); !errors.Is(err, ErrReopenedElsewhere) || !strings.Contains(err.Error(), "of process 77") {
+		t.Errorf("a descriptor of /proc/77/mem: %v, want it refused", err)
+	}
+}
+
+// OpenedFiles lists what CRIU will reopen by path, read from a real dump: a named FIFO's
+// descriptor (whose entry names the path through another entry), a regular file, the
+// program and the working directory.
+func TestOpenedFilesOfARealDump(t *testing.T) {
+	criu := os.Getenv("GPUCR_CRIU")
+	if criu == "" {
+		criu = "/opt/gpucr/criu/sbin/criu"
+	}
+	if _, err := os.Stat(criu); err != nil || os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "need root and criu at "+criu)
+	}
+	dir := t.TempDir()
+	fifo, data := filepath.Join(dir, "fifo"), filepath.Join(dir, "data")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := CheckReopened(proc, want, made); !errors.Is(err, ErrReopenedElsewhere) {
-		t.Fatalf("mapping reopened at /etc/shadow: %v, want ErrReopenedElsewhere", err)
+	testutil.WriteFile(t, data, []byte("input"))
+	// fd 3 the FIFO (read-write: no wait for a writer), fd 4 the file; cwd the directory.
+	cmd := exec.Command("sh", "-c", "exec 3<>fifo 4<data; exec sleep 1000")
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if l, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/4"); l == data {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the holder never opened its files")
+		}
+	}
+	img := t.TempDir()
+	if out, err := hwbreak.Command(criu, "dump", "-t", strconv.Itoa(pid), "-D", img, "-o", "dump.log", "--leave-running").CombinedOutput(); err != nil {
+		t.Fatalf("criu dump: %v\n%s", err, out)
+	}
+	opened, err := OpenedFiles(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := opened[pid]
+	sleep, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe")
+	if o == nil || o.FDs[3] != fifo || o.FDs[4] != data || o.Cwd != dir || o.Root != "/" || o.Exe != sleep {
+		t.Fatalf("OpenedFiles = %+v, want fd 3 %s, fd 4 %s, cwd %s, root /, program %s", o, fifo, data, dir, sleep)
+	}
+	if err := CheckReopened("/proc", opened, map[int]int{pid: pid}); err != nil {
+		t.Errorf("the dumped process itself, checked against its image: %v", err)
 	}
 }
