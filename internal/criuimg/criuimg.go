@@ -184,14 +184,15 @@ var magics = magic.LoadMagic()
 // Page files, which can be any size, are never decoded.
 const maxImage = 256 << 20
 
-// maxEntries bounds the entries, and the messages nested in them, that gpucr decodes from
-// one image: each costs ~100 bytes of memory decoded, however few bytes it took in the
-// file, and a hostile image of tiny entries cost 5 GB. Four million is a pagemap of a process whose dumped memory is 16 GiB
-// of pages none of which is next to another. (A variable: tests lower it.)
+// maxEntries bounds what gpucr decodes from one image, all its files together, in entries
+// (each costs ~100 bytes of memory decoded, however few bytes it took in the file: a hostile
+// image of tiny entries cost 5 GB), the messages nested in them, and an eighth of each
+// value of their repeated fields (protobound). Four million is a pagemap of a process whose
+// dumped memory is 16 GiB of pages none of which is next to another. (A variable: tests
+// lower it.)
 var maxEntries = 4 << 20
 
-// budget bounds the entries, and the messages nested in them, that one reading of an image
-// decodes, all its files together: a crafted image can have many processes name one file
+// budget bounds what one reading of an image decodes (maxEntries), all its files together: a crafted image can have many processes name one file
 // of tiny entries (a hostile test's inspect took 2.8 GB so, each file within maxEntries).
 type budget struct{ left int }
 
@@ -213,10 +214,11 @@ func decode[M proto.Message](n *budget, fsys fs.FS, name string, entry M) ([]M, 
 }
 
 // unmarshal decodes the entry b of image name into m, charging n for the messages nested
-// in it before they are made: an empty nested message is two bytes of the file and a
-// struct of memory, so entries alone do not bound what an image costs.
+// in it and the values of its repeated fields before they are made: an empty nested message
+// is two bytes of the file and a struct of memory, so entries alone do not bound what an
+// image costs.
 func (n *budget) unmarshal(name string, b []byte, m proto.Message) error {
-	k, err := protobound.Nested(b, m.ProtoReflect().Descriptor(), n.left)
+	k, err := protobound.Cost(b, m.ProtoReflect().Descriptor(), n.left)
 	if errors.Is(err, protobound.ErrTooMany) {
 		return n.exhausted(name)
 	}
@@ -232,7 +234,7 @@ func (n *budget) unmarshal(name string, b []byte, m proto.Message) error {
 
 // exhausted is the error of a reading past its budget, met in image name.
 func (n *budget) exhausted(name string) error {
-	return fmt.Errorf("read %s: the image's files hold more than %d entries and nested messages, more than gpucr reads", name, maxEntries)
+	return fmt.Errorf("read %s: the image's files hold more than %d entries, nested messages and repeated values, more than gpucr reads", name, maxEntries)
 }
 
 // eachFrame reads image name in fsys and hands use each entry's bytes in turn, as CRIU

@@ -60,8 +60,8 @@ func Read(path string, m proto.Message) error {
 	if fi.Size() > maxFile {
 		return fmt.Errorf("%s: larger than %d MiB, more than the plugin writes", path, maxFile>>20)
 	}
-	data, err := io.ReadAll(io.LimitReader(f, maxFile+1))
-	if err != nil {
+	data := make([]byte, fi.Size())
+	if _, err := io.ReadFull(f, data); err != nil {
 		return fmt.Errorf("read AMD GPU image: %w", err)
 	}
 	if len(data) < sizeLen {
@@ -74,7 +74,7 @@ func Read(path string, m proto.Message) error {
 	case size < uint64(len(body)):
 		return fmt.Errorf("%s: header says %d bytes, %d follow", path, size, len(body))
 	}
-	if _, err := protobound.Nested(body, m.ProtoReflect().Descriptor(), maxMessages); err != nil {
+	if _, err := protobound.Cost(body, m.ProtoReflect().Descriptor(), maxMessages); err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}
 	if err := proto.Unmarshal(body, m); err != nil {
