@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/archive"
-	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/engine"
@@ -108,12 +107,12 @@ func (x *exporter) write(ctx context.Context, m *image.Manifest) (*exportOutput,
 		return nil, errors.Join(err, x.staging.Close())
 	}
 	if x.temp {
-		if err := beneath.RemoveAll(x.dir); err != nil {
-			return nil, fmt.Errorf("exported to %s, but removing its staging directory failed: %w", x.file, err)
+		if err := x.staging.Discard(x.dir); err != nil {
+			return nil, fmt.Errorf("exported to %s, but its staging directory %s is left: %w", x.file, x.dir, err)
 		}
 	}
 	if err := x.staging.Close(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("exported to %s, but its staging is left for the next gpucr to remove: %w", x.file, err)
 	}
 	return &exportOutput{File: x.file, Bytes: size, Compression: archive.CompressionFor(x.file), Seconds: time.Since(start).Seconds()}, nil
 }

@@ -15,8 +15,9 @@ import (
 // record of its own names it before it exists, so that a gpucr killed at any point leaves
 // it to recovery (the next operation's, or gpucr recover) rather than to nobody.
 type StagingDir struct {
-	Dir string
-	j   *txn.Journal
+	Dir       string
+	j         *txn.Journal
+	discarded []string // directories Keep named, to remove after all
 }
 
 // NewStagingDir journals under root a directory for what (as people read it: "restore
@@ -72,12 +73,27 @@ func (s *StagingDir) Keep(dir string) error {
 	return s.j.Update(func(r *txn.Record) { r.Image = dir })
 }
 
-// Close removes the staged path, then its record; a directory Keep named is left alone. A
-// path that could not be removed keeps its record, for recovery to retry.
+// Discard journals dir, which Keep named, as one to remove after all (its image is packed
+// whole elsewhere), and Close then removes it: a gpucr killed while it goes leaves recovery
+// to remove it whole, not to keep what is left of it as a checkpoint.
+func (s *StagingDir) Discard(dir string) error {
+	s.discarded = append(s.discarded, dir)
+	if s.j == nil {
+		return nil
+	}
+	return s.j.Update(func(r *txn.Record) { r.Image, r.Paths = "", append(r.Paths, dir) })
+}
+
+// Close removes the staged path and what Discard named, then the record; a directory Keep
+// named is left alone. A path that could not be removed keeps its record, for recovery to
+// retry.
 func (s *StagingDir) Close() error {
-	if s.Dir != "" {
-		if err := removeAll(s.Dir); err != nil {
-			return fmt.Errorf("remove %s: %w", s.Dir, err)
+	for _, p := range append([]string{s.Dir}, s.discarded...) {
+		if p == "" {
+			continue
+		}
+		if err := removeAll(p); err != nil {
+			return fmt.Errorf("remove %s: %w", p, err)
 		}
 	}
 	if s.j == nil {

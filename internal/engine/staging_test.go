@@ -5,7 +5,10 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
 )
@@ -92,5 +95,64 @@ func TestStagingDirOfADeadGpucrIsRecovered(t *testing.T) {
 	left, _ := filepath.Glob(filepath.Join(os.Getenv("TMPDIR"), "gpucr-stream-*"))
 	if ops, err := txn.List(root); err != nil || len(ops) != 0 || len(left) != 0 {
 		t.Fatalf("a closed staging left records %+v (%v), directories %v", ops, err, left)
+	}
+}
+
+// An export's image directory (Keep) is the job's only copy once its checkpoint committed
+// there: recovery keeps it when it holds an image and says so, removes it while empty, and
+// removes it whole once the archive is packed (Discard), however little of it is left.
+func TestExportImageDirectoryOfADeadGpucr(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "needs root")
+	}
+	root := t.TempDir()
+	m := &image.Manifest{GpucrVersion: "test", Created: time.Now().UTC(), RootPID: 42,
+		Host: image.HostInfo{Hostname: "h"}, Processes: []image.Process{{PID: 42, PPID: 1, Command: "counter", Threads: 1}}}
+	staged := func(dir string, discard bool) *StagingDir {
+		t.Helper()
+		s, err := NewStagingPath(root, "export", func(id string) string { return image.StagingPath(dir+".tar", id) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Keep(dir); err != nil {
+			t.Fatal(err)
+		}
+		if discard {
+			if err := s.Discard(dir); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// Its gpucr dies: nobody holds its record any more.
+		if err := os.Remove(filepath.Join(root, "txn", s.j.ID()+".lock")); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	whole := imagetest.Commit(t, map[string][]byte{"criu/pstree.img": []byte("pstree")}, m, nil)
+	staged(whole, false)
+	empty := filepath.Join(t.TempDir(), "empty")
+	if err := os.Mkdir(empty, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	staged(empty, false)
+	packed := imagetest.Commit(t, map[string][]byte{"criu/pstree.img": []byte("pstree")}, m, nil)
+	staged(packed, true)
+
+	done, err := (&Engine{JournalRoot: root}).RecoverStale()
+	if err != nil || len(done) != 3 {
+		t.Fatalf("recovered %+v, %v; want the three stagings", done, err)
+	}
+	for _, r := range done {
+		if want := r.Image == whole; r.Committed != want {
+			t.Errorf("record of %q: committed %v, want %v", r.Image, r.Committed, want)
+		}
+	}
+	if _, err := image.Load(whole); err != nil {
+		t.Errorf("the whole image was not kept: %v", err)
+	}
+	for _, gone := range []string{empty, packed} {
+		if _, err := os.Stat(gone); !os.IsNotExist(err) {
+			t.Errorf("%s is left: %v", gone, err)
+		}
 	}
 }
