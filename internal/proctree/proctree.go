@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // ErrNoProcess means the PID does not name a running process.
@@ -175,27 +175,41 @@ func OpenFiles(procRoot string, pid int) ([]string, error) {
 	return out, nil
 }
 
-// Holding returns the processes other than gpucr itself, in gpucr's mount namespace, with a
-// descriptor open on dir or anything beneath it. A descriptor names its file by the path in
-// its process's mount namespace: in one of their own, users can make a file at any path
-// they like (a hostile pass named a tmpfs file as a restore's directory's), and such a
-// path names nothing of gpucr's.
+// Holding returns the processes other than gpucr itself with a descriptor open on dir or
+// anything beneath it. A descriptor names its file by the path in its process's mount
+// namespace: in one of their own, users can make a file at any path they like (a hostile
+// pass named a tmpfs file as a restore's directory's). So a process in another mount
+// namespace (a CRIU restoring a container makes one of its own) counts only for files on
+// dir's own file system.
 func Holding(dir string) ([]int, error) {
 	all, err := scan()
 	if err != nil {
 		return nil, err
 	}
+	var home syscall.Stat_t
+	homeKnown := syscall.Stat(dir, &home) == nil // once dir is gone, only gpucr's namespace counts
 	var pids []int
 	for _, p := range all {
 		if p.PID == os.Getpid() {
 			continue
 		}
-		if other, err := OwnNamespace(p.PID, "mnt"); err != nil || other {
-			continue
+		other, err := OwnNamespace(p.PID, "mnt")
+		if err != nil {
+			continue // gone
 		}
-		files, _ := OpenFiles("/proc", p.PID)
-		if slices.ContainsFunc(files, func(f string) bool { return f == dir || strings.HasPrefix(f, dir+"/") }) {
+		fdDir := filepath.Join("/proc", strconv.Itoa(p.PID), "fd")
+		entries, _ := os.ReadDir(fdDir)
+		for _, e := range entries {
+			f, err := os.Readlink(filepath.Join(fdDir, e.Name()))
+			if err != nil || f != dir && !strings.HasPrefix(f, dir+"/") {
+				continue
+			}
+			var st syscall.Stat_t
+			if other && (!homeKnown || syscall.Stat(filepath.Join(fdDir, e.Name()), &st) != nil || st.Dev != home.Dev) {
+				continue
+			}
 			pids = append(pids, p.PID)
+			break
 		}
 	}
 	return pids, nil

@@ -75,8 +75,9 @@ func TestOpenFiles(t *testing.T) {
 
 // Holding names the processes with a file open beneath a directory, by the path a
 // descriptor shows: in a mount namespace of its own a process can show any path (a tmpfs
-// mounted at the directory's name), and is not counted.
-func TestHoldingCountsOnlyGpucrsMountNamespace(t *testing.T) {
+// mounted at the directory's name), and is counted only for files on the directory's own
+// file system (a CRIU that made a mount namespace of its own to restore a container).
+func TestHoldingCountsOnlyTheDirectorysFiles(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: a mount namespace of its own")
 	}
@@ -93,18 +94,20 @@ func TestHoldingCountsOnlyGpucrsMountNamespace(t *testing.T) {
 	ours := start("sh", "-c", "exec 3>"+dir+"/ours; exec sleep 60")
 	theirs := start("unshare", "--mount", "--propagation", "private", "sh", "-c",
 		"mount -t tmpfs none "+dir+" && exec 3>"+dir+"/theirs && exec sleep 60")
+	criu := start("unshare", "--mount", "--propagation", "private", "sh", "-c", "exec 3>"+dir+"/criu; exec sleep 60")
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		a, _ := OpenFiles("/proc", ours)
 		b, _ := OpenFiles("/proc", theirs)
-		if slices.Contains(a, dir+"/ours") && slices.Contains(b, dir+"/theirs") {
+		c, _ := OpenFiles("/proc", criu)
+		if slices.Contains(a, dir+"/ours") && slices.Contains(b, dir+"/theirs") && slices.Contains(c, dir+"/criu") {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the holders did not open their files: %v, %v", a, b)
+			t.Fatalf("the holders did not open their files: %v, %v, %v", a, b, c)
 		}
 	}
 	held, err := Holding(dir)
-	if err != nil || !slices.Contains(held, ours) || slices.Contains(held, theirs) {
-		t.Fatalf("Holding = %v, %v; want %d and not %d (its own mount namespace)", held, err, ours, theirs)
+	if err != nil || !slices.Contains(held, ours) || slices.Contains(held, theirs) || !slices.Contains(held, criu) {
+		t.Fatalf("Holding = %v, %v; want %d and %d (the directory's own file system) and not %d (a tmpfs at its name)", held, err, ours, criu, theirs)
 	}
 }
