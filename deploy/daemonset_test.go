@@ -27,6 +27,7 @@ type daemonSet struct {
 
 type podSpec struct {
 	HostPID        bool              `yaml:"hostPID"`
+	Grace          int               `yaml:"terminationGracePeriodSeconds"`
 	NodeSelector   map[string]string `yaml:"nodeSelector"`
 	Tolerations    []struct{ Key, Operator, Effect string }
 	InitContainers []container `yaml:"initContainers"`
@@ -145,6 +146,9 @@ func TestDaemonSetInstallsAndRemovesTheIntegration(t *testing.T) {
 	// The removal waits for the node's CRIUs, which it sees only in the node's PID namespace.
 	if !pod.HostPID {
 		t.Error("the pod has no hostPID: its preStop removal cannot see the node's CRIUs to wait for")
+	}
+	if pod.Grace < 130 {
+		t.Errorf("terminationGracePeriodSeconds %d: the preStop removal may wait 2 minutes for CRIUs, within the grace", pod.Grace)
 	}
 
 	tmp := t.TempDir()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -253,13 +254,13 @@ func (in Integration) stateDir() string {
 // variable: tests lower it.)
 var removeWait = 2 * time.Minute
 
-// criuCommand is CRIU's process name. A process CRIU restores keeps CRIU's PID and start
-// time, and takes its own name back before it runs.
+// criuCommand is CRIU's process name. The tasks of a restore are CRIU's forks, named so
+// until CRIU's restorer gives them their own names back, before they run.
 const criuCommand = "criu"
 
 // runningCRIUs lists the CRIU processes that run now, runc's and crun's `criu swrk` among
 // them: swrk reads a configuration file when a request comes, so any of them may yet read
-// the one it names.
+// the one it names. A page server or lazy-pages daemon runs no action script.
 func runningCRIUs() ([]proctree.Process, error) {
 	all, err := proctree.All()
 	if err != nil {
@@ -267,11 +268,27 @@ func runningCRIUs() ([]proctree.Process, error) {
 	}
 	var out []proctree.Process
 	for _, p := range all {
-		if p.Command == criuCommand && !p.Zombie {
-			out = append(out, p)
+		if p.Command != criuCommand || p.Zombie {
+			continue
 		}
+		if args, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID)); slices.Contains(daemons, secondArg(args)) {
+			continue
+		}
+		out = append(out, p)
 	}
 	return out, nil
+}
+
+// daemons are CRIU's commands that run no action script and may run for long.
+var daemons = []string{"page-server", "lazy-pages"}
+
+// secondArg is the command of a NUL-separated command line ("criu swrk 3": "swrk").
+func secondArg(cmdline []byte) string {
+	f := strings.Split(string(cmdline), "\x00")
+	if len(f) < 2 {
+		return ""
+	}
+	return f[1]
 }
 
 // waitGone waits, at most limit, until none of crius is still a running CRIU, and returns

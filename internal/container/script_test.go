@@ -203,20 +203,28 @@ func TestScriptRepeatsAFailureWithoutRunningAgain(t *testing.T) {
 	}
 }
 
-// fakeCRIU starts a shell named criu running body, with a pipe on its stdin that the
-// test's end closes.
-func fakeCRIU(t *testing.T, body string) *exec.Cmd {
+// fakeCRIU starts a shell named criu with args (in a directory of its own, where the
+// script "page-server" reads stdin), with a pipe on its stdin that the test's end closes. The removal sees the machine's processes: it is
+// tested only in the host's PID namespace.
+func fakeCRIU(t *testing.T, args ...string) *exec.Cmd {
 	t.Helper()
+	if host, err := proctree.InHostPIDNamespace(); err != nil || !host {
+		t.Skip("needs the host's PID namespace, where --remove looks for CRIUs")
+	}
 	b, err := os.ReadFile("/bin/sh")
 	if err != nil {
 		t.Fatal(err)
 	}
-	sh := filepath.Join(t.TempDir(), "criu")
+	dir := t.TempDir()
+	sh := filepath.Join(dir, "criu")
 	testutil.WriteFile(t, sh, b)
 	if err := os.Chmod(sh, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	c := exec.Command(sh, "-c", body)
+	// What `criu page-server` runs here: the shell reads its stdin.
+	testutil.WriteFile(t, filepath.Join(dir, "page-server"), []byte("read x\n"))
+	c := exec.Command(sh, args...)
+	c.Dir = dir
 	in, err := c.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -235,8 +243,10 @@ func fakeCRIU(t *testing.T, body string) *exec.Cmd {
 // that has become a restored process (its name no longer criu) holds nothing up.
 func TestRemoveWaitsForEveryCRIUThatMayHaveReadIt(t *testing.T) {
 	h := newScriptHost(t)
-	reading := fakeCRIU(t, "read x")
-	restored := fakeCRIU(t, "printf workload > /proc/$$/comm; read x")
+	reading := fakeCRIU(t, "-c", "read x")
+	restored := fakeCRIU(t, "-c", "printf workload > /proc/$$/comm; read x")
+	// A page server runs no action script, and may run for long.
+	fakeCRIU(t, "page-server")
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if p, err := proctree.Read(restored.Process.Pid); err == nil && p.Command == "workload" {
 			break
@@ -268,7 +278,7 @@ func TestRemoveWaitsForEveryCRIUThatMayHaveReadIt(t *testing.T) {
 // gone, Remove finishes.
 func TestRemoveKeepsTheScriptForACRIUThatRunsOn(t *testing.T) {
 	h := newScriptHost(t)
-	criu := fakeCRIU(t, "read x")
+	criu := fakeCRIU(t, "-c", "read x")
 	defer func(d time.Duration) { removeWait = d }(removeWait)
 	removeWait = 300 * time.Millisecond
 	err := h.in.Remove()
@@ -281,6 +291,7 @@ func TestRemoveKeepsTheScriptForACRIUThatRunsOn(t *testing.T) {
 	}
 	_ = criu.Process.Kill()
 	_ = criu.Wait()
+	removeWait = 2 * time.Minute // for the CRIUs of other tests that may run meanwhile
 	if err := h.in.Remove(); err != nil {
 		t.Fatal(err)
 	}

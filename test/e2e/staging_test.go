@@ -61,10 +61,10 @@ func TestKilledExportKeepsTheCheckpoint(t *testing.T) {
 	checkCountsOn(t, bundle, frozen)
 }
 
-// pull, fold and restore --import stage up to a whole image beside their destination: a
-// gpucr killed halfway left it there for good (a hostile pass found three pulls' copies,
-// never removed by recover or a later pull). Each staging is journaled before it exists,
-// and recovery removes it.
+// pull and fold (and restore --import, journaled alike) stage up to a whole image beside
+// their destination: a gpucr killed halfway left it there for good (a hostile pass found
+// three pulls' copies, never removed by recover or a later pull). Each staging is journaled
+// before it exists, and recovery removes it.
 func TestKilledStagingBesideTheDestinationIsRemoved(t *testing.T) {
 	needCRIU(t)
 	host := newCrashHost(t)
