@@ -340,12 +340,8 @@ const vmaFileMapped = 1<<6 | 1<<7 // VMA_FILE_PRIVATE | VMA_FILE_SHARED
 // out. A tree that had its own mount namespace (mountpoints images) is not checked: its
 // paths are not this host's.
 func MissingFiles(dir string) ([]MissingFile, error) {
-	if OwnMounts(dir) {
-		return nil, nil
-	}
-	fsys, n := os.DirFS(dir), newBudget()
-	paths, err := reopenedPaths(n, fsys)
-	if err != nil {
+	fsys, n, paths, err := reopenedOnHost(dir)
+	if err != nil || paths == nil {
 		return nil, err
 	}
 	byPath := map[string]*MissingFile{}
@@ -382,6 +378,18 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 	}
 	slices.SortFunc(out, func(a, b MissingFile) int { return strings.Compare(a.Path, b.Path) })
 	return out, nil
+}
+
+// reopenedOnHost reads the image at dir for what CRIU reopens by path on this host
+// (reopenedPaths), and returns it with the image and the reading's budget; nothing for a
+// tree that had its own mount namespace, whose paths are not this host's.
+func reopenedOnHost(dir string) (fs.FS, *budget, map[uint32]string, error) {
+	if OwnMounts(dir) {
+		return nil, nil, nil, nil
+	}
+	fsys, n := os.DirFS(dir), newBudget()
+	paths, err := reopenedPaths(n, fsys)
+	return fsys, n, paths, err
 }
 
 // reopenedPaths are the regular files (and directories) of the image's files.img that CRIU

@@ -17,7 +17,11 @@ import (
 // An image restored where its files are not: MissingFiles names each file with a process
 // that used it, by descriptor where it had one (fd 3, a data file) and as a mapping where it
 // only mapped it (its program). Present, nothing is missing.
-func TestMissingFilesNameTheirUsers(t *testing.T) {
+// dumpWhenReady starts cmd in a session of its own (killed at the test's end), waits until
+// ready says its process is set up, and dumps it with the real CRIU, leaving it running; it
+// returns the process's PID and the image directory. It skips t without root or CRIU.
+func dumpWhenReady(t *testing.T, cmd *exec.Cmd, ready func(pid int) bool) (int, string) {
+	t.Helper()
 	criu := os.Getenv("GPUCR_CRIU")
 	if criu == "" {
 		criu = "/opt/gpucr/criu/sbin/criu"
@@ -25,6 +29,25 @@ func TestMissingFilesNameTheirUsers(t *testing.T) {
 	if _, err := os.Stat(criu); err != nil || os.Geteuid() != 0 {
 		testutil.SkipOrFail(t, "need root and criu at "+criu)
 	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	for deadline := time.Now().Add(10 * time.Second); !ready(pid); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never got ready", cmd.Path)
+		}
+	}
+	img := t.TempDir()
+	if out, err := hwbreak.Command(criu, "dump", "-t", strconv.Itoa(pid), "-D", img, "-o", "dump.log", "--leave-running").CombinedOutput(); err != nil {
+		t.Fatalf("criu dump: %v\n%s", err, out)
+	}
+	return pid, img
+}
+
+func TestMissingFilesNameTheirUsers(t *testing.T) {
 	src, err := exec.LookPath("sleep")
 	if err != nil {
 		t.Fatal(err)
@@ -47,24 +70,10 @@ func TestMissingFilesNameTheirUsers(t *testing.T) {
 	defer f.Close()
 	cmd := exec.Command(prog, "1000")
 	cmd.ExtraFiles = []*os.File{f} // fd 3
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pid := cmd.Process.Pid
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if exe, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); exe == prog {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the copy of sleep never ran")
-		}
-	}
-	img := t.TempDir()
-	if out, err := hwbreak.Command(criu, "dump", "-t", strconv.Itoa(pid), "-D", img, "-o", "dump.log").CombinedOutput(); err != nil {
-		t.Fatalf("criu dump: %v\n%s", err, out)
-	}
+	pid, img := dumpWhenReady(t, cmd, func(pid int) bool {
+		exe, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe")
+		return exe == prog
+	})
 	if missing, err := MissingFiles(img); err != nil || missing != nil {
 		t.Fatalf("with every file here: %v, %v", missing, err)
 	}

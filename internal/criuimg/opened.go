@@ -35,12 +35,8 @@ type Opened struct {
 // carries inside the image are left out; so is an image with its own mount namespace, whose
 // paths are not this host's.
 func OpenedFiles(dir string) (map[int]*Opened, error) {
-	if OwnMounts(dir) {
-		return nil, nil
-	}
-	fsys, n := os.DirFS(dir), newBudget()
-	paths, err := reopenedPaths(n, fsys)
-	if err != nil {
+	fsys, n, paths, err := reopenedOnHost(dir)
+	if err != nil || paths == nil {
 		return nil, err
 	}
 	out := map[int]*Opened{}

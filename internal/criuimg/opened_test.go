@@ -9,9 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
-	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -101,13 +99,6 @@ func TestCheckReopened(t *testing.T) {
 // descriptor (whose entry names the path through another entry), a regular file, the
 // program and the working directory.
 func TestOpenedFilesOfARealDump(t *testing.T) {
-	criu := os.Getenv("GPUCR_CRIU")
-	if criu == "" {
-		criu = "/opt/gpucr/criu/sbin/criu"
-	}
-	if _, err := os.Stat(criu); err != nil || os.Geteuid() != 0 {
-		testutil.SkipOrFail(t, "need root and criu at "+criu)
-	}
 	dir := t.TempDir()
 	fifo, data := filepath.Join(dir, "fifo"), filepath.Join(dir, "data")
 	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
@@ -117,24 +108,10 @@ func TestOpenedFilesOfARealDump(t *testing.T) {
 	// fd 3 the FIFO (read-write: no wait for a writer), fd 4 the file; cwd the directory.
 	cmd := exec.Command("sh", "-c", "exec 3<>fifo 4<data; exec sleep 1000")
 	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	pid := cmd.Process.Pid
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if l, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/4"); l == data {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the holder never opened its files")
-		}
-	}
-	img := t.TempDir()
-	if out, err := hwbreak.Command(criu, "dump", "-t", strconv.Itoa(pid), "-D", img, "-o", "dump.log", "--leave-running").CombinedOutput(); err != nil {
-		t.Fatalf("criu dump: %v\n%s", err, out)
-	}
+	pid, img := dumpWhenReady(t, cmd, func(pid int) bool {
+		l, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/4")
+		return l == data
+	})
 	opened, err := OpenedFiles(img)
 	if err != nil {
 		t.Fatal(err)
