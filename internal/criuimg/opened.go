@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // ErrReopenedElsewhere means CRIU reopened a file of the image at another file than the one
@@ -81,6 +83,15 @@ func CheckReopened(procRoot string, want map[int]*Opened, made map[int]int) erro
 	for _, pid := range made {
 		restored[pid] = true
 	}
+	// A /proc path names one of the restored processes, or one of their threads (CRIU
+	// restores threads at their IDs).
+	ours := func(n int) bool {
+		if restored[n] {
+			return true
+		}
+		tgid, err := proctree.ThreadGroup(n)
+		return err == nil && restored[tgid]
+	}
 	for _, imagePID := range slices.Sorted(maps.Keys(made)) {
 		o := want[imagePID]
 		if o == nil {
@@ -91,7 +102,7 @@ func CheckReopened(procRoot string, want map[int]*Opened, made map[int]int) erro
 			if was == "" {
 				return nil
 			}
-			if n, ok := procPID(was); ok && !restored[n] {
+			if n, ok := procPID(was); ok && !ours(n) {
 				return fmt.Errorf("%w: PID %d's %s is %s, of process %d, which the restore did not make: that PID is another process's now",
 					ErrReopenedElsewhere, imagePID, what, was, n)
 			}
@@ -124,7 +135,7 @@ func CheckReopened(procRoot string, want map[int]*Opened, made map[int]int) erro
 		}
 		for _, start := range slices.Sorted(maps.Keys(o.Maps)) {
 			was := o.Maps[start]
-			if n, ok := procPID(was); ok && !restored[n] {
+			if n, ok := procPID(was); ok && !ours(n) {
 				return fmt.Errorf("%w: PID %d maps %s, of process %d, which the restore did not make", ErrReopenedElsewhere, imagePID, was, n)
 			}
 			got, ok := mapped[start]

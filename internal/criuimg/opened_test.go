@@ -125,3 +125,35 @@ func TestOpenedFilesOfARealDump(t *testing.T) {
 		t.Errorf("the dumped process itself, checked against its image: %v", err)
 	}
 }
+
+// A process that had a /proc file of one of its own threads open gets it back: CRIU
+// restores threads at their IDs, which are no process's PIDs.
+func TestCheckReopenedTakesTheTreesThreads(t *testing.T) {
+	self := os.Getpid()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tid := 0
+	for _, e := range tasks {
+		if n, _ := strconv.Atoi(e.Name()); n != self {
+			tid = n
+		}
+	}
+	if tid == 0 {
+		t.Skip("the test process has one thread")
+	}
+	proc := t.TempDir()
+	fd := filepath.Join(proc, strconv.Itoa(self), "fd")
+	if err := os.MkdirAll(fd, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stat := "/proc/" + strconv.Itoa(tid) + "/stat"
+	if err := os.Symlink(stat, filepath.Join(fd, "3")); err != nil {
+		t.Fatal(err)
+	}
+	want := map[int]*Opened{1: {FDs: map[int]string{3: stat}}}
+	if err := CheckReopened(proc, want, map[int]int{1: self}); err != nil {
+		t.Fatalf("a thread's /proc file: %v", err)
+	}
+}
