@@ -260,7 +260,8 @@ const criuCommand = "criu"
 
 // runningCRIUs lists the CRIU processes that run now, runc's and crun's `criu swrk` among
 // them: swrk reads a configuration file when a request comes, so any of them may yet read
-// the one it names. A page server or lazy-pages daemon runs no action script.
+// the one it names. A page server or lazy-pages daemon is left out: it runs only the
+// status-ready script, once, when it starts, and may run for long.
 func runningCRIUs() ([]proctree.Process, error) {
 	all, err := proctree.All()
 	if err != nil {
@@ -271,7 +272,7 @@ func runningCRIUs() ([]proctree.Process, error) {
 		if p.Command != criuCommand || p.Zombie {
 			continue
 		}
-		if args, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID)); slices.Contains(daemons, secondArg(args)) {
+		if args, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID)); isDaemon(args) {
 			continue
 		}
 		out = append(out, p)
@@ -279,16 +280,21 @@ func runningCRIUs() ([]proctree.Process, error) {
 	return out, nil
 }
 
-// daemons are CRIU's commands that run no action script and may run for long.
-var daemons = []string{"page-server", "lazy-pages"}
-
-// secondArg is the command of a NUL-separated command line ("criu swrk 3": "swrk").
-func secondArg(cmdline []byte) string {
-	f := strings.Split(string(cmdline), "\x00")
-	if len(f) < 2 {
-		return ""
+// isDaemon says whether a CRIU's NUL-separated command line runs a page server or lazy-pages
+// daemon. CRIU takes options before its command too ("criu -v4 page-server"), so any word
+// of the line counts, unless a command that runs action scripts is there as well.
+func isDaemon(cmdline []byte) bool {
+	words := strings.Split(string(cmdline), "\x00")
+	if len(words) < 2 {
+		return false
 	}
-	return f[1]
+	words = words[1:]
+	for _, w := range []string{"dump", "pre-dump", "restore", "swrk", "service"} {
+		if slices.Contains(words, w) {
+			return false
+		}
+	}
+	return slices.Contains(words, "page-server") || slices.Contains(words, "lazy-pages")
 }
 
 // waitGone waits, at most limit, until none of crius is still a running CRIU, and returns
