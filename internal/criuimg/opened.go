@@ -12,6 +12,9 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 
 	"github.com/gpucr/gpucr/internal/proctree"
 )
@@ -186,4 +189,77 @@ func readMaps(path string) (map[uint64]string, error) {
 		out[start] = strings.TrimLeft(rest, " ")
 	}
 	return out, sc.Err()
+}
+
+// ErrSocketUnderSymlink means a named unix socket of the image lies, on this host, beneath a
+// directory that is a symlink: before it restores the processes CRIU, as root, removes
+// whatever socket is at the name, following symlinks, and binds the image's socket there,
+// owned by its user (a swapped directory would have had it take the place of a system
+// socket, /run/dbus's say).
+var ErrSocketUnderSymlink = errors.New("a unix socket the image binds lies beneath a symlink")
+
+// CheckSocketDirs refuses, before CRIU starts, an image of the tree at dir whose named unix
+// sockets would be bound through a symlink someone other than root made: on the way to each
+// socket's directory (its name's, or the directory CRIU binds a relative name from) every
+// symlink must be root's (as /var/run is, to /run). A tree with its own mount namespace is
+// not checked (its paths are not the host's). This is a check before CRIU runs, not a
+// guard while it does.
+func CheckSocketDirs(dir string) error {
+	if OwnMounts(dir) {
+		return nil
+	}
+	entries, err := decode(newBudget(), os.DirFS(dir), "files.img", &fdinfo.FileEntry{})
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		u := e.GetUsk()
+		name := string(u.GetName())
+		if name == "" || name[0] == 0 { // unnamed, or in the abstract namespace
+			continue
+		}
+		d := u.GetNameDir()
+		if filepath.IsAbs(name) {
+			d = filepath.Dir(name)
+		}
+		if !filepath.IsAbs(d) {
+			continue
+		}
+		if link := userSymlink(path.Clean(d)); link != "" {
+			return fmt.Errorf("%w: %s, on the way to the socket %s, is a symlink that is not root's; restore where the socket's directory is what it was", ErrSocketUnderSymlink, link, name)
+		}
+	}
+	return nil
+}
+
+// userSymlink is the first symlink on the way to the absolute path p, following each, that
+// someone other than root owns ("" if none).
+func userSymlink(p string) string {
+	at := "/"
+	rest := strings.Split(strings.TrimPrefix(p, "/"), "/")
+	for hops := 0; len(rest) > 0 && hops < 40; {
+		next := filepath.Join(at, rest[0])
+		rest = rest[1:]
+		fi, err := os.Lstat(next)
+		if err != nil {
+			return "" // absent: CRIU fails on its own, binding nothing there
+		}
+		if fi.Mode()&os.ModeSymlink == 0 {
+			at = next
+			continue
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Uid != 0 {
+			return next
+		}
+		target, err := os.Readlink(next)
+		if err != nil {
+			return ""
+		}
+		hops++
+		if filepath.IsAbs(target) {
+			at = "/"
+		}
+		rest = append(strings.Split(strings.Trim(target, "/"), "/"), rest...)
+	}
+	return ""
 }

@@ -157,3 +157,42 @@ func TestCheckReopenedTakesTheTreesThreads(t *testing.T) {
 		t.Fatalf("a thread's /proc file: %v", err)
 	}
 }
+
+// A listening unix socket's directory swapped for a user's symlink after the checkpoint would
+// have CRIU, as root, remove the socket at the symlink's target and bind the image's there:
+// the image is refused before CRIU starts.
+func TestCheckSocketDirsRefusesASwappedDirectory(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		testutil.SkipOrFail(t, "needs python3 for a process with a unix socket")
+	}
+	base := t.TempDir()
+	d, other := filepath.Join(base, "d"), filepath.Join(base, "other")
+	for _, p := range []string{d, other} {
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sock := filepath.Join(d, "sock")
+	cmd := exec.Command(py, "-c", "import socket,time\ns=socket.socket(socket.AF_UNIX)\ns.bind('"+sock+"')\ns.listen()\ntime.sleep(1000)")
+	_, img := dumpWhenReady(t, cmd, func(int) bool { _, err := os.Stat(sock); return err == nil })
+	if err := CheckSocketDirs(img); err != nil {
+		t.Fatalf("the socket's directory as it was: %v", err)
+	}
+	if err := os.Rename(d, d+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(other, d); err != nil {
+		t.Fatal(err)
+	}
+	// A symlink of root's, as /var/run is, is the host's own layout.
+	if err := CheckSocketDirs(img); err != nil {
+		t.Fatalf("the socket's directory a symlink of root's: %v", err)
+	}
+	if err := os.Lchown(d, 65534, 65534); err != nil { // a user swapped it
+		t.Fatal(err)
+	}
+	if err := CheckSocketDirs(img); !errors.Is(err, ErrSocketUnderSymlink) || !strings.Contains(err.Error(), d) {
+		t.Fatalf("the socket's directory swapped for a symlink: %v, want ErrSocketUnderSymlink", err)
+	}
+}

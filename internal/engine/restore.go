@@ -555,10 +555,14 @@ func pidsTaken(m *image.Manifest, tids map[int]int) (*pidTaken, error) {
 	return nil, nil
 }
 
-// filesPresent checks, before CRIU starts, that the files the image's processes had open
-// or mapped exist here: on another host CRIU would otherwise fail halfway, naming one file
-// and not who used it.
+// filesPresent checks, before CRIU starts, that no named socket of the image would be bound
+// through a symlink, and that the files the image's processes had open or mapped exist
+// here: on another host CRIU would otherwise fail halfway, naming one file and not who used
+// it.
 func filesPresent(criuDir string, m *image.Manifest) error {
+	if err := criuimg.CheckSocketDirs(criuDir); err != nil {
+		return err
+	}
 	missing, err := criuimg.MissingFiles(criuDir)
 	if err != nil {
 		return fmt.Errorf("check the image's files: %w", err)
