@@ -344,33 +344,44 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 	if err != nil || paths == nil {
 		return nil, err
 	}
-	byPath := map[string]*MissingFile{}
-	byID := map[uint32]*MissingFile{}
-	for id, name := range paths {
-		if m, ok := byPath[name]; ok {
-			byID[id] = m
-			continue
-		}
-		if _, err := os.Lstat(name); errors.Is(err, os.ErrNotExist) {
-			byPath[name] = &MissingFile{Path: name, FD: -1}
-			byID[id] = byPath[name]
-		}
-	}
-	if len(byPath) == 0 {
-		return nil, nil
-	}
-	// Each file's user: the first process that held it as a descriptor, else the first
-	// that mapped it.
+	// Each file a process uses, with its user: the first process that held it as a
+	// descriptor, else the first that mapped or ran it, else none (a working or root
+	// directory: PID 0). A file no process uses so (a pty CRIU recreates by its index, a
+	// render node the AMD plugin places) is not reopened by its path, and not asked for.
+	users := map[uint32]*MissingFile{}
+	var order []uint32
 	err = eachUse(n, fsys, func(u fileUse) {
-		if u.kind == useCwd || u.kind == useRoot {
-			return // named as no process's: PID 0
+		p, ok := paths[u.id]
+		if !ok {
+			return
 		}
-		if m := byID[u.id]; m != nil && (m.PID == 0 || m.FD < 0 && u.fd >= 0) {
+		m := users[u.id]
+		if m == nil {
+			m = &MissingFile{Path: p, FD: -1}
+			users[u.id], order = m, append(order, u.id)
+		}
+		if u.kind != useCwd && u.kind != useRoot && (m.PID == 0 || m.FD < 0 && u.fd >= 0) {
 			m.PID, m.FD = u.pid, u.fd
 		}
 	})
 	if err != nil {
 		return nil, err
+	}
+	byPath := map[string]*MissingFile{}
+	for _, id := range order {
+		m := users[id]
+		if prev, ok := byPath[m.Path]; ok {
+			if prev.PID == 0 || prev.FD < 0 && m.FD >= 0 {
+				byPath[m.Path] = m
+			}
+			continue
+		}
+		if _, err := os.Lstat(m.Path); errors.Is(err, os.ErrNotExist) {
+			byPath[m.Path] = m
+		}
+	}
+	if len(byPath) == 0 {
+		return nil, nil
 	}
 	out := make([]MissingFile, 0, len(byPath))
 	for _, m := range byPath {
