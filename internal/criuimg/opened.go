@@ -12,11 +12,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
 
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
 // ErrReopenedElsewhere means CRIU reopened a file of the image at another file than the one
@@ -225,41 +225,10 @@ func CheckSocketDirs(dir string) error {
 		if !filepath.IsAbs(d) {
 			continue
 		}
-		if link := userSymlink(path.Clean(d)); link != "" {
-			return fmt.Errorf("%w: %s, on the way to the socket %s, is a symlink that is not root's; restore where the socket's directory is what it was", ErrSocketUnderSymlink, link, name)
+		// A directory that is not there fails CRIU on its own, binding nothing there.
+		if err := rootonly.Symlinks(d); errors.Is(err, rootonly.ErrUserSymlink) {
+			return fmt.Errorf("%w: %v, on the way to the socket %s; restore where the socket's directory is what it was", ErrSocketUnderSymlink, err, name)
 		}
 	}
 	return nil
-}
-
-// userSymlink is the first symlink on the way to the absolute path p, following each, that
-// someone other than root owns ("" if none).
-func userSymlink(p string) string {
-	at := "/"
-	rest := strings.Split(strings.TrimPrefix(p, "/"), "/")
-	for hops := 0; len(rest) > 0 && hops < 40; {
-		next := filepath.Join(at, rest[0])
-		rest = rest[1:]
-		fi, err := os.Lstat(next)
-		if err != nil {
-			return "" // absent: CRIU fails on its own, binding nothing there
-		}
-		if fi.Mode()&os.ModeSymlink == 0 {
-			at = next
-			continue
-		}
-		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Uid != 0 {
-			return next
-		}
-		target, err := os.Readlink(next)
-		if err != nil {
-			return ""
-		}
-		hops++
-		if filepath.IsAbs(target) {
-			at = "/"
-		}
-		rest = append(strings.Split(strings.Trim(target, "/"), "/"), rest...)
-	}
-	return ""
 }

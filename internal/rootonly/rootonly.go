@@ -3,6 +3,7 @@
 package rootonly
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -39,18 +40,30 @@ func Walk(path string) error {
 		}
 		abs = wd + "/" + path
 	}
-	return walk(abs) // not cleaned first: a ".." after a symlink leaves where the link led
+	return walk(abs, check) // not cleaned first: a ".." after a symlink leaves where the link led
+}
+
+// ErrUserSymlink is a symlink on the way to a path that someone other than root owns.
+var ErrUserSymlink = errors.New("symlink not owned by root")
+
+// Symlinks checks only the symlinks the kernel follows to reach the absolute path: each must
+// be root's (ErrUserSymlink otherwise), whoever owns the directories. Where a user may own
+// a directory on the way but must not have redirected it (a socket CRIU binds there).
+func Symlinks(abs string) error {
+	return walk(abs, func(string, fs.FileInfo) error { return nil })
 }
 
 // maxLinks is how many symlinks a walk follows before it gives up, as the kernel does (40).
 const maxLinks = 40
 
-func walk(abs string) error {
+// walk follows abs from / as the kernel does, applying checkDir to each directory and file
+// it passes through; every symlink on the way must be root's.
+func walk(abs string, checkDir func(string, fs.FileInfo) error) error {
 	fi, err := os.Lstat("/")
 	if err != nil {
 		return err
 	}
-	if err := check("/", fi); err != nil {
+	if err := checkDir("/", fi); err != nil {
 		return err
 	}
 	cur, rest, links := "/", strings.Split(abs, "/"), 0
@@ -70,14 +83,14 @@ func walk(abs string) error {
 			return err
 		}
 		if fi.Mode()&fs.ModeSymlink == 0 {
-			if err := check(next, fi); err != nil {
+			if err := checkDir(next, fi); err != nil {
 				return err
 			}
 			cur = next
 			continue
 		}
 		if owner(fi) != 0 {
-			return fmt.Errorf("%s is a symlink not owned by root", next)
+			return fmt.Errorf("%s is a %w", next, ErrUserSymlink)
 		}
 		if links++; links > maxLinks {
 			return fmt.Errorf("%s: too many levels of symbolic links", abs)
