@@ -55,19 +55,15 @@ func newExporter(runDir, file, ctr, to, runc string, dir *string) (*exporter, er
 	if runc != "" {
 		x.runtime = filepath.Base(runc)
 	}
-	var id string // the staging record's, when journaled
 	var err error
-	x.staging, err = engine.NewStagingPath(runDir, "export of container "+ctr+" to "+file, func(rec string) string {
-		id = rec
-		return image.StagingPath(file, rec)
-	})
+	x.staging, err = engine.NewStagingBeside(runDir, "export of container "+ctr+" to "+file, file)
 	if err != nil {
 		return nil, classify(err)
 	}
 	if x.dir != "" {
 		return x, nil
 	}
-	if id == "" {
+	if id := x.staging.ID(); id == "" {
 		x.dir, err = os.MkdirTemp(filepath.Dir(file), filepath.Base(file)+".image-*")
 	} else {
 		x.dir = file + ".image-" + id
@@ -146,7 +142,7 @@ func printExport(w io.Writer, out *exportOutput) {
 // staging beside dir, up to the image's size, is journaled: a killed import leaves it to
 // the next gpucr's recovery.
 func (a *app) importArchive(ctx context.Context, file, dir string, trust signing.Keys) error {
-	sd, err := engine.NewStagingPath(a.runDir, "import of "+file, func(id string) string { return image.StagingPath(dir, id) })
+	sd, err := engine.NewStagingBeside(a.runDir, "import of "+file, dir)
 	if err != nil {
 		return classify(err)
 	}

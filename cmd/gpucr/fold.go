@@ -53,7 +53,7 @@ func (a *app) foldCmd() *cobra.Command {
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
 			start := time.Now()
-			sd, err := engine.NewStagingPath(a.runDir, "fold "+args[0], func(id string) string { return image.StagingPath(args[1], id) })
+			sd, err := engine.NewStagingBeside(a.runDir, "fold "+args[0], args[1])
 			if err != nil {
 				return classify(err)
 			}

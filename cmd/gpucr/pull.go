@@ -8,7 +8,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/engine"
-	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
 	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/signing"
@@ -51,7 +50,7 @@ func (a *app) pull(ctx context.Context, loc, dir string, trust signing.Keys) (tr
 	}
 	// Journaled before it is made: a pull killed halfway leaves its staging (up to the
 	// image's size) to the next gpucr's recovery, not beside DIR for good.
-	sd, err := engine.NewStagingPath(a.runDir, "pull "+st.URL(prefix), func(id string) string { return image.StagingPath(dir, id) })
+	sd, err := engine.NewStagingBeside(a.runDir, "pull "+st.URL(prefix), dir)
 	if err != nil {
 		return transferOutput{}, classify(err)
 	}

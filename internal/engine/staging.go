@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -34,7 +35,7 @@ func NewStagingDir(root, what, prefix string) (*StagingDir, error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
-	s, err := NewStagingPath(root, what, func(id string) string { return filepath.Join(os.TempDir(), prefix+id) })
+	s, err := newStagingPath(root, what, func(id string) string { return filepath.Join(os.TempDir(), prefix+id) })
 	if err != nil {
 		return nil, err
 	}
@@ -44,11 +45,16 @@ func NewStagingDir(root, what, prefix string) (*StagingDir, error) {
 	return s, nil
 }
 
-// NewStagingPath journals under root the path name(ID of the record) for what, which the
-// caller then makes itself, where it must lie: beside the destination it is renamed or
-// linked to (image.StagingPath). Without a journal (root "", or a caller other than root,
-// who cannot write it) Dir is "", and the caller picks a name of its own.
-func NewStagingPath(root, what string, name func(id string) string) (*StagingDir, error) {
+// NewStagingBeside journals under root, for what, the staging of dst: the path beside it
+// (image.StagingPath, named by the record) that the caller then makes itself and renames or
+// links to dst. Without a journal (root "", or a caller other than root, who cannot write
+// it) Dir is "", and the caller picks a name of its own.
+func NewStagingBeside(root, what, dst string) (*StagingDir, error) {
+	return newStagingPath(root, what, func(id string) string { return image.StagingPath(dst, id) })
+}
+
+// newStagingPath journals under root the path name(ID of the record) for what.
+func newStagingPath(root, what string, name func(id string) string) (*StagingDir, error) {
 	if root == "" || os.Geteuid() != 0 {
 		return &StagingDir{}, nil
 	}
@@ -61,6 +67,14 @@ func NewStagingPath(root, what string, name func(id string) string) (*StagingDir
 		return nil, errors.Join(err, j.End())
 	}
 	return s, nil
+}
+
+// ID is the staging's record ID, "" when it is not journaled.
+func (s *StagingDir) ID() string {
+	if s.j == nil {
+		return ""
+	}
+	return s.j.ID()
 }
 
 // Keep journals dir, which the caller makes next, as the image directory the operation

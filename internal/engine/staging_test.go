@@ -110,7 +110,7 @@ func TestExportImageDirectoryOfADeadGpucr(t *testing.T) {
 		Host: image.HostInfo{Hostname: "h"}, Processes: []image.Process{{PID: 42, PPID: 1, Command: "counter", Threads: 1}}}
 	staged := func(dir string, discard bool) *StagingDir {
 		t.Helper()
-		s, err := NewStagingPath(root, "export", func(id string) string { return image.StagingPath(dir+".tar", id) })
+		s, err := NewStagingBeside(root, "export", dir+".tar")
 		if err != nil {
 			t.Fatal(err)
 		}
