@@ -11,7 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -39,16 +41,7 @@ func TestCheckpointKilledWithItsProcessGroupLosesNoJob(t *testing.T) {
 					dir = filepath.Join(storeDir, "ckpt")
 					where = []string{"--to", dir}
 				}
-				args := append(append([]string{"checkpoint", strconv.Itoa(w.pid)}, where...), host.flags()...)
-				cmd := exec.Command(bin.gpucr, args...)
-				// The crash point kills gpucr's process group, which gpucr leads, as timeout's.
-				cmd.Env = append(append(os.Environ(), drv.env...), "GPUCR_TEST_CRASH_AT="+point, "GPUCR_TEST_CRASH_GROUP=1")
-				cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-				var out bytes.Buffer
-				cmd.Stdout, cmd.Stderr = &out, &out
-				if err := cmd.Run(); err == nil {
-					t.Fatalf("gpucr was not killed at %q:\n%s", point, out.String())
-				}
+				killedWithGroupAt(t, point, drv.env, append(append([]string{"checkpoint", strconv.Itoa(w.pid)}, where...), host.flags()...)...)
 				host.checkClean(t)
 				complete := false
 				if streamed {
@@ -76,5 +69,75 @@ func TestCheckpointKilledWithItsProcessGroupLosesNoJob(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A container checkpoint killed with gpucr's process group loses no container. runc, and
+// the CRIU it starts, run in gpucr's group and die with it; CRIU's dump of a paused
+// container is timed from the moment CRIU seizes the container's init (its tracer is set),
+// and the kills land from then on through the dump.
+func TestContainerCheckpointKilledWithItsProcessGroupLosesNoJob(t *testing.T) {
+	needRunc(t)
+	drv := newFakeDriver(t)
+	for _, ms := range []int{0, 2, 5, 10, 20, 40, 80, 160} {
+		t.Run(fmt.Sprintf("seized+%dms", ms), func(t *testing.T) {
+			host := newCrashHost(t)
+			runc, bundle, id, _ := counterContainer(t, fmt.Sprintf("group%d", ms), "-mib", "12")
+			pid := runcInitPID(t, runc, id)
+			drv.claim(t, pid)
+			dir := filepath.Join(t.TempDir(), "img")
+			cmd := exec.Command(bin.gpucr, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
+			cmd.Env = append(os.Environ(), drv.env...)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+			var out bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			waitTraced(t, pid)
+			time.Sleep(time.Duration(ms) * time.Millisecond)
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // as timeout -s KILL does
+			if err := cmd.Wait(); err == nil {
+				t.Fatalf("gpucr finished before it was killed:\n%s", out.String())
+			}
+			host.checkClean(t)
+			if !testutil.Alive(pid) {
+				b, _ := os.ReadFile(filepath.Join(host.run, "recovery.log"))
+				t.Fatalf("job lost: the container's init is dead and no checkpoint was kept\n%s", b)
+			}
+			untraced(t, pid)
+			if st := drv.state(pid); st != "0" {
+				t.Fatalf("GPU state %s after the rollback, want 0 (running)", st)
+			}
+			waitContainerCount(t, bundle, count(t, bundle)+3) // running, not left paused
+			onlyImages(t, dir)
+		})
+	}
+}
+
+// waitTraced waits until CRIU has seized pid.
+func waitTraced(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if tr, err := proctree.Tracer(pid); err == nil && tr != 0 {
+			return
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	t.Fatalf("CRIU did not seize PID %d in 30 s", pid)
+}
+
+// killedWithGroupAt runs gpucr with args as the leader of a process group of its own, armed
+// to kill that whole group at point, as timeout -s KILL would, and fails t unless it died so.
+func killedWithGroupAt(t *testing.T, point string, env []string, args ...string) {
+	t.Helper()
+	cmd := exec.Command(bin.gpucr, args...)
+	cmd.Env = append(append(os.Environ(), env...), "GPUCR_TEST_CRASH_AT="+point, "GPUCR_TEST_CRASH_GROUP=1")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err == nil {
+		t.Fatalf("gpucr was not killed at %q:\n%s", point, out.String())
 	}
 }
