@@ -1,8 +1,6 @@
 package criuimg
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"maps"
@@ -165,30 +163,17 @@ func procPID(p string) (int, bool) {
 }
 
 // readMaps reads a /proc/PID/maps file: each mapping's start and the path it maps ("" for
-// anonymous memory). A line is "start-end perms offset dev inode", then spaces and the path,
-// which may hold spaces itself.
+// anonymous memory).
 func readMaps(path string) (map[uint64]string, error) {
-	b, err := os.ReadFile(path)
+	ms, err := proctree.ReadMaps(path)
 	if err != nil {
 		return nil, err
 	}
-	out := map[uint64]string{}
-	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		rest := sc.Text()
-		var field [5]string
-		for i := range field {
-			field[i], rest, _ = strings.Cut(strings.TrimLeft(rest, " "), " ")
-		}
-		lo, _, _ := strings.Cut(field[0], "-")
-		start, err := strconv.ParseUint(lo, 16, 64)
-		if err != nil {
-			continue
-		}
-		out[start] = strings.TrimLeft(rest, " ")
+	out := make(map[uint64]string, len(ms))
+	for _, m := range ms {
+		out[m.Start] = m.Path
 	}
-	return out, sc.Err()
+	return out, nil
 }
 
 // ErrSocketUnderSymlink means a named unix socket of the image lies, on this host, beneath a

@@ -19,8 +19,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
@@ -30,6 +28,7 @@ import (
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/parallel"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // MinRun is the smallest run of pages worth moving out of CRIU: smaller runs stay with it.
@@ -314,7 +313,7 @@ const fillWorkers = 8
 // CRIU restored it: an image names addresses, and gpucr writes nowhere else. It returns
 // which runs lie wholly in private anonymous memory.
 func checkMapped(runs []run) ([]bool, error) {
-	maps := map[int][]mapping{}
+	maps := map[int][]proctree.Mapping{}
 	anon := make([]bool, len(runs))
 	for i, r := range runs {
 		ms, ok := maps[r.pid]
@@ -329,48 +328,27 @@ func checkMapped(runs []run) ([]bool, error) {
 		if !covered(ms, r.addr, end) {
 			return nil, fmt.Errorf("memory fill: process %d has no writable memory at %#x-%#x, which the image fills", r.pid, r.addr, end)
 		}
-		anon[i] = covered(slices.DeleteFunc(slices.Clone(ms), func(m mapping) bool { return !m.anon }), r.addr, end)
+		anon[i] = covered(slices.DeleteFunc(slices.Clone(ms), func(m proctree.Mapping) bool { return !m.PrivateAnonymous() }), r.addr, end)
 	}
 	return anon, nil
 }
 
-// mapping is one writable mapping of a process, [start, end); anon if it is private
-// anonymous memory (no file, not shared), where a page never touched reads as zeros.
-type mapping struct {
-	start, end uint64
-	anon       bool
-}
-
-func writableMappings(pid int) ([]mapping, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", pid))
+// writableMappings lists pid's mappings it may write, by address.
+func writableMappings(pid int) ([]proctree.Mapping, error) {
+	all, err := proctree.ReadMaps(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		return nil, fmt.Errorf("read mappings of process %d: %w", pid, err)
 	}
-	var out []mapping
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 || len(f[1]) < 4 || f[1][1] != 'w' {
-			continue
-		}
-		lo, hi, ok := strings.Cut(f[0], "-")
-		s, err1 := strconv.ParseUint(lo, 16, 64)
-		e, err2 := strconv.ParseUint(hi, 16, 64)
-		if ok && err1 == nil && err2 == nil {
-			// Fields: range, perms, offset, device, inode, path (none for anonymous memory).
-			anon := f[1][3] == 'p' && f[4] == "0" && (len(f) == 5 || f[5] == "[heap]")
-			out = append(out, mapping{s, e, anon})
-		}
-	}
-	return out, nil
+	return slices.DeleteFunc(all, func(m proctree.Mapping) bool { return !m.Writable() }), nil
 }
 
 // covered says whether [start, end) lies in ms, contiguous mappings joined (ms is sorted,
 // as /proc lists them).
-func covered(ms []mapping, start, end uint64) bool {
+func covered(ms []proctree.Mapping, start, end uint64) bool {
 	at := start
 	for _, m := range ms {
-		if m.start <= at && at < m.end {
-			at = m.end
+		if m.Start <= at && at < m.End {
+			at = m.End
 			if at >= end {
 				return true
 			}

@@ -376,14 +376,14 @@ func TestSelectOwnMemory(t *testing.T) {
 // process laid over the address of a child's stack.
 func TestSelectLeavesWhatAChildMapsToCRIU(t *testing.T) {
 	child := testutil.StartSleeper(t)
-	maps, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", child.Process.Pid))
+	maps, err := proctree.ReadMaps(fmt.Sprintf("/proc/%d/maps", child.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var stack uint64
-	for _, line := range strings.Split(string(maps), "\n") {
-		if strings.HasSuffix(line, "[stack]") {
-			stack, _, _ = parseSpan(strings.Fields(line)[0])
+	for _, m := range maps {
+		if m.Path == "[stack]" {
+			stack = m.Start
 		}
 	}
 	const size = 32 << 20

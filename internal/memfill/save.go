@@ -82,18 +82,15 @@ func Select(tree []proctree.Process) ([]Range, error) {
 func descendantSpans(children map[int][]int, pid int) ([][2]uint64, error) {
 	var out [][2]uint64
 	for _, c := range children[pid] {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", c))
+		ms, err := proctree.ReadMaps(fmt.Sprintf("/proc/%d/maps", c))
 		if errors.Is(err, fs.ErrNotExist) {
 			continue // gone: it maps nothing
 		}
 		if err != nil {
 			return nil, err
 		}
-		for _, line := range strings.Split(string(b), "\n") {
-			span, _, _ := strings.Cut(line, " ")
-			if start, end, ok := parseSpan(span); ok {
-				out = append(out, [2]uint64{start, end})
-			}
+		for _, m := range ms {
+			out = append(out, [2]uint64{m.Start, m.End})
 		}
 		more, err := descendantSpans(children, c)
 		if err != nil {
@@ -115,14 +112,14 @@ func selectOne(pid int) ([]Range, error) {
 	s := bufio.NewScanner(f)
 	for s.Scan() {
 		fields := strings.Fields(s.Text())
-		switch {
-		case len(fields) >= 5 && strings.Contains(fields[0], "-") && !strings.HasSuffix(fields[0], ":"):
+		if m, ok := proctree.ParseMapping(s.Text()); ok {
 			cur = nil
-			start, end, ok := parseSpan(fields[0])
-			anon := len(fields) == 5 || fields[5] == "[heap]" || strings.HasPrefix(fields[5], "[anon:")
-			if ok && fields[1] == "rw-p" && fields[4] == "0" && anon && end-start >= MinRun {
-				cur = &Range{PID: pid, Start: start, End: end}
+			if m.Perms == "rw-p" && m.PrivateAnonymous() && m.End-m.Start >= MinRun {
+				cur = &Range{PID: pid, Start: m.Start, End: m.End}
 			}
+			continue
+		}
+		switch {
 		case cur != nil && len(fields) >= 2 && fields[0] == "Rss:":
 			kb, _ := strconv.ParseUint(fields[1], 10, 64)
 			if kb*1024 < (cur.End-cur.Start)/2 {
@@ -137,16 +134,6 @@ func selectOne(pid int) ([]Range, error) {
 		}
 	}
 	return out, s.Err()
-}
-
-func parseSpan(s string) (start, end uint64, ok bool) {
-	a, b, found := strings.Cut(s, "-")
-	if !found {
-		return 0, 0, false
-	}
-	start, err1 := strconv.ParseUint(a, 16, 64)
-	end, err2 := strconv.ParseUint(b, 16, 64)
-	return start, end, err1 == nil && err2 == nil
 }
 
 // WriteRanges writes rs in the form gpucr's CRIU reads from SkipEnv's file.
