@@ -176,11 +176,12 @@ func OpenFiles(procRoot string, pid int) ([]string, error) {
 }
 
 // Holding returns the processes other than gpucr itself with a descriptor open on dir or
-// anything beneath it. A descriptor names its file by the path in its process's mount
-// namespace: in one of their own, users can make a file at any path they like (a hostile
-// pass named a tmpfs file as a restore's directory's). So a process in another mount
-// namespace (a CRIU restoring a container makes one of its own) counts only for files on
-// dir's own file system.
+// anything beneath it. A descriptor names its file by a path, not by where it is: in a
+// mount namespace of their own users can make a file at any path they like (a hostile
+// pass named a tmpfs file as a restore's directory's), and a descriptor of it passed to a
+// process of gpucr's namespace shows that path from the tmpfs's own root. So while dir
+// exists, a descriptor counts only for a file on dir's own file system; once dir is gone,
+// only a process of gpucr's mount namespace counts, by the path alone.
 func Holding(dir string) ([]int, error) {
 	all, err := scan()
 	if err != nil {
@@ -205,7 +206,7 @@ func Holding(dir string) ([]int, error) {
 				continue
 			}
 			var st syscall.Stat_t
-			if other && (!homeKnown || syscall.Stat(filepath.Join(fdDir, e.Name()), &st) != nil || st.Dev != home.Dev) {
+			if homeKnown && (syscall.Stat(filepath.Join(fdDir, e.Name()), &st) != nil || st.Dev != home.Dev) || !homeKnown && other {
 				continue
 			}
 			pids = append(pids, p.PID)

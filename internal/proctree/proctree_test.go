@@ -75,8 +75,9 @@ func TestOpenFiles(t *testing.T) {
 
 // Holding names the processes with a file open beneath a directory, by the path a
 // descriptor shows: in a mount namespace of its own a process can show any path (a tmpfs
-// mounted at the directory's name), and is counted only for files on the directory's own
-// file system (a CRIU that made a mount namespace of its own to restore a container).
+// mounted at the directory's name), and a descriptor of such a file passed back into this
+// namespace shows it too; each is counted only for files on the directory's own file system
+// (a CRIU that made a mount namespace of its own to restore a container counts).
 func TestHoldingCountsOnlyTheDirectorysFiles(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: a mount namespace of its own")
@@ -95,19 +96,26 @@ func TestHoldingCountsOnlyTheDirectorysFiles(t *testing.T) {
 	theirs := start("unshare", "--mount", "--propagation", "private", "sh", "-c",
 		"mount -t tmpfs none "+dir+" && exec 3>"+dir+"/theirs && exec sleep 60")
 	criu := start("unshare", "--mount", "--propagation", "private", "sh", "-c", "exec 3>"+dir+"/criu; exec sleep 60")
+	// A tmpfs file's descriptor carried back into this mount namespace, as one passed over a
+	// unix socket would be: out of reach of this namespace's root, it shows its path from
+	// the tmpfs's own root, where the directory's path was made.
+	passed := start("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		"mount -t tmpfs none /mnt && mkdir -p /mnt"+dir+" && exec 3>/mnt"+dir+"/passed && exec nsenter --mount=/proc/"+strconv.Itoa(os.Getpid())+"/ns/mnt sleep 60")
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		a, _ := OpenFiles("/proc", ours)
 		b, _ := OpenFiles("/proc", theirs)
 		c, _ := OpenFiles("/proc", criu)
-		if slices.Contains(a, dir+"/ours") && slices.Contains(b, dir+"/theirs") && slices.Contains(c, dir+"/criu") {
+		d, _ := OpenFiles("/proc", passed)
+		back, _ := OwnNamespace(passed, "mnt")
+		if slices.Contains(a, dir+"/ours") && slices.Contains(b, dir+"/theirs") && slices.Contains(c, dir+"/criu") && slices.Contains(d, dir+"/passed") && !back {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the holders did not open their files: %v, %v, %v", a, b, c)
+			t.Fatalf("the holders did not open their files: %v, %v, %v, %v", a, b, c, d)
 		}
 	}
 	held, err := Holding(dir)
-	if err != nil || !slices.Contains(held, ours) || slices.Contains(held, theirs) || !slices.Contains(held, criu) {
-		t.Fatalf("Holding = %v, %v; want %d and %d (the directory's own file system) and not %d (a tmpfs at its name)", held, err, ours, criu, theirs)
+	if err != nil || !slices.Contains(held, ours) || slices.Contains(held, theirs) || !slices.Contains(held, criu) || slices.Contains(held, passed) {
+		t.Fatalf("Holding = %v, %v; want %d and %d (the directory's own file system) and neither %d nor %d (a tmpfs at its name)", held, err, ours, criu, theirs, passed)
 	}
 }
