@@ -78,8 +78,9 @@ func OpenedFiles(dir string) (map[int]*Opened, error) {
 // a file by the path it was reached at, so a symlink followed on the way (a directory of the
 // path swapped for one since the checkpoint) shows as another path, and the restore is
 // refused before any task runs. A path in /proc of a process outside the restored tree names
-// whatever process has that PID now (a root daemon's memory, say), however alike the path.
-func CheckReopened(procRoot string, want map[int]*Opened, made map[int]int) error {
+// whatever process has that PID now (a root daemon's memory, say), however alike the path:
+// procfs lists where procfs is mounted in gpucr's mount namespace (a chroot's too).
+func CheckReopened(procRoot string, procfs []string, want map[int]*Opened, made map[int]int) error {
 	restored := map[int]bool{}
 	for _, pid := range made {
 		restored[pid] = true
@@ -103,7 +104,7 @@ func CheckReopened(procRoot string, want map[int]*Opened, made map[int]int) erro
 			if was == "" {
 				return nil
 			}
-			if n, ok := procPID(was); ok && !ours(n) {
+			if n, ok := procPID(procfs, was); ok && !ours(n) {
 				return fmt.Errorf("%w: PID %d's %s is %s, of process %d, which the restore did not make: that PID is another process's now",
 					ErrReopenedElsewhere, imagePID, what, was, n)
 			}
@@ -136,7 +137,7 @@ func CheckReopened(procRoot string, want map[int]*Opened, made map[int]int) erro
 		}
 		for _, start := range slices.Sorted(maps.Keys(o.Maps)) {
 			was := o.Maps[start]
-			if n, ok := procPID(was); ok && !ours(n) {
+			if n, ok := procPID(procfs, was); ok && !ours(n) {
 				return fmt.Errorf("%w: PID %d maps %s, of process %d, which the restore did not make", ErrReopenedElsewhere, imagePID, was, n)
 			}
 			got, ok := mapped[start]
@@ -151,15 +152,20 @@ func CheckReopened(procRoot string, want map[int]*Opened, made map[int]int) erro
 	return nil
 }
 
-// procPID is the PID of a path in /proc/PID/, if it is one.
-func procPID(p string) (int, bool) {
-	rest, ok := strings.CutPrefix(p, "/proc/")
-	if !ok {
-		return 0, false
+// procPID is the PID of a path in PROCFS/PID/, for any of the procfs mount points, if it is
+// one.
+func procPID(procfs []string, p string) (int, bool) {
+	for _, root := range procfs {
+		rest, ok := strings.CutPrefix(p, strings.TrimSuffix(root, "/")+"/")
+		if !ok {
+			continue
+		}
+		first, _, _ := strings.Cut(rest, "/")
+		if n, err := strconv.Atoi(first); err == nil {
+			return n, true
+		}
 	}
-	first, _, _ := strings.Cut(rest, "/")
-	n, err := strconv.Atoi(first)
-	return n, err == nil
+	return 0, false
 }
 
 // readMaps reads a /proc/PID/maps file: each mapping's start and the path it maps ("" for

@@ -31,6 +31,7 @@ func TestCheckReopened(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	procfs := []string{"/proc", "/srv/jail/proc"} // the host's, and a chroot's
 	whole := map[string]string{"fd/3": "/home/u/work/data", "fd/4": "/proc/4242/status", "exe": "/usr/bin/sleep", "cwd": "/home/u/work", "root": "/"}
 	for name, to := range whole {
 		link(name, to)
@@ -57,7 +58,7 @@ func TestCheckReopened(t *testing.T) {
 	made := map[int]int{100: 4242}
 	want := map[int]*Opened{100: opened()}
 	want[100].FDs[4] = "/proc/4242/status"
-	if err := CheckReopened(proc, want, made); err != nil {
+	if err := CheckReopened(proc, procfs, want, made); err != nil {
 		t.Fatalf("every file where it was: %v", err)
 	}
 	for _, tc := range []struct {
@@ -78,7 +79,7 @@ func TestCheckReopened(t *testing.T) {
 		if tc.maps != "" {
 			writeMaps(tc.maps)
 		}
-		err := CheckReopened(proc, want, made)
+		err := CheckReopened(proc, procfs, want, made)
 		if !errors.Is(err, ErrReopenedElsewhere) || !strings.Contains(err.Error(), tc.wantErr) {
 			t.Errorf("%s: %v, want ErrReopenedElsewhere naming %q", tc.name, err, tc.wantErr)
 		}
@@ -90,8 +91,14 @@ func TestCheckReopened(t *testing.T) {
 	// A /proc path of a process outside the restored tree names whoever has that PID now.
 	want[100].FDs[4] = "/proc/77/mem"
 	link("fd/4", "/proc/77/mem")
-	if err := CheckReopened(proc, want, made); !errors.Is(err, ErrReopenedElsewhere) || !strings.Contains(err.Error(), "of process 77") {
+	if err := CheckReopened(proc, procfs, want, made); !errors.Is(err, ErrReopenedElsewhere) || !strings.Contains(err.Error(), "of process 77") {
 		t.Errorf("a descriptor of /proc/77/mem: %v, want it refused", err)
+	}
+	// So does one in any other procfs: a chroot's procfs shows every process of the host.
+	want[100].FDs[4] = "/srv/jail/proc/77/mem"
+	link("fd/4", "/srv/jail/proc/77/mem")
+	if err := CheckReopened(proc, procfs, want, made); !errors.Is(err, ErrReopenedElsewhere) || !strings.Contains(err.Error(), "of process 77") {
+		t.Errorf("a descriptor of /srv/jail/proc/77/mem: %v, want it refused", err)
 	}
 }
 
@@ -121,7 +128,7 @@ func TestOpenedFilesOfARealDump(t *testing.T) {
 	if o == nil || o.FDs[3] != fifo || o.FDs[4] != data || o.Cwd != dir || o.Root != "/" || o.Exe != sleep {
 		t.Fatalf("OpenedFiles = %+v, want fd 3 %s, fd 4 %s, cwd %s, root /, program %s", o, fifo, data, dir, sleep)
 	}
-	if err := CheckReopened("/proc", opened, map[int]int{pid: pid}); err != nil {
+	if err := CheckReopened("/proc", []string{"/proc"}, opened, map[int]int{pid: pid}); err != nil {
 		t.Errorf("the dumped process itself, checked against its image: %v", err)
 	}
 }
@@ -153,7 +160,7 @@ func TestCheckReopenedTakesTheTreesThreads(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[int]*Opened{1: {FDs: map[int]string{3: stat}}}
-	if err := CheckReopened(proc, want, map[int]int{1: self}); err != nil {
+	if err := CheckReopened(proc, []string{"/proc"}, want, map[int]int{1: self}); err != nil {
 		t.Fatalf("a thread's /proc file: %v", err)
 	}
 }

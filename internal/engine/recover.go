@@ -438,15 +438,14 @@ func removeAll(path string) error {
 
 // detachMounts lazily unmounts path and every mount beneath it, deepest first.
 func detachMounts(path string) error {
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := proctree.ReadMounts("/proc/self/mountinfo")
 	if err != nil {
 		return err
 	}
 	var under []string
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) > 4 && (f[4] == path || strings.HasPrefix(f[4], path+"/")) {
-			under = append(under, f[4])
+	for _, m := range ms {
+		if m.Dir == path || strings.HasPrefix(m.Dir, path+"/") {
+			under = append(under, m.Dir)
 		}
 	}
 	slices.SortFunc(under, func(a, b string) int { return len(b) - len(a) })

@@ -450,7 +450,11 @@ func (g *gate) PostRestore(root int32) error {
 	if err != nil {
 		return err
 	}
-	if err := criuimg.CheckReopened("/proc", want, made); err != nil {
+	procfs, err := proctree.ProcMounts()
+	if err != nil {
+		return fmt.Errorf("find where procfs is mounted: %w", err)
+	}
+	if err := criuimg.CheckReopened("/proc", procfs, want, made); err != nil {
 		return err
 	}
 	crashpoint.Hit("in " + PhaseCRIURestore)

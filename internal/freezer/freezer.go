@@ -7,7 +7,6 @@
 package freezer
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // Cgroup is a cgroup whose own freezer is set: cgroup v2's cgroup.freeze, or cgroup v1's
@@ -211,32 +212,20 @@ type mounts struct{ freezer, unified mount }
 
 // hierarchies finds the v1 freezer hierarchy and the v2 one in mountinfo.
 func hierarchies() (mounts, error) {
-	f, err := os.Open(mountInfo)
+	all, err := proctree.ReadMounts(mountInfo)
 	if err != nil {
 		return mounts{}, fmt.Errorf("find cgroup mounts: %w", err)
 	}
-	defer f.Close()
 	var m mounts
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		a, b := strings.Fields(pre), strings.Fields(post)
-		if len(a) < 5 || len(b) < 3 {
-			continue
-		}
-		switch at := (mount{dir: unescape(a[4]), root: unescape(a[3])}); {
-		case b[0] == "cgroup2" && m.unified.dir == "":
+	for _, a := range all {
+		switch at := (mount{dir: a.Dir, root: a.Root}); {
+		case a.FSType == "cgroup2" && m.unified.dir == "":
 			m.unified = at
-		case b[0] == "cgroup" && m.freezer.dir == "" && hasOption(b[2], "freezer"):
+		case a.FSType == "cgroup" && m.freezer.dir == "" && hasOption(a.Options, "freezer"):
 			m.freezer = at
 		}
 	}
-	return m, sc.Err()
+	return m, nil
 }
 
 func hasOption(opts, want string) bool {
@@ -246,23 +235,4 @@ func hasOption(opts, want string) bool {
 		}
 	}
 	return false
-}
-
-// unescape undoes mountinfo's octal escapes of space, tab, newline and backslash.
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
