@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -351,25 +352,28 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 	// From here the tree holds GPU state: whatever fails, it must not run on without it (it
 	// runs already: CRIU only logs a failed post-resume). A hostile test's short-lived child
 	// failed the read of the tree, and the container ran on with its GPU checkpointed.
-	var host map[int]int
+	// The tree is read once, with each process's start: the workload runs during the GPU
+	// restore, and a process of it that exits meanwhile can give its PID to one outside the
+	// container, which a kill by PID alone would take (a review's test did so). Processes
+	// forked since go with the container's init, which takes its PID namespace down.
+	tree, treeErr := proctree.Tree(root)
 	fail := func(cause error) error {
-		if host == nil {
-			tree, _ := proctree.Tree(root)
-			host = map[int]int{}
-			for _, p := range tree {
-				host[p.PID] = p.PID
+		for _, p := range tree {
+			if proctree.Same(p.PID, p.Start) {
+				_ = syscall.Kill(p.PID, syscall.SIGKILL)
 			}
 		}
-		for _, pid := range host {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
 		return fmt.Errorf("%w: %v; the restored processes were killed", engine.ErrGPURestore, cause)
+	}
+	if treeErr != nil {
+		return fail(treeErr)
 	}
 	if err := json.Unmarshal(b, &rec); err != nil {
 		return fail(fmt.Errorf("read %s: %w", kept, err))
 	}
-	if host, err = proctree.HostPIDs(root); err != nil {
-		return fail(err) // host is nil: fail reads the tree itself
+	host, err := proctree.HostPIDs(root)
+	if err != nil {
+		return fail(err)
 	}
 	skips, err := a.skips()
 	if err != nil {
@@ -384,6 +388,11 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 	gpus, remap := plan.GPUs, plan.Remap
 	if gpus, err = gpus.Renumber(host); err != nil {
 		return fail(err)
+	}
+	for _, pid := range gpus.PIDs() {
+		if !slices.ContainsFunc(tree, func(p proctree.Process) bool { return p.PID == pid && proctree.Same(p.PID, p.Start) }) {
+			return fail(fmt.Errorf("GPU process %d exited before its GPU state was restored", pid))
+		}
 	}
 	if err := gpus.Resume(context.WithoutCancel(ctx), remap); err != nil {
 		return fail(err)

@@ -686,3 +686,61 @@ func TestPostResumeFailureKillsTheTree(t *testing.T) {
 		t.Fatal("the restored tree runs on without its GPU state")
 	}
 }
+
+// restoreHook is a fake driver whose restore lets the container's workload act first (it
+// runs: post-resume comes after CRIU resumed it), then fails.
+type restoreHook struct {
+	*fakeGPU
+	hook func()
+}
+
+func (r *restoreHook) Restore(context.Context, int, map[string]string) error {
+	r.hook()
+	return errors.New("restore failed (the workload made it fail)")
+}
+
+// A failed post-resume kills the restored processes it read, and only while they are the
+// processes it read: during the GPU restore the workload runs, and a child that exits gives
+// its PID to whoever comes next. A review's test had root SIGKILL an unrelated process
+// started at that PID.
+func TestPostResumeFailureKillsOnlyTheProcessesItRead(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: places a process at a PID")
+	}
+	root := exec.Command("sh", "-c", "sleep 100 & sleep 100 & wait")
+	if err := root.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testutil.KillAndReap(root.Process.Pid) })
+	var tree []proctree.Process
+	for deadline := time.Now().Add(5 * time.Second); len(tree) < 3; time.Sleep(20 * time.Millisecond) {
+		if tree, _ = proctree.Tree(root.Process.Pid); time.Now().After(deadline) {
+			t.Fatal("the tree's children did not start")
+		}
+	}
+	child := tree[1].PID
+	f := &fakeGPU{pid: root.Process.Pid}
+	a := dumpedForRestore(t, f, root.Process.Pid)
+	if err := a.act.Run(context.Background()); err != nil { // pre-restore
+		t.Fatal(err)
+	}
+	var bystander *exec.Cmd
+	a.act.Backends = []gpu.Backend{&restoreHook{fakeGPU: f, hook: func() {
+		_ = syscall.Kill(child, syscall.SIGKILL)
+		if !testutil.ExitedWithin(child, 5*time.Second) {
+			t.Error("the tree's child did not exit")
+			return
+		}
+		bystander = testutil.StartAt(t, child, "sleep", "100")
+	}}}
+	a.env[envAction], a.env[envInitPID] = "post-resume", strconv.Itoa(root.Process.Pid)
+	if err := a.act.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "the restored processes were killed") {
+		t.Fatalf("post-resume with a failing restore: %v", err)
+	}
+	if !testutil.ExitedWithin(root.Process.Pid, 5*time.Second) {
+		t.Error("the restored tree runs on without its GPU state")
+	}
+	if bystander == nil || !testutil.Alive(bystander.Process.Pid) {
+		t.Fatalf("the process that took the exited child's PID %d was killed", child)
+	}
+}

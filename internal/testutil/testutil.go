@@ -204,3 +204,24 @@ func SmallTmpfs(t testing.TB, size string) string {
 	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
 	return dir
 }
+
+// StartAt starts name with args at PID pid, through the kernel's last PID (root only), and
+// kills it when the test ends: a process that takes a PID another just gave up.
+func StartAt(t testing.TB, pid int, name string, args ...string) *exec.Cmd {
+	t.Helper()
+	for range 50 {
+		WriteFile(t, "/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)))
+		cmd := exec.Command(name, args...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if cmd.Process.Pid == pid {
+			t.Cleanup(func() { KillAndReap(pid) })
+			return cmd
+		}
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+	t.Fatalf("no process could be started at PID %d", pid)
+	return nil
+}

@@ -412,21 +412,7 @@ func unusedPID(t *testing.T) int {
 // kills it when the test ends.
 func startAt(t *testing.T, pid int) int {
 	t.Helper()
-	for range 50 {
-		testutil.WriteFile(t, "/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)))
-		cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "1000")
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if cmd.Process.Pid == pid {
-			t.Cleanup(func() { testutil.KillAndReap(pid) })
-			return pid
-		}
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}
-	t.Fatalf("no process could be started at PID %d", pid)
-	return 0
+	return testutil.StartAt(t, pid, "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sleep", "1000").Process.Pid
 }
 
 // A crafted image that lists another process's thread as one of its GPU processes: the
