@@ -237,7 +237,10 @@ func (s slowStat) Stat(ctx context.Context, key string) (int64, error) {
 }
 
 // A lease left by a gpucr of this host that died (kill -9 of a push) holds nothing up:
-// its owner is known to be gone.
+// its owner is known to be gone. One of another PID namespace on this host (a container's:
+// it shares the boot ID) names a PID that means nothing here, and holds a collection up
+// until it goes stale: a hostile test's collection took a live push there for dead and
+// swept the chunks it was reusing.
 func TestLeaseOfADeadGpucrIsIgnored(t *testing.T) {
 	ctx := context.Background()
 	st := store.NewDir(t.TempDir())
@@ -250,6 +253,7 @@ func TestLeaseOfADeadGpucrIsIgnored(t *testing.T) {
 		t.Skip("no boot ID:", err)
 	}
 	boot := strings.ReplaceAll(strings.TrimSpace(string(b)), "-", "")
+	host, scope := chunked.Host(), chunked.Scope()
 	self, err := proctree.Read(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
@@ -258,10 +262,13 @@ func TestLeaseOfADeadGpucrIsIgnored(t *testing.T) {
 		name string
 		busy bool
 	}{
-		{fmt.Sprintf("write-here-%s-%d-1-00", boot, exited.Process.Pid), false},
-		{fmt.Sprintf("write-here-%s-%d-%d-00", boot, self.PID, self.Start+1), false}, // its PID reused
-		{fmt.Sprintf("write-here-%s-%d-%d-00", boot, self.PID, self.Start), true},
-		{fmt.Sprintf("write-there-otherboot-%d-1-00", exited.Process.Pid), true},
+		{chunked.LeaseName("write", host, scope, exited.Process.Pid, 1), false},
+		{chunked.LeaseName("write", host, scope, self.PID, self.Start+1), false}, // its PID reused
+		{chunked.LeaseName("write", host, scope, self.PID, self.Start), true},
+		{chunked.LeaseName("write", "there", "otherboot.1", exited.Process.Pid, 1), true},
+		{chunked.LeaseName("write", host, boot+".1", exited.Process.Pid, 1), true}, // another PID namespace
+		{chunked.LeaseName("write", host, boot, exited.Process.Pid, 1), true},      // no PID namespace named
+		{chunked.LeaseName("write", "elsewhere", scope, exited.Process.Pid, 1), true},
 	} {
 		key := "job/" + chunked.LeasesDir + "/" + l.name
 		if err := st.Put(ctx, key, []byte("x")); err != nil {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -53,18 +54,23 @@ type lease struct {
 	mu   sync.Mutex // serializes rewrites of the lease object
 }
 
-// holder is another gpucr's live lease, as its name tells: KIND-HOST-BOOT-PID-START-NONCE,
-// where BOOT is the kernel's boot ID and START the process's start time, which together
-// name the gpucr for good: one on this host that is gone left its lease when it died.
+// holder is another gpucr's live lease, as its name tells: KIND-HOST-SCOPE-PID-START-NONCE,
+// where SCOPE is the kernel's boot ID and the PID namespace's (BOOT.NS) and START the
+// process's start time, which together name the gpucr for good: one that ran where this one
+// runs and is gone left its lease when it died.
 type holder struct {
-	kind, host, boot string
-	pid              int
-	start            uint64
+	kind, host, scope string
+	pid               int
+	start             uint64
 }
 
-// dead reports whether h's gpucr ran on this host, in this boot, and is gone.
+// dead reports whether h's gpucr ran on this host, in this boot and PID namespace, and is
+// gone. Containers of one node share its boot ID but not their PIDs: a live push in another
+// PID namespace named a PID that meant nothing here, and a collection swept the chunks it
+// was reusing.
 func (h holder) dead() bool {
-	return h.boot == bootID() && !proctree.Same(h.pid, h.start)
+	here := pidScope()
+	return h.scope == here && !strings.Contains(here, "unknown") && h.host == hostField() && !proctree.Same(h.pid, h.start)
 }
 
 func (h holder) String() string {
@@ -81,7 +87,6 @@ func leasesKey(dir string) string {
 
 // takeLease writes a lease of kind in dir and keeps it fresh until release.
 func takeLease(ctx context.Context, st store.Store, dir, kind string) (*lease, error) {
-	host, _ := os.Hostname()
 	self, err := proctree.Read(os.Getpid())
 	if err != nil {
 		return nil, err
@@ -90,7 +95,7 @@ func takeLease(ctx context.Context, st store.Store, dir, kind string) (*lease, e
 	if _, err := rand.Read(nonce); err != nil {
 		return nil, err
 	}
-	name := fmt.Sprintf("%s-%s-%s-%d-%d-%s", kind, leaseField(host), bootID(), self.PID, self.Start, hex.EncodeToString(nonce))
+	name := fmt.Sprintf("%s-%s-%s-%d-%d-%s", kind, hostField(), pidScope(), self.PID, self.Start, hex.EncodeToString(nonce))
 	l := &lease{st: st, dir: dir, key: leasesKey(dir) + "/" + name, done: make(chan struct{})}
 	if err := l.refresh(ctx); err != nil {
 		return nil, fmt.Errorf("announce the %s in %s: %w", kind, st.URL(leasesKey(dir)), err)
@@ -170,7 +175,7 @@ func parseHolder(name string) (holder, bool) {
 	}
 	pid, err1 := strconv.Atoi(f[3])
 	start, err2 := strconv.ParseUint(f[4], 10, 64)
-	return holder{kind: f[0], host: f[1], boot: f[2], pid: pid, start: start}, err1 == nil && err2 == nil
+	return holder{kind: f[0], host: f[1], scope: f[2], pid: pid, start: start}, err1 == nil && err2 == nil
 }
 
 // leaseField makes s fit between a lease name's dashes.
@@ -181,10 +186,24 @@ func leaseField(s string) string {
 	return s
 }
 
-// bootID names this boot of this host; "unknown" where the kernel does not say.
-var bootID = sync.OnceValue(func() string {
+// pidScope names where this gpucr's PID means this process: this boot of this host (its
+// boot ID) and this PID namespace (its inode), as BOOT.NS; "unknown" in it where the kernel
+// does not say.
+var pidScope = sync.OnceValue(func() string {
 	b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	return leaseField(strings.TrimSpace(string(b)))
+	ns := "unknown"
+	if st, err := os.Stat("/proc/self/ns/pid"); err == nil {
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+			ns = strconv.FormatUint(sys.Ino, 10)
+		}
+	}
+	return leaseField(strings.TrimSpace(string(b))) + "." + ns
+})
+
+// hostField is the host's name as a lease gives it.
+var hostField = sync.OnceValue(func() string {
+	host, _ := os.Hostname()
+	return leaseField(host)
 })
 
 // writeLease announces a push in dir and returns once no collection runs there: a live
