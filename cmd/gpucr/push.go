@@ -95,7 +95,8 @@ func printPush(a *app, out transferOutput) {
 // requests.
 func classifyStore(err error) error {
 	switch {
-	case errors.Is(err, store.ErrBadLocation), errors.Is(err, chunked.ErrExists), errors.Is(err, chunked.ErrNotEmpty), errors.Is(err, chunked.ErrNotStore):
+	case errors.Is(err, store.ErrBadLocation), errors.Is(err, chunked.ErrExists), errors.Is(err, chunked.ErrNotEmpty), errors.Is(err, chunked.ErrNotStore),
+		errors.Is(err, chunked.ErrUntrusted):
 		return usageError{err}
 	}
 	return classify(err)

@@ -57,6 +57,16 @@ type PartialLister interface {
 	Partial(ctx context.Context, dir string) ([]Entry, error)
 }
 
+// ListingGuard is a Store whose listings a user other than the caller may be able to change
+// by renaming what a directory holds (a local directory). A collection deletes the chunks no
+// listed checkpoint references, so a checkpoint renamed out of sight would lose its chunks
+// to it: it asks the store first.
+type ListingGuard interface {
+	// TrustListing fails unless no one but the caller (when root: root alone) can rename
+	// what dir holds; a dir that does not exist holds nothing.
+	TrustListing(dir string) error
+}
+
 // Entry is one name directly under a listed directory: an object, or a directory (Dir)
 // holding more.
 type Entry struct {

@@ -120,6 +120,12 @@ func collect(ctx context.Context, st store.Store, dir string, dryRun, known bool
 // there: it is someone's own directory, not a store, and a collection would remove their
 // files. An empty one has nothing to lose (a store before its first push).
 func checkStore(ctx context.Context, st store.Store, dir string, known bool) error {
+	if err := trustListing(st, dir); err != nil {
+		return err
+	}
+	if err := trustListing(st, chunksKey(dir)); err != nil {
+		return err
+	}
 	top, err := st.List(ctx, dir)
 	if err != nil {
 		return err
@@ -136,6 +142,23 @@ func checkStore(ctx context.Context, st store.Store, dir string, known bool) err
 		if e.Dir || !image.IsSHA256(e.Name()) {
 			return fmt.Errorf("%w: %s holds %q, which is no chunk; nothing was removed", ErrNotStore, st.URL(chunksKey(dir)), e.Name())
 		}
+	}
+	return nil
+}
+
+// ErrUntrusted means a collection was pointed at a directory whose listing a user other than
+// the caller can change: it would trust that listing to tell what is still referenced.
+var ErrUntrusted = errors.New("store directory others can rename in")
+
+// trustListing asks a store whose listings others may change (a local directory) whether
+// dir's can be trusted.
+func trustListing(st store.Store, dir string) error {
+	g, ok := st.(store.ListingGuard)
+	if !ok {
+		return nil
+	}
+	if err := g.TrustListing(dir); err != nil {
+		return fmt.Errorf("%w: %v: a user who can rename what it holds could hide a checkpoint from the collection, which would then remove its chunks; nothing was removed (collect as that user, or make it root's)", ErrUntrusted, err)
 	}
 	return nil
 }
@@ -171,6 +194,9 @@ func referenced(ctx context.Context, st store.Store, dir string, c *Collected) (
 			continue
 		}
 		prefixes = append(prefixes, e.Key)
+		if err := trustListing(st, e.Key); err != nil {
+			return nil, nil, err
+		}
 		m, err := Load(ctx, st, e.Key)
 		if errors.Is(err, ErrNoCheckpoint) {
 			continue // an unfinished push: its chunks are what this collects
@@ -199,6 +225,12 @@ func Delete(ctx context.Context, st store.Store, prefix string) (*Collected, err
 	}
 	if _, err := Load(ctx, st, prefix); err != nil && !Unusable(err) {
 		return nil, err
+	}
+	// The collection that follows would refuse: refused before anything is deleted.
+	for _, d := range []string{ParentDir(prefix), chunksKey(ParentDir(prefix)), prefix} {
+		if err := trustListing(st, d); err != nil {
+			return nil, err
+		}
 	}
 	if err := st.Delete(ctx, ManifestKey(prefix)); err != nil {
 		return nil, err

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -497,4 +498,55 @@ func TestCollectRemovesOnlyWhatKilledWritesLeft(t *testing.T) {
 			t.Errorf("%s was removed: %v", p, err)
 		}
 	}
+}
+
+// A collection run by root trusts a local store's listing only where no user can rename
+// what it lists: a user who owned the store directory renamed root's checkpoint to
+// .gpucr-leases, which a collection skips, and root's gc removed its chunks (hostile test).
+// A checkpoint's own directory and chunks/ count as much as the store's.
+func TestCollectByRootTrustsOnlyWhatUsersCannotRename(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the store is given to another user")
+	}
+	ctx := context.Background()
+	for _, given := range []string{"", chunked.ChunksDir, "rootjob"} {
+		t.Run("user owns "+path.Join("store", given), func(t *testing.T) {
+			root := t.TempDir()
+			st := store.NewDir(root)
+			src := testImage(t, 0)
+			if _, _, err := chunked.Push(ctx, st, "store/rootjob", src, chunked.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			before := chunkNames(t, st, "store")
+			if err := os.Chown(filepath.Join(root, "store", given), 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+			if c, err := chunked.Collect(ctx, st, "store", false); !errors.Is(err, chunked.ErrUntrusted) {
+				t.Fatalf("root's gc of a store a user can rename in = %+v, %v; want ErrUntrusted", c, err)
+			}
+			if _, err := chunked.Delete(ctx, st, "store/rootjob"); err == nil {
+				t.Error("root's rm in a store a user can rename in succeeded")
+			}
+			if after := chunkNames(t, st, "store"); len(after) != len(before) {
+				t.Fatalf("chunks after the refused collection: %d, were %d", len(after), len(before))
+			}
+			pullSame(t, st, "store/rootjob", src)
+		})
+	}
+}
+
+// A checkpoint named like a write in progress (.NAME.tmp-X) is a checkpoint all the same:
+// a local store's listing hid it, and a collection took its chunks for unreferenced.
+func TestCollectKeepsACheckpointNamedLikeATemporaryFile(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	src := testImage(t, 0)
+	if _, _, err := chunked.Push(ctx, st, "jobs/.nightly.tmp-2026", src, chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := chunked.Collect(ctx, st, "jobs", false)
+	if err != nil || c.Removed != 0 || c.Checkpoints != 1 {
+		t.Fatalf("collect = %+v, %v; want the checkpoint found and nothing removed", c, err)
+	}
+	pullSame(t, st, "jobs/.nightly.tmp-2026", src)
 }
