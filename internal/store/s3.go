@@ -207,9 +207,13 @@ func (s *S3) List(ctx context.Context, dir string) ([]Entry, error) {
 		if obj.Err != nil {
 			return nil, s.wrap("list", dir, obj.Err)
 		}
-		if strings.HasSuffix(obj.Key, "/") {
+		switch {
+		case obj.Key == prefix:
+			// A "folder" an S3 console or sync tool made (an empty object DIR/) is the
+			// listed directory itself, not an entry of it.
+		case strings.HasSuffix(obj.Key, "/"):
 			out = append(out, Entry{Key: strings.TrimSuffix(obj.Key, "/"), Dir: true})
-		} else {
+		default:
 			out = append(out, Entry{Key: obj.Key, Size: obj.Size, Modified: obj.LastModified})
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
 
 	"github.com/gpucr/gpucr/internal/beneath"
@@ -391,6 +392,46 @@ func TestDirOthersCanWrite(t *testing.T) {
 	} {
 		if got := d.OthersCanWrite(dir); got != want {
 			t.Errorf("OthersCanWrite(%s) = %v, want %v", dir, got, want)
+		}
+	}
+}
+
+// An S3 "folder" (an empty object named DIR/, as consoles and sync tools make) is not an
+// entry of DIR: chunks/ listed itself as a chunk named "chunks", and every gc and rm there
+// then failed, calling the directory no store.
+func TestS3ListSkipsFolderMarkers(t *testing.T) {
+	srv := storetest.Start(t)
+	bucket := srv.Bucket(t)
+	ctx := context.Background()
+	u, err := url.Parse(srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := minio.New(u.Host, &minio.Options{Creds: srv.Config().Creds, Secure: u.Scheme == "https"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"jobs/", "jobs/chunks/", "jobs/chunks/" + strings.Repeat("a", 64)} {
+		if _, err := raw.PutObject(ctx, bucket, key, bytes.NewReader(nil), 0, minio.PutObjectOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := store.NewS3(ctx, bucket, srv.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for dir, want := range map[string]string{"": "jobs/", "jobs": "jobs/chunks/", "jobs/chunks": "jobs/chunks/" + strings.Repeat("a", 64)} {
+		es, err := st.List(ctx, dir)
+		var got []string
+		for _, e := range es {
+			name := e.Key
+			if e.Dir {
+				name += "/"
+			}
+			got = append(got, name)
+		}
+		if err != nil || strings.Join(got, " ") != want {
+			t.Errorf("List(%q) = %q, %v; want %q", dir, got, err, want)
 		}
 	}
 }
