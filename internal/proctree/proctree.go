@@ -177,18 +177,19 @@ func OpenFiles(procRoot string, pid int) ([]string, error) {
 
 // Holding returns the processes other than gpucr itself with a descriptor open on dir or
 // anything beneath it. A descriptor names its file by a path, not by where it is: in a
-// mount namespace of their own users can make a file at any path they like (a hostile
-// pass named a tmpfs file as a restore's directory's), and a descriptor of it passed to a
-// process of gpucr's namespace shows that path from the tmpfs's own root. So while dir
-// exists, a descriptor counts only for a file on dir's own file system; once dir is gone,
-// only a process of gpucr's mount namespace counts, by the path alone.
+// mount namespace of their own users can make a file at any path they like (a tmpfs, or a
+// bind mount of a directory of theirs, at a restore directory's name: hostile tests and a
+// review did), and a descriptor of it passed to a process of gpucr's namespace shows that
+// path from the mount's own root. So a descriptor counts only if its file is the very file
+// (device and inode) at its path in gpucr's namespace; once dir is gone, only a process of
+// gpucr's mount namespace counts, by the path alone.
 func Holding(dir string) ([]int, error) {
 	all, err := scan()
 	if err != nil {
 		return nil, err
 	}
-	var home syscall.Stat_t
-	homeKnown := syscall.Stat(dir, &home) == nil // once dir is gone, only gpucr's namespace counts
+	_, statErr := os.Lstat(dir)
+	homeKnown := statErr == nil
 	var pids []int
 	for _, p := range all {
 		if p.PID == os.Getpid() {
@@ -205,8 +206,7 @@ func Holding(dir string) ([]int, error) {
 			if err != nil || f != dir && !strings.HasPrefix(f, dir+"/") {
 				continue
 			}
-			var st syscall.Stat_t
-			if homeKnown && (syscall.Stat(filepath.Join(fdDir, e.Name()), &st) != nil || st.Dev != home.Dev) || !homeKnown && other {
+			if homeKnown && !sameFile(filepath.Join(fdDir, e.Name()), f) || !homeKnown && other {
 				continue
 			}
 			pids = append(pids, p.PID)
@@ -214,6 +214,12 @@ func Holding(dir string) ([]int, error) {
 		}
 	}
 	return pids, nil
+}
+
+// sameFile says whether the descriptor at fdPath (/proc/PID/fd/N) is the file at path.
+func sameFile(fdPath, path string) bool {
+	var held, here syscall.Stat_t
+	return syscall.Stat(fdPath, &held) == nil && syscall.Lstat(path, &here) == nil && held.Dev == here.Dev && held.Ino == here.Ino
 }
 
 // Tracer returns the PID of the process tracing pid (CRIU, while it freezes or restores

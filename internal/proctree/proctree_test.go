@@ -101,21 +101,29 @@ func TestHoldingCountsOnlyTheDirectorysFiles(t *testing.T) {
 	// the tmpfs's own root, where the directory's path was made.
 	passed := start("unshare", "--mount", "--propagation", "private", "sh", "-c",
 		"mount -t tmpfs none /mnt && mkdir -p /mnt"+dir+" && exec 3>/mnt"+dir+"/passed && exec nsenter --mount=/proc/"+strconv.Itoa(os.Getpid())+"/ns/mnt sleep 60")
+	// The same with a bind mount of another directory of the directory's own file system.
+	other := t.TempDir()
+	bound := start("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		"mount --bind "+other+" /mnt && mkdir -p /mnt"+dir+" && exec 3>/mnt"+dir+"/bound && exec nsenter --mount=/proc/"+strconv.Itoa(os.Getpid())+"/ns/mnt sleep 60")
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		a, _ := OpenFiles("/proc", ours)
 		b, _ := OpenFiles("/proc", theirs)
 		c, _ := OpenFiles("/proc", criu)
 		d, _ := OpenFiles("/proc", passed)
+		e, _ := OpenFiles("/proc", bound)
 		back, _ := OwnNamespace(passed, "mnt")
-		if slices.Contains(a, dir+"/ours") && slices.Contains(b, dir+"/theirs") && slices.Contains(c, dir+"/criu") && slices.Contains(d, dir+"/passed") && !back {
+		boundBack, _ := OwnNamespace(bound, "mnt")
+		if slices.Contains(a, dir+"/ours") && slices.Contains(b, dir+"/theirs") && slices.Contains(c, dir+"/criu") &&
+			slices.Contains(d, dir+"/passed") && !back && slices.Contains(e, dir+"/bound") && !boundBack {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the holders did not open their files: %v, %v, %v, %v", a, b, c, d)
+			t.Fatalf("the holders did not open their files: %v, %v, %v, %v, %v", a, b, c, d, e)
 		}
 	}
 	held, err := Holding(dir)
-	if err != nil || !slices.Contains(held, ours) || slices.Contains(held, theirs) || !slices.Contains(held, criu) || slices.Contains(held, passed) {
-		t.Fatalf("Holding = %v, %v; want %d and %d (the directory's own file system) and neither %d nor %d (a tmpfs at its name)", held, err, ours, criu, theirs, passed)
+	if err != nil || !slices.Contains(held, ours) || slices.Contains(held, theirs) || !slices.Contains(held, criu) || slices.Contains(held, passed) || slices.Contains(held, bound) {
+		t.Fatalf("Holding = %v, %v; want %d and %d (the directory's own files) and none of %d, %d (a tmpfs at its name), %d (a bind mount of another directory)",
+			held, err, ours, criu, theirs, passed, bound)
 	}
 }
