@@ -188,7 +188,10 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
-	heldPath := filepath.Join(a.StateDir, fmt.Sprintf("dump-%d.json", a.CRIUPID))
+	heldPath, err := a.statePath("dump")
+	if err != nil {
+		return err
+	}
 	if err := writeJSON(heldPath, held); err != nil {
 		return err
 	}
@@ -407,16 +410,22 @@ func (a *Action) skips() (gpu.Skips, error) {
 	return gpu.SkipsFrom(gpu.Vendors(), nil, a.Getenv)
 }
 
-// restorePath is where pre-restore keeps the image's GPU record for post-resume, named by
-// this CRIU's PID and start time as the script names it: a record a failed restore left
-// is never taken by a later CRIU at the same PID (a hostile test had a stale one restored
-// into, and kill, a container without GPU state).
-func (a *Action) restorePath() (string, error) {
+// restorePath is where pre-restore keeps the image's GPU record for post-resume: a record
+// a failed restore left is never taken by a later CRIU at the same PID (a hostile test had
+// a stale one restored into, and kill, a container without GPU state).
+func (a *Action) restorePath() (string, error) { return a.statePath("restore") }
+
+// statePath is where this CRIU's script keeps what a step hands on (kind "dump": the GPU
+// processes the watcher rolls back; "restore": the record post-resume restores), named by
+// the CRIU's PID and start time, never by the PID alone: a watcher still waiting after its
+// CRIU exited would otherwise read, or remove, the file of a later CRIU at the same PID,
+// leaving that dump's GPUs locked (review, 2026-11-26).
+func (a *Action) statePath(kind string) (string, error) {
 	p, err := proctree.Read(a.CRIUPID)
 	if err != nil {
 		return "", fmt.Errorf("CRIU, PID %d: %w", a.CRIUPID, err)
 	}
-	return filepath.Join(a.StateDir, fmt.Sprintf("restore-%d.%d.json", a.CRIUPID, p.Start)), nil
+	return filepath.Join(a.StateDir, fmt.Sprintf("%s-%d.%d.json", kind, a.CRIUPID, p.Start)), nil
 }
 
 // stateOwner is the CRIU, by PID and start time, that a file of the state directory

@@ -744,3 +744,39 @@ func TestPostResumeFailureKillsOnlyTheProcessesItRead(t *testing.T) {
 		t.Fatalf("the process that took the exited child's PID %d was killed", child)
 	}
 }
+
+// A dump's rollback file is its CRIU's, by PID and start time: a watcher still waiting after
+// its CRIU exited (for the engine to thaw, or for a resume to work) read and then removed
+// whatever file bore that PID by then — a later CRIU's at the same PID — and that dump's
+// GPUs stayed locked with no watcher to give them back (review).
+func TestDumpRollbackFilesOfCRIUsAtOnePIDAreApart(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: places a process at a PID")
+	}
+	p := testutil.StartSleeper(t)
+	f := &fakeGPU{pid: p.Process.Pid}
+	first := testutil.StartSleeper(t) // stands for the first CRIU
+	a := newAction(t, f, "pre-dump", p.Process.Pid)
+	a.act.CRIUPID = first.Process.Pid
+	if err := a.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	testutil.KillAndReap(first.Process.Pid)
+	second := testutil.StartAt(t, first.Process.Pid, "sleep", "100") // a later CRIU at its PID
+	f.state = gpu.StateRunning
+	b := newAction(t, f, "pre-dump", p.Process.Pid)
+	b.act.CRIUPID, b.act.StateDir = second.Process.Pid, a.act.StateDir
+	if err := b.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(a.watched) != 1 || len(b.watched) != 1 || a.watched[0] == b.watched[0] {
+		t.Fatalf("the two dumps' rollback files: %q and %q, want one each, apart", a.watched, b.watched)
+	}
+	f.state = gpu.StateCheckpointed
+	if err := RollBack(context.Background(), []gpu.Backend{f}, a.watched[0], slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(b.watched[0]); err != nil {
+		t.Fatalf("the first watcher's rollback took the second dump's file: %v", err)
+	}
+}
