@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -59,9 +60,15 @@ func (e *RankError) ExitCode() int {
 	return e.Code
 }
 
-// Run starts the ranks, forwards SIGINT and SIGTERM to them, and waits. When a rank fails
-// the others are stopped, as torchrun does; the rank that failed first is returned as a
-// *RankError (the ranks stopped after it do not hide it).
+// forwarded are the signals that would end the launcher and that it passes to the ranks
+// instead: each rank decides what they mean, and none outlives the launcher unasked (a
+// review's SIGHUP killed the launcher and left its ranks running on their GPUs).
+var forwarded = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
+
+// Run starts the ranks, forwards the signals that would end it to them, and waits. When a
+// rank fails the others are stopped, as torchrun does; the rank that failed first is
+// returned as a *RankError (the ranks stopped after it do not hide it). A rank is killed
+// when the launcher dies (SIGKILL, an OOM kill): a job is the launcher and its ranks.
 func Run(ctx context.Context, j Job) error {
 	if j.NProc < 1 || len(j.Command) == 0 {
 		return errors.New("launch: need a command and at least one process")
@@ -73,11 +80,21 @@ func Run(ctx context.Context, j Job) error {
 	base := append(os.Environ(), CheckpointableEnv()...)
 	base = append(base, "MASTER_ADDR=127.0.0.1", "MASTER_PORT="+strconv.Itoa(port),
 		"WORLD_SIZE="+strconv.Itoa(j.NProc), "LOCAL_WORLD_SIZE="+strconv.Itoa(j.NProc))
+	// Caught from before the first rank starts: one that came in between would end the
+	// launcher and leave the ranks started so far behind.
+	sigs := make(chan os.Signal, len(forwarded))
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+	// The ranks' death signal follows the thread that started them: it is kept for as long
+	// as the job runs.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	cmds := make([]*exec.Cmd, j.NProc)
 	for i := range cmds {
 		c := exec.CommandContext(ctx, j.Command[0], j.Command[1:]...)
 		c.Env = append(append([]string(nil), base...), "RANK="+strconv.Itoa(i), "LOCAL_RANK="+strconv.Itoa(i))
 		c.Stdin, c.Stdout, c.Stderr = nil, j.Stdout, j.Stderr
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := startRank(c); err != nil {
 			// The job never ran: the ranks started go at once, none left behind.
 			signalAll(cmds[:i], syscall.SIGKILL)
@@ -88,9 +105,6 @@ func Run(ctx context.Context, j Job) error {
 		}
 		cmds[i] = c
 	}
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
-	defer signal.Stop(sigs)
 	go func() {
 		for s := range sigs {
 			for _, c := range cmds {

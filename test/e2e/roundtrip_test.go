@@ -10,7 +10,11 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -222,6 +226,40 @@ func TestRunLaunchesACheckpointableJob(t *testing.T) {
 		if err != nil || !strings.Contains(string(env), "NCCL_P2P_DISABLE=1\x00") || !strings.Contains(string(env), "RANK=") {
 			t.Errorf("restored rank %d environment lacks the launcher's settings: %v", p.PID, err)
 		}
+	}
+}
+
+// No rank outlives gpucr run: a signal that would end the launcher reaches the ranks, and
+// a launcher killed outright takes them with it. A review's SIGHUP killed the launcher and
+// left both ranks running on their GPUs, outside any later checkpoint of its PID.
+func TestRunLeavesNoRankBehind(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGKILL} {
+		t.Run(unix.SignalName(sig), func(t *testing.T) {
+			dir := t.TempDir()
+			cmd := exec.Command(bin.gpucr, "run", "--nproc-per-node", "2", "--", bin.counter, "-dir", dir, "-tick", "20ms")
+			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { testutil.KillAndReap(cmd.Process.Pid) })
+			w := &workload{dir: dir}
+			w.waitFile(t, "count.0", 3)
+			w.waitFile(t, "count.1", 3)
+			tree, err := proctree.Tree(cmd.Process.Pid)
+			if err != nil || len(tree) != 3 {
+				t.Fatalf("gpucr run's tree: %v, %v; want the launcher and 2 ranks", tree, err)
+			}
+			if err := cmd.Process.Signal(sig); err != nil {
+				t.Fatal(err)
+			}
+			_ = cmd.Wait()
+			for _, r := range tree[1:] {
+				if !testutil.ExitedWithin(r.PID, 5*time.Second) {
+					_ = syscall.Kill(r.PID, syscall.SIGKILL)
+					t.Errorf("rank %d runs on after gpucr run got %s", r.PID, unix.SignalName(sig))
+				}
+			}
+		})
 	}
 }
 
