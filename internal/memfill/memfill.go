@@ -272,6 +272,14 @@ func (p *Plan) Fill(ctx context.Context) error {
 			jobs = append(jobs, job{r, at, min(piece, r.size-at), anon[i]})
 		}
 	}
+	// Each process is held by a pidfd from here on, and every piece is written only while
+	// that process lives: a restored task that dies during the fill frees its PID, and a
+	// hostile test had the image's memory written, as root, into the process that took it.
+	live, err := holdProcesses(p.runs)
+	if err != nil {
+		return err
+	}
+	defer live.close()
 	count := meter.From(ctx)
 	count.SetTotal(p.Bytes())
 	var pm pagemaps
@@ -280,6 +288,9 @@ func (p *Plan) Fill(ctx context.Context) error {
 		func(ctx context.Context, j job, buf []byte) error {
 			return j.r.src.ReadPiece(ctx, j.r.file, j.r.off+j.at, buf[:j.len], func(at int, part []byte) error {
 				addr := j.r.addr + uint64(j.at) + uint64(at)
+				if err := live.check(j.r.pid); err != nil {
+					return err
+				}
 				var skipped int64
 				var err error
 				if j.sparse {
@@ -304,6 +315,41 @@ func (p *Plan) Fill(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// pidfds holds the processes a fill writes into, by PID.
+type pidfds map[int]int
+
+// holdProcesses opens a pidfd of every process runs write into.
+func holdProcesses(runs []run) (pidfds, error) {
+	fds := pidfds{}
+	for _, r := range runs {
+		if _, ok := fds[r.pid]; ok {
+			continue
+		}
+		fd, err := unix.PidfdOpen(r.pid, 0)
+		if err != nil {
+			fds.close()
+			return nil, fmt.Errorf("memory fill: process %d: %w", r.pid, err)
+		}
+		fds[r.pid] = fd
+	}
+	return fds, nil
+}
+
+// check fails once pid's process, as held since the fill began, has exited: its PID may be
+// another process's now.
+func (fds pidfds) check(pid int) error {
+	if err := unix.PidfdSendSignal(fds[pid], 0, nil, 0); err != nil {
+		return fmt.Errorf("memory fill: restored process %d exited during the fill: %w", pid, err)
+	}
+	return nil
+}
+
+func (fds pidfds) close() {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }
 
 // fillWorkers is the fewest pieces in flight at once: a store answers each after a round trip.

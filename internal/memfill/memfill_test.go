@@ -574,3 +574,42 @@ func TestCheckPagesReadsEntriesWithoutFlagsAsCRIUDoes(t *testing.T) {
 		}
 	}
 }
+
+// killingSource, before it serves its piece, lets the process the fill writes into die
+// and puts another at its PID.
+type killingSource struct {
+	t    *testing.T
+	pid  int
+	data []byte
+}
+
+func (s killingSource) ReadPiece(_ context.Context, _ string, off int64, p []byte, use func(int, []byte) error) error {
+	testutil.KillAndReap(s.pid)
+	testutil.StartAt(s.t, s.pid, "sleep", "100")
+	copy(p, s.data[off:])
+	return use(0, p)
+}
+func (killingSource) Verify() error { return nil }
+
+// A restored process that dies during the fill is written no more: its PID may be another
+// process's by then, and a hostile test had the image's memory written, as root, into the
+// process that took it.
+func TestFillStopsAtAProcessThatExited(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: places a process at a PID")
+	}
+	target := testutil.StartSleeper(t)
+	maps, err := proctree.ReadMaps(fmt.Sprintf("/proc/%d/maps", target.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(maps, func(m proctree.Mapping) bool { return m.Path == "[stack]" })
+	if i < 0 {
+		t.Fatal("the target has no stack mapping")
+	}
+	src := killingSource{t, target.Process.Pid, bytes.Repeat([]byte{7}, criuimg.PageSize)}
+	p := &Plan{runs: []run{{pid: target.Process.Pid, addr: maps[i].Start, size: criuimg.PageSize, src: src, file: "mem/x.img"}}}
+	if err := p.Fill(context.Background()); err == nil || !strings.Contains(err.Error(), "exited during the fill") {
+		t.Fatalf("Fill into a process that died meanwhile = %v, want it named as exited", err)
+	}
+}
