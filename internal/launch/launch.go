@@ -82,8 +82,16 @@ func Run(ctx context.Context, j Job) error {
 		"WORLD_SIZE="+strconv.Itoa(j.NProc), "LOCAL_WORLD_SIZE="+strconv.Itoa(j.NProc))
 	// Caught from before the first rank starts: one that came in between would end the
 	// launcher and leave the ranks started so far behind.
+	// A signal ignored when gpucr started (nohup's SIGHUP) stays ignored, for the ranks too:
+	// caught, it would be reset to its default in every rank gpucr starts.
+	var caught []os.Signal
+	for _, sig := range forwarded {
+		if !signal.Ignored(sig) {
+			caught = append(caught, sig)
+		}
+	}
 	sigs := make(chan os.Signal, len(forwarded))
-	signal.Notify(sigs, forwarded...)
+	signal.Notify(sigs, caught...)
 	defer signal.Stop(sigs)
 	// The ranks' death signal follows the thread that started them: it is kept for as long
 	// as the job runs.

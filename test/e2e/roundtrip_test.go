@@ -263,6 +263,31 @@ func TestRunLeavesNoRankBehind(t *testing.T) {
 	}
 }
 
+// Under nohup (SIGHUP ignored) the job survives a hang-up, launcher and ranks: caught and
+// forwarded, SIGHUP was reset to its default in every rank, and a logout ended the job.
+func TestRunUnderNohupSurvivesAHangUp(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command("sh", "-c", `trap '' HUP; exec "$0" run --nproc-per-node 2 -- "$1" -dir "$2" -tick 20ms`, bin.gpucr, bin.counter, dir)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { testutil.KillAndReap(cmd.Process.Pid) })
+	w := &workload{dir: dir}
+	w.waitFile(t, "count.0", 3)
+	w.waitFile(t, "count.1", 3)
+	// The whole session hangs up, as at a logout.
+	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	c0, c1 := w.read(t, "count.0"), w.read(t, "count.1")
+	w.waitFile(t, "count.0", c0+5)
+	w.waitFile(t, "count.1", c1+5)
+	if !testutil.Alive(cmd.Process.Pid) {
+		t.Fatal("gpucr run died of a hang-up it was started to ignore")
+	}
+}
+
 func TestEstablishedTCPConnectionSurvives(t *testing.T) {
 	needCRIU(t)
 	w := startCounter(t, "-tcp")
