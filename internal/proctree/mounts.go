@@ -50,7 +50,9 @@ func ProcMounts() ([]string, error) {
 	}
 	var out []string
 	for _, m := range ms {
-		if m.FSType == "proc" {
+		// A whole procfs only: systemd and container engines bind-mount parts of one
+		// (/proc/sys, /proc/irq), whose first component is no PID.
+		if m.FSType == "proc" && m.Root == "/" {
 			out = append(out, m.Dir)
 		}
 	}

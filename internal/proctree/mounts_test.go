@@ -38,8 +38,15 @@ func TestProcMountsFindsEveryProcfs(t *testing.T) {
 		t.Skipf("cannot mount a procfs here: %v", err)
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	// A part of one bound elsewhere (as systemd's ProtectKernelTunables binds /proc/sys) is
+	// no procfs whose first component is a PID.
+	part := t.TempDir()
+	if err := syscall.Mount("/proc/sys", part, "", syscall.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(part, syscall.MNT_DETACH) })
 	got, err := ProcMounts()
-	if err != nil || !slices.Contains(got, "/proc") || !slices.Contains(got, dir) {
-		t.Fatalf("ProcMounts = %v, %v; want /proc and %s among them", got, err, dir)
+	if err != nil || !slices.Contains(got, "/proc") || !slices.Contains(got, dir) || slices.Contains(got, part) {
+		t.Fatalf("ProcMounts = %v, %v; want /proc and %s among them, not %s", got, err, dir, part)
 	}
 }
