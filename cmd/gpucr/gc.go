@@ -48,7 +48,7 @@ func (a *app) rmCmd() *cobra.Command {
 			}
 			c, err := chunked.Delete(ctx, st, prefix)
 			if err != nil {
-				return err
+				return classifyStore(err)
 			}
 			out := newCollectOutput(st, chunked.ParentDir(prefix), c)
 			out.Deleted = st.URL(prefix)

@@ -226,8 +226,22 @@ func Delete(ctx context.Context, st store.Store, prefix string) (*Collected, err
 	if _, err := Load(ctx, st, prefix); err != nil && !Unusable(err) {
 		return nil, err
 	}
-	// The collection that follows would refuse: refused before anything is deleted.
-	for _, d := range []string{ParentDir(prefix), chunksKey(ParentDir(prefix)), prefix} {
+	// The collection that follows would refuse: refused before anything is deleted. It
+	// looks at every checkpoint beside this one too.
+	parent := ParentDir(prefix)
+	dirs := []string{parent, chunksKey(parent), prefix}
+	if _, ok := st.(store.ListingGuard); ok {
+		siblings, err := st.List(ctx, parent)
+		if err != nil {
+			return nil, err
+		}
+		for _, e := range siblings {
+			if e.Dir {
+				dirs = append(dirs, e.Key)
+			}
+		}
+	}
+	for _, d := range dirs {
 		if err := trustListing(st, d); err != nil {
 			return nil, err
 		}

@@ -509,13 +509,15 @@ func TestCollectByRootTrustsOnlyWhatUsersCannotRename(t *testing.T) {
 		t.Skip("needs root: the store is given to another user")
 	}
 	ctx := context.Background()
-	for _, given := range []string{"", chunked.ChunksDir, "rootjob"} {
+	for _, given := range []string{"", chunked.ChunksDir, "rootjob", "otherjob"} {
 		t.Run("user owns "+path.Join("store", given), func(t *testing.T) {
 			root := t.TempDir()
 			st := store.NewDir(root)
 			src := testImage(t, 0)
-			if _, _, err := chunked.Push(ctx, st, "store/rootjob", src, chunked.Options{}); err != nil {
-				t.Fatal(err)
+			for _, job := range []string{"store/rootjob", "store/otherjob"} {
+				if _, _, err := chunked.Push(ctx, st, job, src, chunked.Options{}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			before := chunkNames(t, st, "store")
 			if err := os.Chown(filepath.Join(root, "store", given), 65534, 65534); err != nil {
