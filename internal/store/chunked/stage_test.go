@@ -365,12 +365,25 @@ func TestTrustedPullChecksTheSignatureFirst(t *testing.T) {
 					break
 				}
 			}
+			// Nor is a file of CRIU's, which a streamed restore fetches: missing, it would fail
+			// a fetch made before the signature was checked.
+			pstree := m.Files[slices.IndexFunc(m.Files, func(f chunked.File) bool { return f.Path == "criu/pstree.img" })]
+			if err := st.Delete(ctx, chunked.ChunkKey("job", pstree.Chunks[0].SHA256)); err != nil {
+				t.Fatal(err)
+			}
 			parent := t.TempDir()
 			if _, _, err := chunked.Pull(ctx, st, "job", filepath.Join(parent, "img"), trusted); !errors.Is(err, c.want) {
 				t.Fatalf("Pull = %v, want %v", err, c.want)
 			}
+			// (The 72 MiB manifest is over a streamed restore's local bound before that.)
+			if s, err := chunked.Stage(ctx, st, "job", parent, trusted); !errors.Is(err, c.want) && !errors.Is(err, chunked.ErrTooMuchLocal) {
+				if s != nil {
+					s.Close()
+				}
+				t.Fatalf("Stage (a streamed restore) = %v, want %v", err, c.want)
+			}
 			if entries, _ := os.ReadDir(parent); len(entries) != 0 {
-				t.Errorf("the refused pull left %d entries", len(entries))
+				t.Errorf("the refused pull or stage left %d entries", len(entries))
 			}
 		})
 	}
