@@ -235,16 +235,7 @@ func TestRunLaunchesACheckpointableJob(t *testing.T) {
 func TestRunLeavesNoRankBehind(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGKILL} {
 		t.Run(unix.SignalName(sig), func(t *testing.T) {
-			dir := t.TempDir()
-			cmd := exec.Command(bin.gpucr, "run", "--nproc-per-node", "2", "--", bin.counter, "-dir", dir, "-tick", "20ms")
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { testutil.KillAndReap(cmd.Process.Pid) })
-			w := &workload{dir: dir}
-			w.waitFile(t, "count.0", 3)
-			w.waitFile(t, "count.1", 3)
+			cmd, _ := startRunJob(t, bin.gpucr)
 			tree, err := proctree.Tree(cmd.Process.Pid)
 			if err != nil || len(tree) != 3 {
 				t.Fatalf("gpucr run's tree: %v, %v; want the launcher and 2 ranks", tree, err)
@@ -263,19 +254,28 @@ func TestRunLeavesNoRankBehind(t *testing.T) {
 	}
 }
 
-// Under nohup (SIGHUP ignored) the job survives a hang-up, launcher and ranks: caught and
-// forwarded, SIGHUP was reset to its default in every rank, and a logout ended the job.
-func TestRunUnderNohupSurvivesAHangUp(t *testing.T) {
-	dir := t.TempDir()
-	cmd := exec.Command("sh", "-c", `trap '' HUP; exec "$0" run --nproc-per-node 2 -- "$1" -dir "$2" -tick 20ms`, bin.gpucr, bin.counter, dir)
+// startRunJob starts `gpucr run` of two counting ranks through prefix (gpucr itself, or a
+// command that ends by running gpucr with the arguments that follow), in a session of its
+// own, and returns once both ranks count.
+func startRunJob(t *testing.T, prefix ...string) (*exec.Cmd, *workload) {
+	t.Helper()
+	w := &workload{dir: t.TempDir()}
+	args := append(prefix[1:], "run", "--nproc-per-node", "2", "--", bin.counter, "-dir", w.dir, "-tick", "20ms")
+	cmd := exec.Command(prefix[0], args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { testutil.KillAndReap(cmd.Process.Pid) })
-	w := &workload{dir: dir}
 	w.waitFile(t, "count.0", 3)
 	w.waitFile(t, "count.1", 3)
+	return cmd, w
+}
+
+// Under nohup (SIGHUP ignored) the job survives a hang-up, launcher and ranks: caught and
+// forwarded, SIGHUP was reset to its default in every rank, and a logout ended the job.
+func TestRunUnderNohupSurvivesAHangUp(t *testing.T) {
+	cmd, w := startRunJob(t, "sh", "-c", `trap '' HUP; exec "$0" "$@"`, bin.gpucr)
 	// The whole session hangs up, as at a logout.
 	if err := syscall.Kill(-cmd.Process.Pid, syscall.SIGHUP); err != nil {
 		t.Fatal(err)
