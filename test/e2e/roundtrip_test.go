@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -260,7 +261,7 @@ func TestRunLeavesNoRankBehind(t *testing.T) {
 func startRunJob(t *testing.T, prefix ...string) (*exec.Cmd, *workload) {
 	t.Helper()
 	w := &workload{dir: t.TempDir()}
-	args := append(prefix[1:], "run", "--nproc-per-node", "2", "--", bin.counter, "-dir", w.dir, "-tick", "20ms")
+	args := slices.Concat(prefix[1:], []string{"run", "--nproc-per-node", "2", "--", bin.counter, "-dir", w.dir, "-tick", "20ms"})
 	cmd := exec.Command(prefix[0], args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
