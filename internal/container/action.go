@@ -358,7 +358,8 @@ func (a *Action) postResume(ctx context.Context, log *slog.Logger) error {
 	// The tree is read once, with each process's start: the workload runs during the GPU
 	// restore, and a process of it that exits meanwhile can give its PID to one outside the
 	// container, which a kill by PID alone would take (a review's test did so). Processes
-	// forked since go with the container's init, which takes its PID namespace down.
+	// forked since go with the container's init where it is its PID namespace's first
+	// process (killing it takes the namespace down); in a shared PID namespace they remain.
 	tree, treeErr := proctree.Tree(root)
 	fail := func(cause error) error {
 		for _, p := range tree {
