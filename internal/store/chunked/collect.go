@@ -120,10 +120,7 @@ func collect(ctx context.Context, st store.Store, dir string, dryRun, known bool
 // there: it is someone's own directory, not a store, and a collection would remove their
 // files. An empty one has nothing to lose (a store before its first push).
 func checkStore(ctx context.Context, st store.Store, dir string, known bool) error {
-	if err := trustListing(st, dir); err != nil {
-		return err
-	}
-	if err := trustListing(st, chunksKey(dir)); err != nil {
+	if err := trustStore(ctx, st, dir); err != nil {
 		return err
 	}
 	top, err := st.List(ctx, dir)
@@ -149,6 +146,31 @@ func checkStore(ctx context.Context, st store.Store, dir string, known bool) err
 // ErrUntrusted means a collection was pointed at a directory whose listing a user other than
 // the caller can change: it would trust that listing to tell what is still referenced.
 var ErrUntrusted = errors.New("store directory others can rename in")
+
+// trustStore asks a store whose listings others may change (a local directory) whether
+// the listings a collection of dir reads can be trusted: dir's, its chunks/' and each of
+// its directories' (a checkpoint's, or one a user renamed a checkpoint to).
+func trustStore(ctx context.Context, st store.Store, dir string) error {
+	if _, ok := st.(store.ListingGuard); !ok {
+		return nil
+	}
+	dirs := []string{dir, chunksKey(dir)}
+	entries, err := st.List(ctx, dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Dir {
+			dirs = append(dirs, e.Key)
+		}
+	}
+	for _, d := range dirs {
+		if err := trustListing(st, d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // trustListing asks a store whose listings others may change (a local directory) whether
 // dir's can be trusted.
@@ -194,9 +216,6 @@ func referenced(ctx context.Context, st store.Store, dir string, c *Collected) (
 			continue
 		}
 		prefixes = append(prefixes, e.Key)
-		if err := trustListing(st, e.Key); err != nil {
-			return nil, nil, err
-		}
 		m, err := Load(ctx, st, e.Key)
 		if errors.Is(err, ErrNoCheckpoint) {
 			continue // an unfinished push: its chunks are what this collects
@@ -226,25 +245,9 @@ func Delete(ctx context.Context, st store.Store, prefix string) (*Collected, err
 	if _, err := Load(ctx, st, prefix); err != nil && !Unusable(err) {
 		return nil, err
 	}
-	// The collection that follows would refuse: refused before anything is deleted. It
-	// looks at every checkpoint beside this one too.
-	parent := ParentDir(prefix)
-	dirs := []string{parent, chunksKey(parent), prefix}
-	if _, ok := st.(store.ListingGuard); ok {
-		siblings, err := st.List(ctx, parent)
-		if err != nil {
-			return nil, err
-		}
-		for _, e := range siblings {
-			if e.Dir {
-				dirs = append(dirs, e.Key)
-			}
-		}
-	}
-	for _, d := range dirs {
-		if err := trustListing(st, d); err != nil {
-			return nil, err
-		}
+	// The collection that follows would refuse: refused before anything is deleted.
+	if err := trustStore(ctx, st, ParentDir(prefix)); err != nil {
+		return nil, err
 	}
 	if err := st.Delete(ctx, ManifestKey(prefix)); err != nil {
 		return nil, err
