@@ -81,13 +81,7 @@ func holderImage(b *testing.B, addr uintptr, size int) (string, *image.Manifest)
 	if err := os.Mkdir(filepath.Join(s.Dir(), criuimg.MemDir), 0o700); err != nil {
 		b.Fatal(err)
 	}
-	data := make([]byte, size)
-	r := rand.New(rand.NewPCG(1234, 0))
-	for i := 0; i < size; i += 8 {
-		if i/chunked.ChunkSize%16 != 15 {
-			binary.LittleEndian.PutUint64(data[i:], uint64(int64(r.Uint64()>>1)-1<<62))
-		}
-	}
+	data := holderMemory(size)
 	name := criuimg.MemDir + "/" + criuimg.MemName(os.Getpid(), uint64(addr))
 	if err := os.WriteFile(filepath.Join(s.Dir(), name), data, 0o600); err != nil {
 		b.Fatal(err)
@@ -102,6 +96,19 @@ func holderImage(b *testing.B, addr uintptr, size int) (string, *image.Manifest)
 		b.Fatal(err)
 	}
 	return dir, m
+}
+
+// holderMemory is size bytes as holder.py holds them: seeded random int64, with every
+// sixteenth chunk zero.
+func holderMemory(size int) []byte {
+	data := make([]byte, size)
+	r := rand.New(rand.NewPCG(1234, 0))
+	for i := 0; i < size; i += 8 {
+		if i/chunked.ChunkSize%16 != 15 {
+			binary.LittleEndian.PutUint64(data[i:], uint64(int64(r.Uint64()>>1)-1<<62))
+		}
+	}
+	return data
 }
 
 // cpuTime is the CPU time this process has used, user and system.

@@ -2,8 +2,10 @@ package chunked
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"slices"
 	"sync"
@@ -121,8 +123,14 @@ type StreamFile struct {
 	chunks []Chunk // filled in by the workers
 	buf    []byte  // the chunk being filled
 	window int64   // the ChunkSize window of address space buf holds pages of
+	hashes receivedHash
 	closed bool
 }
+
+// receiveStep is how much Receive reads at a time: little enough that the bytes are still
+// in the core's cache when the file's checksums and the chunk's digests are taken of them,
+// so that each costs its computation and not another read from memory.
+const receiveStep = 256 << 10
 
 // Receive reads the file's next size bytes from r, pages that start at address vaddr.
 // Chunks are cut where the address crosses a ChunkSize boundary, as push cuts CRIU's
@@ -143,14 +151,16 @@ func (f *StreamFile) Receive(vaddr uint64, size int, r io.Reader) error {
 			case <-f.s.ctx.Done():
 				return context.Cause(f.s.ctx)
 			}
+			f.hashes.start(f.size%image.HashChunkSize == 0, f.s.o.Signed)
 		}
-		n := min(left, (w+1)*ChunkSize-addr, int64(ChunkSize-len(f.buf)))
+		n := min(left, (w+1)*ChunkSize-addr, int64(ChunkSize-len(f.buf)), receiveStep)
 		at := len(f.buf)
 		f.buf = f.buf[:at+int(n)]
 		if _, err := io.ReadFull(r, f.buf[at:]); err != nil {
 			return fmt.Errorf("receive %s: %w", f.path, err)
 		}
 		f.sum.Write(f.buf[at:])
+		f.hashes.add(f.buf[at:])
 		addr, left = addr+n, left-n
 	}
 	return nil
@@ -162,12 +172,7 @@ func (f *StreamFile) emit() error {
 	index := len(f.chunks)
 	f.chunks = append(f.chunks, Chunk{})
 	f.s.mu.Unlock()
-	j := streamJob{f: f, index: index, off: f.size, data: f.buf}
-	if f.size%image.HashChunkSize == 0 && len(f.buf) == image.HashChunkSize {
-		if d, strong, ok := f.sum.Piece(f.size / image.HashChunkSize); ok {
-			j.known = &knownDigests{Piece: d, strong: strong}
-		}
-	}
+	j := streamJob{f: f, index: index, off: f.size, data: f.buf, known: f.digests()}
 	f.size += int64(len(f.buf))
 	f.buf = nil
 	select {
@@ -177,6 +182,73 @@ func (f *StreamFile) emit() error {
 		f.s.free <- j.data[:cap(j.data)]
 		return context.Cause(f.s.ctx)
 	}
+}
+
+// digests are the filled chunk's digests as they were taken while it arrived: those of the
+// file's piece it is, or its own. nil for a chunk that began a piece and ended short of it
+// (a file's last, or one cut by the address window), which the worker hashes itself.
+func (f *StreamFile) digests() *knownDigests {
+	if f.size%image.HashChunkSize == 0 && len(f.buf) == image.HashChunkSize {
+		d, strong, ok := f.sum.Piece(f.size / image.HashChunkSize)
+		if !ok {
+			return nil
+		}
+		if !strong {
+			d.SHA256 = f.hashes.strong()
+		}
+		return &knownDigests{Piece: d, strong: true}
+	}
+	if f.hashes.own == nil {
+		return nil
+	}
+	return &knownDigests{Piece: f.hashes.own.Sum(), strong: true}
+}
+
+// receivedHash takes the digests of the chunk being received that the file's Summer does not:
+// both for a chunk that is not one of the file's pieces, the SHA-256 alone for one that
+// begins a piece of an unsigned image's file, none for one that begins a piece of a signed
+// one's (the Summer takes both).
+type receivedHash struct {
+	own  *image.PieceHash // the chunk's xxh64 and SHA-256; nil while the chunk begins a piece
+	sha  hash.Hash        // the SHA-256 of a chunk beginning an unsigned image's piece; else nil
+	owns *image.PieceHash // kept for the next chunk that needs its own digests
+	shas hash.Hash        // kept likewise
+}
+
+// start begins the digests of a chunk: one beginning a piece of its file (piece), of an
+// image to be signed (signed) or not.
+func (h *receivedHash) start(piece, signed bool) {
+	h.own, h.sha = nil, nil
+	switch {
+	case !piece:
+		if h.owns == nil {
+			h.owns = image.NewPieceHash(true)
+		}
+		h.own = h.owns
+		h.own.Reset()
+	case !signed:
+		if h.shas == nil {
+			h.shas = sha256.New()
+		}
+		h.sha = h.shas
+		h.sha.Reset()
+	}
+}
+
+// add takes the chunk's next bytes.
+func (h *receivedHash) add(p []byte) {
+	if h.own != nil {
+		h.own.Add(p)
+	}
+	if h.sha != nil {
+		_, _ = h.sha.Write(p) // hashes never fail
+	}
+}
+
+// strong is the SHA-256 of a chunk that began an unsigned image's piece.
+func (h *receivedHash) strong() (sum [sha256.Size]byte) {
+	h.sha.Sum(sum[:0])
+	return sum
 }
 
 // Close hands over the last chunk; the file is complete once Finish returns.

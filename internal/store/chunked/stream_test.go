@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/klauspost/compress/zstd"
 
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/signing"
@@ -90,10 +92,12 @@ func TestStreamCutsByAddressAndPullsBack(t *testing.T) {
 	}
 }
 
-// A chunk that is one whole piece of its file takes the digests the image's checksum took of
-// it (xxh64, and SHA-256 when signed) instead of hashing it again: they must be its own, as
-// a chunk hashed apart would have them, and the file must pull back verified.
-func TestStreamedWholePiecesKeepTheirDigests(t *testing.T) {
+// Every streamed chunk carries its own bytes' digests, and is stored under its SHA-256,
+// whichever way they were taken while it arrived: from the image's checksum for a chunk that
+// is one whole piece of its file (xxh64, and SHA-256 when signed), its own digests for one
+// that is not (cut by the address window), or hashed by the worker for one that begins a
+// piece and ends short. Parts arrive in sizes that match no chunk, piece or read step.
+func TestStreamedChunksCarryTheirBytesDigests(t *testing.T) {
 	for _, signed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("signed=%v", signed), func(t *testing.T) {
 			ctx := context.Background()
@@ -103,17 +107,27 @@ func TestStreamedWholePiecesKeepTheirDigests(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer s.Abort()
-			const name = "mem/42-7f0000000000.img"
-			f, err := s.Create(name)
-			if err != nil {
-				t.Fatal(err)
+			files := []struct {
+				name  string
+				vaddr uint64
+				data  []byte
+			}{
+				{"mem/42-7f0000000000.img", 0, random(5, 2*chunk+1234)},              // whole pieces, then a short one
+				{"mem/42-7f0000100000.img", chunk - 3*4096, random(6, 3*chunk+4096)}, // cut by the window: no piece whole
 			}
-			data := random(5, 2*chunk+1234)
-			for at := 0; at < len(data); at += chunk {
-				part := data[at:min(at+chunk, len(data))]
-				if err := f.Receive(uint64(at), len(part), bytes.NewReader(part)); err != nil {
+			var streamed []*chunked.StreamFile
+			for _, fl := range files {
+				f, err := s.Create(fl.name)
+				if err != nil {
 					t.Fatal(err)
 				}
+				for at, step := 0, chunk/3+17; at < len(fl.data); at += step {
+					part := fl.data[at:min(at+step, len(fl.data))]
+					if err := f.Receive(fl.vaddr+uint64(at), len(part), bytes.NewReader(part)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				streamed = append(streamed, f)
 			}
 			var key ed25519.PrivateKey
 			if signed {
@@ -121,26 +135,58 @@ func TestStreamedWholePiecesKeepTheirDigests(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			om, _ := finishStream(t, s, f, key)
-			j := slices.IndexFunc(om.Files, func(f chunked.File) bool { return f.Path == name })
-			if j < 0 || len(om.Files[j].Chunks) != 3 {
-				t.Fatalf("stored files %+v", om.Files)
+			if err := streamed[1].Close(); err != nil {
+				t.Fatal(err)
 			}
-			for k, c := range om.Files[j].Chunks {
-				b := data[k*chunk : min((k+1)*chunk, len(data))]
-				if sum := sha256.Sum256(b); c.SHA256 != hex.EncodeToString(sum[:]) || c.XXH64 != fmt.Sprintf("%016x", xxhash.Sum64(b)) {
-					t.Errorf("chunk %d: sha256 %s xxh64 %s, not its bytes' digests", k, c.SHA256, c.XXH64)
+			om, _ := finishStream(t, s, streamed[0], key)
+			for _, fl := range files {
+				j := slices.IndexFunc(om.Files, func(f chunked.File) bool { return f.Path == fl.name })
+				if j < 0 || len(om.Files[j].Chunks) < 3 {
+					t.Fatalf("stored %s: %+v", fl.name, om.Files)
+				}
+				at := 0
+				for k, c := range om.Files[j].Chunks {
+					b := fl.data[at : at+int(c.Size)]
+					at += int(c.Size)
+					if sum := sha256.Sum256(b); c.SHA256 != hex.EncodeToString(sum[:]) || c.XXH64 != fmt.Sprintf("%016x", xxhash.Sum64(b)) {
+						t.Errorf("%s chunk %d: sha256 %s xxh64 %s, not its bytes' digests", fl.name, k, c.SHA256, c.XXH64)
+					}
+					if got := storedChunk(t, st, "ckpt", c.SHA256); !bytes.Equal(got, b) {
+						t.Errorf("%s chunk %d: the object under its name holds other bytes", fl.name, k)
+					}
 				}
 			}
 			dst := filepath.Join(t.TempDir(), "pulled")
 			if _, _, err := chunked.Pull(ctx, st, "ckpt", dst, chunked.Options{}); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := os.ReadFile(filepath.Join(dst, filepath.FromSlash(name))); err != nil || !bytes.Equal(got, data) {
-				t.Fatalf("pulled %s: %d bytes (%v), want %d", name, len(got), err, len(data))
+			for _, fl := range files {
+				if got, err := os.ReadFile(filepath.Join(dst, filepath.FromSlash(fl.name))); err != nil || !bytes.Equal(got, fl.data) {
+					t.Fatalf("pulled %s: %d bytes (%v), want %d", fl.name, len(got), err, len(fl.data))
+				}
 			}
 		})
 	}
+}
+
+// storedChunk is the content of the object the checkpoint at prefix in st names by sum.
+func storedChunk(t *testing.T, st store.Store, prefix, sum string) []byte {
+	t.Helper()
+	r, err := st.Get(context.Background(), chunked.ChunkKey(prefix, sum))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	dec, err := zstd.NewReader(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	b, err := io.ReadAll(dec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
 
 // finishStream closes f, the one file streamed into s, seals an image around it (a pagemap
