@@ -117,7 +117,12 @@ func parseEndpoint(endpoint string) (host string, secure bool, err error) {
 func (s *S3) URL(key string) string { return "s3://" + s.bucket + "/" + key }
 
 func (s *S3) Put(ctx context.Context, key string, data []byte) error {
-	return s.put(ctx, key, data, minio.PutObjectOptions{})
+	return s.put(ctx, key, data, crc32.Checksum(data, castagnoli), minio.PutObjectOptions{})
+}
+
+// PutChecked is Put with data's CRC32C given (Checksummed).
+func (s *S3) PutChecked(ctx context.Context, key string, data []byte, crc32c uint32) error {
+	return s.put(ctx, key, data, crc32c, minio.PutObjectOptions{})
 }
 
 // Create asks the service to refuse an existing key (If-None-Match: *), which AWS S3 and
@@ -125,18 +130,18 @@ func (s *S3) Put(ctx context.Context, key string, data []byte) error {
 func (s *S3) Create(ctx context.Context, key string, data []byte) error {
 	opts := minio.PutObjectOptions{}
 	opts.SetMatchETagExcept("*")
-	return s.put(ctx, key, data, opts)
+	return s.put(ctx, key, data, crc32.Checksum(data, castagnoli), opts)
 }
 
 // castagnoli is CRC32C's table, the checksum S3 services verify in hardware-friendly form.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// put sends data in one plain request whose x-amz-checksum-crc32c header the service checks
-// the body against, refusing the object if they differ. The whole object is in memory, so
-// its CRC32C is known before it is sent: the streamed form a client otherwise needs for a
+// put sends data in one plain request whose x-amz-checksum-crc32c header (sum, data's CRC32C)
+// the service checks the body against, refusing the object if they differ. The whole object
+// is in memory, so its CRC32C is known before it is sent: the streamed form a client otherwise needs for a
 // checksum (aws-chunked with a trailer) copies every byte twice more on the client, and the
 // service parses it (a push to MinIO on loopback: 8% less of gpucr's CPU, docs/storage.md).
-func (s *S3) put(ctx context.Context, key string, data []byte, opts minio.PutObjectOptions) error {
+func (s *S3) put(ctx context.Context, key string, data []byte, sum uint32, opts minio.PutObjectOptions) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
@@ -145,8 +150,7 @@ func (s *S3) put(ctx context.Context, key string, data []byte, opts minio.PutObj
 	// it both ends hash every byte of a checkpoint once more, at a fraction of the speed
 	// (chunks carry their own digests, checked on every read).
 	opts.DisableContentSha256 = true
-	sum := binary.BigEndian.AppendUint32(nil, crc32.Checksum(data, castagnoli))
-	opts.UserMetadata = map[string]string{crc32cHeader: base64.StdEncoding.EncodeToString(sum)}
+	opts.UserMetadata = map[string]string{crc32cHeader: base64.StdEncoding.EncodeToString(binary.BigEndian.AppendUint32(nil, sum))}
 	if _, err := s.core.PutObject(ctx, s.bucket, key, bytes.NewReader(data), int64(len(data)), "", "", opts); err != nil {
 		return s.wrap("write", key, err)
 	}

@@ -49,6 +49,13 @@ type Shared interface {
 	OthersCanWrite(dir string) bool
 }
 
+// Checksummed is a Store that sends each object with its CRC32C for the service to check
+// (S3). A caller that took the CRC32C while it built the object, its bytes still in the
+// core's cache, gives it to PutChecked and spares the store another pass over them.
+type Checksummed interface {
+	PutChecked(ctx context.Context, key string, data []byte, crc32c uint32) error
+}
+
 // PartialLister is a Store whose interrupted writes leave pieces behind: a Dir's
 // temporary files (an S3 object is written whole or not at all).
 type PartialLister interface {

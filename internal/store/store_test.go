@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"hash/crc32"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -332,6 +333,15 @@ func TestS3UploadsAreCheckedInTransit(t *testing.T) {
 	t.Log(err)
 	if _, err := st.Stat(ctx, "flipped"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("Stat of the refused upload = %v, want ErrNotFound", err)
+	}
+	// A CRC32C the caller took goes with the upload as it is: a wrong one is refused too.
+	if err := st.PutChecked(ctx, "checked", data, crc32.Checksum(data, crc32.MakeTable(crc32.Castagnoli))); err != nil {
+		t.Fatalf("upload with its own CRC32C: %v", err)
+	}
+	if err := st.PutChecked(ctx, "wrong-sum", data, crc32.Checksum(data, crc32.MakeTable(crc32.Castagnoli))^1); err == nil {
+		t.Error("an upload with a wrong CRC32C was stored")
+	} else if _, err := st.Stat(ctx, "wrong-sum"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Stat of the upload with a wrong CRC32C = %v, want ErrNotFound", err)
 	}
 	r, err := st.Get(ctx, "intact")
 	if err != nil {

@@ -2,6 +2,7 @@ package chunked
 
 import (
 	"encoding/binary"
+	"hash/crc32"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -17,13 +18,18 @@ import (
 const sampleSize = 32 << 10
 
 // compress appends to dst the chunk data as a zstd frame: compressed by enc if samples of
-// it shrink by at least 1/32, else stored raw.
-func compress(enc *zstd.Encoder, data, dst []byte) []byte {
+// it shrink by at least 1/32, else stored raw. It returns the frame's CRC32C too, for a
+// store that sends one with each object: taken as each part of the frame is written, it
+// costs no other read of the frame from memory.
+func compress(enc *zstd.Encoder, data, dst []byte) ([]byte, uint32) {
 	if len(data) < 4*sampleSize || shrinks(enc, data[:sampleSize], dst) || shrinks(enc, data[len(data)/2:][:sampleSize], dst) {
-		return enc.EncodeAll(data, dst)
+		out := enc.EncodeAll(data, dst)
+		return out, crc32.Checksum(out[len(dst):], castagnoli)
 	}
 	return rawFrame(data, dst)
 }
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // shrinks says whether enc makes sample at least 1/32 smaller; scratch is spare capacity.
 func shrinks(enc *zstd.Encoder, sample, scratch []byte) bool {
@@ -47,11 +53,14 @@ const (
 	rawStride = 3 + maxRawBlock
 )
 
-// rawFrame appends to dst data (at most 4 GiB - 1 bytes) as one zstd frame of raw blocks.
-func rawFrame(data, dst []byte) []byte {
+// rawFrame appends to dst data (at most 4 GiB - 1 bytes) as one zstd frame of raw blocks,
+// and returns the frame's CRC32C, taken of each block as soon as it is copied.
+func rawFrame(data, dst []byte) ([]byte, uint32) {
+	start := len(dst)
 	dst = binary.LittleEndian.AppendUint32(dst, frameMagic)
 	dst = append(dst, frameSingleSegment4)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(data)))
+	sum := crc32.Update(0, castagnoli, dst[start:])
 	for first := true; first || len(data) > 0; first = false {
 		n := min(len(data), maxRawBlock)
 		last := 0
@@ -59,10 +68,12 @@ func rawFrame(data, dst []byte) []byte {
 			last = 1
 		}
 		h := uint32(n)<<3 | blockRaw<<1 | uint32(last)
+		at := len(dst)
 		dst = append(dst, byte(h), byte(h>>8), byte(h>>16))
 		dst, data = append(dst, data[:n]...), data[n:]
+		sum = crc32.Update(sum, castagnoli, dst[at:])
 	}
-	return dst
+	return dst, sum
 }
 
 // rawBlocks returns the blocks of frame, in order, if it is a frame as rawFrame writes them

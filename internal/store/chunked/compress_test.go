@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -18,7 +19,7 @@ import (
 )
 
 // Frames of raw blocks are read back by the decoder every restore uses, at every size
-// around a block's limit.
+// around a block's limit, and come with their own CRC32C (not that of what dst held).
 func TestRawFramesDecode(t *testing.T) {
 	dec, err := newDecoder(1)
 	if err != nil {
@@ -27,9 +28,13 @@ func TestRawFramesDecode(t *testing.T) {
 	defer dec.Close()
 	random := randomBytes(ChunkSize)
 	for _, n := range []int{0, 1, 5, maxRawBlock - 1, maxRawBlock, maxRawBlock + 1, 3 * maxRawBlock, ChunkSize} {
-		frame := rawFrame(random[:n], nil)
+		out, sum := rawFrame(random[:n], []byte("before"))
+		frame := out[len("before"):]
 		if want := 9 + 3*max(1, (n+maxRawBlock-1)/maxRawBlock) + n; len(frame) != want {
 			t.Errorf("%d bytes: frame of %d bytes, want %d", n, len(frame), want)
+		}
+		if want := crc32.Checksum(frame, castagnoli); sum != want {
+			t.Errorf("%d bytes: CRC32C %08x, the frame's is %08x", n, sum, want)
 		}
 		got, err := dec.DecodeAll(frame, nil)
 		if err != nil || !bytes.Equal(got, random[:n]) {
@@ -61,15 +66,25 @@ func TestCompressStoresIncompressibleChunksRaw(t *testing.T) {
 		data []byte
 		raw  bool
 	}{{"random", random, true}, {"text", text, false}, {"random where sampled", mixed, true}, {"text at the start", halfText, false}, {"small", random[:1000], false}} {
-		frame := compress(enc, c.data, nil)
-		if raw := len(frame) == len(rawFrame(c.data, nil)); raw != c.raw {
-			t.Errorf("%s: %d bytes stored as %d, raw %v, want %v", c.name, len(c.data), len(frame), raw, c.raw)
+		out, sum := compress(enc, c.data, []byte("before"))
+		frame := out[len("before"):]
+		if isRaw := len(frame) == len(raw(c.data)); isRaw != c.raw {
+			t.Errorf("%s: %d bytes stored as %d, raw %v, want %v", c.name, len(c.data), len(frame), isRaw, c.raw)
+		}
+		if want := crc32.Checksum(frame, castagnoli); sum != want {
+			t.Errorf("%s: CRC32C %08x, the frame's is %08x", c.name, sum, want)
 		}
 		got, err := dec.DecodeAll(frame, nil)
 		if err != nil || !bytes.Equal(got, c.data) {
 			t.Errorf("%s: decoded %d bytes, %v", c.name, len(got), err)
 		}
 	}
+}
+
+// raw is data's frame of raw blocks.
+func raw(data []byte) []byte {
+	frame, _ := rawFrame(data, nil)
+	return frame
 }
 
 func randomBytes(n int) []byte {
@@ -86,7 +101,7 @@ func randomBytes(n int) []byte {
 func TestRawBlocks(t *testing.T) {
 	random := randomBytes(ChunkSize)
 	for _, n := range []int{1, 5, maxRawBlock - 1, maxRawBlock, maxRawBlock + 1, 3 * maxRawBlock, ChunkSize} {
-		frame := rawFrame(random[:n], nil)
+		frame := raw(random[:n])
 		parts, ok := rawBlocks(frame, int64(n))
 		if !ok || !bytes.Equal(bytes.Join(parts, nil), random[:n]) {
 			t.Errorf("%d bytes: %d parts, ok %v, not the content", n, len(parts), ok)
@@ -100,7 +115,7 @@ func TestRawBlocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer enc.Close()
-	frame := rawFrame(random[:3*maxRawBlock], nil)
+	frame := raw(random[:3*maxRawBlock])
 	for name, f := range map[string][]byte{
 		"compressed":        enc.EncodeAll(bytes.Repeat([]byte("gpucr "), 1000), nil),
 		"trailing bytes":    append(bytes.Clone(frame), 0),
@@ -120,8 +135,8 @@ func TestRawBlocks(t *testing.T) {
 // Whatever rawBlocks reads as a raw frame, the decoder reads as the same bytes: using the
 // blocks where they lie changes nothing a restore gets.
 func FuzzRawBlocks(f *testing.F) {
-	f.Add(rawFrame(randomBytes(maxRawBlock+3), nil), int64(maxRawBlock+3))
-	f.Add(rawFrame([]byte("gpucr"), nil), int64(5))
+	f.Add(raw(randomBytes(maxRawBlock+3)), int64(maxRawBlock+3))
+	f.Add(raw([]byte("gpucr")), int64(5))
 	dec, err := newDecoder(1)
 	if err != nil {
 		f.Fatal(err)
@@ -159,7 +174,7 @@ func TestRawContentTakesTheContentAsItArrives(t *testing.T) {
 	random := randomBytes(ChunkSize)
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, n := range []int{1, 5, maxRawBlock - 1, maxRawBlock, maxRawBlock + 1, 3 * maxRawBlock, ChunkSize} {
-		frame := rawFrame(random[:n], nil)
+		frame := raw(random[:n])
 		parts, ok := rawBlocks(frame, int64(n))
 		if !ok || !isRawFrame(frame, parts, int64(n)) {
 			t.Fatalf("%d bytes: rawFrame's frame is not read as one", n)
@@ -183,7 +198,7 @@ func TestFetchChecksFramesNotCutAsExpected(t *testing.T) {
 	content := randomBytes(2*maxRawBlock + 7)
 	sum := sha256.Sum256(content)
 	c := Chunk{Size: int64(len(content)), SHA256: hex.EncodeToString(sum[:]), XXH64: fmt.Sprintf("%016x", xxhash.Sum64(content))}
-	frame := rawFrame(content, nil)
+	frame := raw(content)
 	shifted := append(append(bytes.Clone(frame[:rawHeader]), byte(blockRaw<<1), 0, 0), frame[rawHeader:]...)
 	if parts, ok := rawBlocks(shifted, c.Size); !ok || isRawFrame(shifted, parts, c.Size) {
 		t.Fatalf("the shifted frame must read as raw blocks, not where rawFrame puts them, for this test to mean anything")

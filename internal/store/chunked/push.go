@@ -385,8 +385,9 @@ func (u *uploader) store(ctx context.Context, c Chunk, data []byte, buf *buffers
 	case e.err == nil:
 		u.count(func(s *Stats) { s.Present++; s.PresentBytes += size })
 	case errors.Is(e.err, store.ErrNotFound):
-		buf.comp = compress(u.enc, data, buf.comp[:0])
-		e.stored, e.err = int64(len(buf.comp)), u.st.Put(ctx, key, buf.comp)
+		var sum uint32
+		buf.comp, sum = compress(u.enc, data, buf.comp[:0])
+		e.stored, e.err = int64(len(buf.comp)), u.putChunk(ctx, key, buf.comp, sum)
 		if e.err != nil {
 			e.err = fmt.Errorf("upload %s at %d: %w", file, off, e.err)
 		} else {
@@ -394,6 +395,14 @@ func (u *uploader) store(ctx context.Context, c Chunk, data []byte, buf *buffers
 		}
 	}
 	return e.stored, e.err
+}
+
+// putChunk stores a chunk's frame, whose CRC32C is sum.
+func (u *uploader) putChunk(ctx context.Context, key string, frame []byte, sum uint32) error {
+	if c, ok := u.st.(store.Checksummed); ok {
+		return c.PutChecked(ctx, key, frame, sum)
+	}
+	return u.st.Put(ctx, key, frame)
 }
 
 // intact says whether the object stored under chunk c's name holds c's bytes, checked by
