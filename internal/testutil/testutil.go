@@ -209,19 +209,31 @@ func SmallTmpfs(t testing.TB, size string) string {
 // kills it when the test ends: a process that takes a PID another just gave up.
 func StartAt(t testing.TB, pid int, name string, args ...string) *exec.Cmd {
 	t.Helper()
+	cmd, err := TryStartAt(t, pid, name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
+
+// TryStartAt is StartAt returning what went wrong instead of failing the test, for a
+// goroutine other than the test's own (a hook called from the code under test), where
+// t.Fatal must not be called.
+func TryStartAt(t testing.TB, pid int, name string, args ...string) (*exec.Cmd, error) {
 	for range 50 {
-		WriteFile(t, "/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)))
+		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0o644); err != nil {
+			return nil, err
+		}
 		cmd := exec.Command(name, args...)
 		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		if cmd.Process.Pid == pid {
 			t.Cleanup(func() { KillAndReap(pid) })
-			return cmd
+			return cmd, nil
 		}
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	}
-	t.Fatalf("no process could be started at PID %d", pid)
-	return nil
+	return nil, fmt.Errorf("no process could be started at PID %d", pid)
 }
