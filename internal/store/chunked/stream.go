@@ -157,6 +157,9 @@ func (f *StreamFile) Receive(vaddr uint64, size int, r io.Reader) error {
 		at := len(f.buf)
 		f.buf = f.buf[:at+int(n)]
 		if _, err := io.ReadFull(r, f.buf[at:]); err != nil {
+			// Back to the bytes the digests took: a Close after the failure stores the
+			// chunk, under the name of what it holds.
+			f.buf = f.buf[:at]
 			return fmt.Errorf("receive %s: %w", f.path, err)
 		}
 		f.sum.Write(f.buf[at:])
