@@ -22,7 +22,8 @@ const sampleSize = 32 << 10
 // store that sends one with each object: taken as each part of the frame is written, it
 // costs no other read of the frame from memory.
 func compress(enc *zstd.Encoder, data, dst []byte) ([]byte, uint32) {
-	if len(data) < 4*sampleSize || shrinks(enc, data[:sampleSize], dst) || shrinks(enc, data[len(data)/2:][:sampleSize], dst) {
+	scratch := dst[len(dst):] // not over what dst holds
+	if len(data) < 4*sampleSize || shrinks(enc, data[:sampleSize], scratch) || shrinks(enc, data[len(data)/2:][:sampleSize], scratch) {
 		out := enc.EncodeAll(data, dst)
 		return out, crc32.Checksum(out[len(dst):], castagnoli)
 	}

@@ -66,7 +66,11 @@ func TestCompressStoresIncompressibleChunksRaw(t *testing.T) {
 		data []byte
 		raw  bool
 	}{{"random", random, true}, {"text", text, false}, {"random where sampled", mixed, true}, {"text at the start", halfText, false}, {"small", random[:1000], false}} {
-		out, sum := compress(enc, c.data, []byte("before"))
+		// dst with room to spare: the samples' trial compressions must not write over it.
+		out, sum := compress(enc, c.data, append(make([]byte, 0, 2*ChunkSize), "before"...))
+		if string(out[:len("before")]) != "before" {
+			t.Errorf("%s: what dst held became %q", c.name, out[:len("before")])
+		}
 		frame := out[len("before"):]
 		if isRaw := len(frame) == len(raw(c.data)); isRaw != c.raw {
 			t.Errorf("%s: %d bytes stored as %d, raw %v, want %v", c.name, len(c.data), len(frame), isRaw, c.raw)
