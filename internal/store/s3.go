@@ -32,7 +32,8 @@ type S3Config struct {
 
 // Timeouts of the S3 client. They are short on purpose: an endpoint that does not answer
 // a connection in seconds is down or wrong, and a user should hear so at once rather than
-// after minutes of retries. Transfers themselves are not limited.
+// after minutes of retries. Transfers themselves are not limited in time, only in how long
+// they may move nothing (stallTimeout).
 const (
 	dialTimeout   = 5 * time.Second
 	headerTimeout = 60 * time.Second
@@ -71,7 +72,7 @@ func NewS3(ctx context.Context, bucket string, cfg S3Config) (*S3, error) {
 	}
 	tr := &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialContext:           dialStalling((&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext),
 		TLSHandshakeTimeout:   dialTimeout,
 		ResponseHeaderTimeout: headerTimeout,
 		IdleConnTimeout:       90 * time.Second,
@@ -259,6 +260,9 @@ func (s *S3) wrap(op, key string, err error) error {
 			return fmt.Errorf("%s: %s refused our credentials (%s): %s", what, s.endpoint, resp.Code, hint)
 		}
 		return fmt.Errorf("%s %s: %s: %s", op, what, resp.Code, resp.Message)
+	}
+	if errors.Is(err, ErrStalled) {
+		return fmt.Errorf("%s %s: %w", op, what, err)
 	}
 	var netErr net.Error
 	var opErr *net.OpError

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -365,6 +366,90 @@ func TestS3UploadsAreCheckedInTransit(t *testing.T) {
 			t.Errorf("upload sent as %q, not as its bytes", enc)
 		}
 	}
+}
+
+// A service that stops moving bytes midway, an upload it no longer reads or a download it
+// no longer sends, fails the transfer once nothing moved for the stall timeout: a streamed
+// checkpoint would otherwise keep its workload frozen, and a streamed restore its tasks,
+// for good. A slow transfer that still moves is not one.
+func TestS3TransfersThatStallFail(t *testing.T) {
+	store.ShortenStallTimeout(t, time.Second)
+	srv := storetest.Start(t)
+	bucket := srv.Bucket(t)
+	target, err := url.Parse(srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	release := make(chan struct{})
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.Contains(r.URL.Path, "stalls") && r.Method == http.MethodPut:
+			<-release // never reads the body
+			return
+		case strings.Contains(r.URL.Path, "stalls") && r.Method == http.MethodGet:
+			objectHeaders(w, 1<<20)
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(make([]byte, 1<<10))
+			w.(http.Flusher).Flush()
+			<-release // never sends the rest
+			return
+		case strings.Contains(r.URL.Path, "slow") && r.Method == http.MethodGet:
+			objectHeaders(w, 4<<10)
+			w.WriteHeader(http.StatusOK)
+			for range 4 { // 1 KiB every half timeout: slow, never stalled
+				_, _ = w.Write(make([]byte, 1<<10))
+				w.(http.Flusher).Flush()
+				time.Sleep(500 * time.Millisecond)
+			}
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	defer front.Close()
+	defer close(release)
+	st, err := store.NewS3(context.Background(), bucket, store.S3Config{Endpoint: front.URL, Creds: srv.Config().Creds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	start := time.Now()
+	err = st.Put(ctx, "stalls-up", make([]byte, 64<<20))
+	if !errors.Is(err, store.ErrStalled) || time.Since(start) > 30*time.Second {
+		t.Errorf("upload the service stopped reading: %v after %v, want %v", err, time.Since(start).Round(time.Second), store.ErrStalled)
+	}
+	t.Log(err)
+
+	start = time.Now()
+	r, err := st.Get(ctx, "stalls-down")
+	if err == nil {
+		_, err = io.ReadAll(r)
+		r.Close()
+	}
+	if !errors.Is(err, store.ErrStalled) || time.Since(start) > 30*time.Second {
+		t.Errorf("download the service stopped sending: %v after %v, want %v", err, time.Since(start).Round(time.Second), store.ErrStalled)
+	}
+	t.Log(err)
+
+	r, err = st.Get(ctx, "slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(r)
+	r.Close()
+	if err != nil || len(got) != 4<<10 {
+		t.Errorf("a slow download that never stalled: %d bytes, %v", len(got), err)
+	}
+}
+
+// objectHeaders are the headers of a GET's answer that an S3 client wants, for an object of
+// size bytes.
+func objectHeaders(w http.ResponseWriter, size int) {
+	w.Header().Set("Content-Length", strconv.Itoa(size))
+	w.Header().Set("Last-Modified", time.Now().UTC().Format(http.TimeFormat))
+	w.Header().Set("ETag", `"0123456789abcdef0123456789abcdef"`)
+	w.Header().Set("Content-Type", "application/octet-stream")
 }
 
 // A Dir says others could write under a directory when it, or a directory above it, lets
