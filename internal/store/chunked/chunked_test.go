@@ -446,6 +446,41 @@ func TestPushRefusesDamagedImage(t *testing.T) {
 	}
 }
 
+// A push or stream whose lease cannot be written (the leases directory is a file, the store
+// is full, the push was interrupted as it began) fails with the store's error: it panicked
+// releasing the lease it never had (hostile test).
+func TestPushWithoutItsLeaseFailsCleanly(t *testing.T) {
+	src := testImage(t, 0)
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, chunked.LeasesDir), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st := store.NewDir(root)
+	if _, _, err := chunked.Push(context.Background(), st, "x", src, chunked.Options{}); err == nil {
+		t.Fatal("a push stored a checkpoint without its lease")
+	}
+	if _, err := chunked.NewStream(context.Background(), st, "y", chunked.Options{}); err == nil {
+		t.Fatal("a stream began without its lease")
+	}
+}
+
+// A checkpoint can neither be named after what a store directory's checkpoints share nor
+// live inside it: one under chunks/ made chunks/ hold what is no chunk, and every gc and rm
+// there refused to run from then on (hostile test).
+func TestCheckpointsCannotLiveWhereSharedThingsAre(t *testing.T) {
+	src := testImage(t, 0)
+	st := store.NewDir(t.TempDir())
+	for _, name := range []string{chunked.ChunksDir, "jobs/" + chunked.ChunksDir, "jobs/" + chunked.ChunksDir + "/sub",
+		chunked.LeasesDir + "/write-x", "a/" + chunked.LeasesDir + "/b"} {
+		if _, _, err := chunked.Push(context.Background(), st, name, src, chunked.Options{}); err == nil || !strings.Contains(err.Error(), "cannot be named") {
+			t.Errorf("push to %q: %v, want it refused for its name", name, err)
+		}
+	}
+	if entries, _ := st.List(context.Background(), ""); len(entries) != 0 {
+		t.Errorf("refused pushes stored %+v", entries)
+	}
+}
+
 func TestList(t *testing.T) {
 	ctx := context.Background()
 	st := store.NewDir(t.TempDir())

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"path"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/image"
@@ -138,8 +139,13 @@ func checkPrefix(prefix string) error {
 	switch {
 	case prefix == "":
 		return errors.New("a checkpoint needs a name: give s3://BUCKET/NAME or a path, not a bucket or /")
-	case path.Base(prefix) == ChunksDir || path.Base(prefix) == LeasesDir:
-		return fmt.Errorf("a checkpoint cannot be named %q: that name is kept for what its siblings share", path.Base(prefix))
+	}
+	// Nor may it live inside one: a checkpoint under chunks/ makes the store's chunks
+	// directory hold what is no chunk, and every later collection there refuses to run.
+	for _, part := range strings.Split(prefix, "/") {
+		if part == ChunksDir || part == LeasesDir {
+			return fmt.Errorf("a checkpoint cannot be named %q, nor live under a directory of that name: it is kept for what a store's checkpoints share", part)
+		}
 	}
 	return nil
 }

@@ -209,13 +209,16 @@ func newUploader(ctx context.Context, st store.Store, prefix string, o Options) 
 	return u, nil
 }
 
-// close ends the upload, once the manifest object is written or the push given up.
+// close ends the upload, once the manifest object is written or the push given up; also
+// one whose lease could not be written.
 func (u *uploader) close() {
 	u.enc.Close()
 	if u.dec != nil {
 		u.dec.Close()
 	}
-	u.lease.release()
+	if u.lease != nil {
+		u.lease.release()
+	}
 }
 
 // pusher is one push of a local image in progress.
