@@ -136,12 +136,12 @@ func chunksKey(dir string) string {
 
 // checkPrefix refuses prefixes a checkpoint cannot live at.
 func checkPrefix(prefix string) error {
-	switch {
-	case prefix == "":
+	if prefix == "" {
 		return errors.New("a checkpoint needs a name: give s3://BUCKET/NAME or a path, not a bucket or /")
 	}
-	// Nor may it live inside one: a checkpoint under chunks/ makes the store's chunks
-	// directory hold what is no chunk, and every later collection there refuses to run.
+	// Not named after what its siblings share, nor inside it: one under chunks/ makes the
+	// store's chunks directory hold what is no chunk, and every later collection there
+	// refuses to run.
 	for _, part := range strings.Split(prefix, "/") {
 		if part == ChunksDir || part == LeasesDir {
 			return fmt.Errorf("a checkpoint cannot be named %q, nor live under a directory of that name: it is kept for what a store's checkpoints share", part)
