@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -443,6 +444,46 @@ func TestPushRefusesDamagedImage(t *testing.T) {
 	}
 	if entries, _ := st.List(context.Background(), ""); len(entries) != 0 {
 		t.Errorf("a refused push stored %+v", entries)
+	}
+}
+
+// A push stores what it verified or nothing: a file of the image written while the push
+// reads it fails the push, and no checkpoint lists (a hostile test had pushes report
+// checkpoints that never pulled back while a file was swapped under them). The logs, which
+// no manifest lists, may change.
+func TestPushOfAnImageWrittenMeanwhileFails(t *testing.T) {
+	for _, file := range []string{"criu/pages-1.img", "logs/dump.log"} {
+		t.Run(file, func(t *testing.T) {
+			src := testImage(t, 0)
+			st := store.NewDir(t.TempDir())
+			var once sync.Once
+			write := func(int64, int64) {
+				once.Do(func() {
+					f, err := os.OpenFile(filepath.Join(src, file), os.O_WRONLY, 0)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					defer f.Close()
+					if _, err := f.WriteAt([]byte("changed"), 0); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+			_, _, err := chunked.Push(context.Background(), st, "x", src, chunked.Options{Progress: write})
+			if file == "logs/dump.log" {
+				if err != nil {
+					t.Fatalf("a push whose log changed: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "changed while it was pushed") {
+				t.Fatalf("a push of an image written meanwhile: %v", err)
+			}
+			if list, err := chunked.List(context.Background(), st, ""); err != nil || len(list) != 0 {
+				t.Errorf("listed after the refused push: %+v, %v", list, err)
+			}
+		})
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"sync"
@@ -18,7 +19,6 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
@@ -85,25 +85,24 @@ func Push(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	if err := absent(ctx, st, prefix); err != nil {
 		return nil, nil, err
 	}
-	im, err := image.Open(dir)
-	if err != nil {
-		return nil, nil, fmt.Errorf("push %s: %w", dir, err)
-	}
-	paths, err := pushPaths(dir, im)
+	im, held, err := holdVerified(dir)
 	if err != nil {
 		return nil, nil, err
 	}
+	defer held.close()
 	up, err := newUploader(ctx, st, prefix, o)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer up.close()
-	p, err := newPusher(up, dir, paths, o)
+	p, err := newPusher(up, dir, held, o)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer p.close()
 	if err := p.run(ctx); err != nil {
+		return nil, nil, err
+	}
+	if err := held.unchanged(dir, verifiedIn(im)); err != nil {
 		return nil, nil, err
 	}
 	m, err := createManifest(ctx, st, prefix, im, p.files)
@@ -111,6 +110,47 @@ func Push(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		return nil, nil, err
 	}
 	return m, &up.stats, nil
+}
+
+// holdVerified holds the files of the image in dir open and verifies them: the image's
+// manifest is read again once they are held, the files are checked against it, and each
+// is then still the held file, unchanged. Logs are held, not verified: no manifest lists
+// them.
+func holdVerified(dir string) (*image.Manifest, *heldFiles, error) {
+	first, _, err := image.LoadTrusted(dir, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("push %s: %w", dir, err)
+	}
+	paths, err := pushPaths(dir, first)
+	if err != nil {
+		return nil, nil, err
+	}
+	held, err := holdFiles(dir, paths)
+	if err != nil {
+		return nil, nil, err
+	}
+	im, err := image.Open(dir)
+	if err == nil && !reflect.DeepEqual(im, first) {
+		err = &changedError{image.ManifestName}
+	}
+	if err == nil {
+		err = held.unchanged(dir, verifiedIn(im))
+	}
+	if err != nil {
+		held.close()
+		return nil, nil, fmt.Errorf("push %s: %w", dir, err)
+	}
+	return im, held, nil
+}
+
+// verifiedIn says which of an image's files verification reads: its manifest, seal and
+// signature, and the files its manifest m lists.
+func verifiedIn(m *image.Manifest) func(path string) bool {
+	listed := map[string]bool{image.ManifestName: true, image.SealName: true, image.SigName: true}
+	for _, f := range m.Files {
+		listed[f.Path] = true
+	}
+	return func(path string) bool { return listed[path] }
 }
 
 // createManifest writes the manifest object, which makes the checkpoint exist. Create,
@@ -226,7 +266,7 @@ type pusher struct {
 	*uploader
 	o      Options
 	paths  []string
-	opened []*os.File
+	opened []*os.File // held by the caller
 	files  []File
 	ends   [][]int64 // where each file's chunks end
 	total  int64
@@ -239,24 +279,11 @@ type job struct {
 	off, size   int64
 }
 
-func newPusher(up *uploader, dir string, paths []string, o Options) (*pusher, error) {
-	p := &pusher{uploader: up, o: o, paths: paths}
-	for _, rel := range paths {
-		// Not through a symlink, nor a FIFO: whoever can write the image may have swapped a
-		// file since it was verified.
-		f, err := beneath.Open(dir, filepath.FromSlash(rel))
-		if err != nil {
-			p.close()
-			return nil, fmt.Errorf("push %s: %w", dir, err)
-		}
-		p.opened = append(p.opened, f)
-		fi, err := f.Stat()
-		if err != nil {
-			p.close()
-			return nil, fmt.Errorf("push %s: %w", dir, err)
-		}
-		p.files = append(p.files, File{Path: rel, Size: fi.Size()})
-		p.total += fi.Size()
+func newPusher(up *uploader, dir string, held *heldFiles, o Options) (*pusher, error) {
+	p := &pusher{uploader: up, o: o, paths: held.paths, opened: held.files}
+	for i, rel := range held.paths {
+		p.files = append(p.files, File{Path: rel, Size: held.ids[i].size})
+		p.total += held.ids[i].size
 	}
 	cuts := pageCuts(dir, p.files)
 	for i, f := range p.files {
@@ -267,7 +294,7 @@ func newPusher(up *uploader, dir string, paths []string, o Options) (*pusher, er
 		p.ends = append(p.ends, ends)
 		p.files[i].Chunks = make([]Chunk, len(ends))
 	}
-	p.count(func(s *Stats) { s.Files += len(paths); s.Bytes += p.total })
+	p.count(func(s *Stats) { s.Files += len(p.paths); s.Bytes += p.total })
 	return p, nil
 }
 
@@ -281,12 +308,6 @@ func fixedCuts(size int64) []int64 {
 		ends = append(ends, size)
 	}
 	return ends
-}
-
-func (p *pusher) close() {
-	for _, f := range p.opened {
-		f.Close()
-	}
 }
 
 func (p *pusher) jobs() []job {

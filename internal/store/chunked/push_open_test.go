@@ -1,15 +1,12 @@
 package chunked
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/gpucr/gpucr/internal/store"
 )
 
 // A push opens the image's files without following a symlink and without waiting on a
@@ -27,17 +24,12 @@ func TestPushOpensNoSymlinkNorFIFO(t *testing.T) {
 	if err := unix.Mkfifo(filepath.Join(dir, "fifo.img"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	up, err := newUploader(context.Background(), store.NewDir(t.TempDir()), "ckpt", Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer up.close()
 	for _, name := range []string{"link.img", "fifo.img"} {
 		done := make(chan error, 1)
 		go func() {
-			p, err := newPusher(up, dir, []string{name}, Options{})
+			h, err := holdFiles(dir, []string{name})
 			if err == nil {
-				p.close()
+				h.close()
 			}
 			done <- err
 		}()

@@ -309,11 +309,15 @@ func (s *Stream) Finish(ctx context.Context, dir string, im *image.Manifest) (*M
 		return nil, nil, err
 	}
 	local := slices.DeleteFunc(all, func(p string) bool { return streamed[p] != nil })
-	p, err := newPusher(s.up, dir, local, s.o)
+	held, err := holdFiles(dir, local)
 	if err != nil {
 		return nil, nil, err
 	}
-	defer p.close()
+	defer held.close()
+	p, err := newPusher(s.up, dir, held, s.o)
+	if err != nil {
+		return nil, nil, err
+	}
 	if err := p.run(ctx); err != nil {
 		return nil, nil, err
 	}
