@@ -1,7 +1,6 @@
 package chunked
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -84,11 +83,6 @@ type changedError struct{ path string }
 func (e *changedError) Error() string {
 	return fmt.Sprintf("%s changed while it was pushed: push the image again once nothing writes it", e.path)
 }
-
-// errChanged matches a changedError.
-var errChanged = errors.New("an image file changed while it was pushed")
-
-func (e *changedError) Is(target error) bool { return target == errChanged }
 
 func (h *heldFiles) close() {
 	for _, f := range h.files {

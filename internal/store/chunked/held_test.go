@@ -53,7 +53,7 @@ func TestHeldFilesSeeChanges(t *testing.T) {
 			if err := change(dir); err != nil {
 				t.Fatal(err)
 			}
-			if err := h.unchanged(dir, all); !errors.Is(err, errChanged) {
+			if err := h.unchanged(dir, all); !errors.As(err, new(*changedError)) {
 				t.Errorf("a.img %s: %v, want it seen as changed", name, err)
 			}
 			if err := h.unchanged(dir, func(p string) bool { return p == "b.img" }); err != nil {
