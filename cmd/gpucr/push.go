@@ -96,7 +96,7 @@ func printPush(a *app, out transferOutput) {
 func classifyStore(err error) error {
 	switch {
 	case errors.Is(err, store.ErrBadLocation), errors.Is(err, chunked.ErrExists), errors.Is(err, chunked.ErrNotEmpty), errors.Is(err, chunked.ErrNotStore),
-		errors.Is(err, chunked.ErrUntrusted):
+		errors.Is(err, chunked.ErrUntrusted), errors.Is(err, chunked.ErrBadName):
 		return usageError{err}
 	}
 	return classify(err)

@@ -134,17 +134,26 @@ func chunksKey(dir string) string {
 	return dir + "/" + ChunksDir
 }
 
+// ErrBadName is a name no checkpoint can have: the request, not the store, is wrong.
+var ErrBadName = errors.New("not a name a checkpoint can have")
+
+// nameError says why a name is no checkpoint's; it is an ErrBadName.
+type nameError struct{ reason string }
+
+func (e *nameError) Error() string        { return e.reason }
+func (e *nameError) Is(target error) bool { return target == ErrBadName }
+
 // checkPrefix refuses prefixes a checkpoint cannot live at.
 func checkPrefix(prefix string) error {
 	if prefix == "" {
-		return errors.New("a checkpoint needs a name: give s3://BUCKET/NAME or a path, not a bucket or /")
+		return &nameError{"a checkpoint needs a name: give s3://BUCKET/NAME or a path, not a bucket or /"}
 	}
 	// Not named after what its siblings share, nor inside it: one under chunks/ makes the
 	// store's chunks directory hold what is no chunk, and every later collection there
 	// refuses to run.
 	for _, part := range strings.Split(prefix, "/") {
 		if part == ChunksDir || part == LeasesDir {
-			return fmt.Errorf("a checkpoint cannot be named %q, nor live under a directory of that name: it is kept for what a store's checkpoints share", part)
+			return &nameError{fmt.Sprintf("a checkpoint cannot be named %q, nor live under a directory of that name: it is kept for what a store's checkpoints share", part)}
 		}
 	}
 	return nil
