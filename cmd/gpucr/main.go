@@ -143,7 +143,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	usageErrors(root)
 	if err := root.Execute(); err != nil {
 		// An error may quote what an image, a store or a neighbour wrote (a lease's host).
-		msg := printable(oneLine(err)) + a.untrustedHint(err)
+		msg := explainInterrupt(printable(oneLine(err)), err, interrupt.Received()) + a.untrustedHint(err)
 		fmt.Fprintf(stderr, "gpucr: %s\n", msg)
 		code := exitCode(err)
 		if job, ok := jobExitCode(err); ok {

@@ -2,16 +2,19 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"syscall"
 	"time"
 	"unicode"
 
 	"github.com/dustin/go-humanize"
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
@@ -28,6 +31,17 @@ const (
 
 // jsonSchema is the version of the --json output that docs/json.md describes.
 const jsonSchema = 3
+
+// explainInterrupt leads msg, the message of err, with the signal that cancelled the verb
+// when err is that cancellation: "context canceled" alone does not say that the user (or
+// whoever sent it) asked gpucr to stop.
+func explainInterrupt(msg string, err error, sig os.Signal) string {
+	s, ok := sig.(syscall.Signal)
+	if !ok || !errors.Is(err, context.Canceled) {
+		return msg
+	}
+	return fmt.Sprintf("interrupted by %s: %s", unix.SignalName(s), msg)
+}
 
 // usageError marks errors in what the user asked for.
 type usageError struct{ error }

@@ -11,11 +11,19 @@ import (
 )
 
 var (
-	mu      sync.Mutex
-	signals = make(chan os.Signal, 1)
-	caught  = []os.Signal{syscall.SIGINT, syscall.SIGTERM}
-	active  bool // a Context is listening
+	mu       sync.Mutex
+	signals  = make(chan os.Signal, 1)
+	caught   = []os.Signal{syscall.SIGINT, syscall.SIGTERM}
+	active   bool      // a Context is listening
+	received os.Signal // the signal a Context was cancelled by, if any
 )
+
+// Received is the signal that cancelled a Context, or nil if none did.
+func Received() os.Signal {
+	mu.Lock()
+	defer mu.Unlock()
+	return received
+}
 
 // Context is cancelled on the first SIGINT or SIGTERM. The caller must call stop.
 func Context(parent context.Context) (ctx context.Context, stop func()) {
@@ -27,7 +35,10 @@ func Context(parent context.Context) (ctx context.Context, stop func()) {
 	done := make(chan struct{})
 	go func() {
 		select {
-		case <-signals:
+		case sig := <-signals:
+			mu.Lock()
+			received = sig
+			mu.Unlock()
 			cancel()
 		case <-done:
 		}
