@@ -200,7 +200,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 				if m == nil {
 					export.abandon()
 				}
-				return classifyContainer(explainFullDisk(err))
+				return classifyContainer(explainFullDisk(err, r.Dir == ""))
 			}
 			out := checkpointOutput{
 				Dir: r.Dir, Container: ctr, RootPID: root.pid, Processes: len(m.Processes), MemoryBytes: m.MemoryBytes,

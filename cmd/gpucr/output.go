@@ -141,12 +141,16 @@ func phasesLine(ps []image.Phase) string {
 }
 
 // explainFullDisk says what to do about a checkpoint that ran out of disk. Every write of an
-// image happens before the processes are let go, so they run on.
-func explainFullDisk(err error) error {
-	if errors.Is(err, syscall.ENOSPC) {
-		return fmt.Errorf("the disk for the image is full: free space or checkpoint elsewhere; the processes run on and nothing was kept (%w)", err)
+// image happens before the processes are let go, so they run on. A streamed checkpoint
+// writes to its store and stages CRIU's small files under TMPDIR: either may be the full one.
+func explainFullDisk(err error, streamed bool) error {
+	switch {
+	case !errors.Is(err, syscall.ENOSPC):
+		return err
+	case streamed:
+		return fmt.Errorf("a disk is full: the store's, or that of %s, where a streamed checkpoint stages CRIU's small files (TMPDIR moves them): free space; the processes run on and nothing was kept (%w)", os.TempDir(), err)
 	}
-	return err
+	return fmt.Errorf("the disk for the image is full: free space or checkpoint elsewhere; the processes run on and nothing was kept (%w)", err)
 }
 
 // classify gives errors users act on their exit code: a wrong request is a usage error,

@@ -321,4 +321,14 @@ func TestCheckpointOntoAFullDisk(t *testing.T) {
 			w.checkRunsOn(t, "a checkpoint onto a full disk")
 		})
 	}
+	// Streamed, the image's small files are staged under TMPDIR: the message names it, not
+	// the image's disk, which a streamed checkpoint has none of (hostile test).
+	t.Run("TMPDIR of a streamed checkpoint", func(t *testing.T) {
+		tmp := smallTmp(t, 64<<10)
+		_, stderr, code := gpucrEnv(t, []string{"TMPDIR=" + tmp}, "checkpoint", strconv.Itoa(w.pid), "--to", filepath.Join(t.TempDir(), "store", "ckpt"))
+		if code != exitFailed || !oneLineWith(stderr, "where a streamed checkpoint stages CRIU's small files") || !strings.Contains(stderr, tmp) {
+			t.Errorf("exit %d, want %d with one line naming %s:\n%s", code, exitFailed, tmp, stderr)
+		}
+		w.checkRunsOn(t, "a streamed checkpoint with a full TMPDIR")
+	})
 }
