@@ -62,6 +62,16 @@ type checkpointOutput struct {
 	ContainerPID int `json:"containerPid,omitempty"`
 }
 
+// checkFree refuses, before a checkpoint begins, a store location it could not be pushed
+// to once written (-D DIR --to LOC): a bad name, or a checkpoint there already.
+func (a *app) checkFree(ctx context.Context, loc string) error {
+	st, prefix, err := store.Open(ctx, loc, a.cfg.s3)
+	if err == nil {
+		err = chunked.CheckFree(ctx, st, prefix)
+	}
+	return classifyStore(err)
+}
+
 // storeAndEmit stores the checkpoint written to dir at to, when given, and prints out.
 func (a *app) storeAndEmit(ctx context.Context, out checkpointOutput, phases []image.Phase, dir, to string) error {
 	if to != "" {
@@ -174,6 +184,12 @@ func (a *app) checkpointCmd() *cobra.Command {
 			}
 			if r.Dir == "" && to == "" {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
+			}
+			if r.Dir != "" && to != "" {
+				if err := a.checkFree(cmd.Context(), to); err != nil {
+					export.abandon()
+					return err
+				}
 			}
 			if r.Sign, err = a.loadSigningKey(signPath); err != nil {
 				export.abandon()

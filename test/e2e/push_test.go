@@ -199,6 +199,28 @@ func TestStoreErrors(t *testing.T) {
 	}
 }
 
+// A checkpoint written locally and then stored (-D DIR --to LOC) is refused before it
+// begins where it could not be stored: the workload was checkpointed (and so stopped) and the
+// push then failed on a name already taken (hostile test).
+func TestCheckpointDirToATakenNameIsRefusedFirst(t *testing.T) {
+	needCRIU(t)
+	store := filepath.Join(t.TempDir(), "store")
+	mustGpucr(t, "push", storeImage(t), filepath.Join(store, "x"))
+	w := startCounter(t)
+	w.waitCount(t, 2)
+	dir := filepath.Join(t.TempDir(), "img")
+	for to, want := range map[string]string{filepath.Join(store, "x"): "a checkpoint already exists", filepath.Join(store, "chunks", "y"): "cannot be named"} {
+		out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--to", to)
+		if code != exitUsage || !oneLineWith(out, want) {
+			t.Errorf("checkpoint -D --to %s: exit %d, want %d and one line with %q:\n%s", to, code, exitUsage, want, out)
+		}
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the refused checkpoint wrote %s (%v)", dir, err)
+	}
+	w.checkRunsOn(t, "a checkpoint refused for where it was to be stored")
+}
+
 // checkpoint --to stores the image as push does, and restore --from fetches it as pull does.
 func TestCheckpointToAndRestoreFrom(t *testing.T) {
 	needCRIU(t)

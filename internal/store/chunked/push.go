@@ -173,6 +173,16 @@ func createManifest(ctx context.Context, st store.Store, prefix string, im *imag
 
 // absent checks that no checkpoint is at prefix yet, so that a push fails before it reads
 // the image rather than after it uploaded it.
+// CheckFree fails unless a checkpoint could be stored at prefix in st now: a name a
+// checkpoint can have, and none there yet. A checkpoint written locally and stored after
+// asks before it begins, not once the workload is checkpointed.
+func CheckFree(ctx context.Context, st store.Store, prefix string) error {
+	if err := checkPrefix(prefix); err != nil {
+		return err
+	}
+	return absent(ctx, st, prefix)
+}
+
 func absent(ctx context.Context, st store.Store, prefix string) error {
 	_, err := st.Stat(ctx, ManifestKey(prefix))
 	switch {
