@@ -210,8 +210,9 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 		os.RemoveAll(fill.Dir) // the view of the image; CRIU's log stays in work
 	}
 	if err != nil {
-		// A damaged image explains any failure; CRIU leaves nothing running.
-		return nil, r.Streamed.prefer(verify.prefer(explainRestoreFailure(keepLog(err))))
+		// A damaged image explains any failure; CRIU leaves nothing running. CRIU's log is
+		// kept only where the error that names it is the one returned.
+		return nil, keepLog(r.Streamed.prefer(verify.prefer(explainRestoreFailure(err))))
 	}
 	if restored.Filled > 0 {
 		t.Phases = append(t.Phases, image.Phase{Name: PhaseMemoryFill, Duration: restored.Filled})

@@ -212,6 +212,10 @@ func TestStreamedRestoreRefusesACorruptedChunk(t *testing.T) {
 		t.Errorf("PID %d runs after the failed restore", w.pid)
 	}
 	noStaging(t, tmp)
+	// CRIU's log is kept for an error that names it; this one names the chunk (hostile test).
+	if logs, _ := filepath.Glob(filepath.Join(tmp, "gpucr-criu-*.log")); len(logs) != 0 {
+		t.Errorf("the restore kept %v, which its error does not name", logs)
+	}
 }
 
 // A streamed restore killed anywhere leaves nothing: no journal, lock or fetched file, and
