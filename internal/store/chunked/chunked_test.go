@@ -522,6 +522,28 @@ func TestCheckpointsCannotLiveWhereSharedThingsAre(t *testing.T) {
 	}
 }
 
+// A pull into a mount point or through a symlink is refused before anything is fetched:
+// the rename that puts the image in place cannot happen there, and a pull fetched and
+// verified everything before it failed on "device or resource busy" (hostile test).
+func TestPullRefusesAPlaceTheImageCannotTake(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	if _, _, err := chunked.Push(ctx, st, "x", testImage(t, 0), chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(t.TempDir(), link); err != nil {
+		t.Fatal(err)
+	}
+	for what, dir := range map[string]string{"a mount point": testutil.SmallTmpfs(t, "1m"), "a symlink": link} {
+		var fetched int64
+		_, _, err := chunked.Pull(ctx, st, "x", dir, chunked.Options{Progress: func(done, _ int64) { fetched = done }})
+		if !errors.Is(err, image.ErrNotAPlace) || !strings.Contains(err.Error(), "is "+what) || fetched != 0 {
+			t.Errorf("pull into %s: %v after %d bytes, want it refused first as %s", dir, err, fetched, what)
+		}
+	}
+}
+
 func TestList(t *testing.T) {
 	ctx := context.Background()
 	st := store.NewDir(t.TempDir())

@@ -198,6 +198,12 @@ func checkDest(dir string) error {
 	if fi, err := os.Stat(filepath.Dir(dir)); err != nil || !fi.IsDir() {
 		return fmt.Errorf("parent directory of %s does not exist or is not a directory", dir)
 	}
+	// A symlink or a mount point cannot take the rename that puts the pulled image in
+	// place: refused before anything is fetched (a pull into a mount point fetched and
+	// verified everything, then failed with "device or resource busy").
+	if err := image.CheckFinal(dir); err != nil && !errors.Is(err, image.ErrNotEmpty) {
+		return err
+	}
 	entries, err := os.ReadDir(dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
