@@ -131,7 +131,7 @@ func (a *app) openStream(ctx context.Context, loc string, signed bool) (*streame
 	if err != nil {
 		return nil, classify(err)
 	}
-	s, err := chunked.NewStream(ctx, st, prefix, chunked.Options{Signed: signed})
+	s, err := chunked.NewStream(ctx, st, prefix, chunked.Options{Signed: signed, Waiting: a.storeBusy})
 	if err != nil {
 		return nil, classifyStore(errors.Join(err, staging.Close()))
 	}

@@ -71,7 +71,7 @@ func (a *app) push(ctx context.Context, dir, loc string) (transferOutput, error)
 	count := new(meter.Counter)
 	a.progress().StartBytes("push", count)
 	start := time.Now()
-	_, stats, err := chunked.Push(ctx, st, prefix, dir, chunked.Options{Progress: countInto(count)})
+	_, stats, err := chunked.Push(ctx, st, prefix, dir, chunked.Options{Progress: countInto(count), Waiting: a.storeBusy})
 	a.progress().Done("push", time.Since(start))
 	if err != nil {
 		return transferOutput{}, classifyStore(err)
@@ -101,6 +101,9 @@ func classifyStore(err error) error {
 	}
 	return classify(err)
 }
+
+// storeBusy tells the user what a push or stream waits for before it moves anything.
+func (a *app) storeBusy(what string) { a.log.Warn("the store is busy", "with", what) }
 
 // countInto is a transfer's progress callback that counts into c.
 func countInto(c *meter.Counter) func(done, total int64) {

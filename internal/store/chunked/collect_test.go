@@ -153,6 +153,23 @@ func TestCollectRemovesNothingBesideAnUnreadableManifest(t *testing.T) {
 	}
 }
 
+// A push that has to wait for a collection to stop says so once, naming it, before it
+// waits: it showed nothing but "0 B" for the minute it waited (hostile test).
+func TestPushWaitingForACollectionSaysSo(t *testing.T) {
+	chunked.SetLeaseTiming(t.Cleanup, 50*time.Millisecond, 300*time.Millisecond)
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	key := "job/" + chunked.LeasesDir + "/" + chunked.LeaseName("collect", "there", "otherboot.1", 77, 1)
+	if err := st.Put(ctx, key, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	var heard []string
+	_, _, err := chunked.Push(ctx, st, "job/1", testImage(t, 0), chunked.Options{Waiting: func(what string) { heard = append(heard, what) }})
+	if len(heard) != 1 || !strings.Contains(heard[0], "a collection by gpucr 77 on there") {
+		t.Errorf("a push waiting for a collection said %q (and ended %v), want one notice naming it", heard, err)
+	}
+}
+
 // A push that found its chunks in the store, unreferenced, keeps a collection from
 // removing them before its manifest refers to them; the collection names the push.
 func TestCollectRefusesWhileAPushRuns(t *testing.T) {

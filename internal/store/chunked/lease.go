@@ -208,7 +208,7 @@ var hostField = sync.OnceValue(func() string {
 
 // writeLease announces a push in dir and returns once no collection runs there: a live
 // one notices the push at its next batch and stops.
-func writeLease(ctx context.Context, st store.Store, dir string) (*lease, error) {
+func writeLease(ctx context.Context, st store.Store, dir string, waiting func(string)) (*lease, error) {
 	l, err := takeLease(ctx, st, dir, kindWrite)
 	if err != nil {
 		return nil, err
@@ -232,6 +232,10 @@ func writeLease(ctx context.Context, st store.Store, dir string) (*lease, error)
 		if time.Now().After(deadline) {
 			l.release()
 			return nil, fmt.Errorf("%w: %s has not stopped for this push within %v", ErrBusy, strings.Join(collecting, ", "), writerWait)
+		}
+		if waiting != nil {
+			waiting(fmt.Sprintf("%s in %s: waiting up to %v for it to stop", strings.Join(collecting, ", "), st.URL(dir), writerWait))
+			waiting = nil
 		}
 		select {
 		case <-ctx.Done():

@@ -37,6 +37,9 @@ type Options struct {
 	// Signed makes a Stream take each file's SHA-256 as well as its xxh64: the image it
 	// stores is to be signed, and its manifest must cover every byte (image.File.SHA256).
 	Signed bool
+	// Waiting, when set, hears once what a push or stream waits for before it begins (a
+	// collection in its store directory to stop), so that a user knows why nothing moves.
+	Waiting func(what string)
 	// Staging, when set, is the journaled directory a pull assembles the image in (beside
 	// its destination; made by the pull): a killed pull leaves it to recovery.
 	Staging string
@@ -252,7 +255,7 @@ func newUploader(ctx context.Context, st store.Store, prefix string, o Options) 
 			return nil, err
 		}
 	}
-	if u.lease, err = writeLease(ctx, st, ParentDir(prefix)); err != nil {
+	if u.lease, err = writeLease(ctx, st, ParentDir(prefix), o.Waiting); err != nil {
 		u.close()
 		return nil, err
 	}
