@@ -75,9 +75,11 @@ func NewS3(ctx context.Context, bucket string, cfg S3Config) (*S3, error) {
 		DialContext:           dialStalling((&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext),
 		TLSHandshakeTimeout:   dialTimeout,
 		ResponseHeaderTimeout: headerTimeout,
-		IdleConnTimeout:       90 * time.Second,
-		MaxIdleConnsPerHost:   32,
-		ForceAttemptHTTP2:     true,
+		// The pool, not the stall guard, ends idle connections: one the guard ended just as
+		// a request took it from the pool failed that request (review).
+		IdleConnTimeout:     stallTimeout / 2,
+		MaxIdleConnsPerHost: 32,
+		ForceAttemptHTTP2:   true,
 	}
 	client, err := minio.New(host, &minio.Options{
 		Creds:        cfg.Creds,

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
@@ -440,6 +441,32 @@ func TestS3TransfersThatStallFail(t *testing.T) {
 	r.Close()
 	if err != nil || len(got) != 4<<10 {
 		t.Errorf("a slow download that never stalled: %d bytes, %v", len(got), err)
+	}
+}
+
+// A connection left idle is closed by the pool before the stall guard would end it: one
+// the guard ended as a request took it from the pool failed that request (review: 16 of
+// 150 uploads after an idle of about the stall timeout needed a retry).
+func TestS3IdleConnectionsEndBeforeTheyCouldStall(t *testing.T) {
+	store.ShortenStallTimeout(t, time.Second)
+	srv := storetest.Start(t)
+	st, err := store.NewS3(context.Background(), srv.Bucket(t), srv.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reused []bool
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) { reused = append(reused, i.Reused) },
+	})
+	if _, err := st.Stat(ctx, "absent"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatal(err)
+	}
+	time.Sleep(700 * time.Millisecond) // idle past the pool's limit, not yet the guard's
+	if _, err := st.Stat(ctx, "absent"); !errors.Is(err, store.ErrNotFound) {
+		t.Fatal(err)
+	}
+	if len(reused) != 2 || reused[1] {
+		t.Errorf("connections (reused?) %v: the second request took a connection idle for most of the stall timeout", reused)
 	}
 }
 
