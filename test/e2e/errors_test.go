@@ -175,7 +175,7 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 		{"unknown flag", []string{"checkpoint", pid, "--nope"}, exitUsage, "unknown flag"},
 		{"unknown shorthand", []string{"-t"}, exitUsage, "unknown shorthand"},
 		{"missing required flag", []string{"restore"}, exitUsage, "images-dir"},
-		{"a checkpoint in a store's chunks", []string{"checkpoint", pid, "--to", filepath.Join(t.TempDir(), "chunks", "x")}, exitUsage, "cannot be named \"chunks\""},
+		{"a checkpoint under a store's leases", []string{"checkpoint", pid, "--to", filepath.Join(t.TempDir(), ".gpucr-leases", "x")}, exitUsage, "cannot live under a directory named \".gpucr-leases\""},
 		{"a pull of a store's leases", []string{"pull", filepath.Join(t.TempDir(), ".gpucr-leases"), filepath.Join(t.TempDir(), "i")}, exitUsage, "cannot be named"},
 		{"rm of a store's chunks", []string{"rm", filepath.Join(t.TempDir(), "chunks")}, exitUsage, "cannot be named"},
 		{"missing argument", []string{"verify"}, exitUsage, "arg"},

@@ -13,14 +13,17 @@
 package chunked
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/store"
 )
 
 // ChunkSize is the largest chunk, the store's unit of deduplication: smaller finds more
@@ -143,17 +146,38 @@ type nameError struct{ reason string }
 func (e *nameError) Error() string        { return e.reason }
 func (e *nameError) Is(target error) bool { return target == ErrBadName }
 
-// checkPrefix refuses prefixes a checkpoint cannot live at.
+// checkPrefix refuses prefixes a checkpoint cannot live at, by their name alone: none, one
+// named after what its siblings share, or one inside a leases directory, a name only gpucr
+// gives. One inside a store's chunks directory is checkPlace's to find.
 func checkPrefix(prefix string) error {
 	if prefix == "" {
 		return &nameError{"a checkpoint needs a name: give s3://BUCKET/NAME or a path, not a bucket or /"}
 	}
-	// Not named after what its siblings share, nor inside it: one under chunks/ makes the
-	// store's chunks directory hold what is no chunk, and every later collection there
-	// refuses to run.
-	for _, part := range strings.Split(prefix, "/") {
-		if part == ChunksDir || part == LeasesDir {
-			return &nameError{fmt.Sprintf("a checkpoint cannot be named %q, nor live under a directory of that name: it is kept for what a store's checkpoints share", part)}
+	if base := path.Base(prefix); base == ChunksDir || base == LeasesDir {
+		return &nameError{fmt.Sprintf("a checkpoint cannot be named %q: that name is kept for what its siblings share", base)}
+	}
+	if slices.Contains(strings.Split(prefix, "/"), LeasesDir) {
+		return &nameError{fmt.Sprintf("a checkpoint cannot live under a directory named %q: that name is kept for what a store's checkpoints share", LeasesDir)}
+	}
+	return nil
+}
+
+// checkPlace refuses a checkpoint whose directory is the chunks directory of a store (it
+// holds chunks): the checkpoint would make that directory hold what is no chunk, and every
+// later collection there would refuse to run (hostile test). A directory of the user's that
+// happens to be named chunks, holding no chunk, takes checkpoints like any other.
+func checkPlace(ctx context.Context, st store.Store, prefix string) error {
+	dir := ParentDir(prefix)
+	if path.Base(dir) != ChunksDir {
+		return nil
+	}
+	entries, err := st.List(ctx, dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if !e.Dir && image.IsSHA256(e.Name()) {
+			return &nameError{fmt.Sprintf("a checkpoint cannot live in %s: it holds the chunks of the store at %s", st.URL(dir), st.URL(ParentDir(dir)))}
 		}
 	}
 	return nil

@@ -82,10 +82,7 @@ var zeroChunk = make([]byte, ChunkSize)
 // worker. On error nothing lists as a checkpoint at prefix, and pushing again reuses the
 // chunks already uploaded.
 func Push(ctx context.Context, st store.Store, prefix, dir string, o Options) (*Manifest, *Stats, error) {
-	if err := checkPrefix(prefix); err != nil {
-		return nil, nil, err
-	}
-	if err := absent(ctx, st, prefix); err != nil {
+	if err := CheckFree(ctx, st, prefix); err != nil {
 		return nil, nil, err
 	}
 	im, held, err := holdVerified(dir)
@@ -181,6 +178,9 @@ func createManifest(ctx context.Context, st store.Store, prefix string, im *imag
 // asks before it begins, not once the workload is checkpointed.
 func CheckFree(ctx context.Context, st store.Store, prefix string) error {
 	if err := checkPrefix(prefix); err != nil {
+		return err
+	}
+	if err := checkPlace(ctx, st, prefix); err != nil {
 		return err
 	}
 	return absent(ctx, st, prefix)

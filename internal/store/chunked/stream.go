@@ -49,10 +49,7 @@ type streamJob struct {
 // NewStream starts a checkpoint at prefix in st. It fails at once if one exists there.
 // Cancel ctx, or call Abort, to give it up.
 func NewStream(ctx context.Context, st store.Store, prefix string, o Options) (*Stream, error) {
-	if err := checkPrefix(prefix); err != nil {
-		return nil, err
-	}
-	if err := absent(ctx, st, prefix); err != nil {
+	if err := CheckFree(ctx, st, prefix); err != nil {
 		return nil, err
 	}
 	up, err := newUploader(ctx, st, prefix, o)
