@@ -148,7 +148,7 @@ func explainFullDisk(err error, streamed bool) error {
 	case !errors.Is(err, syscall.ENOSPC):
 		return err
 	case streamed:
-		return fmt.Errorf("a disk is full: the store's, or that of %s, where a streamed checkpoint stages CRIU's small files (TMPDIR moves them): free space; the processes run on and nothing was kept (%w)", os.TempDir(), err)
+		return fmt.Errorf("a disk is full: a local store's, or that of %s, where a streamed checkpoint stages CRIU's small files (TMPDIR moves them), or of the run directory: free space; the processes run on and nothing was kept (%w)", os.TempDir(), err)
 	}
 	return fmt.Errorf("the disk for the image is full: free space or checkpoint elsewhere; the processes run on and nothing was kept (%w)", err)
 }

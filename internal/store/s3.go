@@ -79,7 +79,10 @@ func NewS3(ctx context.Context, bucket string, cfg S3Config) (*S3, error) {
 		// a request took it from the pool failed that request (review).
 		IdleConnTimeout:     stallTimeout / 2,
 		MaxIdleConnsPerHost: 32,
-		ForceAttemptHTTP2:   true,
+		// HTTP/1.1: each transfer has a connection of its own, so that the stall guard,
+		// which watches connections, sees each transfer stall. HTTP/2 would carry every
+		// upload on one connection, where the others' bytes would hide one that stalled.
+		ForceAttemptHTTP2: false,
 	}
 	client, err := minio.New(host, &minio.Options{
 		Creds:        cfg.Creds,

@@ -3,6 +3,7 @@ package store_test
 import (
 	"bytes"
 	"context"
+	"encoding/pem"
 	"errors"
 	"hash/crc32"
 	"io"
@@ -467,6 +468,46 @@ func TestS3IdleConnectionsEndBeforeTheyCouldStall(t *testing.T) {
 	}
 	if len(reused) != 2 || reused[1] {
 		t.Errorf("connections (reused?) %v: the second request took a connection idle for most of the stall timeout", reused)
+	}
+}
+
+// Over TLS to a service that offers HTTP/2 the client still speaks HTTP/1.1, a connection
+// per transfer: the stall guard watches connections, and on one HTTP/2 connection shared by
+// every upload the others' bytes would hide one transfer that stalled (review).
+func TestS3SpeaksHTTP11OverTLS(t *testing.T) {
+	srv := storetest.Start(t)
+	target, err := url.Parse(srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var mu sync.Mutex
+	protos := map[string]bool{}
+	front := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		protos[r.Proto] = true
+		mu.Unlock()
+		proxy.ServeHTTP(w, r)
+	}))
+	front.EnableHTTP2 = true
+	front.StartTLS()
+	defer front.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: front.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SSL_CERT_FILE", ca) // read once, at the process's first TLS handshake: none came before
+	st, err := store.NewS3(context.Background(), srv.Bucket(t), store.S3Config{Endpoint: front.URL, Creds: srv.Config().Creds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Put(context.Background(), "k", []byte("data")); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(protos) != 1 || !protos["HTTP/1.1"] {
+		t.Errorf("requests came as %v, want HTTP/1.1 only", protos)
 	}
 }
 

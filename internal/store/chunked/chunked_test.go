@@ -518,7 +518,7 @@ func TestCheckpointsCannotLiveWhereSharedThingsAre(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, name := range []string{chunked.ChunksDir, "jobs/" + chunked.ChunksDir, "jobs/" + chunked.ChunksDir + "/sub",
-		chunked.LeasesDir + "/write-x", "a/" + chunked.LeasesDir + "/b"} {
+		"jobs/" + chunked.ChunksDir + "/team/sub", chunked.LeasesDir + "/write-x", "a/" + chunked.LeasesDir + "/b"} {
 		if _, _, err := chunked.Push(ctx, st, name, src, chunked.Options{}); !errors.Is(err, chunked.ErrBadName) {
 			t.Errorf("push to %q: %v, want it refused for where it is", name, err)
 		}
@@ -550,6 +550,19 @@ func TestPullRefusesAPlaceTheImageCannotTake(t *testing.T) {
 		if !errors.Is(err, image.ErrNotAPlace) || !strings.Contains(err.Error(), "is "+what) || fetched != 0 {
 			t.Errorf("pull into %s: %v after %d bytes, want it refused first as %s", dir, err, fetched, what)
 		}
+	}
+}
+
+// A push of an image missing a file it lists says so as the image's own check does, though
+// the push opens the files before it verifies them (review).
+func TestPushNamesAMissingFile(t *testing.T) {
+	src := testImage(t, 0)
+	if err := os.Remove(filepath.Join(src, "criu/pagemap-1.img")); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := chunked.Push(context.Background(), store.NewDir(t.TempDir()), "x", src, chunked.Options{})
+	if !errors.Is(err, image.ErrCorrupt) || !strings.Contains(err.Error(), "criu/pagemap-1.img: missing") {
+		t.Fatalf("Push = %v, want the missing file named as the image's check does", err)
 	}
 }
 

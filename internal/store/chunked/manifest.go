@@ -162,21 +162,24 @@ func checkPrefix(prefix string) error {
 	return nil
 }
 
-// checkPlace refuses a checkpoint whose directory is the chunks directory of a store (it
-// holds chunks): the checkpoint would make that directory hold what is no chunk, and every
-// later collection there would refuse to run (hostile test). A directory of the user's that
-// happens to be named chunks, holding no chunk, takes checkpoints like any other.
+// checkPlace refuses a checkpoint inside the chunks directory of a store, at any depth
+// (one that holds chunks): the checkpoint would make that directory hold what is no chunk,
+// and every later collection there would refuse to run (hostile test). A directory of the
+// user's that happens to be named chunks, holding no chunk, takes checkpoints like any
+// other; one that becomes a store's chunks directory only later is gc's to refuse, naming
+// what it holds.
 func checkPlace(ctx context.Context, st store.Store, prefix string) error {
-	dir := ParentDir(prefix)
-	if path.Base(dir) != ChunksDir {
-		return nil
-	}
-	entries, err := st.List(ctx, dir)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if !e.Dir && image.IsSHA256(e.Name()) {
+	parts := strings.Split(prefix, "/")
+	for i := range len(parts) - 1 {
+		if parts[i] != ChunksDir {
+			continue
+		}
+		dir := strings.Join(parts[:i+1], "/")
+		entries, err := st.List(ctx, dir)
+		if err != nil {
+			return err
+		}
+		if slices.ContainsFunc(entries, func(e store.Entry) bool { return !e.Dir && image.IsSHA256(e.Name()) }) {
 			return &nameError{fmt.Sprintf("a checkpoint cannot live in %s: it holds the chunks of the store at %s", st.URL(dir), st.URL(ParentDir(dir)))}
 		}
 	}

@@ -127,6 +127,10 @@ func holdVerified(dir string) (*image.Manifest, *heldFiles, error) {
 	}
 	held, err := holdFiles(dir, paths)
 	if err != nil {
+		// A file missing or not regular: the image's own check says what is wrong with it.
+		if _, verr := image.Open(dir); verr != nil {
+			return nil, nil, fmt.Errorf("push %s: %w", dir, verr)
+		}
 		return nil, nil, err
 	}
 	im, err := image.Open(dir)
