@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -17,6 +19,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -293,6 +296,60 @@ func (c *cutStore) Put(ctx context.Context, key string, data []byte) error {
 		return errors.New("connection cut")
 	}
 	return c.Store.Put(ctx, key, data)
+}
+
+// stallingStore's chunk downloads stall midway (store.ErrStalled) the first stalls times
+// each chunk is asked for.
+type stallingStore struct {
+	store.Store
+	stalls int
+	mu     sync.Mutex
+	asked  map[string]int
+}
+
+func (s *stallingStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	r, err := s.Store.Get(ctx, key)
+	if err != nil || path.Base(path.Dir(key)) != chunked.ChunksDir {
+		return r, err
+	}
+	s.mu.Lock()
+	s.asked[key]++
+	stall := s.asked[key] <= s.stalls
+	s.mu.Unlock()
+	if !stall {
+		return r, nil
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(io.LimitReader(r, 100), iotest.ErrReader(fmt.Errorf("read: %w", store.ErrStalled))), r}, nil
+}
+
+// A chunk whose download stalls once is fetched again, and the pull is whole; one that
+// stalls every time fails the pull with the stall, after a second try.
+func TestPullTriesAStalledChunkAgain(t *testing.T) {
+	ctx := context.Background()
+	src := testImage(t, 0)
+	dir := t.TempDir()
+	if _, _, err := chunked.Push(ctx, store.NewDir(dir), "x", src, chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	once := &stallingStore{Store: store.NewDir(dir), stalls: 1, asked: map[string]int{}}
+	if _, _, err := chunked.Pull(ctx, once, "x", filepath.Join(t.TempDir(), "img"), chunked.Options{}); err != nil {
+		t.Fatalf("pull with each chunk stalling once: %v", err)
+	}
+	always := &stallingStore{Store: store.NewDir(dir), stalls: 1 << 30, asked: map[string]int{}}
+	_, _, err := chunked.Pull(ctx, always, "x", filepath.Join(t.TempDir(), "img"), chunked.Options{})
+	if !errors.Is(err, store.ErrStalled) {
+		t.Fatalf("pull with every download stalling: %v, want the stall", err)
+	}
+	if len(always.asked) == 0 || len(once.asked) == 0 {
+		t.Fatal("no chunk was asked for")
+	}
+	// The first chunk to fail stops the others, which may have been asked for once.
+	if most := slices.Max(slices.Collect(maps.Values(always.asked))); most != 2 {
+		t.Errorf("a stalling chunk asked for %d times at most, want 2", most)
+	}
 }
 
 // assertAbsent checks that no checkpoint is at prefix by every way of looking.

@@ -27,6 +27,22 @@ const verifyBlock = 64 << 10
 // returned, with how many came over the wire. also, when not nil, is given the chunk's bytes
 // as they are checked (the image's own digest of them).
 func fetchChunk(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte, also *image.PieceHash) ([][]byte, []byte, error) {
+	// A download that stalled is tried once more, from its start, as an upload is by the
+	// S3 client: the digests of an attempt are taken afresh each time.
+	for try := 1; ; try++ {
+		parts, out, err := fetchOnce(ctx, st, prefix, dec, file, off, c, dst, comp, also)
+		if try >= stalledTries || !errors.Is(err, store.ErrStalled) || ctx.Err() != nil {
+			return parts, out, err
+		}
+		comp = out
+	}
+}
+
+// stalledTries is how many times fetchChunk tries a chunk whose download stalls.
+const stalledTries = 2
+
+// fetchOnce is one attempt of fetchChunk.
+func fetchOnce(ctx context.Context, st store.Store, prefix string, dec *zstd.Decoder, file string, off int64, c Chunk, dst, comp []byte, also *image.PieceHash) ([][]byte, []byte, error) {
 	key := ChunkKey(prefix, c.SHA256)
 	bad := func(reason string) error {
 		return &ChunkError{URL: st.URL(key), File: file, Offset: off, Reason: reason}
