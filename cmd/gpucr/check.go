@@ -116,7 +116,7 @@ func (a *app) check(ctx context.Context) checkReport {
 	r.Operations, r.Stranded = a.checkOperations(ctx, ready)
 	for _, op := range r.Operations {
 		if !op.Held {
-			r.Notes = append(r.Notes, fmt.Sprintf("the %s of %s was cut off when gpucr PID %d died in %s: run gpucr recover", op.Op, op.Target, op.Owner.PID, op.Phase))
+			r.Notes = append(r.Notes, fmt.Sprintf("the %s of %s was cut off when gpucr PID %d died in %s: run gpucr recover", op.Op, printable(op.Target), op.Owner.PID, printable(op.Phase)))
 		}
 	}
 	for _, pid := range r.Stranded {
@@ -201,7 +201,7 @@ func printCheck(a *app, r checkReport) {
 		if !op.Held {
 			state = "CUT OFF"
 		}
-		fmt.Fprintf(w, "op   %s of %s: %s (gpucr PID %d, %s, since %s)\n", op.Op, op.Target, state, op.Owner.PID, op.Phase, op.Started.Format(time.RFC3339))
+		fmt.Fprintf(w, "op   %s of %s: %s (gpucr PID %d, %s, since %s)\n", op.Op, printable(op.Target), state, op.Owner.PID, printable(op.Phase), op.Started.Format(time.RFC3339))
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note %s\n", n)

@@ -20,6 +20,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // Exit codes: 1 the operation failed; 2 the request was wrong; 3 the host is not ready.
@@ -157,7 +158,7 @@ func explainFullDisk(err error, streamed bool) error {
 // a host without root or CRIU is not ready.
 func classify(err error) error {
 	switch {
-	case errors.Is(err, engine.ErrNotRoot), errors.Is(err, criu.ErrNotFound), errors.Is(err, criu.ErrTooOld):
+	case errors.Is(err, engine.ErrNotRoot), errors.Is(err, criu.ErrNotFound), errors.Is(err, criu.ErrTooOld), errors.Is(err, txn.ErrUntrusted):
 		return notReadyError{reason: err.Error()}
 	case errors.Is(err, engine.ErrBadTarget), errors.Is(err, proctree.ErrNoProcess), errors.Is(err, image.ErrNotEmpty),
 		errors.Is(err, image.ErrNotAPlace):

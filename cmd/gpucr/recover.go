@@ -67,7 +67,7 @@ func (a *app) recoverCmd() *cobra.Command {
 }
 
 func printRecover(a *app, out recoverOutput) {
-	if len(out.Recovered) == 0 && len(out.Resumed) == 0 {
+	if len(out.Recovered) == 0 && len(out.Resumed) == 0 && out.Error == "" {
 		fmt.Fprintln(a.stdout, "nothing to recover")
 	}
 	for _, r := range out.Recovered {
@@ -77,10 +77,10 @@ func printRecover(a *app, out recoverOutput) {
 			continue
 		}
 		if r.Op == txn.OpCheckpoint && r.Committed {
-			fmt.Fprintf(a.stdout, "finished the %s of %s: its image was complete when gpucr PID %d died in %s; what still ran of it runs on\n", r.Op, r.Target, r.Owner.PID, r.Phase)
+			fmt.Fprintf(a.stdout, "finished the %s of %s: its image was complete when gpucr PID %d died in %s; what still ran of it runs on\n", r.Op, printable(r.Target), r.Owner.PID, printable(r.Phase))
 			continue
 		}
-		fmt.Fprintf(a.stdout, "rolled back the %s of %s (gpucr PID %d died in %s)\n", r.Op, r.Target, r.Owner.PID, r.Phase)
+		fmt.Fprintf(a.stdout, "rolled back the %s of %s (gpucr PID %d died in %s)\n", r.Op, printable(r.Target), r.Owner.PID, printable(r.Phase))
 		if r.Stored != "" && r.Phase == engine.PhaseCommit {
 			// The store's side of the commit is its manifest, which gpucr may have written.
 			fmt.Fprintf(a.stdout, "  it died while storing its manifest: the checkpoint at %s is complete if `gpucr ls` lists it\n", printable(r.Stored))

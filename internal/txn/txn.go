@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/durable"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
 // DefaultRoot is where journals and locks live: tmpfs, so a reboot (which ends every
@@ -116,6 +117,26 @@ type Container struct {
 // ErrBusy means another gpucr operation works on the same process or container.
 var ErrBusy = errors.New("another gpucr operation is in progress")
 
+// ErrUntrusted is a journal that users other than root could write, run by root: its
+// records name commands to run, files to write and paths to remove, which root would do
+// on a planted record's word (hostile test).
+var ErrUntrusted = errors.New("the run directory is not root's alone")
+
+// trusted fails, when gpucr runs as root, unless only root can change what the journal at
+// root holds: its txn directory and every directory on the way to it are root's and
+// writable by no one else (a root-owned sticky directory such as /tmp excepted).
+// A journal not made yet holds nothing.
+func trusted(root string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	err := rootonly.Walk(txnDir(root))
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return fmt.Errorf("%w: %v; gpucr acts on no record there: give --run-dir a directory only root can write", ErrUntrusted, err)
+}
+
 // Journal is one operation's record on disk, held by a lock that its owner (and the
 // guardian it hands the lock to) keeps for as long as either lives.
 type Journal struct {
@@ -143,6 +164,9 @@ func Begin(root, op, target string) (*Journal, error) {
 		Started: time.Now().UTC(), Phase: "begin"}
 	if err := os.MkdirAll(txnDir(root), 0o700); err != nil {
 		return nil, fmt.Errorf("journal: create %s: %w", txnDir(root), err)
+	}
+	if err := trusted(root); err != nil {
+		return nil, err
 	}
 	lock, err := acquire(filepath.Join(txnDir(root), rec.ID+".lock"), "")
 	if err != nil {
@@ -244,6 +268,9 @@ type Entry struct {
 // List reads every record under root. A record whose lock nobody holds is stale: its
 // owner and guardian are gone, and it must be recovered.
 func List(root string) ([]Entry, error) {
+	if err := trusted(root); err != nil {
+		return nil, err
+	}
 	names, err := filepath.Glob(filepath.Join(txnDir(root), "*.json"))
 	if err != nil {
 		return nil, err
@@ -270,6 +297,9 @@ func List(root string) ([]Entry, error) {
 // Claim takes over the stale record id, for recovery; ErrBusy if its owner or guardian
 // still holds it.
 func Claim(root, id string) (*Journal, error) {
+	if err := trusted(root); err != nil {
+		return nil, err
+	}
 	lock, err := acquire(filepath.Join(txnDir(root), id+".lock"), "")
 	if err != nil {
 		return nil, err
@@ -284,6 +314,9 @@ func Claim(root, id string) (*Journal, error) {
 
 // Adopt takes the record id whose lock an owner handed over as f (a guardian's).
 func Adopt(root, id string, f *os.File) (*Journal, error) {
+	if err := trusted(root); err != nil {
+		return nil, err
+	}
 	rec, err := read(filepath.Join(txnDir(root), id+".json"))
 	if err != nil {
 		return nil, err

@@ -109,3 +109,40 @@ func TestListSkipsARecordThatEnded(t *testing.T) {
 		t.Fatalf("List = %+v, %v; want the one live record", entries, err)
 	}
 }
+
+// Run as root, the journal acts only where root alone can change it: a record planted in a
+// run directory others can write named a command root ran and a file it wrote (hostile
+// test). Nothing is listed, claimed or begun there.
+func TestJournalOthersCanWriteIsRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the journal is trusted only when root runs it")
+	}
+	open := t.TempDir()
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	root := filepath.Join(open, "run")
+	if err := os.MkdirAll(txnDir(root), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	planted := `{"id":"checkpoint-aaaaaaaaaaaa","op":"checkpoint","target":"PID 1","owner":{"pid":1,"start":1},"started":"2026-01-01T00:00:00Z","phase":"x"}`
+	if err := os.WriteFile(filepath.Join(txnDir(root), "checkpoint-aaaaaaaaaaaa.json"), []byte(planted), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := List(root); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("List = %v, want ErrUntrusted", err)
+	}
+	if _, err := Claim(root, "checkpoint-aaaaaaaaaaaa"); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("Claim = %v, want ErrUntrusted", err)
+	}
+	if _, err := Begin(root, "checkpoint", "PID 2"); !errors.Is(err, ErrUntrusted) {
+		t.Errorf("Begin = %v, want ErrUntrusted", err)
+	}
+	// The same journal in a directory only root can write is read as before.
+	if err := os.Chmod(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if entries, err := List(root); err != nil || len(entries) != 1 {
+		t.Errorf("List of a root-only journal = %v, %v", entries, err)
+	}
+}
