@@ -6,6 +6,7 @@ package beneath
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -144,4 +145,23 @@ func openRegular(dirfd int, dir, rel string) (*os.File, error) {
 		return nil, &os.PathError{Op: "open", Path: full, Err: err}
 	}
 	return os.NewFile(uintptr(fd), full), nil
+}
+
+// FS is the files beneath the directory it names, as an fs.FS: each file opened as Open
+// opens it (regular, no symlink on the way, no FIFO waited on), directories listed as they
+// are. For readers of image files written by others (CRIU's, an image's logs).
+type FS string
+
+func (d FS) Open(name string) (fs.File, error) {
+	if !fs.ValidPath(name) {
+		return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrInvalid}
+	}
+	return Open(string(d), name)
+}
+
+func (d FS) ReadDir(name string) ([]fs.DirEntry, error) {
+	if !fs.ValidPath(name) {
+		return nil, &fs.PathError{Op: "readdir", Path: name, Err: fs.ErrInvalid}
+	}
+	return os.ReadDir(filepath.Join(string(d), name))
 }

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -33,9 +34,11 @@ type Info struct {
 // ReadInfo reads dir's container description; os.ErrNotExist means dir holds a process
 // tree, not a container.
 func ReadInfo(dir string) (*Info, error) {
-	b, err := os.ReadFile(filepath.Join(dir, InfoName))
+	// Beneath the image, regular and small: a symlink to /dev/zero or a FIFO there made
+	// root's gpucr fill its memory or wait for good (hostile test).
+	b, err := beneath.ReadFile(dir, InfoName, maxInfo)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("read %s: %w", filepath.Join(dir, InfoName), err)
 	}
 	var i Info
 	if err := json.Unmarshal(b, &i); err != nil {
@@ -43,6 +46,9 @@ func ReadInfo(dir string) (*Info, error) {
 	}
 	return &i, nil
 }
+
+// maxInfo bounds container.json: a container's ID, bundle and runtime settings.
+const maxInfo = 1 << 20
 
 // ErrNotRunning means the container is not running, so there is nothing to checkpoint.
 var ErrNotRunning = errors.New("container is not running")

@@ -30,6 +30,7 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/magic"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/protobound"
 )
 
@@ -58,7 +59,7 @@ type OpenFile struct {
 
 // Read summarizes the CRIU images in dir. Processes come in the order of
 // pstree.img: the root first, every parent before its children.
-func Read(dir string) (*Summary, error) { return ReadFS(os.DirFS(dir)) }
+func Read(dir string) (*Summary, error) { return ReadFS(beneath.FS(dir)) }
 
 // ReadFS is Read of the CRIU images in fsys: those of an archive need not be on disk.
 func ReadFS(fsys fs.FS) (*Summary, error) {
@@ -398,7 +399,7 @@ func reopenedOnHost(dir string) (fs.FS, *budget, map[uint32]string, error) {
 	if OwnMounts(dir) {
 		return nil, nil, nil, nil
 	}
-	fsys, n := os.DirFS(dir), newBudget()
+	fsys, n := beneath.FS(dir), newBudget()
 	paths, err := reopenedPaths(n, fsys)
 	return fsys, n, paths, err
 }
@@ -518,7 +519,7 @@ func eachUse(n *budget, fsys fs.FS, use func(fileUse)) error {
 // ReadMm reads the mm image at path: one process's memory map, one entry.
 func ReadMm(path string) (*mm.MmEntry, error) {
 	name := filepath.Base(path)
-	e, err := decode(newBudget(), os.DirFS(filepath.Dir(path)), name, &mm.MmEntry{})
+	e, err := decode(newBudget(), beneath.FS(filepath.Dir(path)), name, &mm.MmEntry{})
 	if err != nil {
 		return nil, err
 	}
@@ -541,7 +542,7 @@ func OwnMounts(dir string) bool {
 // none. CRIU restores it, and the root's parent in a restore is CRIU, which exits as soon
 // as the tree runs.
 func ParentDeathSignal(dir string) (int, error) {
-	fsys, n := os.DirFS(dir), newBudget()
+	fsys, n := beneath.FS(dir), newBudget()
 	tree, err := decode(n, fsys, "pstree.img", &pstree.PstreeEntry{})
 	if err != nil {
 		return 0, err
@@ -564,7 +565,7 @@ func ParentDeathSignal(dir string) (int, error) {
 // (its PID), to the PID of their process: CRIU restores them as they were, and fails
 // halfway, creating the processes first, when one is taken.
 func ThreadIDs(dir string) (map[int]int, error) {
-	tree, err := decode(newBudget(), os.DirFS(dir), "pstree.img", &pstree.PstreeEntry{})
+	tree, err := decode(newBudget(), beneath.FS(dir), "pstree.img", &pstree.PstreeEntry{})
 	if err != nil {
 		return nil, err
 	}

@@ -4,11 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/stats"
+
+	"github.com/gpucr/gpucr/internal/beneath"
 )
 
 // DumpStats is what CRIU measured of one dump (its stats-dump file): where a dump's time
@@ -31,7 +32,7 @@ type RestoreStats struct {
 }
 
 // ReadDumpStats reads CRIU's stats-dump in workDir; nil, nil if CRIU left none.
-func ReadDumpStats(workDir string) (*DumpStats, error) { return ReadDumpStatsFS(os.DirFS(workDir)) }
+func ReadDumpStats(workDir string) (*DumpStats, error) { return ReadDumpStatsFS(beneath.FS(workDir)) }
 
 // ReadDumpStatsFS is ReadDumpStats of the stats-dump in fsys.
 func ReadDumpStatsFS(fsys fs.FS) (*DumpStats, error) {
@@ -52,7 +53,7 @@ func ReadDumpStatsFS(fsys fs.FS) (*DumpStats, error) {
 
 // ReadRestoreStats reads CRIU's stats-restore in workDir; nil, nil if CRIU left none.
 func ReadRestoreStats(workDir string) (*RestoreStats, error) {
-	e, err := readStats(os.DirFS(workDir), crit.StatsRestore)
+	e, err := readStats(beneath.FS(workDir), crit.StatsRestore)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}

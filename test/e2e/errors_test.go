@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -331,4 +332,46 @@ func TestCheckpointOntoAFullDisk(t *testing.T) {
 		}
 		w.checkRunsOn(t, "a streamed checkpoint with a full TMPDIR")
 	})
+}
+
+// inspect reads an image's files as restore does, a regular file beneath the image or
+// nothing: a FIFO put in place of one of CRIU's files or of a log made it wait for good, a
+// symlink to /dev/zero as container.json made it fill its memory (hostile test).
+func TestInspectWaitsOnNothingAnImageHolds(t *testing.T) {
+	needCRIU(t)
+	src := storeImage(t)
+	for _, file := range []string{"criu/pstree.img", "logs/stats-dump", "container.json"} {
+		t.Run(file, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "img")
+			mustRun(t, "cp", "-a", src, dir)
+			path := filepath.Join(dir, filepath.FromSlash(file))
+			_ = os.Remove(path)
+			plant := func() error { return syscall.Mkfifo(path, 0o600) }
+			if file == "container.json" {
+				plant = func() error { return os.Symlink("/dev/zero", path) }
+			}
+			if err := plant(); err != nil {
+				t.Fatal(err)
+			}
+			// Under timeout(1): the bug was a wait with no end.
+			var stderr bytes.Buffer
+			cmd := exec.Command("timeout", "20", bin.gpucr, "inspect", dir)
+			cmd.Stderr = &stderr
+			err := cmd.Run()
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			}
+			if code == 124 || code == 137 {
+				t.Fatalf("inspect of an image with %s planted waited until killed", file)
+			}
+			if code == 0 && file != "logs/stats-dump" {
+				t.Errorf("inspect of an image with %s planted: exit 0", file)
+			}
+			if code != 0 && !oneLineWith(stderr.String(), "gpucr: ") {
+				t.Errorf("exit %d without one line:\n%s", code, stderr.String())
+			}
+		})
+	}
 }

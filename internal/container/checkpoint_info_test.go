@@ -1,0 +1,43 @@
+package container
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// container.json is read beneath the image, regular and small: a symlink to /dev/zero made
+// root's gpucr fill its memory, a FIFO made it wait for good (hostile test). A missing one
+// is still told apart.
+func TestReadInfoTakesOnlyASmallRegularFile(t *testing.T) {
+	for name, plant := range map[string]func(path string) error{
+		"a symlink to /dev/zero": func(p string) error { return os.Symlink("/dev/zero", p) },
+		"a FIFO":                 func(p string) error { return unix.Mkfifo(p, 0o600) },
+		"2 MiB":                  func(p string) error { return os.WriteFile(p, make([]byte, 2<<20), 0o600) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := plant(filepath.Join(dir, InfoName)); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := ReadInfo(dir); done <- err }()
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Error("read")
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("ReadInfo waits")
+			}
+		})
+	}
+	if _, err := ReadInfo(t.TempDir()); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ReadInfo of an image without container.json = %v, want not-exist", err)
+	}
+}
