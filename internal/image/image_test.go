@@ -368,6 +368,9 @@ func TestLoadRejects(t *testing.T) {
 		{name: "seal missing", raw: "no seal", sentinel: ErrCorrupt, msg: "image file manifest.sha256: missing"},
 		{name: "bad checksum field", edit: func(m map[string]any) { m["files"].([]any)[0].(map[string]any)["xxh64"] = "zz" },
 			sentinel: ErrCorrupt, msg: "has an invalid size or checksum"},
+		// A sparse file of 2^62 bytes made verify and restore die allocating its pieces.
+		{name: "size beyond any image", edit: func(m map[string]any) { m["files"].([]any)[0].(map[string]any)["size"] = int64(1) << 62 },
+			sentinel: ErrCorrupt, msg: "more than any image gpucr writes"},
 		// PIDs a rollback would signal and a fill would write into: only the tree's own.
 		{name: "PID 0", edit: func(m map[string]any) { procs(m)[0]["pid"] = 0; m["rootPid"] = 0 },
 			sentinel: ErrCorrupt, msg: "no root PID"},

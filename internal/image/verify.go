@@ -209,6 +209,7 @@ func (m *Manifest) problem() string {
 		return reason
 	}
 	seen := make(map[string]bool, len(m.Files))
+	var total int64
 	for _, f := range m.Files {
 		switch {
 		case !filepath.IsLocal(f.Path) || path.Clean(f.Path) != f.Path || f.Path == ".":
@@ -217,11 +218,21 @@ func (m *Manifest) problem() string {
 			return fmt.Sprintf("file %s has an invalid size or checksum", f.Path)
 		case seen[f.Path]:
 			return fmt.Sprintf("file %s is listed twice", f.Path)
+		case f.Size > MaxImageBytes-total:
+			return fmt.Sprintf("files listed up to %s hold more than %d TiB, more than any image gpucr writes", f.Path, MaxImageBytes>>40)
 		}
 		seen[f.Path] = true
+		total += f.Size
 	}
 	return ""
 }
+
+// MaxImageBytes bounds what an image's files may hold in all, holes included: far above the
+// memory of any host (a GPU node's devices and host memory are a few TiB), and low enough
+// that the digests of its pieces (a few words per 8 MiB) fit in memory. A sparse file of
+// 2^62 bytes listed in a crafted manifest made verify and restore allocate beyond any
+// host's memory and die (hostile test).
+const MaxImageBytes int64 = 64 << 40
 
 // processProblem checks the PIDs an image names: a restore signals, fills and restores
 // processes by them, so each must be a real PID of the image's own tree, named once.
