@@ -66,7 +66,7 @@ func collect(ctx context.Context, st store.Store, dir string, dryRun, known bool
 	}
 	var unref []store.Entry
 	for _, e := range chunks {
-		if !refs[e.Name()] {
+		if !e.Dir && !refs[e.Name()] { // a directory is no chunk, and not ours to remove
 			unref = append(unref, e)
 		}
 	}
@@ -116,9 +116,11 @@ func collect(ctx context.Context, st store.Store, dir string, dryRun, known bool
 }
 
 // checkStore refuses a directory that holds things but no chunks/ or leases (unless known
-// to be a store), or whose chunks/ holds anything but chunks, before anything is written
+// to be a store), or whose chunks/ holds files other than chunks, before anything is written
 // there: it is someone's own directory, not a store, and a collection would remove their
-// files. An empty one has nothing to lose (a store before its first push).
+// files. An empty one has nothing to lose (a store before its first push). Directories in
+// chunks/ are passed over, never removed: a checkpoint put there before the directory held
+// chunks blocked every collection of the store for good (hostile test).
 func checkStore(ctx context.Context, st store.Store, dir string, known bool) error {
 	if err := trustStore(ctx, st, dir); err != nil {
 		return err
@@ -136,7 +138,7 @@ func checkStore(ctx context.Context, st store.Store, dir string, known bool) err
 		return err
 	}
 	for _, e := range chunks {
-		if e.Dir || !image.IsSHA256(e.Name()) {
+		if !e.Dir && !image.IsSHA256(e.Name()) {
 			return fmt.Errorf("%w: %s holds %q, which is no chunk; nothing was removed", ErrNotStore, st.URL(chunksKey(dir)), e.Name())
 		}
 	}

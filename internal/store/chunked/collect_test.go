@@ -424,6 +424,43 @@ func TestCollectRefusesADirectoryThatIsNoStore(t *testing.T) {
 	}
 }
 
+// A checkpoint put in a directory named chunks before it held chunks, which later became a
+// store's chunks/, no longer blocks that store's collections: directories in chunks/ are
+// passed over and never removed, and both checkpoints pull whole after a gc and an rm
+// (hostile test: every gc and rm of the store refused from then on).
+func TestCollectPassesOverADirectoryInChunks(t *testing.T) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			ctx := context.Background()
+			st := open(t)
+			src, other := testImage(t, 0), testImage(t, 1)
+			if _, _, err := chunked.Push(ctx, st, "a/"+chunked.ChunksDir+"/ck", src, chunked.Options{}); err != nil {
+				t.Fatal(err) // nothing there yet: a directory like any other
+			}
+			if _, _, err := chunked.Push(ctx, st, "a/x", other, chunked.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := chunked.Collect(ctx, st, "a", false); err != nil {
+				t.Fatalf("gc of the store: %v", err)
+			}
+			pullSame(t, st, "a/x", other)
+			if _, err := chunked.Delete(ctx, st, "a/x"); err != nil {
+				t.Fatalf("rm of the store's checkpoint: %v", err)
+			}
+			es, err := st.List(ctx, "a/"+chunked.ChunksDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range es {
+				if !e.Dir {
+					t.Errorf("a chunk of the removed checkpoint left: %s", e.Key)
+				}
+			}
+			pullSame(t, st, "a/"+chunked.ChunksDir+"/ck", src)
+		})
+	}
+}
+
 // A collection in a shared store directory whose chunks/ another user replaced with a
 // symlink to a store of someone else's removes nothing there (a hostile test emptied
 // another store so, as root, with gpucr gc and gpucr rm).
