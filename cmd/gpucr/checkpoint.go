@@ -185,6 +185,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 			if r.Dir == "" && to == "" {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
 			}
+			if r.LockTimeout < 0 {
+				return usageError{fmt.Errorf("--lock-timeout %v: give a duration of 0 (no limit) or more", r.LockTimeout)}
+			}
 			if r.Dir != "" && to != "" {
 				if err := a.checkFree(cmd.Context(), to); err != nil {
 					export.abandon()

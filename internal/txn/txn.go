@@ -333,7 +333,7 @@ func read(path string) (Record, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return Record{}, fmt.Errorf("journal: read %s: %w", path, err)
 	}
-	if r.ID == "" || !strings.HasSuffix(path, r.ID+".json") {
+	if r.ID == "" || filepath.Base(path) != r.ID+".json" {
 		return Record{}, fmt.Errorf("journal: %s does not hold its own record", path)
 	}
 	return r, nil

@@ -146,3 +146,20 @@ func TestJournalOthersCanWriteIsRefused(t *testing.T) {
 		t.Errorf("List of a root-only journal = %v, %v", entries, err)
 	}
 }
+
+// A record is its file's only when the file is named by its ID: one whose ID is a suffix of
+// its name ("zzz.json" holding "zz") was listed as cut off for good and never recovered
+// (hostile test).
+func TestRecordNamedOtherThanItsIDIsRefused(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(txnDir(root), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	rec := `{"id":"zz","op":"checkpoint","target":"PID 1","owner":{"pid":1,"start":1},"started":"2026-01-01T00:00:00Z","phase":"x"}`
+	if err := os.WriteFile(filepath.Join(txnDir(root), "zzz.json"), []byte(rec), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := List(root); err == nil || !strings.Contains(err.Error(), "does not hold its own record") {
+		t.Errorf("List = %v, want the misnamed record refused", err)
+	}
+}

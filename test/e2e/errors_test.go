@@ -179,6 +179,7 @@ func TestCheckpointRefusesBadRequests(t *testing.T) {
 		{"a checkpoint under a store's leases", []string{"checkpoint", pid, "--to", filepath.Join(t.TempDir(), ".gpucr-leases", "x")}, exitUsage, "cannot live under a directory named \".gpucr-leases\""},
 		{"a pull of a store's leases", []string{"pull", filepath.Join(t.TempDir(), ".gpucr-leases"), filepath.Join(t.TempDir(), "i")}, exitUsage, "cannot be named"},
 		{"rm of a store's chunks", []string{"rm", filepath.Join(t.TempDir(), "chunks")}, exitUsage, "cannot be named"},
+		{"negative lock timeout", []string{"checkpoint", pid, "-D", filepath.Join(t.TempDir(), "i"), "--lock-timeout", "-5s"}, exitUsage, "--lock-timeout -5s"},
 		{"missing argument", []string{"verify"}, exitUsage, "arg"},
 		{"too many arguments", []string{"verify", "a", "b"}, exitUsage, "arg"},
 	}
