@@ -130,11 +130,30 @@ func trusted(root string) error {
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	err := rootonly.Walk(txnDir(root))
-	if err == nil || errors.Is(err, fs.ErrNotExist) {
+	for _, dir := range []string{txnDir(root), locksDir(root)} {
+		if err := rootOnlyDir(dir); err != nil {
+			return fmt.Errorf("%w: %v; gpucr acts on no record there: give --run-dir a directory only root can write", ErrUntrusted, err)
+		}
+	}
+	return nil
+}
+
+// rootOnlyDir checks the way to dir (rootonly.Walk) and dir itself with no exception for a
+// sticky one: in a root-owned sticky directory that all may write (/tmp as the run
+// directory), anyone may still add a record or a lock of their own (review).
+func rootOnlyDir(dir string) error {
+	err := rootonly.Walk(dir)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
-	return fmt.Errorf("%w: %v; gpucr acts on no record there: give --run-dir a directory only root can write", ErrUntrusted, err)
+	if err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	return rootonly.Mode(dir, fi)
 }
 
 // Journal is one operation's record on disk, held by a lock that its owner (and the
@@ -278,8 +297,10 @@ func List(root string) ([]Entry, error) {
 	var out []Entry
 	for _, n := range names {
 		rec, err := read(n)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // ended between the listing and the read
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errNotItsRecord) {
+			// Ended between the listing and the read; or a file gpucr never wrote (a copy
+			// of a record), which must not hold up every recovery (review).
+			continue
 		}
 		if err != nil {
 			return nil, err
@@ -324,6 +345,9 @@ func Adopt(root, id string, f *os.File) (*Journal, error) {
 	return &Journal{root: root, rec: rec, lock: &Lock{f: f, path: filepath.Join(txnDir(root), id+".lock")}}, nil
 }
 
+// errNotItsRecord is a file of the journal not named by the ID of the record it holds.
+var errNotItsRecord = errors.New("does not hold its own record")
+
 func read(path string) (Record, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -334,7 +358,7 @@ func read(path string) (Record, error) {
 		return Record{}, fmt.Errorf("journal: read %s: %w", path, err)
 	}
 	if r.ID == "" || filepath.Base(path) != r.ID+".json" {
-		return Record{}, fmt.Errorf("journal: %s does not hold its own record", path)
+		return Record{}, fmt.Errorf("journal: %s: %w", path, errNotItsRecord)
 	}
 	return r, nil
 }
@@ -366,20 +390,29 @@ type Lock struct {
 // LockTarget locks what an operation works on ("pid-4242", "container-web"), refusing with
 // ErrBusy, and the holder's description, if another operation holds it.
 func LockTarget(root, name, holder string) (*Lock, error) {
-	dir := filepath.Join(root, "locks")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := os.MkdirAll(locksDir(root), 0o700); err != nil {
 		return nil, fmt.Errorf("lock %s: %w", name, err)
+	}
+	// Before the lock file is opened and written: through a symlink a user planted there,
+	// root wrote the holder's text over another file (review).
+	if err := trusted(root); err != nil {
+		return nil, err
 	}
 	return acquire(lockPath(root, name), holder)
 }
 
-func lockPath(root, name string) string { return filepath.Join(root, "locks", name+".lock") }
+func locksDir(root string) string { return filepath.Join(root, "locks") }
+
+func lockPath(root, name string) string { return filepath.Join(locksDir(root), name+".lock") }
 
 // AdoptLock takes the target lock name whose descriptor an owner handed over as f.
 func AdoptLock(root, name string, f *os.File) *Lock { return &Lock{f: f, path: lockPath(root, name)} }
 
 // ClearTarget removes the target lock name if nobody holds it: a dead owner's leftover.
 func ClearTarget(root, name string) {
+	if trusted(root) != nil {
+		return
+	}
 	if l, err := acquire(lockPath(root, name), ""); err == nil {
 		l.Release()
 	}
@@ -393,7 +426,7 @@ func (l *Lock) File() *os.File { return l.f }
 // the path is checked after locking, and the lock taken again on a new file.
 func acquire(path, holder string) (*Lock, error) {
 	for {
-		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
 		if err != nil {
 			return nil, err
 		}
