@@ -29,8 +29,11 @@ type checkReport struct {
 	// left by a gpucr that died with its guardian (stale, for gpucr recover).
 	Operations []txn.Entry `json:"operations"`
 	// Stranded are GPU processes locked or checkpointed that no operation in progress holds.
-	Stranded []int    `json:"strandedGpuProcesses"`
-	Notes    []string `json:"notes,omitempty"`
+	Stranded []int `json:"strandedGpuProcesses"`
+	// JournalError is why the journal could not be read, or would not be trusted: every
+	// verb then refuses, so the host is not ready.
+	JournalError string   `json:"journalError,omitempty"`
+	Notes        []string `json:"notes,omitempty"`
 }
 
 type criuStatus struct {
@@ -113,7 +116,11 @@ func (a *app) check(ctx context.Context) checkReport {
 		r.GPUs = append(r.GPUs, gpuStatus{Backend: o.Name, Reason: o.Reason.Error(), Note: o.Note})
 	}
 	sort.Slice(r.GPUs, func(i, j int) bool { return r.GPUs[i].Backend < r.GPUs[j].Backend })
-	r.Operations, r.Stranded = a.checkOperations(ctx, ready)
+	var journal error
+	r.Operations, r.Stranded, journal = a.checkOperations(ctx, ready)
+	if journal != nil {
+		r.JournalError = printable(oneLine(journal))
+	}
 	for _, op := range r.Operations {
 		if !op.Held {
 			r.Notes = append(r.Notes, fmt.Sprintf("the %s of %s was cut off when gpucr PID %d died in %s: run gpucr recover", op.Op, printable(op.Target), op.Owner.PID, printable(op.Phase)))
@@ -125,15 +132,17 @@ func (a *app) check(ctx context.Context) checkReport {
 	if !r.Root {
 		r.Notes = append(r.Notes, "run gpucr as root: CRIU needs it")
 	}
-	r.Ready = r.Root && r.CRIU.OK
+	r.Ready = r.Root && r.CRIU.OK && r.JournalError == ""
 	return r
 }
 
-// checkOperations reads the journal and finds GPU processes stranded outside it.
-func (a *app) checkOperations(ctx context.Context, backends []gpu.Backend) ([]txn.Entry, []int) {
+// checkOperations reads the journal and finds GPU processes stranded outside it. A journal
+// it cannot read (or will not trust) is returned as the error, and no process is called
+// stranded: one a live operation holds would be, and recover --pid would take it mid-way.
+func (a *app) checkOperations(ctx context.Context, backends []gpu.Backend) ([]txn.Entry, []int, error) {
 	ops, err := txn.List(a.runDir)
 	if err != nil {
-		a.log.Warn("journal unreadable", "err", err)
+		return []txn.Entry{}, []int{}, err
 	}
 	if ops == nil {
 		ops = []txn.Entry{}
@@ -146,7 +155,7 @@ func (a *app) checkOperations(ctx context.Context, backends []gpu.Backend) ([]tx
 	}
 	all, err := proctree.All()
 	if err != nil {
-		return ops, []int{}
+		return ops, []int{}, nil
 	}
 	var candidates []int
 	for _, p := range all {
@@ -163,14 +172,17 @@ func (a *app) checkOperations(ctx context.Context, backends []gpu.Backend) ([]tx
 		}
 		out = append(out, set.PIDs()...)
 	}
-	return ops, out
+	return ops, out, nil
 }
 
 func notReadyReason(r checkReport) string {
-	if !r.CRIU.OK {
+	switch {
+	case !r.CRIU.OK:
 		return r.CRIU.Error
+	case !r.Root:
+		return "not running as root"
 	}
-	return "not running as root"
+	return r.JournalError
 }
 
 func printCheck(a *app, r checkReport) {
@@ -195,6 +207,9 @@ func printCheck(a *app, r checkReport) {
 		for _, d := range g.Devices {
 			fmt.Fprintf(w, "       %d %s %s  %s  numa %d%s\n", d.Index, d.UUID, d.Name, bytesHuman(d.MemoryTotal), d.NUMANode, propertiesLine(d.Properties))
 		}
+	}
+	if r.JournalError != "" {
+		fmt.Fprintf(w, "NO   journal: %s\n", r.JournalError)
 	}
 	for _, op := range r.Operations {
 		state := "in progress"

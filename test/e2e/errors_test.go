@@ -376,3 +376,21 @@ func TestInspectWaitsOnNothingAnImageHolds(t *testing.T) {
 		})
 	}
 }
+
+// A run directory others could write makes every verb refuse, so `gpucr check` says the
+// host is not ready and why, exit 3, instead of ready with a warning (review).
+func TestCheckOfAJournalOthersCanWriteIsNotReady(t *testing.T) {
+	needCRIU(t)
+	open := t.TempDir()
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	stdout, _, code := gpucrEnv(t, nil, "check", "--run-dir", filepath.Join(open, "run"), "--json")
+	var r struct {
+		Ready        bool   `json:"ready"`
+		JournalError string `json:"journalError"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &r); err != nil || code != exitNotReady || r.Ready || !strings.Contains(r.JournalError, "not root's alone") {
+		t.Errorf("check: exit %d, %+v (%v); want exit %d, not ready, the journal named", code, r, err, exitNotReady)
+	}
+}
