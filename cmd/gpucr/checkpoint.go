@@ -166,6 +166,10 @@ func (a *app) checkpointCmd() *cobra.Command {
 		Short: "Checkpoint a running process tree or runc container (and its GPU state) to an image directory",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			// Before anything is made (an export's staging) or a dry run reports.
+			if r.LockTimeout < 0 {
+				return usageError{fmt.Errorf("--lock-timeout %v: give a duration of 0 (no limit) or more", r.LockTimeout)}
+			}
 			target, err := a.checkpointTarget(cmd, args, ctr, rf, r.Options)
 			if err != nil {
 				return err
@@ -185,9 +189,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 			if r.Dir == "" && to == "" {
 				return usageError{fmt.Errorf("say where the image goes: -D DIR, --to s3://BUCKET/PREFIX|PATH, or both")}
 			}
-			if r.LockTimeout < 0 {
-				return usageError{fmt.Errorf("--lock-timeout %v: give a duration of 0 (no limit) or more", r.LockTimeout)}
-			}
+
 			if r.Dir != "" && to != "" {
 				if err := a.checkFree(cmd.Context(), to); err != nil {
 					export.abandon()
