@@ -147,9 +147,9 @@ func openRegular(dirfd int, dir, rel string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), full), nil
 }
 
-// FS is the files beneath the directory it names, as an fs.FS: each file opened as Open
-// opens it (regular, no symlink on the way, no FIFO waited on), directories listed as they
-// are. For readers of image files written by others (CRIU's, an image's logs).
+// FS is the files of the directory it names, as an fs.FS: each file opened as Open opens
+// it (regular, no symlink on the way, no FIFO waited on), the directory itself listed. For
+// readers of image files written by others (CRIU's, an image's logs).
 type FS string
 
 func (d FS) Open(name string) (fs.File, error) {
@@ -159,9 +159,11 @@ func (d FS) Open(name string) (fs.File, error) {
 	return Open(string(d), name)
 }
 
+// ReadDir lists the directory itself only ("."): its readers read one level of files, and
+// a subdirectory listed by path could be a symlink leading out of it (review).
 func (d FS) ReadDir(name string) ([]fs.DirEntry, error) {
-	if !fs.ValidPath(name) {
+	if name != "." {
 		return nil, &fs.PathError{Op: "readdir", Path: name, Err: fs.ErrInvalid}
 	}
-	return os.ReadDir(filepath.Join(string(d), name))
+	return os.ReadDir(string(d))
 }

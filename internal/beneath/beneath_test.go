@@ -2,6 +2,7 @@ package beneath
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -57,5 +58,36 @@ func TestRemoveAllStopsAtMountsAndSymlinks(t *testing.T) {
 	}
 	if err := RemoveAll(work); err != nil {
 		t.Fatalf("RemoveAll of a missing path = %v", err)
+	}
+}
+
+// FS opens only regular files of its directory, waits on no FIFO, and lists the directory
+// itself but no subdirectory, which could be a symlink leading out of it (review).
+func TestFSReadsOnlyItsOwnRegularFiles(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pstree.img"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mkfifo(filepath.Join(dir, "fifo.img"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/etc", filepath.Join(dir, "out")); err != nil {
+		t.Fatal(err)
+	}
+	fsys := FS(dir)
+	if b, err := fs.ReadFile(fsys, "pstree.img"); err != nil || string(b) != "x" {
+		t.Errorf("ReadFile = %q, %v", b, err)
+	}
+	if _, err := fs.ReadFile(fsys, "fifo.img"); err == nil {
+		t.Error("a FIFO was read")
+	}
+	if _, err := fs.ReadFile(fsys, "out/hostname"); err == nil {
+		t.Error("a file was read through a symlink")
+	}
+	if _, err := fs.ReadDir(fsys, "out"); err == nil {
+		t.Error("a symlinked directory was listed")
+	}
+	if names, err := fs.Glob(fsys, "*.img"); err != nil || len(names) != 2 {
+		t.Errorf("Glob = %v, %v", names, err)
 	}
 }

@@ -413,7 +413,10 @@ func reopenedPaths(n *budget, fsys fs.FS) (map[uint32]string, error) {
 		return nil, err
 	}
 	carried := map[uint32]bool{}
-	if _, err := fs.Stat(fsys, "remap-fpath.img"); err == nil {
+	// Only a file that is not there is none: one that cannot be read (a FIFO, a symlink in
+	// its place) is an error, not files the image does not carry (review).
+	switch _, err := fs.Stat(fsys, "remap-fpath.img"); {
+	case err == nil:
 		remaps, err := decode(n, fsys, "remap-fpath.img", &remap_file_path.RemapFilePathEntry{})
 		if err != nil {
 			return nil, err
@@ -421,6 +424,8 @@ func reopenedPaths(n *budget, fsys fs.FS) (map[uint32]string, error) {
 		for _, r := range remaps {
 			carried[r.GetOrigId()] = true
 		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("remap-fpath.img: %w", err)
 	}
 	paths := map[uint32]string{}
 	for _, e := range entries {
