@@ -21,6 +21,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/hwbreak"
+	"github.com/gpucr/gpucr/internal/interrupt"
 	"github.com/gpucr/gpucr/internal/proctree"
 )
 
@@ -167,7 +168,15 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...str
 	if r.CRIU != "" {
 		global = append(global, "--criu", r.CRIU)
 	}
-	cmd := exec.CommandContext(ctx, r.Path, append(global, args...)...)
+	// Only a restore is cut short when ctx ends (below). Any other runc call runs to its
+	// end: a checkpoint's runc SIGKILLed by an interrupt left its CRIU dumping, orphaned,
+	// the resume that followed found the container not paused, and CRIU, when done, froze
+	// it again for good; a delete cut short left it stopped (hostile test). The engine looks
+	// at ctx once runc is done and rolls back from a known state.
+	cmd := exec.Command(r.Path, append(global, args...)...)
+	if args[0] == "restore" {
+		cmd = exec.CommandContext(ctx, r.Path, append(global, args...)...)
+	}
 	cmd.Env = append(append(append(os.Environ(), ActionSkipEnv+"=skip"), hwbreak.CRIUEnv()...), env...)
 	if args[0] == "restore" {
 		// runc dies with gpucr, so that a killed gpucr's rollback never races a restore
@@ -187,7 +196,13 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...str
 	if args[0] == "state" {
 		cmd.Stdout = &out // state starts no process that could hold the pipe
 	}
-	if err := cmd.Run(); err != nil {
+	// Started with SIGINT ignored: the Ctrl-C a terminal sends its whole process group
+	// must not kill runc halfway either; gpucr alone decides how to stop.
+	err = interrupt.StartImmune(cmd.Start)
+	if err == nil {
+		err = cmd.Wait()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("runc %s: %s", args[0], runcError(logf, err))
 	}
 	return out.Bytes(), nil

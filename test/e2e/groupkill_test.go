@@ -145,3 +145,54 @@ func killedWithGroupAt(t *testing.T, point string, env []string, args ...string)
 		t.Fatalf("gpucr was not killed at %q:\n%s", point, out.String())
 	}
 }
+
+// A container checkpoint interrupted (Ctrl-C to the terminal's group, SIGTERM to gpucr) while
+// CRIU dumps never leaves the container paused: runc's checkpoint was SIGKILLed by the
+// interrupt, its CRIU dumped on, orphaned, the resume found the container not paused, and
+// CRIU, once done, froze it again for good (hostile test). Either the checkpoint finished
+// and holds the job, or the container counts on.
+func TestContainerCheckpointInterruptedLeavesNoPausedContainer(t *testing.T) {
+	needRunc(t)
+	drv := newFakeDriver(t)
+	for _, c := range []struct {
+		name  string
+		sig   syscall.Signal
+		group bool
+	}{{"SIGINT to the group", syscall.SIGINT, true}, {"SIGTERM to gpucr", syscall.SIGTERM, false}} {
+		for _, ms := range []int{0, 20, 80} {
+			t.Run(fmt.Sprintf("%s seized+%dms", c.name, ms), func(t *testing.T) {
+				host := newCrashHost(t)
+				runc, bundle, id, _ := counterContainer(t, fmt.Sprintf("int%d%d", c.sig, ms), "-mib", "12")
+				pid := runcInitPID(t, runc, id)
+				drv.claim(t, pid)
+				dir := filepath.Join(t.TempDir(), "img")
+				cmd := exec.Command(bin.gpucr, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
+				cmd.Env = append(os.Environ(), drv.env...)
+				cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+				var out bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &out, &out
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				waitTraced(t, pid)
+				time.Sleep(time.Duration(ms) * time.Millisecond)
+				target := cmd.Process.Pid
+				if c.group {
+					target = -target
+				}
+				_ = syscall.Kill(target, c.sig)
+				_ = cmd.Wait()
+				if !testutil.Alive(pid) {
+					if _, err := os.Stat(dir); err == nil {
+						mustGpucr(t, "verify", dir)
+						return // interrupted after the commit: the checkpoint holds the job
+					}
+					t.Fatalf("job lost: the container's init is dead and no checkpoint was kept\n%s", out.String())
+				}
+				untraced(t, pid)
+				waitContainerCount(t, bundle, count(t, bundle)+3) // running, not left paused
+				onlyImages(t, dir)
+			})
+		}
+	}
+}
