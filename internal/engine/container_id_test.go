@@ -15,7 +15,7 @@ func TestCheckContainerID(t *testing.T) {
 			t.Errorf("%q refused: %v", id, err)
 		}
 	}
-	for _, id := range []string{"", ".", "..", "a/b", "../x", "/abs", "a b", "a\nb"} {
+	for _, id := range []string{"", ".", "..", "a/b", "../x", "/abs", "a b", "a\nb", "-h", "-d", "--root=x"} {
 		if CheckContainerID(id) == nil {
 			t.Errorf("%q taken as a container ID", id)
 		}

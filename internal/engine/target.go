@@ -7,6 +7,7 @@ import (
 	"os"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/crashpoint"
@@ -214,8 +215,10 @@ var containerID = regexp.MustCompile(`^[\w+,.-]+$`)
 // CheckContainerID refuses an ID runc would refuse, or one that names anything but one entry
 // of a directory.
 func CheckContainerID(id string) error {
-	if !containerID.MatchString(id) || id == "." || id == ".." {
-		return fmt.Errorf("%q is not a container ID (letters, digits and _ + , . - only; not . or ..)", id)
+	// Nor one that begins with "-", which runc, given it as an argument, reads as an option
+	// ("-h" printed runc's help; hostile test).
+	if !containerID.MatchString(id) || id == "." || id == ".." || strings.HasPrefix(id, "-") {
+		return fmt.Errorf("%q is not a container ID (letters, digits and _ + , . - only, not first -; not . or ..)", id)
 	}
 	return nil
 }
