@@ -28,6 +28,19 @@ func containers(e *engine.Engine, path string, f runcFlags) *container.Container
 	return &container.Containers{Engine: e, Runc: &container.Runc{Path: path, Root: f.root, CRIU: e.CRIU.Path}}
 }
 
+// findRunc finds the runc of f and refuses a state directory users other than root could
+// change.
+func findRunc(f runcFlags) (string, error) {
+	path, err := container.FindRunc(f.path)
+	if err != nil {
+		return "", classifyContainer(err)
+	}
+	if err := (&container.Runc{Root: f.root}).CheckRoot(); err != nil {
+		return "", usageError{fmt.Errorf("--runc-root: %w", err)}
+	}
+	return path, nil
+}
+
 // refuseRuncUnpassed refuses the CRIU options runc does not pass on.
 func refuseRuncUnpassed(cmd *cobra.Command) error {
 	for _, name := range []string{"network-lock", "criu-log-level"} {
@@ -60,9 +73,9 @@ func (a *app) checkpointTarget(cmd *cobra.Command, args []string, ctr string, rf
 	if err := refuseRuncUnpassed(cmd); err != nil {
 		return nil, err
 	}
-	runc, err := container.FindRunc(rf.path)
+	runc, err := findRunc(rf)
 	if err != nil {
-		return nil, classifyContainer(err)
+		return nil, err
 	}
 	return func(e *engine.Engine) engine.Target { return containers(e, runc, rf).Target(ctr) }, nil
 }
@@ -94,9 +107,9 @@ func (a *app) restoreTarget(cmd *cobra.Command, rf runcFlags, dir, ctr, newID, b
 	if info.ID != ctr {
 		return nil, usageError{fmt.Errorf("%s holds container %s, not %s (use --new-id to restore it under another name)", dir, info.ID, ctr)}
 	}
-	runc, err := container.FindRunc(rf.path)
+	runc, err := findRunc(rf)
 	if err != nil {
-		return nil, classifyContainer(err)
+		return nil, err
 	}
 	return func(e *engine.Engine) engine.RestoreTarget { return containers(e, runc, rf).Image(newID, bundle) }, nil
 }

@@ -41,3 +41,32 @@ func TestReadInfoTakesOnlyASmallRegularFile(t *testing.T) {
 		t.Errorf("ReadInfo of an image without container.json = %v, want not-exist", err)
 	}
 }
+
+// Run as root, runc's state directory counts only if root alone can change it and the way
+// to it: a user who could replace a container's state.json there had root's gpucr freeze,
+// dump and kill a root process of their choosing (hostile test).
+func TestRuncRootOthersCanChangeIsRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the check is root's")
+	}
+	open := t.TempDir()
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(open, "root", "evil"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&Runc{Root: filepath.Join(open, "root")}).CheckRoot(); !errors.Is(err, ErrUntrustedRoot) {
+		t.Errorf("CheckRoot of a state directory under one all may write = %v, want ErrUntrustedRoot", err)
+	}
+	mine := filepath.Join(t.TempDir(), "root")
+	if err := os.Mkdir(mine, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&Runc{Root: mine}).CheckRoot(); err != nil {
+		t.Errorf("CheckRoot of root's own state directory = %v", err)
+	}
+	if err := (&Runc{Root: filepath.Join(t.TempDir(), "none")}).CheckRoot(); err != nil {
+		t.Errorf("CheckRoot of a state directory not made yet = %v", err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,7 @@ import (
 	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/interrupt"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
 // ActionSkipEnv, in CRIU's environment, tells gpucr's CRIU action script that gpucr itself
@@ -96,6 +98,28 @@ func (r *Runc) Command() []string {
 		c = append(c, "--root", r.Root)
 	}
 	return c
+}
+
+// ErrUntrustedRoot is a runc state directory that users other than root could change, run
+// as root: a container's state.json names the processes to freeze, dump and kill and the
+// cgroups to remove, and a user who could write it had root's gpucr kill a root process of
+// their choosing (hostile test).
+var ErrUntrustedRoot = errors.New("runc's state directory is not root's alone")
+
+// CheckRoot fails, when gpucr runs as root, unless only root can change runc's state
+// directory (Root, or runc's default) and the way to it; one not made yet holds nothing.
+func (r *Runc) CheckRoot() error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	root := r.Root
+	if root == "" {
+		root = "/run/runc"
+	}
+	if err := rootonly.Walk(root); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: %v; gpucr acts as root on no container it describes", ErrUntrustedRoot, err)
+	}
+	return nil
 }
 
 // StateDir is where this runc keeps container id's state (runc run as root).
