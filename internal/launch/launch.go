@@ -102,7 +102,10 @@ func Run(ctx context.Context, j Job) error {
 		c := exec.CommandContext(ctx, j.Command[0], j.Command[1:]...)
 		c.Env = append(append([]string(nil), base...), "RANK="+strconv.Itoa(i), "LOCAL_RANK="+strconv.Itoa(i))
 		c.Stdin, c.Stdout, c.Stderr = nil, j.Stdout, j.Stderr
-		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		// A process group of its own, which every signal to the rank goes to: a rank that
+		// is a wrapper script, or that has workers, stops with all it started (its children
+		// outlived the job; hostile test).
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 		if err := startRank(c); err != nil {
 			// The job never ran: the ranks started go at once, none left behind.
 			signalAll(cmds[:i], syscall.SIGKILL)
@@ -115,9 +118,7 @@ func Run(ctx context.Context, j Job) error {
 	}
 	go func() {
 		for s := range sigs {
-			for _, c := range cmds {
-				_ = c.Process.Signal(s)
-			}
+			signalAll(cmds, s.(syscall.Signal))
 		}
 	}()
 
@@ -161,11 +162,12 @@ func stopAll(cmds []*exec.Cmd) {
 	time.AfterFunc(stopGrace, func() { signalAll(cmds, syscall.SIGKILL) })
 }
 
-// signalAll sends sig to every rank started; one that has exited ignores it.
+// signalAll sends sig to the process group of every rank started: the rank and what it
+// started. A group whose processes have all exited ignores it.
 func signalAll(cmds []*exec.Cmd, sig syscall.Signal) {
 	for _, c := range cmds {
 		if c != nil && c.Process != nil {
-			_ = c.Process.Signal(sig)
+			_ = syscall.Kill(-c.Process.Pid, sig)
 		}
 	}
 }

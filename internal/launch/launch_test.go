@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -72,4 +75,49 @@ func TestARankThatCannotStartTakesTheStartedOnesWithIt(t *testing.T) {
 			t.Errorf("rank %d: %v, want it killed", i, c.ProcessState)
 		}
 	}
+}
+
+// What a rank started stops with it: a rank that is a script with a child (a wrapper, a
+// data loader) left the child running after the job ended (hostile test). Rank 0 fails;
+// every rank's child is gone once Run returns.
+func TestARanksChildrenStopWithTheJob(t *testing.T) {
+	dir := t.TempDir()
+	script := `sleep 60 & echo $! > ` + dir + `/child.$RANK; if [ "$RANK" = 0 ]; then sleep 0.3; exit 3; fi; wait`
+	// Files, as a terminal is: a pipe to copy from would keep Wait for as long as a child
+	// holds it.
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	err = Run(context.Background(), Job{NProc: 3, Command: []string{"sh", "-c", script}, Stdout: null, Stderr: null})
+	var failed *RankError
+	if !errors.As(err, &failed) || failed.Rank != 0 {
+		t.Fatalf("Run = %v, want rank 0's failure", err)
+	}
+	for rank := range 3 {
+		b, err := os.ReadFile(filepath.Join(dir, "child."+strconv.Itoa(rank)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if !exitedWithin(pid, 5*time.Second) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("rank %d's child %d runs on after the job", rank, pid)
+		}
+	}
+}
+
+// exitedWithin says whether pid is gone (or a zombie) within d.
+func exitedWithin(pid int, d time.Duration) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			return true
+		}
+		if f := strings.Fields(string(b)); len(f) > 2 && f[2] == "Z" {
+			return true
+		}
+	}
+	return false
 }
