@@ -534,7 +534,7 @@ func TestPushOfAnImageWrittenMeanwhileFails(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || !strings.Contains(err.Error(), "changed while it was pushed") {
+			if err == nil || !strings.Contains(err.Error(), "changed while it was pushed") || strings.Count(err.Error(), "push /") != 1 {
 				t.Fatalf("a push of an image written meanwhile: %v", err)
 			}
 			if list, err := chunked.List(context.Background(), st, ""); err != nil || len(list) != 0 {

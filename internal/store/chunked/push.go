@@ -137,12 +137,13 @@ func holdVerified(dir string) (*image.Manifest, *heldFiles, error) {
 	if err == nil && !reflect.DeepEqual(im, first) {
 		err = &changedError{image.ManifestName}
 	}
-	if err == nil {
-		err = held.unchanged(dir, verifiedIn(im))
-	}
 	if err != nil {
 		held.close()
 		return nil, nil, fmt.Errorf("push %s: %w", dir, err)
+	}
+	if err := held.unchanged(dir, verifiedIn(im)); err != nil {
+		held.close()
+		return nil, nil, err // names the push already
 	}
 	return im, held, nil
 }
