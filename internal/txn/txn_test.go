@@ -114,14 +114,7 @@ func TestListSkipsARecordThatEnded(t *testing.T) {
 // run directory others can write named a command root ran and a file it wrote (hostile
 // test). Nothing is listed, claimed or begun there.
 func TestJournalOthersCanWriteIsRefused(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the journal is trusted only when root runs it")
-	}
-	open := t.TempDir()
-	if err := os.Chmod(open, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	root := filepath.Join(open, "run")
+	open, root := runDirOthersCanWrite(t)
 	if err := os.MkdirAll(txnDir(root), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -170,14 +163,7 @@ func TestRecordNamedOtherThanItsIDIsRefused(t *testing.T) {
 // write the holder's text over the file it pointed to, before the journal refused (review).
 // A txn/ that is root's but sticky and writable by all takes anyone's records: refused too.
 func TestLocksAndStickyJournalsOthersCanWriteAreRefused(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the journal is trusted only when root runs it")
-	}
-	open := t.TempDir()
-	if err := os.Chmod(open, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	root := filepath.Join(open, "run")
+	_, root := runDirOthersCanWrite(t)
 	victim := filepath.Join(t.TempDir(), "victim")
 	if err := os.WriteFile(victim, []byte("root's\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -205,4 +191,18 @@ func TestLocksAndStickyJournalsOthersCanWriteAreRefused(t *testing.T) {
 	if _, err := List(sticky); !errors.Is(err, ErrUntrusted) {
 		t.Errorf("List of a sticky txn/ all may write = %v, want ErrUntrusted", err)
 	}
+}
+
+// runDirOthersCanWrite is a run directory, root, in a directory, open, that all may write;
+// the test is skipped unless it runs as root, the only one the journal's trust concerns.
+func runDirOthersCanWrite(t *testing.T) (open, root string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the journal is trusted only when root runs it")
+	}
+	open = t.TempDir()
+	if err := os.Chmod(open, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	return open, filepath.Join(open, "run")
 }

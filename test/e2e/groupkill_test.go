@@ -82,19 +82,8 @@ func TestContainerCheckpointKilledWithItsProcessGroupLosesNoJob(t *testing.T) {
 	for _, ms := range []int{0, 2, 5, 10, 20, 40, 80, 160} {
 		t.Run(fmt.Sprintf("seized+%dms", ms), func(t *testing.T) {
 			host := newCrashHost(t)
-			runc, bundle, id, _ := counterContainer(t, fmt.Sprintf("group%d", ms), "-mib", "12")
-			pid := runcInitPID(t, runc, id)
-			drv.claim(t, pid)
-			dir := filepath.Join(t.TempDir(), "img")
-			cmd := exec.Command(bin.gpucr, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
-			cmd.Env = append(os.Environ(), drv.env...)
-			cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-			var out bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			waitTraced(t, pid)
+			c := startContainerCheckpoint(t, drv, host, fmt.Sprintf("group%d", ms))
+			cmd, pid, bundle, dir, out := c.cmd, c.pid, c.bundle, c.dir, c.out
 			time.Sleep(time.Duration(ms) * time.Millisecond)
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) // as timeout -s KILL does
 			if err := cmd.Wait(); err == nil {
@@ -162,19 +151,8 @@ func TestContainerCheckpointInterruptedLeavesNoPausedContainer(t *testing.T) {
 		for _, ms := range []int{0, 20, 80} {
 			t.Run(fmt.Sprintf("%s seized+%dms", c.name, ms), func(t *testing.T) {
 				host := newCrashHost(t)
-				runc, bundle, id, _ := counterContainer(t, fmt.Sprintf("int%d%d", c.sig, ms), "-mib", "12")
-				pid := runcInitPID(t, runc, id)
-				drv.claim(t, pid)
-				dir := filepath.Join(t.TempDir(), "img")
-				cmd := exec.Command(bin.gpucr, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
-				cmd.Env = append(os.Environ(), drv.env...)
-				cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-				var out bytes.Buffer
-				cmd.Stdout, cmd.Stderr = &out, &out
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				waitTraced(t, pid)
+				ck := startContainerCheckpoint(t, drv, host, fmt.Sprintf("int%d%d", c.sig, ms))
+				cmd, pid, bundle, dir, out := ck.cmd, ck.pid, ck.bundle, ck.dir, ck.out
 				time.Sleep(time.Duration(ms) * time.Millisecond)
 				target := cmd.Process.Pid
 				if c.group {
@@ -195,4 +173,32 @@ func TestContainerCheckpointInterruptedLeavesNoPausedContainer(t *testing.T) {
 			})
 		}
 	}
+}
+
+// containerCheckpoint is `gpucr checkpoint --container` of a counting container, under way.
+type containerCheckpoint struct {
+	cmd         *exec.Cmd // gpucr, the leader of a process group of its own
+	pid         int       // the container's init
+	bundle, dir string    // the container's bundle; the image directory
+	out         *bytes.Buffer
+}
+
+// startContainerCheckpoint starts a container named after name and gpucr's checkpoint of it,
+// and returns once CRIU has seized the container's init.
+func startContainerCheckpoint(t *testing.T, drv *fakeDriver, host crashHost, name string) containerCheckpoint {
+	t.Helper()
+	runc, bundle, id, _ := counterContainer(t, name, "-mib", "12")
+	pid := runcInitPID(t, runc, id)
+	drv.claim(t, pid)
+	dir := filepath.Join(t.TempDir(), "img")
+	cmd := exec.Command(bin.gpucr, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
+	cmd.Env = append(os.Environ(), drv.env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out := &bytes.Buffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitTraced(t, pid)
+	return containerCheckpoint{cmd: cmd, pid: pid, bundle: bundle, dir: dir, out: out}
 }
