@@ -220,6 +220,9 @@ func StartAt(t testing.TB, pid int, name string, args ...string) *exec.Cmd {
 // goroutine other than the test's own (a hook called from the code under test), where
 // t.Fatal must not be called.
 func TryStartAt(t testing.TB, pid int, name string, args ...string) (*exec.Cmd, error) {
+	// A start time of its own: start times count 10 ms clock ticks, and a process started
+	// in the tick its predecessor at pid started in would be that process by PID and start.
+	time.Sleep(20 * time.Millisecond)
 	for range 50 {
 		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0o644); err != nil {
 			return nil, err
