@@ -198,6 +198,12 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...str
 	// it again for good; a delete cut short left it stopped (hostile test). The engine looks
 	// at ctx once runc is done and rolls back from a known state.
 	cmd := exec.Command(r.Path, append(global, args...)...)
+	// In a process group of its own, as gpucr's CRIU is for a process tree: a kill of
+	// gpucr's whole group (timeout -s KILL, a job scheduler) killed runc's CRIU mid-dump
+	// too, and now and then the container's init with it (2-3 of 15 runs of
+	// TestContainerCheckpointKilledWithItsProcessGroupLosesNoJob; none of 15 since). The
+	// guardian waits for CRIU to let go.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if args[0] == "restore" {
 		cmd = exec.CommandContext(ctx, r.Path, append(global, args...)...)
 	}
