@@ -3,7 +3,6 @@ package chunked
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -366,25 +365,18 @@ func (p *pusher) chunk(ctx context.Context, j job, buf *buffers) (Chunk, error) 
 	return p.put(ctx, data, nil, buf, p.paths[j.file], j.off)
 }
 
-// knownDigests are a chunk's digests as the image's checksum already took them, the chunk
-// being one whole piece of its file: its xxh64, and its SHA-256 when strong.
-type knownDigests struct {
-	image.Piece
-	strong bool
-}
-
-// put records data as a zero chunk, or hashes it (unless known has its digests) and, unless
-// the store has it already, compresses and uploads it. file and off name the chunk in errors.
-func (u *uploader) put(ctx context.Context, data []byte, known *knownDigests, buf *buffers, file string, off int64) (Chunk, error) {
+// put records data as a zero chunk, or hashes it (unless known holds its xxh64 and
+// SHA-256, taken as it arrived) and, unless the store has it already, compresses and uploads
+// it. file and off name the chunk in errors.
+func (u *uploader) put(ctx context.Context, data []byte, known *image.Piece, buf *buffers, file string, off int64) (Chunk, error) {
 	size := int64(len(data))
 	if bytes.Equal(data, zeroChunk[:size]) {
 		u.count(func(s *Stats) { s.ZeroBytes += size })
 		return Chunk{Size: size, Zero: true}, nil
 	}
 	if known == nil {
-		known = &knownDigests{Piece: image.SumPiece(data, true), strong: true}
-	} else if !known.strong {
-		known.SHA256, known.strong = sha256.Sum256(data), true
+		d := image.SumPiece(data, true)
+		known = &d
 	}
 	c := Chunk{Size: size, SHA256: hex.EncodeToString(known.SHA256[:]), XXH64: fmt.Sprintf("%016x", known.XXH64)}
 	stored, err := u.store(ctx, c, data, buf, file, off)

@@ -43,7 +43,7 @@ type streamJob struct {
 	index int
 	off   int64
 	data  []byte
-	known *knownDigests // when the chunk is one whole piece of the image's file
+	known *image.Piece // its xxh64 and SHA-256, taken as it arrived; nil: the worker hashes it
 }
 
 // NewStream starts a checkpoint at prefix in st. It fails at once if one exists there.
@@ -187,7 +187,7 @@ func (f *StreamFile) emit() error {
 // digests are the filled chunk's digests as they were taken while it arrived: those of the
 // file's piece it is, or its own. nil for a chunk that began a piece and ended short of it
 // (a file's last, or one cut by the address window), which the worker hashes itself.
-func (f *StreamFile) digests() *knownDigests {
+func (f *StreamFile) digests() *image.Piece {
 	if f.size%image.HashChunkSize == 0 && len(f.buf) == image.HashChunkSize {
 		d, strong, ok := f.sum.Piece(f.size / image.HashChunkSize)
 		if !ok {
@@ -196,12 +196,13 @@ func (f *StreamFile) digests() *knownDigests {
 		if !strong {
 			d.SHA256 = f.hashes.strong()
 		}
-		return &knownDigests{Piece: d, strong: true}
+		return &d
 	}
 	if f.hashes.own == nil {
 		return nil
 	}
-	return &knownDigests{Piece: f.hashes.own.Sum(), strong: true}
+	d := f.hashes.own.Sum()
+	return &d
 }
 
 // receivedHash takes the digests of the chunk being received that the file's Summer does not:
