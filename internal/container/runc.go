@@ -112,23 +112,21 @@ func (r *Runc) CheckRoot() error {
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	root := r.Root
-	if root == "" {
-		root = "/run/runc"
-	}
-	if err := rootonly.Walk(root); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := rootonly.Walk(r.stateRoot()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %v; gpucr acts as root on no container it describes", ErrUntrustedRoot, err)
 	}
 	return nil
 }
 
 // StateDir is where this runc keeps container id's state (runc run as root).
-func (r *Runc) StateDir(id string) string {
-	root := r.Root
-	if root == "" {
-		root = "/run/runc"
+func (r *Runc) StateDir(id string) string { return filepath.Join(r.stateRoot(), id) }
+
+// stateRoot is where this runc keeps its containers' state: Root, or runc's default.
+func (r *Runc) stateRoot() string {
+	if r.Root == "" {
+		return "/run/runc"
 	}
-	return filepath.Join(root, id)
+	return r.Root
 }
 
 // Delete kills container id's processes, whatever its state, and removes it.
@@ -206,9 +204,6 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...str
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if args[0] == "restore" {
 		cmd = exec.CommandContext(ctx, r.Path, append(global, args...)...)
-	}
-	cmd.Env = append(append(append(os.Environ(), ActionSkipEnv+"=skip"), hwbreak.CRIUEnv()...), env...)
-	if args[0] == "restore" {
 		// runc dies with gpucr, so that a killed gpucr's rollback never races a restore
 		// still creating the container. The signal follows the thread that started runc:
 		// it is kept until runc exits.
@@ -222,6 +217,7 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...str
 			return nil
 		}
 	}
+	cmd.Env = append(append(append(os.Environ(), ActionSkipEnv+"=skip"), hwbreak.CRIUEnv()...), env...)
 	var out bytes.Buffer
 	if args[0] == "state" {
 		cmd.Stdout = &out // state starts no process that could hold the pipe
