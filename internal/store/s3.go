@@ -142,11 +142,12 @@ func (s *S3) Create(ctx context.Context, key string, data []byte) error {
 // castagnoli is CRC32C's table, the checksum S3 services verify in hardware-friendly form.
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// put sends data in one plain request whose x-amz-checksum-crc32c header (sum, data's CRC32C)
-// the service checks the body against, refusing the object if they differ. The whole object
-// is in memory, so its CRC32C is known before it is sent: the streamed form a client otherwise needs for a
-// checksum (aws-chunked with a trailer) copies every byte twice more on the client, and the
-// service parses it (a push to MinIO on loopback: 8% less of gpucr's CPU, docs/storage.md).
+// put sends data in one plain request whose x-amz-checksum-crc32c header (sum, data's
+// CRC32C) the service checks the body against, refusing the object if they differ. The
+// whole object is in memory, so its CRC32C is known before it is sent: the streamed form a
+// client otherwise needs for a checksum (aws-chunked with a trailer) copies every byte
+// twice more on the client, and the service parses it (a push to MinIO on loopback: 8%
+// less of gpucr's CPU, docs/storage.md).
 func (s *S3) put(ctx context.Context, key string, data []byte, sum uint32, opts minio.PutObjectOptions) error {
 	if err := checkKey(key); err != nil {
 		return err

@@ -123,8 +123,8 @@ var ErrBusy = errors.New("another gpucr operation is in progress")
 var ErrUntrusted = errors.New("the run directory is not root's alone")
 
 // trusted fails, when gpucr runs as root, unless only root can change what the journal at
-// root holds: its txn directory and every directory on the way to it are root's and
-// writable by no one else (a root-owned sticky directory such as /tmp excepted).
+// root holds: its txn and locks directories are root's and writable by no one else, and so
+// is every directory on the way to them (a root-owned sticky one such as /tmp excepted).
 // A journal not made yet holds nothing.
 func trusted(root string) error {
 	if os.Geteuid() != 0 {
