@@ -175,6 +175,9 @@ func (e *Engine) RecoverStale() ([]txn.Record, error) {
 		}
 		done = append(done, en.Record)
 	}
+	if err := txn.Sweep(e.JournalRoot); err != nil {
+		errs = append(errs, err)
+	}
 	return done, errors.Join(errs...)
 }
 

@@ -278,6 +278,53 @@ func (j *Journal) End() error {
 	return nil
 }
 
+// Sweep removes what a gpucr killed while it wrote a record leaves beside the records: a
+// record written aside (ID.json.tmp) and, where no record was ever written, the record's
+// lock. Each is removed under the record's lock, which only a dead owner has let go of,
+// so a gpucr just beginning that record keeps it.
+func Sweep(root string) error {
+	if err := trusted(root); err != nil {
+		return err
+	}
+	names, err := filepath.Glob(filepath.Join(txnDir(root), "*.json.tmp"))
+	if err != nil {
+		return err
+	}
+	locks, err := filepath.Glob(filepath.Join(txnDir(root), "*.lock"))
+	if err != nil {
+		return err
+	}
+	ids := map[string]bool{}
+	for _, n := range names {
+		ids[strings.TrimSuffix(filepath.Base(n), ".json.tmp")] = true
+	}
+	for _, n := range locks {
+		ids[strings.TrimSuffix(filepath.Base(n), ".lock")] = true
+	}
+	var errs []error
+	for id := range ids {
+		record := filepath.Join(txnDir(root), id+".json")
+		if _, err := os.Lstat(record); err == nil {
+			continue // a record: its recovery ends it, and End removes what was written aside
+		}
+		lock, err := acquire(filepath.Join(txnDir(root), id+".lock"), "")
+		if errors.Is(err, ErrBusy) {
+			continue // its gpucr lives, and is writing it
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("journal: %w", err))
+			continue
+		}
+		// Held now, it is written by no one: a record that appeared meanwhile is a dead
+		// gpucr's too, and its recovery finds it without its lock file.
+		if err := os.Remove(record + ".tmp"); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("journal: %w", err))
+		}
+		lock.Release()
+	}
+	return errors.Join(errs...)
+}
+
 // Entry is a record on disk, and whether an owner (gpucr or its guardian) still holds it.
 type Entry struct {
 	Record

@@ -2,6 +2,7 @@ package txn
 
 import (
 	"errors"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -205,4 +206,40 @@ func runDirOthersCanWrite(t *testing.T) (open, root string) {
 		t.Fatal(err)
 	}
 	return open, filepath.Join(open, "run")
+}
+
+// A gpucr killed while it wrote its first record left an empty ID.json.tmp and its lock for
+// good: nothing read or removed them (hostile test). Sweep removes those whose owner is
+// gone, and leaves a live gpucr's, and a record's, alone.
+func TestSweepRemovesWhatAKilledWriterLeft(t *testing.T) {
+	root := t.TempDir()
+	live, err := Begin(root, OpRestore, "image /x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = live.End() }()
+	dir := txnDir(root)
+	liveTmp := live.path() + ".tmp"
+	killed := filepath.Join(dir, "restore-0123456789ab")
+	for _, f := range []string{killed + ".json.tmp", killed + ".lock", liveTmp, filepath.Join(dir, "checkpoint-aaaaaaaaaaaa.lock")} {
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := Sweep(root); err != nil {
+		t.Fatal(err)
+	}
+	for _, gone := range []string{killed + ".json.tmp", killed + ".lock", filepath.Join(dir, "checkpoint-aaaaaaaaaaaa.lock")} {
+		if _, err := os.Lstat(gone); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s: %v, want it removed", filepath.Base(gone), err)
+		}
+	}
+	for _, kept := range []string{live.path(), liveTmp, filepath.Join(dir, live.ID()+".lock")} {
+		if _, err := os.Lstat(kept); err != nil {
+			t.Errorf("%s of a live gpucr: %v, want it kept", filepath.Base(kept), err)
+		}
+	}
+	if entries, err := List(root); err != nil || len(entries) != 1 || !entries[0].Held {
+		t.Fatalf("List = %+v, %v; want the live record, held", entries, err)
+	}
 }
