@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
@@ -71,15 +72,16 @@ func (m *memorySave) wait(t *Timer) ([]image.File, error) {
 	return m.copied, m.err
 }
 
-// failed is the error of a save that started, once it is over (nil if it never started): a
-// save that failed beside a dump that failed, on the same full disk say, names the cause.
+// failed stops a save that started beside a dump that failed, and returns the error it
+// failed with on its own (nil if it never started, or was only stopped): on the same full
+// disk, say, it names the cause. It never lets the save run on: copying the rest, or
+// uploading it, would only keep the workload stopped on its GPUs before the rollback
+// resumes them (review).
 func (m *memorySave) failed() error {
-	started := true
-	m.once.Do(func() { started = false; close(m.done) })
-	if !started {
+	m.stop()
+	if m.err != nil && m.ctx.Err() != nil && errors.Is(m.err, context.Canceled) {
 		return nil
 	}
-	<-m.done
 	return m.err
 }
 

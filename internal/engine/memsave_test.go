@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,5 +81,38 @@ func TestFailedMemorySaveRollsBack(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(small); len(entries) != 0 {
 		t.Errorf("failed checkpoint left %v", entries)
+	}
+}
+
+// A dump that failed right after CRIU seized the tree waited for the whole memory save
+// (copying or uploading everything, to throw it away) before the rollback resumed the
+// GPUs (review): failed stops the save, and a save only stopped is no error of its own.
+func TestFailedDumpStopsTheMemorySave(t *testing.T) {
+	m := &memorySave{done: make(chan struct{})}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	m.run = func(ctx context.Context) ([]image.File, error) {
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("memory save: %w", ctx.Err())
+		case <-time.After(time.Minute):
+			return nil, errors.New("the save ran to its end")
+		}
+	}
+	m.start()
+	start := time.Now()
+	if err := m.failed(); err != nil {
+		t.Fatalf("failed() = %v, want nil for a save only stopped", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("failed() took %v: it waited for the save to finish", d)
+	}
+
+	full := &memorySave{done: make(chan struct{})}
+	full.ctx, full.cancel = context.WithCancel(context.Background())
+	full.run = func(context.Context) ([]image.File, error) { return nil, syscall.ENOSPC }
+	full.start()
+	<-full.done
+	if err := full.failed(); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("failed() = %v, want the save's own ENOSPC", err)
 	}
 }
