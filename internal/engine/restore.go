@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
@@ -182,6 +183,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err != nil {
 		return nil, verify.prefer(err)
 	}
+	var whole atomic.Bool // the tasks passed the gate, and CRIU may have let them go
 	spec := RestoreSpec{
 		RestoreRequest: criu.RestoreRequest{ImagesDir: image.CRIUPath(root), WorkDir: work, Options: opts},
 		Timer:          t,
@@ -193,7 +195,13 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 				journalMade(rec, made)
 			})
 		},
-		Whole: func() error { return op.Update(func(rec *txn.Record) { rec.Committed = true }) },
+		Whole: func() error {
+			if err := op.Update(func(rec *txn.Record) { rec.Committed = true }); err != nil {
+				return err
+			}
+			whole.Store(true)
+			return nil
+		},
 	}
 	if fill.Dir != "" {
 		spec.ImagesDir = fill.Dir
@@ -208,6 +216,12 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	})
 	if fill.Dir != "" {
 		os.RemoveAll(fill.Dir) // the view of the image; CRIU's log stays in work
+	}
+	if err != nil && whole.Load() {
+		// CRIU failed after the gate let the tasks go (its last answer lost, say): they may
+		// run, their GPUs still checkpointed, and no journal would finish them. They go;
+		// the image is unchanged (review).
+		return nil, target.Remove(context.WithoutCancel(ctx), keepLog(fmt.Errorf("CRIU failed after the restored processes were let go: %w", err)))
 	}
 	if err != nil {
 		// A damaged image explains any failure; CRIU leaves nothing running. CRIU's log is
