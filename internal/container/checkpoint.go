@@ -120,29 +120,45 @@ func (t *runcTarget) ImagePID(pid int) (int, error) {
 }
 
 // Freeze pauses the container, journaled as paused first (resuming a running container is
-// harmless): runc dumps a paused container and leaves it paused. The tree is read again
-// once paused: a shell's short-lived children come and go until then.
+// harmless): runc dumps a paused container and leaves it paused. Its resume is part of the
+// rollback before the pause: a runc that froze the cgroup and then failed left it paused,
+// with nothing to resume it (review). The tree is read again once paused: a shell's
+// short-lived children come and go until then.
 func (t *runcTarget) Freeze(ctx context.Context, op *engine.Op, undo *engine.Undo) ([]proctree.Process, error) {
 	if err := op.Update(func(rec *txn.Record) {
 		rec.Container = &txn.Container{ID: t.id, Runtime: t.c.Runc.Command(), Paused: true}
 	}); err != nil {
 		return nil, err
 	}
-	if err := t.c.Runc.Pause(ctx, t.id); err != nil {
-		return nil, err
-	}
 	undo.OnFail("resume container "+t.id+", it is left paused", func(ctx context.Context) error {
-		if err := t.c.Runc.Resume(ctx, t.id); err != nil {
-			return fmt.Errorf("runc resume %s: %w", t.id, err)
+		if err := t.resume(ctx); err != nil {
+			return err
 		}
 		return op.Update(func(r *txn.Record) { r.Container.Paused = false })
 	})
+	if err := t.c.Runc.Pause(ctx, t.id); err != nil {
+		return nil, err
+	}
 	tree, err := proctree.Tree(t.state.PID)
 	if err != nil {
 		return nil, err
 	}
 	t.setTree(tree)
 	return tree, nil
+}
+
+// resume thaws the container. One runc says is running already needs nothing (a pause
+// that never froze it, a left-running checkpoint's container resumed before its commit
+// failed): runc refuses to resume it, and the rollback said it was left paused.
+func (t *runcTarget) resume(ctx context.Context) error {
+	err := t.c.Runc.Resume(ctx, t.id)
+	if err == nil {
+		return nil
+	}
+	if st, serr := t.c.Runc.State(ctx, t.id); serr == nil && st.Status == "running" {
+		return nil
+	}
+	return fmt.Errorf("runc resume %s: %w", t.id, err)
 }
 
 // setTree records the container's processes, by host PID.

@@ -1,0 +1,68 @@
+package container
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/txn"
+)
+
+// fakeRunc writes a runc that logs each command it is given to a file and answers as
+// status says the container is; pause fails after "freezing" it when pauseFails.
+func fakeRunc(t *testing.T, status string, pauseFails bool) (path, calls string) {
+	t.Helper()
+	dir := t.TempDir()
+	calls = filepath.Join(dir, "calls")
+	pause := "exit 0"
+	if pauseFails {
+		pause = `echo "saving state: no space left on device" >&2; exit 1`
+	}
+	script := `#!/bin/sh
+while [ $# -gt 0 ]; do case "$1" in --log|--log-format|--root|--criu) shift 2;; *) break;; esac; done
+echo "$1" >> ` + calls + `
+case "$1" in
+pause) ` + pause + `;;
+resume) [ "` + status + `" = paused ] || { echo "container not paused" >&2; exit 1; };;
+state) echo '{"id":"web","pid":1,"status":"` + status + `"}';;
+esac
+`
+	path = filepath.Join(dir, "runc")
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path, calls
+}
+
+// A runc pause that froze the container and then failed left no resume in the rollback:
+// the container stayed paused for good (review). The resume is the rollback's before the
+// pause; and a container runc says is running needs none, which the rollback does not
+// report as left paused.
+func TestFailedPauseIsResumedByTheRollback(t *testing.T) {
+	ctx := context.Background()
+	e := &engine.Engine{Version: "test"}
+	for _, status := range []string{"paused", "running"} {
+		runc, calls := fakeRunc(t, status, true)
+		op, err := e.Begin(txn.OpCheckpoint, "container web")
+		if err != nil {
+			t.Fatal(err)
+		}
+		target := (&Containers{Engine: e, Runc: &Runc{Path: runc}}).Target("web")
+		var undo engine.Undo
+		_, err = target.Freeze(ctx, op, &undo)
+		if err == nil {
+			t.Fatal("Freeze succeeded with a failing pause")
+		}
+		if err := undo.Unwind(ctx, err); strings.Contains(err.Error(), "also failed") {
+			t.Errorf("container %s: rollback: %v", status, err)
+		}
+		op.End()
+		b, _ := os.ReadFile(calls)
+		if got := strings.Fields(string(b)); len(got) < 2 || got[0] != "pause" || got[1] != "resume" {
+			t.Errorf("container %s: runc was run with %q, want pause then resume", status, got)
+		}
+	}
+}
