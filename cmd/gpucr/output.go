@@ -142,16 +142,22 @@ func phasesLine(ps []image.Phase) string {
 }
 
 // explainFullDisk says what to do about a checkpoint that ran out of disk. Every write of an
-// image happens before the processes are let go, so they run on. A streamed checkpoint
-// writes to its store and stages CRIU's small files under TMPDIR: either may be the full one.
+// image happens before the processes are let go, so they run on — once the rollback has
+// put everything back; where it could not, the error says what is left as it is (review:
+// it said they run on beside a GPU resume that failed). A streamed checkpoint writes to its
+// store and stages CRIU's small files under TMPDIR: either may be the full one.
 func explainFullDisk(err error, streamed bool) error {
-	switch {
-	case !errors.Is(err, syscall.ENOSPC):
+	if !errors.Is(err, syscall.ENOSPC) {
 		return err
-	case streamed:
-		return fmt.Errorf("a disk is full: a local store's, or that of %s, where a streamed checkpoint stages CRIU's small files (TMPDIR moves them), or of the run directory: free space; the processes run on and nothing was kept (%w)", os.TempDir(), err)
 	}
-	return fmt.Errorf("the disk for the image is full: free space or checkpoint elsewhere; the processes run on and nothing was kept (%w)", err)
+	after := "the processes run on and nothing was kept"
+	if _, partial := errors.AsType[*engine.RollbackError](err); partial {
+		after = "nothing was kept, and the rollback did not finish"
+	}
+	if streamed {
+		return fmt.Errorf("a disk is full: a local store's, or that of %s, where a streamed checkpoint stages CRIU's small files (TMPDIR moves them), or of the run directory: free space; %s (%w)", os.TempDir(), after, err)
+	}
+	return fmt.Errorf("the disk for the image is full: free space or checkpoint elsewhere; %s (%w)", after, err)
 }
 
 // classify gives errors users act on their exit code: a wrong request is a usage error,

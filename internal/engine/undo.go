@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 )
@@ -50,11 +49,25 @@ func (s *Undo) Unwind(ctx context.Context, cause error) error {
 		}
 	}
 	s.steps = nil
-	switch {
-	case len(also) == 0:
+	if len(also) == 0 {
 		return cause
-	case cause == nil:
-		return errors.New(strings.Join(also, "; "))
 	}
-	return fmt.Errorf("%w; %s", cause, strings.Join(also, "; "))
+	return &RollbackError{Cause: cause, Failed: also}
 }
+
+// RollbackError is an operation that failed (Cause, nil if it had succeeded) and whose
+// rollback did not undo everything (Failed, one line each): what the operation changed is
+// not all put back, so no message may say the workload runs on.
+type RollbackError struct {
+	Cause  error
+	Failed []string
+}
+
+func (e *RollbackError) Error() string {
+	if e.Cause == nil {
+		return strings.Join(e.Failed, "; ")
+	}
+	return fmt.Sprintf("%v; %s", e.Cause, strings.Join(e.Failed, "; "))
+}
+
+func (e *RollbackError) Unwrap() error { return e.Cause }
