@@ -47,13 +47,23 @@ func postRestoreHook(work, gpucr string, owner txn.Proc) ([]string, error) {
 	return []string{"CRIU_CONFIG_FILE=" + conf}, nil
 }
 
-// writeVerdict tells the hook in work whether the tasks may go: "ok", or why not.
-func writeVerdict(work string, err error) {
+// writeVerdict tells the hook in work whether the tasks may go: "ok", or why not. A verdict
+// that cannot be written (a full TMPDIR) left the hook waiting as long as gpucr lived, and
+// gpucr waiting for runc (review): the file that names the init is removed instead, which
+// takes no room, and the hook takes that as a refusal.
+func writeVerdict(work string, err error) error {
 	v := verdictOK
 	if err != nil {
 		v = err.Error()
 	}
-	_ = writeAtomic(filepath.Join(work, verdictName), []byte(v), 0o600) // a failure leaves the hook waiting for its owner
+	werr := writeAtomic(filepath.Join(work, verdictName), []byte(v), 0o600)
+	if werr != nil {
+		werr = fmt.Errorf("give the post-restore hook its verdict: %w", werr)
+		if rerr := os.Remove(filepath.Join(work, restoredName)); rerr != nil {
+			werr = errors.Join(werr, rerr)
+		}
+	}
+	return werr
 }
 
 // PostRestore is criu-action --post-restore: it tells the restoring gpucr which init CRIU
@@ -97,6 +107,8 @@ func waitVerdict(ctx context.Context, work string, owner txn.Proc) error {
 			return nil
 		case err == nil:
 			return errors.New(string(b))
+		case !exists(filepath.Join(work, restoredName)):
+			return errors.New("gpucr could not give its verdict on the tasks' memory (see its error): they do not go")
 		case !owner.Alive():
 			return fmt.Errorf("gpucr (PID %d), which runs this restore, is gone before the tasks were verified and filled", owner.PID)
 		}
@@ -111,8 +123,9 @@ func waitVerdict(ctx context.Context, work string, owner txn.Proc) error {
 // holdTasks is the restoring gpucr's side of the hook in s.WorkDir: once the hook says
 // which init CRIU restored, it waits for the image's verification, writes s.Fill into the
 // container's tasks (renumbered to their host PIDs) and gives the hook its verdict. It
-// returns how long the fill took, when the hook called before stop closed (runc ended).
-func holdTasks(ctx context.Context, s engine.RestoreSpec, stop <-chan struct{}) (time.Duration, bool) {
+// returns how long the fill took, and whether it filled them, when the hook called before
+// stop closed (runc ended); and the error of a verdict it could not give.
+func holdTasks(ctx context.Context, s engine.RestoreSpec, stop <-chan struct{}) (time.Duration, bool, error) {
 	var root int
 	for root == 0 {
 		if b, err := os.ReadFile(filepath.Join(s.WorkDir, restoredName)); err == nil {
@@ -121,15 +134,23 @@ func holdTasks(ctx context.Context, s engine.RestoreSpec, stop <-chan struct{}) 
 		}
 		select {
 		case <-stop:
-			return 0, false
+			return 0, false, nil
 		case <-ctx.Done():
-			return 0, false
+			return 0, false, nil
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
 	took, err := fill(ctx, s, root)
-	writeVerdict(s.WorkDir, err)
-	return took, err == nil
+	if werr := writeVerdict(s.WorkDir, err); werr != nil {
+		return took, false, werr
+	}
+	return took, err == nil, nil
+}
+
+// exists says whether path names anything.
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return err == nil
 }
 
 // fill verifies the image and writes s.Fill's memory into the container whose init is root.

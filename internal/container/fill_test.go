@@ -2,11 +2,13 @@ package container
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
@@ -77,7 +79,7 @@ func TestHoldTasksGivesTheHookItsVerdict(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(work, restoredName), []byte("1"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, filled := holdTasks(context.Background(), s, nil); filled {
+	if _, filled, _ := holdTasks(context.Background(), s, nil); filled {
 		t.Fatal("a damaged image was filled")
 	}
 	if b, _ := os.ReadFile(filepath.Join(work, verdictName)); string(b) != image.ErrCorrupt.Error() {
@@ -85,7 +87,7 @@ func TestHoldTasksGivesTheHookItsVerdict(t *testing.T) {
 	}
 
 	s.Verified = func() error { return nil }
-	if took, filled := holdTasks(context.Background(), s, nil); !filled || took != 0 {
+	if took, filled, _ := holdTasks(context.Background(), s, nil); !filled || took != 0 {
 		t.Fatalf("verified, nothing to fill: %v, %v", took, filled)
 	}
 	if b, _ := os.ReadFile(filepath.Join(work, verdictName)); string(b) != verdictOK {
@@ -95,10 +97,38 @@ func TestHoldTasksGivesTheHookItsVerdict(t *testing.T) {
 	s.WorkDir = t.TempDir()
 	stop := make(chan struct{})
 	close(stop)
-	if _, filled := holdTasks(context.Background(), s, stop); filled {
+	if _, filled, _ := holdTasks(context.Background(), s, stop); filled {
 		t.Fatal("no hook ran, yet the tasks count as filled")
 	}
 	if _, err := os.Stat(filepath.Join(s.WorkDir, verdictName)); err == nil {
 		t.Fatal("a verdict was given with no hook waiting")
+	}
+}
+
+// A verdict that could not be written (a full TMPDIR) left the hook waiting for it as long
+// as gpucr lived, and gpucr waiting for runc (review): the hook is refused at once, and
+// gpucr says why.
+func TestVerdictThatCannotBeWrittenRefusesTheTasks(t *testing.T) {
+	work := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(work, verdictName, "taken"), 0o700); err != nil {
+		t.Fatal(err) // no verdict can be renamed over a directory that holds something
+	}
+	s := engine.RestoreSpec{Verified: func() error { return nil }}
+	s.WorkDir = work
+	if err := os.WriteFile(filepath.Join(work, restoredName), []byte("1"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, filled, refused := holdTasks(context.Background(), s, nil); filled || refused == nil {
+		t.Fatalf("holdTasks = filled %v, %v; want the tasks refused and why", filled, refused)
+	}
+	self, err := txn.ProcOf(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = waitVerdict(ctx, work, self)
+	if err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the hook's wait = %v, want a refusal at once", err)
 	}
 }

@@ -108,13 +108,14 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	// CRIU restore.
 	stop := make(chan struct{})
 	type held struct {
-		took   time.Duration
-		filled bool
+		took    time.Duration
+		filled  bool
+		refused error // a verdict that could not be given
 	}
 	heldc := make(chan held, 1)
 	go func() {
-		took, filled := holdTasks(ctx, s, stop)
-		heldc <- held{took, filled}
+		took, filled, refused := holdTasks(ctx, s, stop)
+		heldc <- held{took, filled, refused}
 	}()
 	if err := op.Update(func(rec *txn.Record) {
 		rec.Container = &txn.Container{ID: ri.id, Runtime: ri.c.Runc.Command(), StateDir: ri.c.Runc.StateDir(ri.id),
@@ -128,6 +129,8 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	if err != nil {
 		if ctx.Err() != nil {
 			err = errors.New("restore interrupted: runc and its CRIU were stopped")
+		} else if h.refused != nil {
+			err = fmt.Errorf("%w: %v", err, h.refused)
 		} else if why := hookFailure(s.WorkDir); why != "" {
 			err = fmt.Errorf("%w: %s", err, why) // runc only says that CRIU's script failed
 		} else if strings.Contains(err.Error(), "already exists") {
