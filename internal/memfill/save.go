@@ -153,6 +153,9 @@ func WriteRanges(path string, rs []Range) error {
 // must be frozen. All-zero pieces are left as holes. Nothing is synced: Sync does that.
 // Files are made from what res (nil for none) has allocated ahead.
 func Save(ctx context.Context, imageDir string, rs []Range, res *Reserve) ([]image.File, error) {
+	if err := stillWritable(rs); err != nil {
+		return nil, err
+	}
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
 	count := counting(ctx, rs)
@@ -244,6 +247,9 @@ func Sync(ctx context.Context, imageDir string, files []image.File) error {
 // the image), a file per worker at a time, straight into the receiver's own buffers. The
 // processes must be frozen.
 func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.Receiver, error)) error {
+	if err := stillWritable(rs); err != nil {
+		return err
+	}
 	workers := runtime.GOMAXPROCS(0)
 	rs = segments(rs, segmentSizeFor(rs, workers))
 	count := counting(ctx, rs)
@@ -266,6 +272,29 @@ func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.R
 			}
 			return nil
 		})
+}
+
+// stillWritable checks, once the tree is frozen, that every range still lies in writable
+// memory of its process, as the restore's fill demands of the same mappings (checkMapped).
+// The ranges are chosen before the freeze: a thread that made part of one read-only in
+// between had it saved and left out of CRIU's dump, and the image could never be restored
+// (review). Such a checkpoint fails instead, and the workload runs on.
+func stillWritable(rs []Range) error {
+	maps := map[int][]proctree.Mapping{}
+	for _, r := range rs {
+		ms, ok := maps[r.PID]
+		if !ok {
+			var err error
+			if ms, err = writableMappings(r.PID); err != nil {
+				return fmt.Errorf("memory save: %w", err)
+			}
+			maps[r.PID] = ms
+		}
+		if !covered(ms, r.Start, r.End) {
+			return fmt.Errorf("memory save: process %d's memory at %#x-%#x is no longer all writable: it changed as the checkpoint began; checkpoint again", r.PID, r.Start, r.End)
+		}
+	}
+	return nil
 }
 
 // remoteReader reads the memory of process pid from addr on.
