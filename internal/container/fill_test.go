@@ -46,7 +46,9 @@ func TestPostRestoreHookWaitsForTheVerdict(t *testing.T) {
 	logger := slog.New(slog.DiscardHandler)
 
 	work := t.TempDir()
-	writeVerdict(work, os.ErrInvalid)
+	if err := writeVerdict(work, os.ErrInvalid); err != nil {
+		t.Fatal(err)
+	}
 	if err := PostRestore(context.Background(), env, work, self, logger); err == nil || !strings.Contains(err.Error(), os.ErrInvalid.Error()) {
 		t.Fatalf("damaged image: PostRestore = %v", err)
 	}
@@ -64,7 +66,9 @@ func TestPostRestoreHookWaitsForTheVerdict(t *testing.T) {
 	}
 
 	work = t.TempDir()
-	writeVerdict(work, nil)
+	if err := writeVerdict(work, nil); err != nil {
+		t.Fatal(err)
+	}
 	if err := PostRestore(context.Background(), env, work, self, logger); err != nil || !hookRan(work) {
 		t.Fatalf("verified and filled: PostRestore = %v, ran %v", err, hookRan(work))
 	}
