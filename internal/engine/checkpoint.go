@@ -336,7 +336,10 @@ func gpuMemory(snaps []gpu.Snapshot) uint64 {
 func CheckpointGPUs(ctx context.Context, t *Timer, gpus GPUSet, timeout time.Duration, undo *Undo) (*GPUResume, error) {
 	resume := &GPUResume{gpus: gpus}
 	undo.OnFail("resume the GPU processes", resume.rollback)
-	if err := t.Run(PhaseGPULock, func() error { return gpus.Lock(ctx, timeout) }); err != nil {
+	watched := warnWhileStopped(gpus, t.logger(), stoppedCheckEvery)
+	err := t.Run(PhaseGPULock, func() error { return gpus.Lock(ctx, timeout) })
+	watched()
+	if err != nil {
 		return nil, fmt.Errorf("lock GPU processes: %w", err)
 	}
 	if err := t.Run(PhaseGPUCheckpoint, func() error { return gpus.Checkpoint(ctx) }); err != nil {

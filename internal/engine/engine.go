@@ -102,6 +102,14 @@ type Timer struct {
 	Phases []image.Phase
 }
 
+// logger is the log of the operation the timer journals to, if any.
+func (t *Timer) logger() *slog.Logger {
+	if t.op == nil || t.op.log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return t.op.log
+}
+
 // NewTimer is a Timer reporting to the engine's reporter and journaling to op.
 func (e *Engine) NewTimer(op *Op) *Timer { return &Timer{r: e.reporter(), op: op} }
 

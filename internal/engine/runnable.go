@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"slices"
+	"sync"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/freezer"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -30,6 +33,40 @@ func refuseStopped(gpus GPUSet, tree *proctree.Snapshot) error {
 	}
 	return nil
 }
+
+// warnWhileStopped says, once for each, which GPU process a signal or its tracer stops
+// while the driver's lock waits for it, every interval until the returned func is called.
+// One stopped after refuseStopped looked holds the lock — one call no timeout or Ctrl-C
+// cuts short — for as long as it stays stopped, and gpucr seemed to hang without a word.
+func warnWhileStopped(gpus GPUSet, log *slog.Logger, interval time.Duration) (done func()) {
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		told := map[int]bool{}
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			for _, g := range gpus {
+				p, err := proctree.Read(g.PID)
+				if told[g.PID] || err != nil || (p.State != 'T' && p.State != 't') {
+					continue
+				}
+				told[g.PID] = true
+				log.Warn("a GPU process is stopped, and the driver's lock waits until it runs: let it run (kill -CONT, or detach its tracer); the lock cannot be cut short",
+					"pid", g.PID, "command", p.Command)
+			}
+		}
+	})
+	return func() { close(stop); wg.Wait() }
+}
+
+// stoppedCheckEvery is how often warnWhileStopped looks.
+const stoppedCheckEvery = time.Second
 
 // frozenCgroups returns the cgroups that freeze any process of gpus, each once, with the
 // first GPU process it freezes.
