@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -166,10 +167,28 @@ func (e *Engine) RecoverStale() ([]txn.Record, error) {
 			errs = append(errs, err)
 			continue
 		}
+		// The record's targets are locked before anything is rolled back: a live operation
+		// that holds one (a later checkpoint of the same process) owns its GPU state now,
+		// and a rollback restored and unlocked it under that checkpoint (review).
+		locks, err := lockTargets(e.JournalRoot, en.Locks, "gpucr PID "+strconv.Itoa(os.Getpid())+" is recovering "+en.ID)
+		if errors.Is(err, txn.ErrBusy) {
+			j.Release()
+			continue // its turn comes once that operation is over
+		}
+		if err != nil {
+			j.Release()
+			errs = append(errs, err)
+			continue
+		}
 		if _, ok := committedImage(en.Record); ok {
 			en.Committed = true // the caller says finished, not rolled back
 		}
-		if err := e.Recover(context.Background(), j); err != nil {
+		err = e.Recover(context.Background(), j)
+		for _, l := range locks {
+			l.Release()
+		}
+		if err != nil {
+			j.Release() // stale again, for the next recovery
 			errs = append(errs, err)
 			continue
 		}
@@ -179,6 +198,22 @@ func (e *Engine) RecoverStale() ([]txn.Record, error) {
 		errs = append(errs, err)
 	}
 	return done, errors.Join(errs...)
+}
+
+// lockTargets takes the target locks names, all or none.
+func lockTargets(root string, names []string, holder string) ([]*txn.Lock, error) {
+	var held []*txn.Lock
+	for _, name := range names {
+		l, err := txn.LockTarget(root, name, holder)
+		if err != nil {
+			for _, h := range held {
+				h.Release()
+			}
+			return nil, err
+		}
+		held = append(held, l)
+	}
+	return held, nil
 }
 
 // endStagingOf ends the staging records of rec's dead gpucr whose directories rec's

@@ -325,6 +325,10 @@ func Sweep(root string) error {
 	return errors.Join(errs...)
 }
 
+// Release lets a claimed record go without ending it: a recovery that failed leaves it
+// stale, for the next one to try, instead of held until this process exits.
+func (j *Journal) Release() { j.lock.Release() }
+
 // Entry is a record on disk, and whether an owner (gpucr or its guardian) still holds it.
 type Entry struct {
 	Record
