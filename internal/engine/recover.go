@@ -98,7 +98,7 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 		errs = append(errs, fmt.Errorf("unknown operation %q", rec.Op))
 	}
 	if rec.THP != nil {
-		if err := hosttune.Set(rec.THP.Path, rec.THP.Old); err != nil {
+		if err := hosttune.PutBack(rec.THP.Path, rec.THP.Old); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -43,6 +43,23 @@ func THPAlways(path string, record func(prev string) error) (restore func() erro
 	return func() error { return Set(path, prev) }, nil
 }
 
+// PutBack sets the transparent huge page mode at path back to mode, unless it is mode
+// already: a journal records the old mode before the change, and a change that failed (a
+// read-only /sys) left a record whose rollback failed on every try (review). A switch
+// gone with the kernel's THP has nothing to put back.
+func PutBack(path, mode string) error {
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return nil
+	}
+	if err == nil {
+		if cur, serr := selected(string(b)); serr == nil && cur == mode {
+			return nil
+		}
+	}
+	return Set(path, mode)
+}
+
 // Set writes a transparent huge page mode.
 func Set(path, mode string) error {
 	if err := os.WriteFile(path, []byte(mode), 0); err != nil {

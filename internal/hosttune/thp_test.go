@@ -3,6 +3,7 @@ package hosttune
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 )
 
@@ -48,5 +49,36 @@ func TestTHPMissingOrGarbled(t *testing.T) {
 	}
 	if _, err := THPAlways(p, nil); err == nil {
 		t.Fatal("a mode line without a selection must be an error")
+	}
+}
+
+// A journal records the old mode before THP changes; where the change then failed (a
+// read-only /sys), the rollback failed on every try and the record was never removed
+// (review). A mode that is already the old one needs no write.
+func TestPutBackLeavesAModeThatNeverChanged(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a read-only switch")
+	}
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
+		t.Skip("mount tmpfs: " + err.Error())
+	}
+	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
+	p := filepath.Join(dir, "enabled")
+	if err := os.WriteFile(p, []byte("always [madvise] never\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("", dir, "", syscall.MS_REMOUNT|syscall.MS_RDONLY, ""); err != nil {
+		t.Fatal(err)
+	}
+	var recorded string
+	if _, err := THPAlways(p, func(prev string) error { recorded = prev; return nil }); err == nil || recorded != "madvise" {
+		t.Fatalf("THPAlways on a read-only switch = %v, recorded %q; want the failure, madvise recorded first", err, recorded)
+	}
+	if err := PutBack(p, "madvise"); err != nil {
+		t.Errorf("PutBack of the mode the switch has = %v, want nothing to do", err)
+	}
+	if err := PutBack(p, "never"); err == nil {
+		t.Error("PutBack of another mode on a read-only switch succeeded")
 	}
 }
