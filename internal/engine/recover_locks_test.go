@@ -40,7 +40,7 @@ func TestRecoveryLeavesATargetALiveOperationHolds(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	dead.LockFile().Close() // its gpucr died
+	_ = dead.LockFile().Close() // its gpucr died
 
 	if done, err := e.RecoverStale(); err != nil || len(done) != 0 {
 		t.Fatalf("RecoverStale = %v, %v; want nothing recovered while the target is held", done, err)
