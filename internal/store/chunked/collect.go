@@ -55,6 +55,10 @@ func collect(ctx context.Context, st store.Store, dir string, dryRun, known bool
 	if err := idle(ctx, l); err != nil {
 		return nil, err
 	}
+	// What follows rests on no push having run since this look: true while the lease stays
+	// live, and no longer once it lapses (a push that starts then takes the collection for
+	// dead, and what is referenced changes under it).
+	mark := l.mark()
 	c := &Collected{}
 	refs, prefixes, err := referenced(ctx, st, dir, c)
 	if err != nil {
@@ -101,18 +105,56 @@ func collect(ctx context.Context, st store.Store, dir string, dryRun, known bool
 		} else if err != nil {
 			return c, err
 		}
+		if live, _ := l.liveSince(mark); !live {
+			c.Stopped = true // what the chunks were checked against may be out of date
+			return c, nil
+		}
 		batch := unref[:min(collectBatch, len(unref))]
-		unref = unref[len(batch):]
-		err := parallel.Each(ctx, batch, listWorkers, func() struct{} { return struct{}{} },
-			func(ctx context.Context, e store.Entry, _ struct{}) error { return st.Delete(ctx, e.Key) })
+		removed, left, err := removeWhileLive(ctx, st, l, mark, batch)
+		for _, e := range removed {
+			c.Removed, c.RemovedBytes = c.Removed+1, c.RemovedBytes+e.Size
+		}
 		if err != nil {
 			return c, err
 		}
-		for _, e := range batch {
-			c.Removed, c.RemovedBytes = c.Removed+1, c.RemovedBytes+e.Size
-		}
+		unref = append(left, unref[len(batch):]...)
 	}
 	return c, nil
+}
+
+// removeWhileLive deletes batch's objects, each only while the collection's lease l surely
+// counts as live and has since mark: a push that began while it was stale took the
+// collection for dead and may reuse any of them. A collection stopped or slowed past that
+// removed a chunk a push it had not seen then named in its manifest (review). It returns
+// what it removed and, in order, what it left.
+func removeWhileLive(ctx context.Context, st store.Store, l *lease, mark int, batch []store.Entry) (removed, left []store.Entry, err error) {
+	done := make([]bool, len(batch))
+	idx := make([]int, len(batch))
+	for i := range idx {
+		idx[i] = i
+	}
+	err = parallel.Each(ctx, idx, listWorkers, func() struct{} { return struct{}{} }, func(ctx context.Context, i int, _ struct{}) error {
+		live, until := l.liveSince(mark)
+		if !live {
+			return nil // left: the collection stops
+		}
+		dctx, cancel := context.WithDeadline(ctx, until)
+		defer cancel()
+		err := st.Delete(dctx, batch[i].Key)
+		if err != nil && dctx.Err() != nil && ctx.Err() == nil {
+			return nil // cut off as the lease's sure life ended: left
+		}
+		done[i] = err == nil
+		return err
+	})
+	for i, e := range batch {
+		if done[i] {
+			removed = append(removed, e)
+		} else {
+			left = append(left, e)
+		}
+	}
+	return removed, left, err
 }
 
 // checkStore refuses a directory that holds things but no chunks/ or leases (unless known

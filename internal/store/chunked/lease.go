@@ -52,7 +52,19 @@ type lease struct {
 	stop context.CancelFunc
 	done chan struct{}
 	mu   sync.Mutex // serializes rewrites of the lease object
+
+	// held tracks whether the lease stayed live throughout: when its last write that
+	// succeeded began, and whether one ever came too late (its own lock: a write can hang).
+	held struct {
+		sync.Mutex
+		at     time.Time
+		lapses int
+	}
 }
+
+// leaseSafe is how long after a write of the lease began it surely still counts as live,
+// whatever the store's latency: half its life.
+func leaseSafe() time.Duration { return leaseTTL / 2 }
 
 // holder is another gpucr's live lease, as its name tells: KIND-HOST-SCOPE-PID-START-NONCE,
 // where SCOPE is the kernel's boot ID and the PID namespace's (BOOT.NS) and START the
@@ -121,8 +133,38 @@ func takeLease(ctx context.Context, st store.Store, dir, kind string) (*lease, e
 func (l *lease) refresh(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	b := []byte(time.Now().UTC().Format(time.RFC3339Nano))
-	return l.st.Put(ctx, l.key, b)
+	began := time.Now()
+	b := []byte(began.UTC().Format(time.RFC3339Nano))
+	if err := l.st.Put(ctx, l.key, b); err != nil {
+		return err
+	}
+	l.held.Lock()
+	defer l.held.Unlock()
+	if !l.held.at.IsZero() && time.Since(l.held.at) > leaseSafe() {
+		l.held.lapses++
+	}
+	l.held.at = began
+	return nil
+}
+
+// mark is a point in the lease's life for liveSince: the lapses so far.
+func (l *lease) mark() int {
+	l.held.Lock()
+	defer l.held.Unlock()
+	return l.held.lapses
+}
+
+// liveSince says whether the lease has surely been live since mark was taken, and until
+// when it surely still is: no write of it came later than leaseSafe after the one before,
+// nor is one overdue now. A write that hung, or a gpucr stopped for a while (SIGSTOP, a
+// frozen cgroup, a paused VM), let a lease go stale, and another gpucr took its holder for
+// dead: a collection swept chunks a live push had stored and then named in its manifest
+// (review).
+func (l *lease) liveSince(mark int) (bool, time.Time) {
+	l.held.Lock()
+	defer l.held.Unlock()
+	until := l.held.at.Add(leaseSafe())
+	return l.held.lapses == mark && time.Now().Before(until), until
 }
 
 // release stops refreshing the lease and deletes it.
@@ -213,12 +255,22 @@ func writeLease(ctx context.Context, st store.Store, dir string, waiting func(st
 	if err != nil {
 		return nil, err
 	}
+	if err := l.awaitNoCollection(ctx, waiting); err != nil {
+		l.release()
+		return nil, err
+	}
+	return l, nil
+}
+
+// awaitNoCollection returns once no collection runs in l's directory: a live one notices l
+// at its next batch and stops.
+func (l *lease) awaitNoCollection(ctx context.Context, waiting func(string)) error {
+	st, dir := l.st, l.dir
 	deadline := time.Now().Add(writerWait)
 	for {
 		hs, err := l.others(ctx)
 		if err != nil {
-			l.release()
-			return nil, fmt.Errorf("look for a collection in %s: %w", st.URL(leasesKey(dir)), err)
+			return fmt.Errorf("look for a collection in %s: %w", st.URL(leasesKey(dir)), err)
 		}
 		var collecting []string
 		for _, h := range hs {
@@ -227,11 +279,10 @@ func writeLease(ctx context.Context, st store.Store, dir string, waiting func(st
 			}
 		}
 		if len(collecting) == 0 {
-			return l, nil
+			return nil
 		}
 		if time.Now().After(deadline) {
-			l.release()
-			return nil, fmt.Errorf("%w: %s has not stopped for this push within %v", ErrBusy, strings.Join(collecting, ", "), writerWait)
+			return fmt.Errorf("%w: %s has not stopped for this push within %v", ErrBusy, strings.Join(collecting, ", "), writerWait)
 		}
 		if waiting != nil {
 			waiting(fmt.Sprintf("%s in %s: waiting up to %v for it to stop", strings.Join(collecting, ", "), st.URL(dir), writerWait))
@@ -239,8 +290,7 @@ func writeLease(ctx context.Context, st store.Store, dir string, waiting func(st
 		}
 		select {
 		case <-ctx.Done():
-			l.release()
-			return nil, context.Cause(ctx)
+			return context.Cause(ctx)
 		case <-time.After(200 * time.Millisecond):
 		}
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/parallel"
 	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/store"
 )
@@ -102,6 +103,9 @@ func Push(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 		return nil, nil, err
 	}
 	if err := held.unchanged(dir, verifiedIn(im)); err != nil {
+		return nil, nil, err
+	}
+	if err := up.confirmChunks(ctx, p.files); err != nil {
 		return nil, nil, err
 	}
 	m, err := createManifest(ctx, st, prefix, im, p.files)
@@ -264,6 +268,45 @@ func newUploader(ctx context.Context, st store.Store, prefix string, o Options) 
 		return nil, err
 	}
 	return u, nil
+}
+
+// confirmChunks makes sure, before the manifest makes the checkpoint exist, that every
+// chunk files name is stored. Only a push whose lease may have gone stale has to look: a
+// collection that ran meanwhile took it for dead and may have removed chunks it had
+// stored or was reusing (review). It waits for any collection to stop first; a chunk
+// missing then fails the push, which pushing again repairs.
+func (u *uploader) confirmChunks(ctx context.Context, files []File) error {
+	if live, _ := u.lease.liveSince(0); live {
+		return nil
+	}
+	if err := u.lease.awaitNoCollection(ctx, nil); err != nil {
+		return err
+	}
+	mark := u.lease.mark() // live again from here: no collection starts while it stays so
+	var keys []string
+	seen := map[string]bool{}
+	for _, f := range files {
+		for _, c := range f.Chunks {
+			if !c.Zero && !seen[c.SHA256] {
+				seen[c.SHA256] = true
+				keys = append(keys, ChunkKey(u.prefix, c.SHA256))
+			}
+		}
+	}
+	err := parallel.Each(ctx, keys, workers(), func() struct{} { return struct{}{} }, func(ctx context.Context, key string, _ struct{}) error {
+		_, err := u.st.Stat(ctx, key)
+		if errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("this push's lease went stale for a while, and a collection removed chunk %s meanwhile: push again (%w)", u.st.URL(key), err)
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if live, _ := u.lease.liveSince(mark); !live {
+		return fmt.Errorf("this push's lease in %s went stale again while its chunks were checked: push again", u.st.URL(leasesKey(ParentDir(u.prefix))))
+	}
+	return nil
 }
 
 // close ends the upload, once the manifest object is written or the push given up; also

@@ -1,0 +1,144 @@
+package chunked_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/store"
+	"github.com/gpucr/gpucr/internal/store/chunked"
+)
+
+// stalling is a store whose lease writes and deletes hang, once a trigger fired, until
+// released: a gpucr stopped (SIGSTOP, a frozen cgroup) or a write stuck on a dead
+// connection. trigger says which call fires it; a call that fires it hangs too.
+type stalling struct {
+	store.Store
+	trigger func(op, key string) bool
+	once    sync.Once
+	stalled atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func newStalling(st store.Store, trigger func(op, key string) bool) *stalling {
+	return &stalling{Store: st, trigger: trigger, entered: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (g *stalling) hang(op, key string) {
+	fired := false
+	if g.trigger(op, key) {
+		g.once.Do(func() { g.stalled.Store(true); fired = true; close(g.entered) })
+	}
+	if fired || g.stalled.Load() && (op == "delete" || strings.Contains(key, chunked.LeasesDir)) {
+		<-g.release
+	}
+}
+
+func (g *stalling) Put(ctx context.Context, key string, b []byte) error {
+	g.hang("put", key)
+	return g.Store.Put(ctx, key, b)
+}
+
+// Stat hangs once it has its answer: a push that found a chunk stored goes on to reuse it.
+func (g *stalling) Stat(ctx context.Context, key string) (int64, error) {
+	n, err := g.Store.Stat(ctx, key)
+	g.hang("stat", key)
+	return n, err
+}
+
+// Delete sends nothing once its deadline is past, as a request over the network would not.
+func (g *stalling) Delete(ctx context.Context, key string) error {
+	g.hang("delete", key)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return g.Store.Delete(ctx, key)
+}
+
+// chunksOfADeletedCheckpoint stores a checkpoint at job/1 and deletes its manifest: its
+// chunks are there, referenced by nothing, for a collection to remove and a push to reuse.
+func chunksOfADeletedCheckpoint(t *testing.T, st store.Store) string {
+	t.Helper()
+	src := testImage(t, 0)
+	if _, _, err := chunked.Push(context.Background(), st, "job/1", src, chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(context.Background(), chunked.ManifestKey("job/1")); err != nil {
+		t.Fatal(err)
+	}
+	return src
+}
+
+// A push whose lease went stale (its writes hung) was taken for dead by a collection,
+// which removed the chunks it was reusing; the push then wrote its manifest, and a
+// checkpoint listed as complete could not be pulled (review). The push checks its chunks
+// before its manifest: it fails, asking to push again, and nothing is listed.
+func TestPushWhoseLeaseWentStaleChecksItsChunks(t *testing.T) {
+	chunked.SetLeaseTiming(t.Cleanup, 100*time.Millisecond, time.Second)
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	src := chunksOfADeletedCheckpoint(t, st)
+	g := newStalling(st, func(op, key string) bool { return op == "stat" && strings.Contains(key, "/"+chunked.ChunksDir+"/") })
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := chunked.Push(ctx, g, "job/2", src, chunked.Options{Workers: 1})
+		done <- err
+	}()
+	<-g.entered
+	time.Sleep(1500 * time.Millisecond) // the push's lease is stale
+	c, err := chunked.Collect(ctx, st, "job", false)
+	if err != nil || c.Removed == 0 {
+		t.Fatalf("collection beside the stalled push: %+v, %v; want it to remove the unreferenced chunks", c, err)
+	}
+	close(g.release)
+	err = <-done
+	if err == nil || !strings.Contains(err.Error(), "push again") {
+		t.Fatalf("push whose chunks were removed = %v, want it to fail and say to push again", err)
+	}
+	if ls, err := chunked.List(ctx, st, "job"); err != nil || len(ls) != 0 {
+		t.Fatalf("listed %+v, %v; want no checkpoint", ls, err)
+	}
+	if _, _, err := chunked.Push(ctx, st, "job/2", src, chunked.Options{}); err != nil {
+		t.Fatalf("pushing again: %v", err)
+	}
+	if _, _, err := chunked.Pull(ctx, st, "job/2", t.TempDir()+"/img", chunked.Options{}); err != nil {
+		t.Fatalf("pull of the push made again: %v", err)
+	}
+}
+
+// A collection stopped once it had found no push, its lease gone stale meanwhile, let a
+// push run and store a checkpoint reusing the chunks it was about to remove; resumed, it
+// removed them (review). It removes nothing once its lease lapsed, and stops.
+func TestCollectionWhoseLeaseWentStaleStops(t *testing.T) {
+	chunked.SetLeaseTiming(t.Cleanup, 100*time.Millisecond, time.Second)
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	src := chunksOfADeletedCheckpoint(t, st)
+	g := newStalling(st, func(op, _ string) bool { return op == "delete" })
+	type result struct {
+		c   *chunked.Collected
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		c, err := chunked.Collect(ctx, g, "job", false)
+		done <- result{c, err}
+	}()
+	<-g.entered
+	time.Sleep(1500 * time.Millisecond) // the collection's lease is stale
+	if _, _, err := chunked.Push(ctx, st, "job/2", src, chunked.Options{}); err != nil {
+		t.Fatalf("push beside the stalled collection: %v", err)
+	}
+	close(g.release)
+	r := <-done
+	if r.err != nil || !r.c.Stopped {
+		t.Fatalf("collection resumed = %+v, %v; want it stopped", r.c, r.err)
+	}
+	if _, _, err := chunked.Pull(ctx, st, "job/2", t.TempDir()+"/img", chunked.Options{}); err != nil {
+		t.Fatalf("the push's checkpoint after the collection: %v", err)
+	}
+}
