@@ -41,6 +41,11 @@ func ReadPagemap(path string) (*Pagemap, error) {
 	return readPagemap(newBudget(), os.DirFS(filepath.Dir(path)), filepath.Base(path))
 }
 
+// ReadPagemapFS is ReadPagemap of the pagemap image name in fsys: files held open, say.
+func ReadPagemapFS(fsys fs.FS, name string) (*Pagemap, error) {
+	return readPagemap(newBudget(), fsys, name)
+}
+
 // readPagemap reads the pagemap image name in fsys: its first entry is the head.
 func readPagemap(n *budget, fsys fs.FS, name string) (*Pagemap, error) {
 	var m *Pagemap

@@ -345,7 +345,7 @@ func newPusher(up *uploader, dir string, held *heldFiles, o Options) (*pusher, e
 		p.files = append(p.files, File{Path: rel, Size: held.ids[i].size})
 		p.total += held.ids[i].size
 	}
-	cuts := pageCuts(dir, p.files)
+	cuts := pageCuts(held, p.files)
 	for i, f := range p.files {
 		ends, ok := cuts[f.Path]
 		if !ok {
