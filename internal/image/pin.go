@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/diskroom"
 	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
@@ -92,14 +93,24 @@ func SplitPinned(files []File) (pinned, mem []File) {
 // Pin copies the files of dir that a restore hands to CRIU (all listed but criuimg.MemDir's) into
 // private, an empty directory only root can write, under the same relative paths: an image
 // root to check and restore from in dir's place (its memory still read from dir). It never
-// follows a symlink or leaves dir. The copies are checked afterwards, not here.
+// follows a symlink or leaves dir, copies no more of a file than the manifest lists (the
+// copies are checked afterwards, not here), and refuses first what would fill private's
+// file system: whoever may write in dir may grow a file after its size was checked
+// (review).
 func Pin(dir, private string, files []File) error {
 	if err := os.MkdirAll(CRIUPath(private), 0o700); err != nil {
 		return fmt.Errorf("private copy of %s: %w", dir, err)
 	}
 	pinned, _ := SplitPinned(files)
+	var total int64
 	for _, f := range pinned {
-		if err := pinFile(dir, private, f.Path); err != nil {
+		total += f.Size
+	}
+	if err := diskroom.Check(private, total); err != nil {
+		return fmt.Errorf("private copy of %s: %w", dir, err)
+	}
+	for _, f := range pinned {
+		if err := pinFile(dir, private, f); err != nil {
 			var pe *fs.PathError
 			if errors.As(err, &pe) && errors.Is(err, fs.ErrNotExist) {
 				return &CorruptError{f.Path, "missing"}
@@ -110,7 +121,8 @@ func Pin(dir, private string, files []File) error {
 	return nil
 }
 
-func pinFile(dir, private, rel string) error {
+func pinFile(dir, private string, f File) error {
+	rel := f.Path
 	src, err := beneath.Open(dir, filepath.FromSlash(rel))
 	if err != nil {
 		return err
@@ -124,7 +136,8 @@ func pinFile(dir, private, rel string) error {
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(dst, src); err != nil {
+	// One byte past the listed size shows the file grew; the check that follows names it.
+	if _, err := io.CopyN(dst, src, f.Size+1); err != nil && !errors.Is(err, io.EOF) {
 		dst.Close()
 		return err
 	}

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
+	"github.com/gpucr/gpucr/internal/diskroom"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -128,5 +130,34 @@ func TestOnlyRootCanChangeRelativeAndThroughSymlinks(t *testing.T) {
 	}
 	if got, err := Resolve(link); err != nil || got != dir {
 		t.Fatalf("Resolve(%s) = %q, %v; want %q", link, got, err, dir)
+	}
+}
+
+// Whoever may write in the image may grow a file after its size was checked: the copy took
+// all of it, 256 MiB for a file listed at 4 bytes, into root's TMPDIR (review). It copies
+// one byte past the listed size at most, which the check that follows refuses; and it
+// refuses first what would fill the file system it copies into.
+func TestPinCopiesNoMoreThanListed(t *testing.T) {
+	dir, files := pinImage(t)
+	core := filepath.Join(dir, "criu", "core-1.img")
+	if err := os.Truncate(core, 256<<20); err != nil {
+		t.Fatal(err)
+	}
+	private := filepath.Join(t.TempDir(), "pinned")
+	if err := Pin(dir, private, files); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(private, "criu", "core-1.img")); err != nil || fi.Size() != 5 {
+		t.Fatalf("copy of a file listed at 4 bytes: %v, %v; want 5 bytes", fi, err)
+	}
+	if err := CheckSizes(private, files[:1]); err == nil {
+		t.Fatal("the grown file's copy passed the size check")
+	}
+
+	huge := slices.Clone(files)
+	huge[0].Size = 1 << 50
+	var full *diskroom.FullError
+	if err := Pin(dir, filepath.Join(t.TempDir(), "p2"), huge); !errors.As(err, &full) {
+		t.Fatalf("pin of a petabyte: %v, want the file system's room refused first", err)
 	}
 }
