@@ -2,6 +2,8 @@ package chunked_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -140,5 +142,40 @@ func TestCollectionWhoseLeaseWentStaleStops(t *testing.T) {
 	}
 	if _, _, err := chunked.Pull(ctx, st, "job/2", t.TempDir()+"/img", chunked.Options{}); err != nil {
 		t.Fatalf("the push's checkpoint after the collection: %v", err)
+	}
+}
+
+// answerLost is a store whose first conditional create lands but answers as its retry
+// does, once the first answer was lost: the object exists.
+type answerLost struct {
+	store.Store
+	once sync.Once
+}
+
+func (a *answerLost) Create(ctx context.Context, key string, b []byte) error {
+	err := a.Store.Create(ctx, key, b)
+	a.once.Do(func() {
+		if err == nil {
+			err = fmt.Errorf("%s: %w", key, store.ErrExists)
+		}
+	})
+	return err
+}
+
+// A manifest write sent again after its answer was lost found the manifest its first one
+// made, and the push said a checkpoint was already there (review): its own is taken for
+// done; another's still is not.
+func TestManifestWrittenTwiceByItsPushIsDone(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	src := testImage(t, 0)
+	if _, _, err := chunked.Push(ctx, &answerLost{Store: st}, "job/1", src, chunked.Options{}); err != nil {
+		t.Fatalf("push whose manifest write was answered as taken: %v", err)
+	}
+	if _, _, err := chunked.Pull(ctx, st, "job/1", t.TempDir()+"/img", chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := chunked.Push(ctx, st, "job/1", src, chunked.Options{}); !errors.Is(err, chunked.ErrExists) {
+		t.Fatalf("a second push to a taken name: %v, want ErrExists", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -172,6 +173,9 @@ func createManifest(ctx context.Context, st store.Store, prefix string, im *imag
 	}
 	if err := st.Create(ctx, ManifestKey(prefix), b); err != nil {
 		if errors.Is(err, store.ErrExists) {
+			if ours(ctx, st, ManifestKey(prefix), b) {
+				return m, nil
+			}
 			return nil, fmt.Errorf("%s: %w", st.URL(prefix), ErrExists)
 		}
 		return nil, fmt.Errorf("write manifest: %w", err)
@@ -179,8 +183,20 @@ func createManifest(ctx context.Context, st store.Store, prefix string, im *imag
 	return m, nil
 }
 
-// absent checks that no checkpoint is at prefix yet, so that a push fails before it reads
-// the image rather than after it uploaded it.
+// ours says whether the object at key holds exactly b: a client that sends a write again
+// after losing the answer to the first (minio-go retries) finds the object its first one
+// made, and its conditional create fails (review). A manifest names the time it was
+// written to the nanosecond: another push's is never the same bytes.
+func ours(ctx context.Context, st store.Store, key string, b []byte) bool {
+	r, err := st.Get(ctx, key)
+	if err != nil {
+		return false
+	}
+	defer r.Close()
+	got, err := io.ReadAll(io.LimitReader(r, int64(len(b))+1))
+	return err == nil && bytes.Equal(got, b)
+}
+
 // CheckFree fails unless a checkpoint could be stored at prefix in st now: a name a
 // checkpoint can have, and none there yet. A checkpoint written locally and stored after
 // asks before it begins, not once the workload is checkpointed.
@@ -194,6 +210,8 @@ func CheckFree(ctx context.Context, st store.Store, prefix string) error {
 	return absent(ctx, st, prefix)
 }
 
+// absent checks that no checkpoint is at prefix yet, so that a push fails before it reads
+// the image rather than after it uploaded it.
 func absent(ctx context.Context, st store.Store, prefix string) error {
 	_, err := st.Stat(ctx, ManifestKey(prefix))
 	switch {
