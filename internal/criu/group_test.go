@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -55,5 +56,40 @@ func TestDumpCRIURunsInAProcessGroupOfItsOwn(t *testing.T) {
 	})
 	if restore != ours {
 		t.Errorf("a restore's CRIU is in process group %d, not gpucr's %d", restore, ours)
+	}
+}
+
+// A restore's tasks are CRIU's forks and can hold copies of CRIU's end of the socket: one
+// blocked (opening a FIFO, say) kept the read of CRIU's answer waiting after CRIU was
+// killed, through every Ctrl-C and SIGTERM (hostile test). Cancelling ends the wait.
+func TestCancelledRestoreEndsWhileCRIUsForksHoldTheSocket(t *testing.T) {
+	dir := t.TempDir()
+	forked := filepath.Join(dir, "forked")
+	script := filepath.Join(dir, "criu")
+	body := "#!/bin/sh\nsleep 60 &\necho $! > " + forked + "\nexec sleep 60\n"
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if b, err := os.ReadFile(forked); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil {
+				_ = unix.Kill(pid, unix.SIGKILL)
+			}
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := (&Driver{Path: script}).Restore(ctx, RestoreRequest{ImagesDir: dir, WorkDir: dir}, nil)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a cancelled restore succeeded")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the cancelled restore still waits for CRIU's answer")
 	}
 }

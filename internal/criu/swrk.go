@@ -150,9 +150,18 @@ func notify(n Notify, c *rpc.CriuNotify) error {
 	return nil
 }
 
-// kill stops CRIU wherever it is. It is gpucr's child, unwaited until close, so its PID
-// names no other process.
-func (s *swrk) kill() error { return s.cmd.Process.Kill() }
+// kill stops CRIU wherever it is, and hangs up gpucr's end of the socket: tasks CRIU had
+// forked hold copies of CRIU's end, and the read of an answer that never comes waited on
+// them for good, through every Ctrl-C and SIGTERM (hostile test: a restored task blocked
+// opening a FIFO). CRIU is gpucr's child, unwaited until close, so its PID names no other
+// process.
+func (s *swrk) kill() error {
+	err := s.cmd.Process.Kill()
+	if rc, cerr := s.sk.SyscallConn(); cerr == nil {
+		_ = rc.Control(func(fd uintptr) { _ = unix.Shutdown(int(fd), unix.SHUT_RDWR) })
+	}
+	return err
+}
 
 // close hangs up on CRIU and waits for it to exit.
 func (s *swrk) close() error {
