@@ -392,6 +392,22 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 	return out, nil
 }
 
+// ReopenedPaths lists, sorted and once each, the paths of this host's files that CRIU
+// opens again by name when it restores the image at dir (reopenedPaths); none for a tree
+// that had its own mount namespace.
+func ReopenedPaths(dir string) ([]string, error) {
+	_, _, paths, err := reopenedOnHost(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range paths {
+		out = append(out, p)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
 // reopenedOnHost reads the image at dir for what CRIU reopens by path on this host
 // (reopenedPaths), and returns it with the image and the reading's budget; nothing for a
 // tree that had its own mount namespace, whose paths are not this host's.

@@ -198,6 +198,9 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		t.Phases = append(t.Phases, image.Phase{Name: PhaseCRIUDump, Duration: d})
 		e.reporter().Done(PhaseCRIUDump, d)
 		crashpoint.Hit("end " + PhaseCRIUDump)
+		if m.Reopened, commitErr = reopenedFiles(stage.CRIUDir()); commitErr != nil {
+			return commitErr
+		}
 		if early {
 			copied, commitErr = saveFrozen(ctx, t, target, stage, pages, save)
 		} else {

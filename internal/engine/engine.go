@@ -17,13 +17,15 @@ import (
 
 // Errors users act on; the CLI maps them to messages and exit codes.
 var (
-	ErrNotRoot    = errors.New("gpucr must run as root (CRIU needs it)")
-	ErrBadTarget  = errors.New("refusing to checkpoint this process")
-	ErrPIDInUse   = errors.New("a PID the image needs is in use")
-	ErrNoFile     = errors.New("a file the image needs is missing on this host")
-	ErrTreeImage  = errors.New("this image cannot be restored as a process tree")
-	ErrNoBackend  = errors.New("no GPU backend for this image")
-	ErrGPURestore = errors.New("GPU restore failed")
+	ErrNotRoot   = errors.New("gpucr must run as root (CRIU needs it)")
+	ErrBadTarget = errors.New("refusing to checkpoint this process")
+	ErrPIDInUse  = errors.New("a PID the image needs is in use")
+	ErrNoFile    = errors.New("a file the image needs is missing on this host")
+	// ErrFileChanged is a file the image reopens whose owner or kind changed since.
+	ErrFileChanged = errors.New("a file the image reopens is not the one it had")
+	ErrTreeImage   = errors.New("this image cannot be restored as a process tree")
+	ErrNoBackend   = errors.New("no GPU backend for this image")
+	ErrGPURestore  = errors.New("GPU restore failed")
 )
 
 // Engine checkpoints and restores process trees with one CRIU and the GPU backends that

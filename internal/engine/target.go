@@ -332,7 +332,10 @@ func (ti *treeImage) Check() error {
 			return err
 		}
 	}
-	return filesPresent(image.CRIUPath(ti.dir), ti.m)
+	if err := filesPresent(image.CRIUPath(ti.dir), ti.m); err != nil {
+		return err
+	}
+	return checkReopened(ti.m)
 }
 
 func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Restored, error) {

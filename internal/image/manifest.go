@@ -53,6 +53,18 @@ type Manifest struct {
 	// GPUs is per-backend device state; empty for CPU-only process trees.
 	GPUs  []gpu.Snapshot `json:"gpus,omitempty"`
 	Files []File         `json:"files"`
+	// Reopened are the files CRIU opens again by their paths on restore, as they were when
+	// checkpointed: a restore refuses one whose owner or kind changed since, which another
+	// user may have put in its place (absent from images made before 2026-11-28).
+	Reopened []HostFile `json:"reopened,omitempty"`
+}
+
+// HostFile is a file of the host outside the image: its path, owner and kind.
+type HostFile struct {
+	Path string `json:"path"`
+	UID  uint32 `json:"uid"`
+	GID  uint32 `json:"gid"`
+	Kind string `json:"kind"` // file, dir, symlink, fifo, socket, device
 }
 
 // HostInfo identifies the machine an image was taken on.

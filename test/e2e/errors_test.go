@@ -394,3 +394,42 @@ func TestCheckOfAJournalOthersCanWriteIsNotReady(t *testing.T) {
 		t.Errorf("check: exit %d, %+v (%v); want exit %d, not ready, the journal named", code, r, err, exitNotReady)
 	}
 }
+
+// CRIU reopens a restored process's files by their paths: one removed from a directory
+// others may write and put back there by another user, same size, had root's restored job
+// run that user's code (hostile test). A file whose owner changed since the checkpoint is
+// refused before CRIU starts; given its owner back, it restores.
+func TestRestoreRefusesAFileAnotherUserPutBack(t *testing.T) {
+	needCRIU(t)
+	prog := filepath.Join(t.TempDir(), "counter-copy")
+	b, err := os.ReadFile(bin.counter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(prog, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w := startCounterOf(t, prog)
+	dir := checkpointGone(t, w)
+
+	if err := os.Remove(prog); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(prog, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(prog, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	out, code := gpucr(t, "restore", "-D", dir)
+	if code != 1 || !oneLineWith(out, "a file the image reopens is not the one it had: "+prog+" is a file of uid 65534") {
+		t.Fatalf("restore with %s put back by another user: exit %d:\n%s", prog, code, out)
+	}
+	if testutil.Alive(w.pid) {
+		t.Fatal("restore went ahead with the other user's file")
+	}
+	if err := os.Chown(prog, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	restore(t, dir)
+}
