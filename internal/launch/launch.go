@@ -15,11 +15,13 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/safety"
 )
 
@@ -108,7 +110,7 @@ func Run(ctx context.Context, j Job) error {
 		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 		if err := startRank(c); err != nil {
 			// The job never ran: the ranks started go at once, none left behind.
-			signalAll(cmds[:i], syscall.SIGKILL)
+			signalAll(cmds[:i], nil, syscall.SIGKILL)
 			for _, c := range cmds[:i] {
 				_ = c.Wait()
 			}
@@ -116,9 +118,10 @@ func Run(ctx context.Context, j Job) error {
 		}
 		cmds[i] = c
 	}
+	reaped := make([]atomic.Bool, len(cmds))
 	go func() {
 		for s := range sigs {
-			signalAll(cmds, s.(syscall.Signal))
+			signalAll(cmds, reaped, s.(syscall.Signal))
 		}
 	}()
 
@@ -129,7 +132,9 @@ func Run(ctx context.Context, j Job) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if c.Wait() == nil {
+			err := c.Wait()
+			reaped[i].Store(true)
+			if err == nil {
 				return
 			}
 			once.Do(func() {
@@ -137,7 +142,7 @@ func Run(ctx context.Context, j Job) error {
 				if ws, ok := c.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 					first.Signal = ws.Signal()
 				}
-				stopAll(cmds)
+				stopAll(cmds, reaped)
 			})
 		}()
 	}
@@ -157,19 +162,51 @@ var startRank = (*exec.Cmd).Start
 var stopGrace = 30 * time.Second
 
 // stopAll tells the ranks to stop, and kills those still running stopGrace later.
-func stopAll(cmds []*exec.Cmd) {
-	signalAll(cmds, syscall.SIGTERM)
-	time.AfterFunc(stopGrace, func() { signalAll(cmds, syscall.SIGKILL) })
+func stopAll(cmds []*exec.Cmd, reaped []atomic.Bool) {
+	signalAll(cmds, reaped, syscall.SIGTERM)
+	time.AfterFunc(stopGrace, func() { signalAll(cmds, reaped, syscall.SIGKILL) })
 }
 
 // signalAll sends sig to the process group of every rank started: the rank and what it
-// started. A group whose processes have all exited ignores it.
-func signalAll(cmds []*exec.Cmd, sig syscall.Signal) {
-	for _, c := range cmds {
-		if c != nil && c.Process != nil {
-			_ = syscall.Kill(-c.Process.Pid, sig)
+// started. The group of a rank already reaped (reaped[i]) is its own only while processes
+// it started live on in it and no process has the rank's PID: an emptied group's number is
+// free, and a process given it as its PID that leads a group of its own got the job's
+// signals (hostile test: another user's process killed by root's SIGTERM). While a member
+// lives, the kernel gives no one that number.
+func signalAll(cmds []*exec.Cmd, reaped []atomic.Bool, sig syscall.Signal) {
+	var orphaned map[int]bool // read once, if a rank was reaped
+	for i, c := range cmds {
+		if c == nil || c.Process == nil {
+			continue
+		}
+		group := c.Process.Pid
+		if reaped != nil && reaped[i].Load() {
+			if orphaned == nil {
+				orphaned = orphanedGroups()
+			}
+			if !orphaned[group] {
+				continue
+			}
+		}
+		_ = syscall.Kill(-group, sig)
+	}
+}
+
+// orphanedGroups lists the process groups that have processes in them but not their
+// leader: a reaped rank's, where what it started lives on.
+func orphanedGroups() map[int]bool {
+	all, _ := proctree.All() // a scan that failed names no group: reaped ranks' go unsignalled
+	pids := make(map[int]bool, len(all))
+	for _, p := range all {
+		pids[p.PID] = true
+	}
+	out := map[int]bool{}
+	for _, p := range all {
+		if !pids[p.Pgrp] {
+			out[p.Pgrp] = true
 		}
 	}
+	return out
 }
 
 // freePort asks the kernel for a loopback port the ranks can rendezvous on.

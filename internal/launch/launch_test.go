@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -120,4 +121,37 @@ func exitedWithin(pid int, d time.Duration) bool {
 		}
 	}
 	return false
+}
+
+// A reaped rank's group number is free once its last process exits: another process given
+// it as its PID, leading a group of its own, got the job's SIGTERM (hostile test, with the
+// PID forced). Such a group is left alone; one where the rank's children live on is not.
+func TestSignalsSpareAGroupThatTookAReapedRanksNumber(t *testing.T) {
+	stranger := exec.Command("sleep", "60")
+	stranger.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // leads group = its PID
+	if err := stranger.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = stranger.Process.Kill(); _ = stranger.Wait() }()
+	// A rank's wrapper that started a child in its group and exited: the child lives on.
+	orphaned := exec.Command("sh", "-c", "sleep 60 </dev/null >/dev/null 2>&1 & echo $!")
+	orphaned.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	out, err := orphaned.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	defer func() { _ = syscall.Kill(child, syscall.SIGKILL) }()
+
+	ranks := []*exec.Cmd{{Process: stranger.Process}, orphaned}
+	reaped := make([]atomic.Bool, len(ranks))
+	reaped[0].Store(true) // the rank that had the stranger's number is gone
+	reaped[1].Store(true)
+	signalAll(ranks, reaped, syscall.SIGTERM)
+	if exitedWithin(stranger.Process.Pid, 500*time.Millisecond) {
+		t.Error("a process that took a reaped rank's number was signalled")
+	}
+	if !exitedWithin(child, 5*time.Second) {
+		t.Error("a reaped rank's child, in its group, was not signalled")
+	}
 }
