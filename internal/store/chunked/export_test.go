@@ -7,9 +7,9 @@ import (
 
 // SetLeaseTiming shortens the lease timing for a test and restores it at cleanup.
 func SetLeaseTiming(cleanup func(func()), refresh, ttl time.Duration) {
-	r, l, w := leaseRefresh, leaseTTL, writerWait
-	leaseRefresh, leaseTTL, writerWait = refresh, ttl, 3*ttl
-	cleanup(func() { leaseRefresh, leaseTTL, writerWait = r, l, w })
+	r, l, w, d := leaseRefresh, leaseTTL, writerWait, leaseDropWait
+	leaseRefresh, leaseTTL, writerWait, leaseDropWait = refresh, ttl, 3*ttl, ttl
+	cleanup(func() { leaseRefresh, leaseTTL, writerWait, leaseDropWait = r, l, w, d })
 }
 
 // LeaseName names a lease of kind as a gpucr with pid and start on host, in scope (BOOT.NS),

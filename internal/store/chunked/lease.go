@@ -167,14 +167,22 @@ func (l *lease) liveSince(mark int) (bool, time.Time) {
 	return l.held.lapses == mark && time.Now().Before(until), until
 }
 
-// release stops refreshing the lease and deletes it.
+// release stops refreshing the lease and deletes it, trying for leaseDropWait at most: a
+// lease left is only stale in leaseTTL, and a store that stopped answering held a failed
+// checkpoint --to, and the locks on its workload, for 3 more minutes of stalled tries
+// (hostile test).
 func (l *lease) release() {
 	l.stop()
 	<-l.done
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	_ = l.st.Delete(context.Background(), l.key)
+	ctx, cancel := context.WithTimeout(context.Background(), leaseDropWait)
+	defer cancel()
+	_ = l.st.Delete(ctx, l.key)
 }
+
+// leaseDropWait bounds the deletion of a lease given up.
+var leaseDropWait = 5 * time.Second // a variable: tests shorten it
 
 // others lists the live leases in the directory other than l. The store's clock decides
 // what is live: a lease is compared with l's own, just rewritten.

@@ -179,3 +179,30 @@ func TestManifestWrittenTwiceByItsPushIsDone(t *testing.T) {
 		t.Fatalf("a second push to a taken name: %v, want ErrExists", err)
 	}
 }
+
+// deafDeletes is a store that stopped answering deletes: each waits for its context.
+type deafDeletes struct{ store.Store }
+
+func (d deafDeletes) Delete(ctx context.Context, _ string) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A push given up deletes its lease, best effort: against a store that stopped answering,
+// that deletion held a failed checkpoint --to, and the locks on its workload, for minutes
+// of stalled tries (hostile test). It gives up within the lease's life.
+func TestAPushGivenUpDoesNotWaitOnItsLease(t *testing.T) {
+	chunked.SetLeaseTiming(t.Cleanup, 100*time.Millisecond, time.Second)
+	st := deafDeletes{store.NewDir(t.TempDir())}
+	s, err := chunked.NewStream(context.Background(), st, "job/1", chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { s.Abort(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the abort still waits on its lease's deletion")
+	}
+}
