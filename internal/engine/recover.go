@@ -144,6 +144,19 @@ func committedImage(rec txn.Record) (string, bool) {
 // RecoverStale recovers every operation whose gpucr and guardian are both gone, and returns
 // their records. Each verb runs it first, so nothing a dead gpucr left waits for an operator.
 func (e *Engine) RecoverStale() ([]txn.Record, error) {
+	return e.recoverStale(func(txn.Entry) bool { return true })
+}
+
+// RecoverStaleStaging is RecoverStale of the stale staging records under root alone: the
+// verbs that stage without GPUs or CRIU (pull, fold, import) recover those first, so that
+// killed ones' copies, each up to an image, do not pile up beside their destinations and
+// fill them (hostile test).
+func RecoverStaleStaging(root string) ([]txn.Record, error) {
+	return (&Engine{JournalRoot: root}).recoverStale(func(en txn.Entry) bool { return en.Op == txn.OpStaging })
+}
+
+// recoverStale is RecoverStale of the records which says.
+func (e *Engine) recoverStale(which func(txn.Entry) bool) ([]txn.Record, error) {
 	if e.JournalRoot == "" {
 		return nil, nil
 	}
@@ -154,7 +167,7 @@ func (e *Engine) RecoverStale() ([]txn.Record, error) {
 	var done []txn.Record
 	var errs []error
 	for _, en := range entries {
-		if en.Held || (en.Op == txn.OpStaging && slices.ContainsFunc(en.Paths, heldBeneath(entries))) {
+		if !which(en) || en.Held || (en.Op == txn.OpStaging && slices.ContainsFunc(en.Paths, heldBeneath(entries))) {
 			// A staging directory that a live operation (a guardian's rollback) journals
 			// too is its to remove: the operation may still need what is in it.
 			continue

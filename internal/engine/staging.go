@@ -58,6 +58,8 @@ func newStagingPath(root, what string, name func(id string) string) (*StagingDir
 	if root == "" || os.Geteuid() != 0 {
 		return &StagingDir{}, nil
 	}
+	// What killed stagings left goes first; what cannot go now waits for gpucr recover.
+	_, _ = RecoverStaleStaging(root)
 	j, err := txn.Begin(root, txn.OpStaging, what)
 	if err != nil {
 		return nil, err

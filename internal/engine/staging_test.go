@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -154,5 +156,40 @@ func TestExportImageDirectoryOfADeadGpucr(t *testing.T) {
 		if _, err := os.Stat(gone); !os.IsNotExist(err) {
 			t.Errorf("%s is left: %v", gone, err)
 		}
+	}
+}
+
+// Killed pulls left their copies beside their destinations, each up to an image, until
+// gpucr recover: pull, fold and import run no engine, and so no recovery (hostile test: a
+// later pull was refused for the room they took). A staging begins with the recovery of
+// stale ones.
+func TestStagingRecoversStaleStagingFirst(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the journal is root's")
+	}
+	root := t.TempDir()
+	left := filepath.Join(t.TempDir(), ".img.partial-dead")
+	if err := os.Mkdir(left, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dead, err := txn.Begin(root, txn.OpStaging, "pull s3://b/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dead.Update(func(r *txn.Record) { r.Paths = []string{left} }); err != nil {
+		t.Fatal(err)
+	}
+	_ = dead.LockFile().Close() // its gpucr was killed
+	s, err := NewStagingBeside(root, "pull s3://b/y", filepath.Join(t.TempDir(), "img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close() }()
+	if _, err := os.Stat(left); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a killed pull's copy is left: %v", err)
+	}
+	entries, err := txn.List(root)
+	if err != nil || len(entries) != 1 || entries[0].ID != s.ID() {
+		t.Errorf("journal %+v, %v: want only the new staging", entries, err)
 	}
 }
