@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -63,13 +64,28 @@ type checkpointOutput struct {
 }
 
 // checkFree refuses, before a checkpoint begins, a store location it could not be pushed
-// to once written (-D DIR --to LOC): a bad name, or a checkpoint there already.
-func (a *app) checkFree(ctx context.Context, loc string) error {
+// to once written to dir (-D DIR --to LOC): a bad name, a checkpoint there already, or a
+// local one that is dir, or inside it, or holds it (hostile test: -D X --to X said it
+// succeeded, and the store's files in X made the image fail to verify).
+func (a *app) checkFree(ctx context.Context, loc, dir string) error {
 	st, prefix, err := store.Open(ctx, loc, a.cfg.s3)
 	if err == nil {
 		err = chunked.CheckFree(ctx, st, prefix)
 	}
-	return classifyStore(err)
+	if err != nil {
+		return classifyStore(err)
+	}
+	if _, local := st.(*store.Dir); local && (within(st.URL(prefix), dir) || within(dir, st.URL(prefix))) {
+		return usageError{fmt.Errorf("--to %s and -D %s overlap: the store's files would change the image; give them places apart", loc, dir)}
+	}
+	return nil
+}
+
+// within says whether path is dir or inside it, both made absolute.
+func within(path, dir string) bool {
+	p, err1 := filepath.Abs(path)
+	d, err2 := filepath.Abs(dir)
+	return err1 == nil && err2 == nil && (p == d || strings.HasPrefix(p, d+string(filepath.Separator)))
 }
 
 // storeAndEmit stores the checkpoint written to dir at to, when given, and prints out.
@@ -191,7 +207,7 @@ func (a *app) checkpointCmd() *cobra.Command {
 			}
 
 			if r.Dir != "" && to != "" {
-				if err := a.checkFree(cmd.Context(), to); err != nil {
+				if err := a.checkFree(cmd.Context(), to, r.Dir); err != nil {
 					export.abandon()
 					return err
 				}

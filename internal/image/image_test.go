@@ -727,3 +727,28 @@ func TestBeginRefusesAParentOthersCanChange(t *testing.T) {
 		}
 	}
 }
+
+// A new image put inside an image adds files its manifest does not list: fold, checkpoint
+// -D and pull into one said they succeeded, and the image no longer verified (hostile
+// test). Refused up front; a directory that merely has a file named manifest.json is no
+// image.
+func TestBeginRefusesAPlaceInsideAnImage(t *testing.T) {
+	img := commitImage(t)
+	for _, inside := range []string{filepath.Join(img, "criu", "new"), filepath.Join(img, "logs", "new")} {
+		if _, err := Begin(inside); !errors.Is(err, ErrNotAPlace) || !strings.Contains(err.Error(), img) {
+			t.Errorf("Begin(%s) = %v, want ErrNotAPlace naming the image", inside, err)
+		}
+	}
+	if _, err := Load(img); err != nil {
+		t.Fatalf("the image after the refusals: %v", err)
+	}
+	project := t.TempDir()
+	if err := os.WriteFile(filepath.Join(project, ManifestName), []byte("{}"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Begin(filepath.Join(project, "ckpt"))
+	if err != nil {
+		t.Fatalf("Begin beside a manifest.json that is no image: %v", err)
+	}
+	abort(t, s)
+}

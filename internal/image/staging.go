@@ -149,9 +149,36 @@ func CheckParent(final string) error {
 // as Begin does: for images that arrive otherwise than by a checkpoint (an imported archive).
 func CheckFinal(final string) error { return checkFinal(filepath.Clean(final)) }
 
+// Holding returns the image directory at path or above it, if there is one: a new image,
+// or a store, put inside an image adds files its manifest does not list, and the image no
+// longer verifies (hostile test: fold, checkpoint -D and pull into an image all said they
+// succeeded, and broke it). An image is a directory with a manifest and its seal.
+func Holding(path string) (string, bool) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", false
+	}
+	for dir := abs; ; dir = filepath.Dir(dir) {
+		if isRegular(filepath.Join(dir, ManifestName)) && isRegular(filepath.Join(dir, SealName)) {
+			return dir, true
+		}
+		if dir == filepath.Dir(dir) {
+			return "", false
+		}
+	}
+}
+
+func isRegular(path string) bool {
+	fi, err := os.Lstat(path)
+	return err == nil && fi.Mode().IsRegular()
+}
+
 // checkFinal accepts a final path that is absent or an empty directory, not a symlink or
-// a mount point.
+// a mount point, nor inside an image.
 func checkFinal(final string) error {
+	if img, ok := Holding(filepath.Dir(final)); ok {
+		return sentinelf(ErrNotAPlace, "image directory %s is inside the image %s, which it would change: give a path outside it", final, img)
+	}
 	fi, err := os.Lstat(final)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -433,3 +433,35 @@ func TestRestoreRefusesAFileAnotherUserPutBack(t *testing.T) {
 	}
 	restore(t, dir)
 }
+
+// A new image or a store put inside an image adds files its manifest does not list: pull
+// into an image's directory and checkpoint -D X --to X said they succeeded, and the image
+// no longer verified (hostile test). Both are refused before anything is written, and the
+// workload runs on.
+func TestNoImageNorStoreInsideAnImage(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t)
+	base := t.TempDir()
+	img := filepath.Join(base, "img")
+	if out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-R", "-D", img); code != 0 {
+		t.Fatalf("checkpoint: exit %d:\n%s", code, out)
+	}
+	store := filepath.Join(base, "store")
+	if out, code := gpucr(t, "push", img, store+"/c"); code != 0 {
+		t.Fatalf("push: exit %d:\n%s", code, out)
+	}
+	if out, code := gpucr(t, "pull", store+"/c", filepath.Join(img, "criu", "x")); code != exitUsage || !oneLineWith(out, "inside the image "+img) {
+		t.Errorf("pull into the image: exit %d:\n%s", code, out)
+	}
+	both := filepath.Join(base, "both")
+	if out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-R", "-D", both, "--to", both); code != exitUsage || !oneLineWith(out, "overlap") {
+		t.Errorf("checkpoint -D X --to X: exit %d:\n%s", code, out)
+	}
+	if out, code := gpucr(t, "verify", img); code != 0 {
+		t.Fatalf("the image after the refusals: exit %d:\n%s", code, out)
+	}
+	if !testutil.Alive(w.pid) {
+		t.Fatal("the workload died")
+	}
+	w.waitCount(t, w.read(t, "count")+2)
+}

@@ -169,6 +169,13 @@ func checkPrefix(prefix string) error {
 // other; one that becomes a store's chunks directory only later is gc's to refuse, naming
 // what it holds.
 func checkPlace(ctx context.Context, st store.Store, prefix string) error {
+	// Nor in a local image: its manifest would not list what the store adds (hostile test:
+	// checkpoint -D X --to X said it succeeded, and X no longer verified).
+	if _, local := st.(*store.Dir); local {
+		if img, inside := image.Holding(st.URL(prefix)); inside {
+			return &nameError{fmt.Sprintf("a checkpoint cannot be stored at %s: it is inside the image %s, which it would change", st.URL(prefix), img)}
+		}
+	}
 	parts := strings.Split(prefix, "/")
 	for i := range len(parts) - 1 {
 		if parts[i] != ChunksDir {
