@@ -101,12 +101,26 @@ func (p *processTree) Open(context.Context) ([]proctree.Process, error) {
 	case pid == os.Getpid():
 		return nil, fmt.Errorf("%w: PID %d is gpucr itself", ErrBadTarget, pid)
 	}
+	if tgid, err := proctree.ThreadGroup(pid); err == nil && tgid != pid {
+		return nil, fmt.Errorf("%w: %d is a thread of process %d: checkpoint %d", ErrBadTarget, pid, tgid, tgid)
+	}
 	tree, err := proctree.Tree(pid)
 	if err != nil {
 		return nil, err
 	}
 	if tree[0].Kernel {
 		return nil, fmt.Errorf("%w: PID %d is a kernel thread (%s), with nothing of a process to checkpoint", ErrBadTarget, pid, tree[0].Command)
+	}
+	if tree[0].Zombie {
+		return nil, fmt.Errorf("%w: PID %d (%s) has exited, and waits for its parent to reap it: nothing is left to checkpoint", ErrBadTarget, pid, tree[0].Command)
+	}
+	// CRIU seizes every process with ptrace, which a tracer already attached forbids: its
+	// failure named only a firewall rule it could not remove (hostile test).
+	for _, q := range tree {
+		if tracer, err := proctree.Tracer(q.PID); err == nil && tracer != 0 {
+			return nil, fmt.Errorf("%w: process %d (%s) of the tree is traced by PID %d (a debugger, strace?), and CRIU cannot seize a traced process: detach the tracer and try again",
+				ErrBadTarget, q.PID, q.Command, tracer)
+		}
 	}
 	if slices.Contains(proctree.PIDs(tree), os.Getpid()) {
 		return nil, fmt.Errorf("%w: gpucr itself runs inside the tree of PID %d", ErrBadTarget, pid)
