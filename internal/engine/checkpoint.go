@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -245,7 +247,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	}
 	res = &Checkpointed{Manifest: m}
 	if err := target.Release(context.WithoutCancel(ctx), r.LeaveRunning); err != nil {
-		return res, fmt.Errorf("image written to %s, but %w", where, err)
+		return res, fmt.Errorf("image written to %s, but %w%s", where, err, gpuResume.leftHint(r.LeaveRunning))
 	}
 	if r.LeaveRunning && gpuResume != nil {
 		if err := t.Run(PhaseGPUResume, func() error { return gpuResume.Resume(context.WithoutCancel(ctx)) }); err != nil {
@@ -280,7 +282,9 @@ func (e *Engine) resumeAndCommit(ctx context.Context, op *Op, t *Timer, undo *Un
 	go func() {
 		ctx := context.WithoutCancel(ctx)
 		err := target.Release(ctx, true)
-		if err == nil && gpuResume != nil {
+		if err != nil {
+			err = fmt.Errorf("%w%s", err, gpuResume.leftHint(true))
+		} else if gpuResume != nil {
 			err = resume.Run(PhaseGPUResume, func() error { return gpuResume.Resume(ctx) })
 		}
 		res.Paused = time.Since(pauseStart)
@@ -370,6 +374,21 @@ func (r *GPUResume) Resume(ctx context.Context) error {
 		r.tried, r.err = true, r.gpus.ResumeRetrying(ctx, nil, GPURetryWait)
 	}
 	return r.err
+}
+
+// leftHint says, for a tree to be left running that could not be let go (a container
+// runc would not resume), that its GPU processes stay checkpointed, and what brings them
+// back: the message said only that the container was left paused, and once resumed by
+// hand the job hung on its GPUs (review). Empty for no GPUs, or a tree not left running.
+func (r *GPUResume) leftHint(leaveRunning bool) string {
+	if r == nil || !leaveRunning || len(r.gpus) == 0 {
+		return ""
+	}
+	pids := make([]string, len(r.gpus))
+	for i, p := range r.gpus {
+		pids[i] = strconv.Itoa(p.PID)
+	}
+	return fmt.Sprintf("; its GPU processes stay checkpointed: once it runs again, `gpucr recover --pid %s` brings them back", strings.Join(pids, ","))
 }
 
 // rollback is Resume as an undo step: a resume already made has answered for itself.

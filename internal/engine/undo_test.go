@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/gpu"
 )
 
 // The one rollback: a failure undoes every step, last first, with a context that is not
@@ -66,5 +68,21 @@ func TestUndoReportsFailedSteps(t *testing.T) {
 	want := "criu dump failed; resume container web also failed: runc: exit 1"
 	if err.Error() != want || strings.Contains(err.Error(), "\n") {
 		t.Fatalf("error %q, want %q", err, want)
+	}
+}
+
+// A container to be left running that runc would not resume kept its GPU processes
+// checkpointed, and the message said only that it was left paused: resumed by hand, the
+// job hung on its GPUs (review). The message says what brings them back.
+func TestLeftPausedSaysTheGPUsStayCheckpointed(t *testing.T) {
+	r := &GPUResume{gpus: GPUSet{{Process: gpu.Process{PID: 41}}, {Process: gpu.Process{PID: 42}}}}
+	if got := r.leftHint(true); !strings.Contains(got, "gpucr recover --pid 41,42") {
+		t.Errorf("hint %q, want the recover command for both processes", got)
+	}
+	if got := r.leftHint(false); got != "" {
+		t.Errorf("a tree not left running: hint %q", got)
+	}
+	if got := (*GPUResume)(nil).leftHint(true); got != "" {
+		t.Errorf("no GPUs: hint %q", got)
 	}
 }
