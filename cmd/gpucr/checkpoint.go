@@ -30,7 +30,7 @@ func criuFlags(cmd *cobra.Command, o *criu.Options) {
 	f.BoolVar(&o.TCPEstablished, "tcp-established", false, "checkpoint and restore established TCP connections")
 	f.BoolVar(&o.ExtUnixSk, "ext-unix-sk", false, "allow unix sockets connected to processes outside the tree")
 	f.BoolVar(&o.FileLocks, "file-locks", false, "checkpoint and restore file locks")
-	f.IntVar(&o.LogLevel, "criu-log-level", criu.DefaultLogLevel, "CRIU's log verbosity, 1-4 (4 to debug a failure)")
+	f.IntVar(&o.LogLevel, "criu-log-level", criu.DefaultLogLevel, "CRIU's log verbosity, 0-4 (4 to debug a failure)")
 	f.StringVar(&o.NetworkLock, "network-lock", "", `how CRIU blocks TCP traffic while frozen: nftables (default), iptables, or skip when all peers are in the tree`)
 }
 

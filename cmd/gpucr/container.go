@@ -119,7 +119,8 @@ func classifyContainer(err error) error {
 	switch {
 	case errors.Is(err, container.ErrRuncMissing):
 		return notReadyError{reason: err.Error()}
-	case errors.Is(err, container.ErrNotRunning), errors.Is(err, container.ErrEngineOwned):
+	case errors.Is(err, container.ErrNotRunning), errors.Is(err, container.ErrEngineOwned), errors.Is(err, container.ErrNoContainer),
+		errors.Is(err, container.ErrExists):
 		return usageError{err}
 	}
 	return classify(err)

@@ -247,6 +247,9 @@ func (a *app) withEngine(cmd *cobra.Command, o criu.Options, f func(context.Cont
 	if err := criu.ValidateNetworkLock(o.NetworkLock); err != nil {
 		return usageError{err}
 	}
+	if o.LogLevel < 0 || o.LogLevel > 4 {
+		return usageError{fmt.Errorf("--criu-log-level %d: CRIU's levels are 0 to 4 (4 to debug a failure)", o.LogLevel)}
+	}
 	e, err := a.engine()
 	if err != nil {
 		return classify(err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -23,6 +24,9 @@ slower than over NVLink; single-GPU work is unaffected.
 Checkpoint the whole job by the PID of gpucr run, with --tcp-established.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if nproc < 1 {
+				return usageError{fmt.Errorf("--nproc-per-node %d: a job has at least one rank", nproc)}
+			}
 			return launch.Run(cmd.Context(), launch.Job{NProc: nproc, Command: args, Stdout: a.stdout, Stderr: a.stderr})
 		},
 	}

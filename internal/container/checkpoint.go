@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/beneath"
@@ -53,6 +54,9 @@ const maxInfo = 1 << 20
 // ErrNotRunning means the container is not running, so there is nothing to checkpoint.
 var ErrNotRunning = errors.New("container is not running")
 
+// ErrNoContainer means runc has no container by that ID.
+var ErrNoContainer = errors.New("no such container")
+
 // ErrExists means a restore would take the ID of a container runc already has.
 var ErrExists = errors.New("a container with that ID exists")
 
@@ -82,6 +86,9 @@ func (t *runcTarget) CRIUPlugins() bool { return false }
 
 func (t *runcTarget) Open(ctx context.Context) ([]proctree.Process, error) {
 	st, err := t.c.Runc.State(ctx, t.id)
+	if err != nil && strings.Contains(err.Error(), "does not exist") {
+		return nil, fmt.Errorf("%w: %s (%v)", ErrNoContainer, t.id, err)
+	}
 	if err != nil {
 		return nil, err
 	}

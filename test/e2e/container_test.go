@@ -706,3 +706,13 @@ func TestIntegrationDumpsIntoAReusedImagePath(t *testing.T) {
 		t.Fatalf("the integration did not restore the GPU state; its log:\n%s", g.gpucrLog())
 	}
 }
+
+// A container runc does not have is a wrong request (exit 2, as a PID with no process),
+// named as such: it exited 1 with runc's words alone (hostile test).
+func TestCheckpointOfNoSuchContainerIsAUsageError(t *testing.T) {
+	needRunc(t)
+	out, code := gpucr(t, "checkpoint", "--container", "gpucr-e2e-no-such-container", "-D", filepath.Join(t.TempDir(), "img"))
+	if code != exitUsage || !oneLineWith(out, "no such container: gpucr-e2e-no-such-container") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}

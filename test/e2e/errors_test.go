@@ -465,3 +465,17 @@ func TestNoImageNorStoreInsideAnImage(t *testing.T) {
 	}
 	w.waitCount(t, w.read(t, "count")+2)
 }
+
+// Numbers out of their range are wrong requests (exit 2), refused before anything runs:
+// --criu-log-level 99 was passed to CRIU, --nproc-per-node 0 exited 1 (hostile test).
+func TestOutOfRangeNumbersAreUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"checkpoint", "1", "--criu-log-level", "99", "-D", filepath.Join(t.TempDir(), "img")},
+		{"restore", "-D", t.TempDir(), "--criu-log-level", "-5"},
+		{"run", "--nproc-per-node", "0", "--", "true"},
+	} {
+		if out, code := gpucr(t, args...); code != exitUsage || strings.Contains(strings.TrimSpace(out), "\n") {
+			t.Errorf("gpucr %s: exit %d:\n%s", strings.Join(args, " "), code, out)
+		}
+	}
+}
