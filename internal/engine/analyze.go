@@ -23,7 +23,7 @@ func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips)
 	if err != nil {
 		return nil, err
 	}
-	a := &Analysis{Processes: len(tree), Findings: []safety.Finding{}}
+	a := &Analysis{Processes: len(tree), GPUProcesses: []gpu.Process{}, Findings: []safety.Finding{}}
 	snap := proctree.Snap("/proc", tree)
 	found, err := FindGPUProcs(ctx, e.Backends, e.Off, snap)
 	var refused *safety.Finding

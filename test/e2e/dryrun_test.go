@@ -20,6 +20,9 @@ func TestCheckpointDryRun(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &a); err != nil || a.Processes != 2 || a.Findings == nil || len(a.Findings) != 0 {
 		t.Fatalf("dry run: %v\n%s", err, out)
 	}
+	if !strings.Contains(out, `"gpuProcesses": []`) { // a list, empty: null was what a machine reading it got
+		t.Fatalf("dry run without GPU processes: %s", out)
+	}
 	if out := mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "--dry-run", "--skip-check", "multi-gpu-process"); !strings.Contains(out, "nothing found") {
 		t.Fatalf("dry run text: %s", out)
 	}
