@@ -124,21 +124,22 @@ func TestExportImageDirectoryOfADeadGpucr(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		// Its gpucr dies: nobody holds its record any more.
-		if err := os.Remove(filepath.Join(root, "txn", s.j.ID()+".lock")); err != nil {
-			t.Fatal(err)
-		}
 		return s
 	}
 	whole := imagetest.Commit(t, map[string][]byte{"criu/pstree.img": []byte("pstree")}, m, nil)
-	staged(whole, false)
 	empty := filepath.Join(t.TempDir(), "empty")
 	if err := os.Mkdir(empty, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	staged(empty, false)
 	packed := imagetest.Commit(t, map[string][]byte{"criu/pstree.img": []byte("pstree")}, m, nil)
-	staged(packed, true)
+	// Each begun while the others' gpucrs live (a staging recovers the stale ones first).
+	all := []*StagingDir{staged(whole, false), staged(empty, false), staged(packed, true)}
+	for _, s := range all {
+		// Its gpucr dies: nobody holds its record any more.
+		if err := os.Remove(filepath.Join(root, "txn", s.j.ID()+".lock")); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	done, err := (&Engine{JournalRoot: root}).RecoverStale()
 	if err != nil || len(done) != 3 {
