@@ -275,10 +275,14 @@ func (d *Dir) Partial(_ context.Context, dir string) ([]Entry, error) {
 }
 
 // Delete removes the object's name, through the directory that holds it: a symlink put in
-// its place is removed itself, never what it points to.
-func (d *Dir) Delete(_ context.Context, key string) error {
+// its place is removed itself, never what it points to. A deletion whose context ended
+// removes nothing, as a request not sent: a collection bounds its deletions so (review).
+func (d *Dir) Delete(ctx context.Context, key string) error {
 	if err := checkKey(key); err != nil {
 		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("delete %s: %w", d.URL(key), err)
 	}
 	hd, name, err := d.held(key, false)
 	if errors.Is(err, ErrNotFound) {

@@ -140,11 +140,18 @@ func (l *lease) refresh(ctx context.Context) error {
 	}
 	l.held.Lock()
 	defer l.held.Unlock()
-	if !l.held.at.IsZero() && time.Since(l.held.at) > leaseSafe() {
+	if !l.held.at.IsZero() && since(l.held.at) > leaseSafe() {
 		l.held.lapses++
 	}
 	l.held.at = began
 	return nil
+}
+
+// since is how long ago t was by both clocks, whichever says longer: the monotonic one
+// stands still while the host is suspended (or, on some hypervisors, its VM paused), when
+// the store's clock, which judges the lease, runs on (review).
+func since(t time.Time) time.Duration {
+	return max(time.Since(t), time.Now().Round(0).Sub(t.Round(0)))
 }
 
 // mark is a point in the lease's life for liveSince: the lapses so far.
@@ -163,8 +170,8 @@ func (l *lease) mark() int {
 func (l *lease) liveSince(mark int) (bool, time.Time) {
 	l.held.Lock()
 	defer l.held.Unlock()
-	until := l.held.at.Add(leaseSafe())
-	return l.held.lapses == mark && time.Now().Before(until), until
+	left := leaseSafe() - since(l.held.at)
+	return l.held.lapses == mark && left > 0, time.Now().Add(left)
 }
 
 // release stops refreshing the lease and deletes it, trying for leaseDropWait at most: a

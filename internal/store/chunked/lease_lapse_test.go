@@ -52,12 +52,8 @@ func (g *stalling) Stat(ctx context.Context, key string) (int64, error) {
 	return n, err
 }
 
-// Delete sends nothing once its deadline is past, as a request over the network would not.
 func (g *stalling) Delete(ctx context.Context, key string) error {
 	g.hang("delete", key)
-	if err := ctx.Err(); err != nil {
-		return err
-	}
 	return g.Store.Delete(ctx, key)
 }
 
@@ -204,5 +200,56 @@ func TestAPushGivenUpDoesNotWaitOnItsLease(t *testing.T) {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the abort still waits on its lease's deletion")
+	}
+}
+
+// stallingCreate hangs the manifest's create, and the lease writes once it does (a push
+// host cut off from its store), until released.
+type stallingCreate struct {
+	store.Store
+	entered, release chan struct{}
+	once             sync.Once
+	stalled          atomic.Bool
+}
+
+func (g *stallingCreate) Create(ctx context.Context, key string, b []byte) error {
+	if strings.HasSuffix(key, chunked.ManifestObject) {
+		g.once.Do(func() { g.stalled.Store(true); close(g.entered); <-g.release })
+	}
+	return g.Store.Create(ctx, key, b)
+}
+
+func (g *stallingCreate) Put(ctx context.Context, key string, b []byte) error {
+	if g.stalled.Load() && strings.Contains(key, chunked.LeasesDir) {
+		<-g.release
+	}
+	return g.Store.Put(ctx, key, b)
+}
+
+// A push's lease could lapse after its chunks were checked, while its manifest was being
+// written, and a collection then removed the chunks the manifest names (review). The push
+// checks them again once the manifest is written: it fails, and removes the manifest.
+func TestPushWhoseLeaseLapsedWhileItsManifestWasWrittenChecksAgain(t *testing.T) {
+	chunked.SetLeaseTiming(t.Cleanup, 100*time.Millisecond, time.Second)
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	src := chunksOfADeletedCheckpoint(t, st)
+	g := &stallingCreate{Store: st, entered: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := chunked.Push(ctx, g, "job/2", src, chunked.Options{Workers: 1})
+		done <- err
+	}()
+	<-g.entered
+	time.Sleep(1500 * time.Millisecond) // the push's lease is stale
+	if c, err := chunked.Collect(ctx, st, "job", false); err != nil || c.Removed == 0 {
+		t.Fatalf("collection beside the stalled manifest: %+v, %v; want the chunks removed", c, err)
+	}
+	close(g.release)
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "push again") {
+		t.Fatalf("push = %v, want it to fail and say to push again", err)
+	}
+	if ls, err := chunked.List(ctx, st, "job"); err != nil || len(ls) != 0 {
+		t.Fatalf("listed %+v, %v; want no checkpoint", ls, err)
 	}
 }

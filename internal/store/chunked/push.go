@@ -106,10 +106,7 @@ func Push(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	if err := held.unchanged(dir, verifiedIn(im)); err != nil {
 		return nil, nil, err
 	}
-	if err := up.confirmChunks(ctx, p.files); err != nil {
-		return nil, nil, err
-	}
-	m, err := createManifest(ctx, st, prefix, im, p.files)
+	m, err := up.storeManifest(ctx, p.files, func() (*Manifest, error) { return createManifest(ctx, st, prefix, im, p.files) })
 	if err != nil {
 		return nil, nil, err
 	}
@@ -288,17 +285,41 @@ func newUploader(ctx context.Context, st store.Store, prefix string, o Options) 
 	return u, nil
 }
 
-// confirmChunks makes sure, before the manifest makes the checkpoint exist, that every
-// chunk files name is stored. Only a push whose lease may have gone stale has to look: a
-// collection that ran meanwhile took it for dead and may have removed chunks it had
-// stored or was reusing (review). It waits for any collection to stop first; a chunk
-// missing then fails the push, which pushing again repairs.
-func (u *uploader) confirmChunks(ctx context.Context, files []File) error {
-	if live, _ := u.lease.liveSince(0); live {
-		return nil
+// storeManifest writes the manifest of files (create) once every chunk it names is surely
+// stored, and keeps it only if they surely still are once it is written. A push whose lease
+// went stale, before or while its manifest was written (a hung store, a stopped gpucr), was
+// taken for dead by a collection, which may have removed chunks it had stored or reused
+// (hostile test, review): the chunks are checked, and a push missing one fails, its
+// manifest removed, and pushing again repairs it.
+func (u *uploader) storeManifest(ctx context.Context, files []File, create func() (*Manifest, error)) (*Manifest, error) {
+	mark := 0
+	if live, _ := u.lease.liveSince(0); !live {
+		var err error
+		if mark, err = u.confirmChunks(ctx, files); err != nil {
+			return nil, err
+		}
 	}
+	m, err := create()
+	if err != nil {
+		return nil, err
+	}
+	if live, _ := u.lease.liveSince(mark); live {
+		return m, nil
+	}
+	if _, err := u.confirmChunks(ctx, files); err != nil {
+		if derr := u.st.Delete(context.WithoutCancel(ctx), ManifestKey(u.prefix)); derr != nil {
+			return nil, fmt.Errorf("%w; and its manifest, written meanwhile, could not be removed: %v (gpucr rm %s)", err, derr, u.st.URL(u.prefix))
+		}
+		return nil, err
+	}
+	return m, nil
+}
+
+// confirmChunks waits for any collection to stop, then checks that every chunk files name
+// is stored, and returns the lease's mark from which no collection ran.
+func (u *uploader) confirmChunks(ctx context.Context, files []File) (int, error) {
 	if err := u.lease.awaitNoCollection(ctx, nil); err != nil {
-		return err
+		return 0, err
 	}
 	mark := u.lease.mark() // live again from here: no collection starts while it stays so
 	var keys []string
@@ -319,12 +340,12 @@ func (u *uploader) confirmChunks(ctx context.Context, files []File) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if live, _ := u.lease.liveSince(mark); !live {
-		return fmt.Errorf("this push's lease in %s went stale again while its chunks were checked: push again", u.st.URL(leasesKey(ParentDir(u.prefix))))
+		return 0, fmt.Errorf("this push's lease in %s went stale again while its chunks were checked: push again", u.st.URL(leasesKey(ParentDir(u.prefix))))
 	}
-	return nil
+	return mark, nil
 }
 
 // close ends the upload, once the manifest object is written or the push given up; also
