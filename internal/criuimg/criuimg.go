@@ -393,16 +393,22 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 }
 
 // ReopenedPaths lists, sorted and once each, the paths of this host's files that CRIU
-// opens again by name when it restores the image at dir (reopenedPaths); none for a tree
-// that had its own mount namespace.
+// opens again by name when it restores the image at dir: those of reopenedPaths that a
+// process holds, maps, runs or works in, as MissingFiles asks for (not a pty CRIU recreates
+// by its index); none for a tree that had its own mount namespace.
 func ReopenedPaths(dir string) ([]string, error) {
-	_, _, paths, err := reopenedOnHost(dir)
-	if err != nil {
+	fsys, n, paths, err := reopenedOnHost(dir)
+	if err != nil || paths == nil {
 		return nil, err
 	}
 	var out []string
-	for _, p := range paths {
-		out = append(out, p)
+	err = eachUse(n, fsys, func(u fileUse) {
+		if p, ok := paths[u.id]; ok {
+			out = append(out, p)
+		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	slices.Sort(out)
 	return slices.Compact(out), nil

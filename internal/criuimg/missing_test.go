@@ -121,4 +121,9 @@ func TestMissingFilesAsksOnlyForFilesInUse(t *testing.T) {
 	if want := []MissingFile{{Path: "/nonexistent/held", PID: 1, FD: 3}}; err != nil || !reflect.DeepEqual(missing, want) {
 		t.Fatalf("MissingFiles = %+v, %v; want only the file held, %+v", missing, err, want)
 	}
+	// The owners a checkpoint records are of the same files: a shell job's pty, another
+	// user's login at the restore, had the restore refused (review).
+	if paths, err := ReopenedPaths(dir); err != nil || !reflect.DeepEqual(paths, []string{"/nonexistent/held"}) {
+		t.Fatalf("ReopenedPaths = %q, %v; want only the file held", paths, err)
+	}
 }

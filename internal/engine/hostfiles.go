@@ -33,15 +33,22 @@ func reopenedFiles(criuDir string) ([]image.HostFile, error) {
 		if err != nil {
 			return nil, err
 		}
+		if f.Kind == "device" {
+			continue // the host's, made by its kernel and udev, and its own on another host
+		}
 		out = append(out, f)
 	}
 	return out, nil
 }
 
 // checkReopened refuses an image whose reopened files changed owner or kind on this host
-// since the checkpoint. A missing one is left to filesPresent, which names its user.
+// since the checkpoint. A missing one is left to filesPresent, which names its user; a
+// device is never recorded.
 func checkReopened(m *image.Manifest) error {
 	for _, was := range m.Reopened {
+		if was.Kind == "device" {
+			continue
+		}
 		now, err := hostFile(was.Path)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
@@ -49,10 +56,12 @@ func checkReopened(m *image.Manifest) error {
 		if err != nil {
 			return err
 		}
-		if now != was {
-			return fmt.Errorf("%w: %s is a %s of uid %d, gid %d now, and was a %s of uid %d, gid %d when checkpointed; "+
+		// The owner, who could have put it there, and its kind; not its group, which
+		// differs between hosts (a render group's) without anyone's doing.
+		if now.UID != was.UID || now.Kind != was.Kind {
+			return fmt.Errorf("%w: %s is a %s of uid %d now, and was a %s of uid %d when checkpointed; "+
 				"another user may have put it there: put the job's own file back (or give it its owner again) and restore again",
-				ErrFileChanged, was.Path, now.Kind, now.UID, now.GID, was.Kind, was.UID, was.GID)
+				ErrFileChanged, was.Path, now.Kind, now.UID, was.Kind, was.UID)
 		}
 	}
 	return nil
