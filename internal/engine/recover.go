@@ -151,8 +151,12 @@ func (e *Engine) RecoverStale() ([]txn.Record, error) {
 // verbs that stage without GPUs or CRIU (pull, fold, import) recover those first, so that
 // killed ones' copies, each up to an image, do not pile up beside their destinations and
 // fill them (hostile test).
+//
+// An export's staging, whose image may be a job's only copy, is left to a recovery that
+// says where that image is (gpucr recover, the next checkpoint or restore): this one tells
+// no one (review).
 func RecoverStaleStaging(root string) ([]txn.Record, error) {
-	return (&Engine{JournalRoot: root}).recoverStale(func(en txn.Entry) bool { return en.Op == txn.OpStaging })
+	return (&Engine{JournalRoot: root}).recoverStale(func(en txn.Entry) bool { return en.Op == txn.OpStaging && en.Image == "" })
 }
 
 // recoverStale is RecoverStale of the records which says.

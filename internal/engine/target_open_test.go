@@ -50,13 +50,13 @@ func TestOpenNamesWhatCannotBeCheckpointed(t *testing.T) {
 	}
 
 	if os.Geteuid() != 0 {
-		t.Skip("tracing another process needs root here")
+		testutil.SkipOrFail(t, "tracing another process needs root here")
 	}
 	traced := testutil.StartSleeper(t)
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	if err := unix.PtraceSeize(traced.Process.Pid); err != nil {
-		t.Skip("ptrace: " + err.Error())
+		testutil.SkipOrFail(t, "ptrace: "+err.Error())
 	}
 	if err := open(traced.Process.Pid); !errors.Is(err, ErrBadTarget) || !strings.Contains(err.Error(), "is traced by PID") {
 		t.Errorf("a traced process: %v", err)

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // The kernel shows the mode in brackets and takes a bare word; a file stands in for it here.
@@ -57,11 +59,11 @@ func TestTHPMissingOrGarbled(t *testing.T) {
 // (review). A mode that is already the old one needs no write.
 func TestPutBackLeavesAModeThatNeverChanged(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a read-only switch")
+		testutil.SkipOrFail(t, "needs root to mount a read-only switch")
 	}
 	dir := t.TempDir()
 	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=64k"); err != nil {
-		t.Skip("mount tmpfs: " + err.Error())
+		testutil.SkipOrFail(t, "mount tmpfs: "+err.Error())
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) })
 	p := filepath.Join(dir, "enabled")
