@@ -44,7 +44,7 @@ func (a *app) recoverCmd() *cobra.Command {
 			recovered, rerr := e.RecoverStale()
 			out := recoverOutput{Recovered: append([]txn.Record{}, recovered...)}
 			for _, pid := range pids {
-				if err := resumeStranded(cmd.Context(), e.Backends, pid); err != nil {
+				if err := resumeStranded(cmd.Context(), e, pid); err != nil {
 					rerr = errors.Join(rerr, err)
 					continue
 				}
@@ -91,9 +91,21 @@ func printRecover(a *app, out recoverOutput) {
 	}
 }
 
-// resumeStranded restores and unlocks one process's device state, whichever backend holds it.
-func resumeStranded(ctx context.Context, backends []gpu.Backend, pid int) error {
-	procs, err := stranded(ctx, backends, []int{pid})
+// resumeStranded restores and unlocks one process's device state, whichever backend holds
+// it, under the process's lock: a process a live checkpoint has locked or checkpointed is
+// that checkpoint's, and was restored and unlocked under it (review).
+func resumeStranded(ctx context.Context, e *engine.Engine, pid int) error {
+	if e.JournalRoot != "" {
+		l, err := txn.LockTarget(e.JournalRoot, engine.PIDLock(pid), fmt.Sprintf("gpucr PID %d is recovering PID %d", os.Getpid(), pid))
+		if errors.Is(err, txn.ErrBusy) {
+			return usageError{fmt.Errorf("PID %d: %w: its GPU state is that operation's, not stranded", pid, err)}
+		}
+		if err != nil {
+			return err
+		}
+		defer l.Release()
+	}
+	procs, err := stranded(ctx, e.Backends, []int{pid})
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -42,5 +43,26 @@ func TestRecoverSaysWhereAStreamedCheckpointMayBe(t *testing.T) {
 	printRecover(&app{stdout: &out}, recoverOutput{Recovered: []txn.Record{stored, early}})
 	if got := strings.Count(out.String(), "is complete if `gpucr ls` lists it"); got != 1 || !strings.Contains(out.String(), "the checkpoint at s3://b/jobs/x") {
 		t.Fatalf("recover said:\n%s", out.String())
+	}
+}
+
+// recover --pid of a process a live operation holds (a checkpoint that has it locked or
+// checkpointed on its GPU) restored and unlocked it under that operation (review): refused,
+// exit 2, naming the holder.
+func TestRecoverPIDLeavesAProcessAnOperationHolds(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "recover reads root's journal")
+	}
+	pid := testutil.StartSleeper(t).Process.Pid
+	root := t.TempDir()
+	l, err := txn.LockTarget(root, engine.PIDLock(pid), "a checkpoint holds it")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	var stdout, stderr strings.Builder
+	code := run([]string{"--run-dir", root, "recover", "--pid", strconv.Itoa(pid)}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stdout.String()+stderr.String(), "a checkpoint holds it") {
+		t.Fatalf("exit %d:\n%s%s", code, stdout.String(), stderr.String())
 	}
 }
