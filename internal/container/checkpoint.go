@@ -154,15 +154,17 @@ func (t *runcTarget) Freeze(ctx context.Context, op *engine.Op, undo *engine.Und
 	return tree, nil
 }
 
-// resume thaws the container. One runc says is running already needs nothing (a pause
+// resume thaws the container. One runc does not say is paused needs nothing (a pause
 // that never froze it, a left-running checkpoint's container resumed before its commit
-// failed): runc refuses to resume it, and the rollback said it was left paused.
+// failed, one that exited as the checkpoint began): runc refuses to resume it, and the
+// rollback said it was left paused.
 func (t *runcTarget) resume(ctx context.Context) error {
 	err := t.c.Runc.Resume(ctx, t.id)
 	if err == nil {
 		return nil
 	}
-	if st, serr := t.c.Runc.State(ctx, t.id); serr == nil && st.Status == "running" {
+	st, serr := t.c.Runc.State(ctx, t.id)
+	if serr == nil && st.Status != "paused" || serr != nil && strings.Contains(serr.Error(), "does not exist") {
 		return nil
 	}
 	return fmt.Errorf("runc resume %s: %w", t.id, err)

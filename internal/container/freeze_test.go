@@ -44,7 +44,7 @@ esac
 func TestFailedPauseIsResumedByTheRollback(t *testing.T) {
 	ctx := context.Background()
 	e := &engine.Engine{Version: "test"}
-	for _, status := range []string{"paused", "running"} {
+	for _, status := range []string{"paused", "running", "stopped"} {
 		runc, calls := fakeRunc(t, status, true)
 		op, err := e.Begin(txn.OpCheckpoint, "container web")
 		if err != nil {
