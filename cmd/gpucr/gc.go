@@ -119,6 +119,6 @@ func printCollect(a *app, o collectOutput) {
 	fmt.Fprintf(a.stdout, "%s %d chunks (%s) that no checkpoint in %s references; %d checkpoints keep %d chunks\n",
 		verb, o.RemovedChunks, bytesHuman(uint64(o.RemovedBytes)), o.Dir, o.Checkpoints, o.KeptChunks)
 	if o.Stopped {
-		fmt.Fprintln(a.stdout, "stopped early for a push that started meanwhile: run gc again once it is done")
+		fmt.Fprintln(a.stdout, "stopped early, for a push that started meanwhile or because the collection was held up past its lease's life: run gc again (once the push is done)")
 	}
 }

@@ -217,7 +217,8 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if fill.Dir != "" {
 		os.RemoveAll(fill.Dir) // the view of the image; CRIU's log stays in work
 	}
-	if err != nil && whole.Load() {
+	var cut cutOff
+	if err != nil && whole.Load() && !errors.As(err, &cut) {
 		// CRIU failed after the gate let the tasks go (its last answer lost, say): they may
 		// run, their GPUs still checkpointed, and no journal would finish them. They go;
 		// the image is unchanged (review).
@@ -650,7 +651,7 @@ func newCutoff(ctx context.Context, s *RestoreSpec) (*cutoff, context.Context) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if !c.whole {
-			c.abandon(errors.New("restore interrupted"))
+			c.abandon(cutOff("restore interrupted"))
 		} else if c.timer.Stop() {
 			c.timer = time.AfterFunc(resumeLimitCut, func() {
 				c.expire(fmt.Sprintf("restore interrupted, and CRIU did not resume the restored tasks within %v", resumeLimitCut))
@@ -679,8 +680,13 @@ func newCutoff(ctx context.Context, s *RestoreSpec) (*cutoff, context.Context) {
 func (c *cutoff) expire(reason string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.abandon(errors.New(reason))
+	c.abandon(cutOff(reason))
 }
+
+// cutOff is why a cutoff abandoned a restore: the target has killed what CRIU made.
+type cutOff string
+
+func (c cutOff) Error() string { return string(c) }
 
 func (c *cutoff) abandon(reason error) {
 	if c.reason == nil {
