@@ -24,6 +24,11 @@ slower than over NVLink; single-GPU work is unaffected.
 Checkpoint the whole job by the PID of gpucr run, with --tcp-established.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if a.json {
+				// The ranks write to gpucr's stdout themselves: no document could be the
+				// only thing there, and a machine reading one got nothing (hostile test).
+				return usageError{errors.New("run passes the job's own output through: --json is not for it; the exit status is the job's")}
+			}
 			if nproc < 1 {
 				return usageError{fmt.Errorf("--nproc-per-node %d: a job has at least one rank", nproc)}
 			}

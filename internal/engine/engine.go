@@ -19,8 +19,10 @@ import (
 var (
 	ErrNotRoot   = errors.New("gpucr must run as root (CRIU needs it)")
 	ErrBadTarget = errors.New("refusing to checkpoint this process")
-	ErrPIDInUse  = errors.New("a PID the image needs is in use")
-	ErrNoFile    = errors.New("a file the image needs is missing on this host")
+	// ErrBadRequest is a restore asked for what its image cannot give.
+	ErrBadRequest = errors.New("refusing the restore")
+	ErrPIDInUse   = errors.New("a PID the image needs is in use")
+	ErrNoFile     = errors.New("a file the image needs is missing on this host")
 	// ErrFileChanged is a file the image reopens whose owner or kind changed since.
 	ErrFileChanged = errors.New("a file the image reopens is not the one it had")
 	ErrTreeImage   = errors.New("this image cannot be restored as a process tree")

@@ -129,6 +129,11 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if err := target.Check(); err != nil {
 		return nil, verify.prefer(err)
 	}
+	if strings.TrimSpace(r.GPUMap) != "" && len(m.GPUs) == 0 {
+		// Nothing would read it, and a mistyped map of a job thought to be a GPU's went
+		// unnoticed (hostile test).
+		return nil, verify.prefer(fmt.Errorf("%w: --gpu-map %q: the image holds no GPU state to move", ErrBadRequest, r.GPUMap))
+	}
 	plan, err := PlanGPUs(ctx, e.Backends, e.Off, m.GPUs, gpu.RestoreInput{CRIUDir: image.CRIUPath(root), GPUMap: r.GPUMap, Skips: r.Skips})
 	if err != nil {
 		return nil, err

@@ -479,3 +479,27 @@ func TestOutOfRangeNumbersAreUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// gpucr run's ranks write to its stdout themselves, so no JSON document could be all that
+// is there: --json is refused (exit 2, its error as the one document) rather than ignored.
+func TestRunRefusesJSON(t *testing.T) {
+	out, code := gpucr(t, "run", "--json", "--", "true")
+	if code != exitUsage || !strings.Contains(out, `"exitCode":2`) {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+}
+
+// A --gpu-map for an image with no GPU state had nothing to read it, and a mistyped map of
+// a job thought to be a GPU's restored without a word (hostile test): refused, exit 2.
+func TestGPUMapOfAnImageWithoutGPUsIsRefused(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t)
+	dir := checkpointGone(t, w)
+	if out, code := gpucr(t, "restore", "-D", dir, "--gpu-map", "a"); code != exitUsage || !oneLineWith(out, "the image holds no GPU state to move") {
+		t.Fatalf("exit %d:\n%s", code, out)
+	}
+	if testutil.Alive(w.pid) {
+		t.Fatal("restored all the same")
+	}
+	restore(t, dir)
+}
