@@ -3,12 +3,12 @@ package main
 import (
 	"bytes"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/meter"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // fakeClock is a progress's clock that moves only when told.
@@ -118,7 +118,7 @@ func TestProgressQuietAndTicker(t *testing.T) {
 		}
 	}
 
-	var out lockedBuffer
+	var out testutil.LockedBuffer
 	p := newProgress(&out, 10*time.Millisecond, false)
 	c := new(meter.Counter)
 	p.StartBytes("memory-save", c)
@@ -140,7 +140,7 @@ func TestProgressQuietAndTicker(t *testing.T) {
 // On a terminal a phase that counts bytes draws a bar with them, and its end a line with
 // its time and how much it moved.
 func TestProgressBar(t *testing.T) {
-	var out lockedBuffer
+	var out testutil.LockedBuffer
 	p := newProgress(&out, 0, false)
 	p.bars = true
 	c := new(meter.Counter)
@@ -158,16 +158,3 @@ func TestProgressBar(t *testing.T) {
 		}
 	}
 }
-
-// lockedBuffer is a bytes.Buffer the ticker may write while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-func (l *lockedBuffer) String() string { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }

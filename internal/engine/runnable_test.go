@@ -1,11 +1,9 @@
 package engine
 
 import (
-	"bytes"
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,30 +12,12 @@ import (
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
-// lockedBuffer is a log's output, written from the watcher's goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // A GPU process stopped after the check that it runs held the driver's lock, and gpucr,
 // for as long as it stayed stopped, without a word: the wait names it, once.
 func TestLockWaitNamesAStoppedGPUProcess(t *testing.T) {
 	sleeper := testutil.StartSleeper(t)
 	pid := sleeper.Process.Pid
-	var out lockedBuffer
+	var out testutil.LockedBuffer
 	log := slog.New(slog.NewTextHandler(&out, nil))
 	done := warnWhileStopped(GPUSet{{Process: gpu.Process{PID: pid}}}, log, 20*time.Millisecond)
 	time.Sleep(100 * time.Millisecond)

@@ -271,11 +271,10 @@ func TestNotRootIsRefused(t *testing.T) {
 	}
 }
 
-// A restore where a file the image's processes mapped is missing (here the program itself,
-// as on a host without it) fails before CRIU starts, naming the file; with the file back
-// it restores.
-func TestRestoreNamesAMissingFile(t *testing.T) {
-	needCRIU(t)
+// counterCopy copies the counter program to a file of its own, and returns it with its
+// bytes: a program the test can take away or replace.
+func counterCopy(t *testing.T) (string, []byte) {
+	t.Helper()
 	prog := filepath.Join(t.TempDir(), "counter-copy")
 	b, err := os.ReadFile(bin.counter)
 	if err != nil {
@@ -284,6 +283,15 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 	if err := os.WriteFile(prog, b, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return prog, b
+}
+
+// A restore where a file the image's processes mapped is missing (here the program itself,
+// as on a host without it) fails before CRIU starts, naming the file; with the file back
+// it restores.
+func TestRestoreNamesAMissingFile(t *testing.T) {
+	needCRIU(t)
+	prog, _ := counterCopy(t)
 	w := startCounterOf(t, prog)
 	dir := checkpointGone(t, w)
 
@@ -401,14 +409,7 @@ func TestCheckOfAJournalOthersCanWriteIsNotReady(t *testing.T) {
 // refused before CRIU starts; given its owner back, it restores.
 func TestRestoreRefusesAFileAnotherUserPutBack(t *testing.T) {
 	needCRIU(t)
-	prog := filepath.Join(t.TempDir(), "counter-copy")
-	b, err := os.ReadFile(bin.counter)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(prog, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	prog, b := counterCopy(t)
 	w := startCounterOf(t, prog)
 	dir := checkpointGone(t, w)
 
