@@ -35,6 +35,10 @@ var (
 	writerWait = 3 * leaseTTL
 )
 
+// leaseAhead is how far ahead of the reader's own lease another's may be dated and count:
+// beyond it, its time was set by hand.
+const leaseAhead = 10 * time.Minute
+
 // Lease kinds, the first part of a lease's name.
 const (
 	kindWrite   = "write"
@@ -212,9 +216,12 @@ func (l *lease) others(ctx context.Context) ([]holder, error) {
 	}
 	var out []holder
 	for _, e := range entries {
-		// A lease dated ahead of the one just written by more than its life was not written
-		// by a holder on the store's clock: whoever can write the directory set its time.
-		if age := now.Sub(e.Modified); e.Dir || e.Key == l.key || age > leaseTTL || age < -leaseTTL {
+		// A lease dated far ahead of the one just written was not written by a holder on
+		// the store's clock: whoever can write the directory set its time, to keep it live.
+		// A little ahead is a clock stepped back since (a local store's times are the
+		// host's): a live push's lease dated 30 s ahead was skipped so, and a collection
+		// removed the chunks it reused (review).
+		if age := now.Sub(e.Modified); e.Dir || e.Key == l.key || age > leaseTTL || age < -leaseAhead {
 			continue
 		}
 		if h, ok := parseHolder(path.Base(e.Key)); ok && !h.dead() {

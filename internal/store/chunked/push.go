@@ -106,7 +106,7 @@ func Push(ctx context.Context, st store.Store, prefix, dir string, o Options) (*
 	if err := held.unchanged(dir, verifiedIn(im)); err != nil {
 		return nil, nil, err
 	}
-	m, err := up.storeManifest(ctx, p.files, func() (*Manifest, error) { return createManifest(ctx, st, prefix, im, p.files) })
+	m, err := up.storeManifest(ctx, im, p.files)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -159,25 +159,30 @@ func verifiedIn(m *image.Manifest) func(path string) bool {
 	return func(path string) bool { return listed[path] }
 }
 
-// createManifest writes the manifest object, which makes the checkpoint exist. Create,
-// not Put: of two pushes racing to one prefix, one wins and the other fails.
-func createManifest(ctx context.Context, st store.Store, prefix string, im *image.Manifest, files []File) (*Manifest, error) {
+// manifestObject is the manifest object of the image im stored as files, and its bytes.
+func manifestObject(im *image.Manifest, files []File) (*Manifest, []byte, error) {
 	m := &Manifest{Format: FormatVersion, ChunkSize: ChunkSize, Compression: compression,
 		Pushed: time.Now().UTC(), Image: *im, Files: files}
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
-		return nil, fmt.Errorf("encode manifest: %w", err)
+		return nil, nil, fmt.Errorf("encode manifest: %w", err)
 	}
+	return m, b, nil
+}
+
+// createManifest writes the manifest object b, which makes the checkpoint exist. Create,
+// not Put: of two pushes racing to one prefix, one wins and the other fails.
+func createManifest(ctx context.Context, st store.Store, prefix string, b []byte) error {
 	if err := st.Create(ctx, ManifestKey(prefix), b); err != nil {
 		if errors.Is(err, store.ErrExists) {
 			if ours(ctx, st, ManifestKey(prefix), b) {
-				return m, nil
+				return nil
 			}
-			return nil, fmt.Errorf("%s: %w", st.URL(prefix), ErrExists)
+			return fmt.Errorf("%s: %w", st.URL(prefix), ErrExists)
 		}
-		return nil, fmt.Errorf("write manifest: %w", err)
+		return fmt.Errorf("write manifest: %w", err)
 	}
-	return m, nil
+	return nil
 }
 
 // ours says whether the object at key holds exactly b: a client that sends a write again
@@ -285,34 +290,49 @@ func newUploader(ctx context.Context, st store.Store, prefix string, o Options) 
 	return u, nil
 }
 
-// storeManifest writes the manifest of files (create) once every chunk it names is surely
-// stored, and keeps it only if they surely still are once it is written. A push whose lease
-// went stale, before or while its manifest was written (a hung store, a stopped gpucr), was
-// taken for dead by a collection, which may have removed chunks it had stored or reused
-// (hostile test, review): the chunks are checked, and a push missing one fails, its
-// manifest removed, and pushing again repairs it.
-func (u *uploader) storeManifest(ctx context.Context, files []File, create func() (*Manifest, error)) (*Manifest, error) {
+// storeManifest writes the manifest of the image im stored as files once every chunk it
+// names is surely stored, and keeps it only if they surely still are once it is written. A
+// push whose lease went stale, before or while its manifest was written (a hung store, a
+// stopped gpucr), was taken for dead by a collection, which may have removed chunks it had
+// stored or reused (hostile test, review): the chunks are checked, and a push missing one
+// fails, its manifest removed, and pushing again repairs it.
+func (u *uploader) storeManifest(ctx context.Context, im *image.Manifest, files []File) (*Manifest, error) {
+	m, b, err := manifestObject(im, files)
+	if err != nil {
+		return nil, err
+	}
 	mark := 0
 	if live, _ := u.lease.liveSince(0); !live {
-		var err error
 		if mark, err = u.confirmChunks(ctx, files); err != nil {
 			return nil, err
 		}
 	}
-	m, err := create()
-	if err != nil {
-		return nil, err
-	}
+	cerr := createManifest(ctx, u.st, u.prefix, b)
 	if live, _ := u.lease.liveSince(mark); live {
+		if cerr != nil {
+			return nil, cerr
+		}
 		return m, nil
 	}
-	if _, err := u.confirmChunks(ctx, files); err != nil {
-		if derr := u.st.Delete(context.WithoutCancel(ctx), ManifestKey(u.prefix)); derr != nil {
+	// The lease lapsed while the manifest was written: whatever the write answered (an
+	// answer can be lost), the manifest may be there, naming chunks a collection removed.
+	key := ManifestKey(u.prefix)
+	if cerr != nil && !ours(ctx, u.st, key, b) {
+		return nil, cerr
+	}
+	_, err = u.confirmChunks(ctx, files)
+	switch {
+	case err == nil:
+		return m, nil
+	case errors.Is(err, store.ErrNotFound):
+		if derr := u.st.Delete(context.WithoutCancel(ctx), key); derr != nil {
 			return nil, fmt.Errorf("%w; and its manifest, written meanwhile, could not be removed: %v (gpucr rm %s)", err, derr, u.st.URL(u.prefix))
 		}
 		return nil, err
 	}
-	return m, nil
+	// Not known to be missing any: the checkpoint stays, unconfirmed, and the push says so.
+	return nil, fmt.Errorf("the checkpoint at %s is stored, but its chunks could not be checked after its lease lapsed (%w): "+
+		"pull it to see that it is whole, or remove it (gpucr rm) and push again", u.st.URL(u.prefix), err)
 }
 
 // confirmChunks waits for any collection to stop, then checks that every chunk files name

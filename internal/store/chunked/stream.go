@@ -325,7 +325,7 @@ func (s *Stream) Finish(ctx context.Context, dir string, im *image.Manifest) (*M
 	}
 	order := restoreOrder(im)
 	slices.SortFunc(files, func(a, b File) int { return order(a.Path, b.Path) })
-	m, err := s.up.storeManifest(ctx, files, func() (*Manifest, error) { return createManifest(ctx, s.st, s.prefix, im, files) })
+	m, err := s.up.storeManifest(ctx, im, files)
 	if err != nil {
 		return nil, nil, err
 	}
