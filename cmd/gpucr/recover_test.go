@@ -66,3 +66,31 @@ func TestRecoverPIDLeavesAProcessAnOperationHolds(t *testing.T) {
 		t.Fatalf("exit %d:\n%s%s", code, stdout.String(), stderr.String())
 	}
 }
+
+// A restore holds its processes by its record, not by their PIDs' locks: recover --pid of
+// one it made, checkpointed on its GPU until the restore resumes it, resumed it under the
+// restore (review). Refused, exit 2.
+func TestRecoverPIDLeavesAProcessARestoreHolds(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "recover reads root's journal")
+	}
+	pid := testutil.StartSleeper(t).Process.Pid
+	root := t.TempDir()
+	j, err := txn.Begin(root, txn.OpRestore, "container web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = j.End() }()
+	p, err := txn.ProcOf(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Update(func(r *txn.Record) { r.GPUs = []txn.GPUProc{{Backend: "nvidia", Proc: p}} }); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr strings.Builder
+	code := run([]string{"--run-dir", root, "recover", "--pid", strconv.Itoa(pid)}, &stdout, &stderr)
+	if code != 2 || !strings.Contains(stdout.String()+stderr.String(), "the restore of container web holds it") {
+		t.Fatalf("exit %d:\n%s%s", code, stdout.String(), stderr.String())
+	}
+}
