@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -203,5 +205,51 @@ func TestCopyFileFollowsNoSymlink(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(out, "link.img")); err == nil {
 		t.Errorf("the secret was copied: %q", b)
+	}
+}
+
+// A fold copied a file of holes byte for byte: 4 GiB of disk for an image of 21 MiB
+// (hostile test). Holes stay holes; and a fold that would not fit where it writes is
+// refused before a byte is written.
+func TestFoldKeepsHolesAndChecksRoom(t *testing.T) {
+	src, m := testImage(t, nil, func(criuDir string) {
+		f, err := os.Create(filepath.Join(criuDir, "zz.img"))
+		if err == nil {
+			err = errors.Join(f.Truncate(1<<30), f.Close())
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	dst := filepath.Join(t.TempDir(), "folded")
+	if _, err := Fold(context.Background(), src, m, dst, ""); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(dst, "criu", "zz.img"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Size != 1<<30 || st.Blocks*512 > 1<<20 {
+		t.Fatalf("the fold's copy of a 1 GiB file of holes: size %d, %d bytes on disk; want the size, holes kept", st.Size, st.Blocks*512)
+	}
+
+	if os.Geteuid() != 0 {
+		return // mounting a small file system needs root
+	}
+	big, bm := testImage(t, nil, func(criuDir string) {
+		if err := os.WriteFile(filepath.Join(criuDir, "data.img"), bytes.Repeat([]byte{1}, 4<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	})
+	small := t.TempDir()
+	if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=2m"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(small, unix.MNT_DETACH) })
+	if _, err := Fold(context.Background(), big, bm, filepath.Join(small, "folded"), ""); !strings.Contains(fmt.Sprint(err), "to write into") {
+		t.Fatalf("fold of 4 MiB into a 2 MiB file system = %v, want it refused for room", err)
+	}
+	if entries, _ := os.ReadDir(small); len(entries) != 0 {
+		t.Errorf("the refused fold left %d entries", len(entries))
 	}
 }
