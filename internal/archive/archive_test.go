@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -223,6 +224,21 @@ func TestHostileArchivesAreRefused(t *testing.T) {
 	}
 	_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: CheckpointDir + "/pages-1.img", Mode: 0o600, Size: 1 << 40})
 	_ = tw.Flush() // the header is out; its terabyte never follows
+	// podman's config.dump, passed over unread: declared 1 TiB, it was read through past
+	// every signal (hostile test).
+	var hugeSkipped bytes.Buffer
+	tw = tar.NewWriter(&hugeSkipped)
+	for _, e := range manifest {
+		_ = tw.WriteHeader(&e.h)
+		_, _ = tw.Write(e.data)
+	}
+	_ = tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: "config.dump", Mode: 0o600, Size: 1 << 40})
+	_ = tw.Flush()
+	// Empty logs cost no bytes, but an inode each (hostile test: 200,000 of them).
+	var logs []entry
+	for i := range maxLogFiles + 1 {
+		logs = append(logs, reg(fmt.Sprintf("gpucr/logs/%d.log", i), nil))
+	}
 
 	for _, c := range []struct {
 		name, want string
@@ -241,6 +257,8 @@ func TestHostileArchivesAreRefused(t *testing.T) {
 		{"unlisted file", "not listed", craft(t, manifest, reg("gpucr/extra.bin", []byte("x")))},
 		{"file twice", "appears twice", craft(t, valid, reg("checkpoint/pstree.img", []byte("pstree")))},
 		{"huge log", "more than", craft(t, manifest, reg("gpucr/logs/x.log", make([]byte, maxLog+1)))},
+		{"huge entry passed over", "none of gpucr's or podman's files", hugeSkipped.Bytes()},
+		{"many logs", "of CRIU's logs", craft(t, manifest, logs...)},
 		{"no manifest", "not a checkpoint gpucr exported", craft(t, nil, rest...)},
 		{"manifest after files", "not a checkpoint gpucr exported", craft(t, rest, manifest...)},
 		{"file where a directory goes", "a directory where", craft(t, manifest, reg("gpucr/container.json", []byte(`{"id":"c1","bundle":"/b"}`)),

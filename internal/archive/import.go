@@ -27,7 +27,12 @@ const (
 	maxSmall    = 1 << 20 // the seal, the signatures
 	maxLog      = 64 << 20
 	maxLogs     = 256 << 20
+	maxLogFiles = 256 // CRIU writes a few: an archive of 200,000 empty ones took as many inodes
 	maxDirs     = 4096
+	// maxSkipped bounds an entry an import reads only to pass over it (podman's
+	// config.dump and the like, a trusted image's logs): one declared 200 GiB in a few MB
+	// of zstd held root's gpucr past SIGTERM while it read through (hostile test).
+	maxSkipped = 64 << 20
 )
 
 // Import unpacks the archive gpucr exported at file into the new image directory dir,
@@ -103,7 +108,9 @@ type unpacker struct {
 	listed  map[string]int64
 	dirs    []string
 	logs    int64
-	buf     []byte // one block of a file being written
+	// logFiles counts CRIU's logs written.
+	logFiles int
+	buf      []byte // one block of a file being written
 	// unchecked counts the bytes written since the room left on the file system was last
 	// looked at.
 	unchecked int64
@@ -184,7 +191,7 @@ func (u *unpacker) entry(h *tar.Header, r io.Reader) error {
 		return &Refusal{h.Name, kind(h.Typeflag) + ": an image holds only regular files and directories"}
 	}
 	if p == "" {
-		return nil // written for podman and checkpointctl: a restore reads none of them
+		return u.skip(h, r) // written for podman and checkpointctl: a restore reads none of them
 	}
 	if u.m == nil {
 		switch p {
@@ -205,7 +212,10 @@ func (u *unpacker) entry(h *tar.Header, r io.Reader) error {
 	}
 	if path.Dir(p) == image.LogsDir {
 		if len(u.trusted) > 0 {
-			return nil // no signature covers them: a trusted image holds signed bytes only
+			return u.skip(h, r) // no signature covers them: a trusted image holds signed bytes only
+		}
+		if u.logFiles++; u.logFiles > maxLogFiles {
+			return &Refusal{h.Name, fmt.Sprintf("more than %d of CRIU's logs", maxLogFiles)}
 		}
 		u.logs += h.Size
 		if u.logs > maxLogs {
@@ -214,6 +224,26 @@ func (u *unpacker) entry(h *tar.Header, r io.Reader) error {
 		return u.write(h.Name, p, r, h.Size, maxLog)
 	}
 	return &Refusal{h.Name, "not listed in the image's manifest"}
+}
+
+// skip reads through an entry no image file comes from, a block at a time, stopping when
+// the import is cancelled: left to the tar reader, the reading through went on past every
+// signal. One larger than any such entry is refused unread.
+func (u *unpacker) skip(h *tar.Header, r io.Reader) error {
+	if h.Size > maxSkipped {
+		return &Refusal{h.Name, fmt.Sprintf("%d bytes, more than %d MiB: none of gpucr's or podman's files beside an image is so large", h.Size, maxSkipped>>20)}
+	}
+	for {
+		if err := u.ctx.Err(); err != nil {
+			return err
+		}
+		if _, err := io.CopyN(io.Discard, r, copyBlock); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return &Refusal{h.Name, "damaged: " + err.Error()}
+		}
+	}
 }
 
 // load reads the manifest (and with trusted keys checks its signature) from what the
