@@ -91,6 +91,9 @@ func FuzzLoad(f *testing.F) {
 		func(m *Manifest) { m.Files[2].Chunks[0].SHA256 = sum("a")[:63] + "G" },
 		func(m *Manifest) { m.Files[2].Chunks[3].SHA256 = sum("a") }, // a's again, 17 bytes
 		func(m *Manifest) { m.Format = FormatVersion + 1 },
+		func(m *Manifest) { m.Format = 0 },                     // listed with blank columns, and pulled (hostile test)
+		func(m *Manifest) { m.ChunkSize = 0 },                  // likewise
+		func(m *Manifest) { m.Files[2].Chunks[0].Stored = -1 }, // ls showed 16 EiB stored
 	} {
 		m := sampleManifest()
 		edit(m)
@@ -120,8 +123,11 @@ func FuzzLoad(f *testing.F) {
 			}
 			return
 		}
-		if m.Format > FormatVersion || m.Compression != compression || len(m.Files) == 0 {
-			t.Fatalf("accepted format %d, compression %q, %d files", m.Format, m.Compression, len(m.Files))
+		if m.Format < 1 || m.Format > FormatVersion || m.ChunkSize <= 0 || m.ChunkSize > ChunkSize || m.Compression != compression || len(m.Files) == 0 {
+			t.Fatalf("accepted format %d, chunk size %d, compression %q, %d files", m.Format, m.ChunkSize, m.Compression, len(m.Files))
+		}
+		if m.StoredBytes() < 0 {
+			t.Fatalf("accepted a manifest storing %d bytes", m.StoredBytes())
 		}
 		seen := map[string]bool{}
 		chunks := map[string]Chunk{}

@@ -200,6 +200,10 @@ func checkPlace(ctx context.Context, st store.Store, prefix string) error {
 // listed) would write more than the files' sizes say.
 func (m *Manifest) problem() string {
 	switch {
+	case m.Format < 1:
+		return fmt.Sprintf("format %d: no gpucr wrote it", m.Format)
+	case m.ChunkSize <= 0 || m.ChunkSize > ChunkSize:
+		return fmt.Sprintf("chunk size %d: not one gpucr writes", m.ChunkSize)
 	case m.Compression != compression:
 		return fmt.Sprintf("unknown compression %q", m.Compression)
 	case len(m.Files) == 0:
@@ -217,7 +221,7 @@ func (m *Manifest) problem() string {
 		seen[f.Path] = true
 		var total int64
 		for _, c := range f.Chunks {
-			if c.Size <= 0 || c.Size > ChunkSize || (!c.Zero && !image.IsSHA256(c.SHA256)) || (c.XXH64 != "" && !image.IsXXH64(c.XXH64)) {
+			if c.Size <= 0 || c.Size > ChunkSize || c.Stored < 0 || (!c.Zero && !image.IsSHA256(c.SHA256)) || (c.XXH64 != "" && !image.IsXXH64(c.XXH64)) {
 				return fmt.Sprintf("file %s has an invalid chunk", f.Path)
 			}
 			if !c.Zero {
