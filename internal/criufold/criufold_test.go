@@ -253,3 +253,46 @@ func TestFoldKeepsHolesAndChecksRoom(t *testing.T) {
 		t.Errorf("the refused fold left %d entries", len(entries))
 	}
 }
+
+// A run with one byte set in each MiB took a MiB of the folded pages file's disk for
+// each, 256 times the room the fold's check counted (review): its zero pages stay holes.
+// And a file that shrank while it was copied came out padded with zeros: an error.
+func TestFoldWritesNoZeroPagesAndNoShortCopy(t *testing.T) {
+	run := make([]byte, 8<<20)
+	for i := 0; i < len(run); i += 1 << 20 {
+		run[i] = 1
+	}
+	src, m := testImage(t, map[string][]byte{"1-40000.img": run})
+	dst := filepath.Join(t.TempDir(), "folded")
+	if _, err := Fold(context.Background(), src, m, dst, ""); err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(dst, "criu", "pages-1.img"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Blocks*512 > 1<<20 {
+		t.Errorf("the folded pages file takes %d bytes of disk for 12 pages of data", st.Blocks*512)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "criu", "pages-1.img")); err != nil || !bytes.Equal(b[4*page:], run) {
+		t.Fatalf("the folded pages file does not hold the run: %v", err)
+	}
+
+	short := filepath.Join(t.TempDir(), "short")
+	if err := os.WriteFile(short, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in, err := os.Open(short)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if err := copyRange(in, out, 0, 2<<20); err == nil {
+		t.Error("a copy of 2 MiB from a file of 1 MiB succeeded")
+	}
+}

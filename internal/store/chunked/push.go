@@ -317,7 +317,7 @@ func (u *uploader) storeManifest(ctx context.Context, im *image.Manifest, files 
 	// The lease lapsed while the manifest was written: whatever the write answered (an
 	// answer can be lost), the manifest may be there, naming chunks a collection removed.
 	key := ManifestKey(u.prefix)
-	if cerr != nil && !ours(ctx, u.st, key, b) {
+	if cerr != nil && !ours(context.WithoutCancel(ctx), u.st, key, b) { // an interrupt may be why it failed
 		return nil, cerr
 	}
 	_, err = u.confirmChunks(ctx, files)
