@@ -120,6 +120,10 @@ bin=%s
 log=%s
 state=%s
 [ "$%s" = skip ] && exit 0
+# What it makes is root's alone, whatever umask runc or its caller ran with: under umask 0
+# the state directory's parents came out writable by all, and another user had root write
+# over a file of their choosing through it (hostile test).
+umask 077
 # This CRIU is its PID and start time: what it keeps in $state is named by both, so that
 # nothing a CRIU left is ever taken for a later one's at the same PID.
 read -r s < /proc/$PPID/stat || exit 1
@@ -176,18 +180,25 @@ post-dump)
 	exit 0
 	;;
 esac
-p=$bin
-while :; do
-	s=$(stat -c '%%u %%a' -- "$p") || exit 1
-	u=${s%%%% *}; m=${s#* }
-	if [ "$u" != 0 ] || { [ $((0$m & 18)) -ne 0 ] && [ $((0$m & 512)) -eq 0 ]; }; then
-		echo "Error (gpucr criu-action): refusing to run $bin: $p is not root's alone (owner $u, mode $m)" >&2
-		exit 1
-	fi
-	[ "$p" = / ] && break
-	p=$(dirname -- "$p")
-done
+# rootonly PATH: PATH and every directory above it are root's and writable by no one
+# else, a root-owned sticky directory excepted above PATH itself.
+rootonly() {
+	p=$1
+	while :; do
+		s=$(stat -c '%%u %%a' -- "$p") || return 1
+		u=${s%%%% *}; m=${s#* }
+		if [ "$u" != 0 ] || { [ $((0$m & 18)) -ne 0 ] && { [ "$p" = "$1" ] || [ $((0$m & 512)) -eq 0 ]; }; }; then
+			echo "Error (gpucr criu-action): refusing to run $bin: $p is not root's alone (owner $u, mode $m)" >&2
+			return 1
+		fi
+		[ "$p" = / ] && break
+		p=$(dirname -- "$p")
+	done
+}
+rootonly "$bin" || exit 1
 mkdir -p -m 700 "$state" || exit 1
+# gpucr keeps what it locked there, and the marks below are written by name.
+rootonly "$state" || exit 1
 # Marked before gpucr starts, not only once it is done: a second run after a first that
 # did not finish fails the step instead of starting gpucr again.
 : > "$ran" || exit 1

@@ -335,3 +335,38 @@ func TestScriptSecondPreDumpKeepsTheRecord(t *testing.T) {
 		t.Errorf("gpucr ran %v, want once", got)
 	}
 }
+
+// Under umask 0 the script made the state directory's parents writable by all, and another
+// user had root write over a file of their choosing through it (hostile test). What it
+// makes is root's alone whatever the umask, and a state directory others can write is
+// refused before gpucr starts.
+func TestScriptKeepsItsStateRootsAlone(t *testing.T) {
+	h := newScriptHost(t)
+	deep := filepath.Join(t.TempDir(), "run", "gpucr", "criu-action")
+	h.in.StateDir = deep
+	if err := h.in.Install(); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"CRTOOLS_INIT_PID=" + strconv.Itoa(holdingGPUDevice(t)), "CRTOOLS_IMAGE_DIR=" + t.TempDir()}
+	old := syscall.Umask(0)
+	out, err := h.step(t, "pre-dump", env...)
+	syscall.Umask(old)
+	if err != nil {
+		t.Fatalf("pre-dump: %v: %s", err, out)
+	}
+	for _, d := range []string{filepath.Dir(filepath.Dir(deep)), filepath.Dir(deep), deep} {
+		if fi, err := os.Stat(d); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s: %v, %v; want 0700", d, fi.Mode(), err)
+		}
+	}
+	// Another CRIU's dump (this one's marks gone), in a directory others can write.
+	if err := os.RemoveAll(deep); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Dir(deep), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.step(t, "pre-dump", env...); err == nil || !strings.Contains(out, "not root's alone") {
+		t.Fatalf("pre-dump with a state directory others can write: %v: %s", err, out)
+	}
+}
