@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -280,8 +281,8 @@ func runningCRIUs() ([]proctree.Process, error) {
 	}
 	var out []proctree.Process
 	for _, p := range all {
-		if p.Command != criuCommand || p.Zombie {
-			continue
+		if p.Command != criuCommand || p.Zombie || !ownedByRoot(p.PID) {
+			continue // another user's "criu" reads no root configuration: one held --remove for minutes (hostile test)
 		}
 		if args, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", p.PID)); isDaemon(args) {
 			continue
@@ -289,6 +290,12 @@ func runningCRIUs() ([]proctree.Process, error) {
 		out = append(out, p)
 	}
 	return out, nil
+}
+
+// ownedByRoot says whether pid runs as root: the CRIU runc and crun start does.
+func ownedByRoot(pid int) bool {
+	var st syscall.Stat_t
+	return syscall.Stat(fmt.Sprintf("/proc/%d", pid), &st) == nil && st.Uid == 0
 }
 
 // isDaemon says whether a CRIU's NUL-separated command line runs a page server or lazy-pages

@@ -370,3 +370,48 @@ func TestScriptKeepsItsStateRootsAlone(t *testing.T) {
 		t.Fatalf("pre-dump with a state directory others can write: %v: %s", err, out)
 	}
 }
+
+// Another user's process named criu reads no root configuration: --remove waited two
+// minutes for one and kept the script (hostile test). Only root's CRIUs are waited for.
+func TestRemoveWaitsForNoOtherUsersCRIU(t *testing.T) {
+	h := newScriptHost(t)
+	if host, err := proctree.InHostPIDNamespace(); err != nil || !host {
+		t.Skip("needs the host's PID namespace, where --remove looks for CRIUs")
+	}
+	dir, err := os.MkdirTemp("", "gpucr-other-criu-") // one another user can reach
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("/bin/sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := filepath.Join(dir, "criu")
+	if err := os.WriteFile(fake, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	theirs := exec.Command(fake, "60")
+	theirs.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	if err := theirs.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = theirs.Process.Kill(); _ = theirs.Wait() }()
+	defer func(d time.Duration) { removeWait = d }(removeWait)
+	removeWait = time.Second
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if p, err := proctree.Read(theirs.Process.Pid); err == nil && p.Command == "criu" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the other user's criu did not start")
+		}
+	}
+	err = h.in.Remove()
+	if err != nil && strings.Contains(err.Error(), fmt.Sprintf("CRIU (PID %d)", theirs.Process.Pid)) {
+		t.Fatalf("Remove waited for another user's process named criu: %v", err)
+	}
+}
