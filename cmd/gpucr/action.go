@@ -62,13 +62,13 @@ func (a *app) criuActionCmd() *cobra.Command {
 			}
 			act := &container.Action{
 				Backends: backends, Getenv: os.Getenv, CRIUPID: criuPID, StateDir: stateDir,
-				LockTimeout: lockTimeout, Version: version, Log: log,
-				Watch: func(criuPID int, held string) error {
+				LockTimeout: lockTimeout, Version: version, Log: log, RunDir: a.runDir,
+				Watch: func(criuPID int, held string, locks []*os.File) error {
 					args := []string{"criu-action", "--rollback-after", held}
 					if logPath != "" {
 						args = append(args, "--log", logPath)
 					}
-					return container.StartWatcher(exe, args, criuPID)
+					return container.StartWatcher(exe, args, criuPID, locks)
 				},
 			}
 			if err := act.Run(cmd.Context()); err != nil {

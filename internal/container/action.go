@@ -72,10 +72,14 @@ type Action struct {
 	LockTimeout time.Duration
 	Version     string
 	Log         *slog.Logger
+	// RunDir is gpucr's run directory, where its operations lock what they work on ("" for
+	// none): a dump through the script locks its processes there as gpucr's own do.
+	RunDir string
 	// Watch starts, detached, what rolls the GPUs back once CRIU exits (RollBack): CRIU
 	// runs no script when a dump fails, and a tree dumped with --leave-running is still
-	// frozen at post-dump, where its GPUs cannot be resumed.
-	Watch func(criuPID int, heldPath string) error
+	// frozen at post-dump, where its GPUs cannot be resumed. It hands the watcher locks,
+	// which it holds until its rollback is done.
+	Watch func(criuPID int, heldPath string, locks []*os.File) error
 }
 
 // Run does what the current step (CRTOOLS_SCRIPT_ACTION) needs, logging one line. An error
@@ -188,6 +192,16 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
+	// The tree's processes are locked as gpucr's own checkpoints lock them: a gpucr
+	// checkpoint of the same container and this dump each locked the GPUs, and the one
+	// that came second, failing, rolled back the other's (hostile test). The watcher holds
+	// the locks from here until its rollback is done; this process only lets go of its
+	// copies when it exits.
+	locks, err := a.lockTree(tree)
+	if err != nil {
+		return err
+	}
+	defer closeAll(locks)
 	heldPath, err := a.statePath("dump")
 	if err != nil {
 		return err
@@ -197,7 +211,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	}
 	// The watcher goes first: from the lock on, CRIU's exit, however it ends, rolls back
 	// (again, harmlessly, after the script's own rollback) and removes heldPath.
-	if err := a.Watch(a.CRIUPID, heldPath); err != nil {
+	if err := a.Watch(a.CRIUPID, heldPath, locks); err != nil {
 		os.Remove(heldPath)
 		return fmt.Errorf("start the GPU rollback watcher: %w", err)
 	}
@@ -217,6 +231,35 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	undo.Commit()
 	log.Info("GPU state checkpointed", "processes", len(tree), "gpuProcesses", len(gpus))
 	return nil
+}
+
+// lockTree takes gpucr's target locks on the processes of tree, all or none, and returns
+// their files; none without a run directory.
+func (a *Action) lockTree(tree []proctree.Process) ([]*os.File, error) {
+	if a.RunDir == "" {
+		return nil, nil
+	}
+	holder := fmt.Sprintf("runc's CRIU (PID %d) is dumping it through gpucr's action script", a.CRIUPID)
+	var files []*os.File
+	for _, p := range tree {
+		l, err := txn.LockTarget(a.RunDir, engine.PIDLock(p.PID), holder)
+		if err != nil {
+			closeAll(files)
+			if errors.Is(err, txn.ErrBusy) {
+				return nil, fmt.Errorf("process %d of the container: %w; the dump is refused and the container runs on", p.PID, err)
+			}
+			return nil, err
+		}
+		files = append(files, l.File())
+	}
+	return files, nil
+}
+
+// closeAll closes files, leaving the locks on them to whoever else holds them.
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }
 
 // thawForDriver lets the GPU processes an engine froze before its dump (containerd and

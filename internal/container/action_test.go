@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/freezer"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/gpu/gputest"
@@ -119,7 +120,7 @@ func newAction(t *testing.T, f *fakeGPU, step string, root int) *actionEnv {
 	a.act = &Action{
 		Backends: []gpu.Backend{f}, Getenv: func(k string) string { return a.env[k] }, CRIUPID: os.Getpid(), // the test stands for CRIU
 		StateDir: t.TempDir(), Version: "test", Log: slog.New(slog.DiscardHandler),
-		Watch: func(criuPID int, held string) error {
+		Watch: func(criuPID int, held string, locks []*os.File) error {
 			a.watched = append(a.watched, held)
 			return nil
 		},
@@ -320,7 +321,7 @@ func TestWatcherWaitsForCRIU(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "watcher")
 	t.Setenv("GPUCR_TEST_WATCHER_OUT", out)
-	if err := StartWatcher(os.Args[0], []string{"-test.run=^$"}, criu.Process.Pid); err != nil {
+	if err := StartWatcher(os.Args[0], []string{"-test.run=^$"}, criu.Process.Pid, nil); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)
@@ -785,4 +786,55 @@ func TestDumpRollbackFilesOfCRIUsAtOnePIDAreApart(t *testing.T) {
 	if _, err := os.Stat(b.watched[0]); err != nil {
 		t.Fatalf("the first watcher's rollback took the second dump's file: %v", err)
 	}
+}
+
+// A gpucr checkpoint of a container and a plain runc checkpoint of it through the script
+// each locked the GPUs, and the second, failing, rolled back the first's (hostile test).
+// The script locks the tree's processes as gpucr does: one a gpucr operation holds refuses
+// the dump with nothing locked, and the locks it takes go to the watcher.
+func TestPreDumpTakesGpucrsLocks(t *testing.T) {
+	p := testutil.StartSleeper(t)
+	f := &fakeGPU{pid: p.Process.Pid}
+	a := newAction(t, f, "pre-dump", p.Process.Pid)
+	a.act.RunDir = t.TempDir()
+	held, err := txn.LockTarget(a.act.RunDir, engine.PIDLock(p.Process.Pid), "gpucr PID 1 is running a checkpoint of container c2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = a.act.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "checkpoint of container c2") {
+		t.Fatalf("pre-dump beside a gpucr checkpoint = %v, want it refused, naming that", err)
+	}
+	if calls := f.log(); len(calls) != 0 || len(a.watched) != 0 {
+		t.Fatalf("GPU calls %v, watchers %v: want nothing done", calls, a.watched)
+	}
+	held.Release()
+
+	var handed []*os.File
+	a.act.Watch = func(_ int, heldPath string, locks []*os.File) error {
+		a.watched = append(a.watched, heldPath)
+		for _, l := range locks { // as the watcher does: its own copies
+			fd, err := syscall.Dup(int(l.Fd()))
+			if err != nil {
+				return err
+			}
+			handed = append(handed, os.NewFile(uintptr(fd), l.Name()))
+		}
+		return nil
+	}
+	if err := a.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(handed) != 1 {
+		t.Fatalf("the watcher was handed %d locks, want the process's one", len(handed))
+	}
+	if _, err := txn.LockTarget(a.act.RunDir, engine.PIDLock(p.Process.Pid), "gpucr"); !errors.Is(err, txn.ErrBusy) {
+		t.Fatalf("a gpucr operation on the process while the watcher holds it: %v, want ErrBusy", err)
+	}
+	handed[0].Close() // the watcher is done
+	l, err := txn.LockTarget(a.act.RunDir, engine.PIDLock(p.Process.Pid), "gpucr")
+	if err != nil {
+		t.Fatalf("once the watcher is done: %v", err)
+	}
+	l.Release()
 }

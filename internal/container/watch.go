@@ -14,9 +14,10 @@ import (
 const watchFD = 3
 
 // StartWatcher starts exe with args, detached in its own session, holding a pidfd of
-// criuPID as file descriptor 3. Opening the pidfd here, while CRIU waits for this script,
-// means the watcher waits for that CRIU and no other process that reuses its PID.
-func StartWatcher(exe string, args []string, criuPID int) error {
+// criuPID as file descriptor 3, and locks after it, which it holds for as long as it
+// lives. Opening the pidfd here, while CRIU waits for this script, means the watcher waits
+// for that CRIU and no other process that reuses its PID.
+func StartWatcher(exe string, args []string, criuPID int, locks []*os.File) error {
 	fd, err := unix.PidfdOpen(criuPID, 0)
 	if err != nil {
 		return fmt.Errorf("pidfd of CRIU %d: %w", criuPID, err)
@@ -24,7 +25,7 @@ func StartWatcher(exe string, args []string, criuPID int) error {
 	pidfd := os.NewFile(uintptr(fd), "criu-pidfd")
 	defer pidfd.Close()
 	cmd := exec.Command(exe, args...)
-	cmd.ExtraFiles = []*os.File{pidfd}
+	cmd.ExtraFiles = append([]*os.File{pidfd}, locks...) // it holds the locks while it lives
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", exe, err)
