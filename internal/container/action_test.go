@@ -831,7 +831,7 @@ func TestPreDumpTakesGpucrsLocks(t *testing.T) {
 	if _, err := txn.LockTarget(a.act.RunDir, engine.PIDLock(p.Process.Pid), "gpucr"); !errors.Is(err, txn.ErrBusy) {
 		t.Fatalf("a gpucr operation on the process while the watcher holds it: %v, want ErrBusy", err)
 	}
-	handed[0].Close() // the watcher is done
+	_ = handed[0].Close() // the watcher is done
 	l, err := txn.LockTarget(a.act.RunDir, engine.PIDLock(p.Process.Pid), "gpucr")
 	if err != nil {
 		t.Fatalf("once the watcher is done: %v", err)
