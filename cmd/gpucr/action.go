@@ -31,6 +31,9 @@ func (a *app) criuActionCmd() *cobra.Command {
 			defer closeLog()
 			log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			if heldPath != "" {
+				for _, err := range container.LeaveCallersCgroups() {
+					log.Warn("rollback watcher: it dies with its caller's cgroup, which may stop its job on its GPUs", "err", err)
+				}
 				if err := container.WaitCRIU(); err != nil {
 					log.Error("rollback watcher", "err", err)
 					return err

@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -49,4 +53,75 @@ func WaitCRIU() error {
 		}
 		return nil
 	}
+}
+
+// LeaveCallersCgroups moves this process to the root of every cgroup hierarchy it can see:
+// a rollback watcher outlives the runc that started it, and a caller that cleans up its
+// cgroup when runc returns (a systemd unit, KillMode=control-group; a CI runner) killed it
+// before it resumed the GPUs, leaving a job that runc reported dumped and running stopped
+// on its GPU (hostile test). It returns the hierarchies it could not leave.
+func LeaveCallersCgroups() []error {
+	own, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return []error{err}
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return []error{err}
+	}
+	self := []byte(strconv.Itoa(os.Getpid()))
+	var errs []error
+	for _, root := range cgroupRoots(string(own), string(mounts)) {
+		if err := os.WriteFile(filepath.Join(root, "cgroup.procs"), self, 0); err != nil {
+			errs = append(errs, fmt.Errorf("leave the cgroup below %s: %w", root, err))
+		}
+	}
+	return errs
+}
+
+// cgroupRoots are the mount points of the cgroup hierarchies whose cgroup, as
+// /proc/self/cgroup lists them (own), is not the root of what is mounted: cgroup2's
+// ("0::PATH") and each v1 hierarchy's, by its controllers or name=.
+func cgroupRoots(own, mountinfo string) []string {
+	below := map[string]bool{} // "" for cgroup2, else a v1 hierarchy's options
+	for _, l := range strings.Split(own, "\n") {
+		f := strings.SplitN(l, ":", 3)
+		if len(f) == 3 && f[2] != "/" {
+			below[f[1]] = true
+		}
+	}
+	var out []string
+	for _, l := range strings.Split(mountinfo, "\n") {
+		left, right, ok := strings.Cut(l, " - ")
+		mf, rf := strings.Fields(left), strings.Fields(right)
+		if !ok || len(mf) < 5 || len(rf) < 3 || mf[3] != "/" {
+			continue // not a hierarchy mounted from its root
+		}
+		switch rf[0] {
+		case "cgroup2":
+			if below[""] {
+				out = append(out, mf[4])
+			}
+		case "cgroup":
+			for key := range below {
+				if key != "" && v1Has(rf[2], key) {
+					out = append(out, mf[4])
+					break
+				}
+			}
+		}
+	}
+	return out
+}
+
+// v1Has says whether a v1 cgroup mount's options hold each of a hierarchy's controllers
+// (or its name=), as /proc/self/cgroup lists them comma-separated.
+func v1Has(options, hierarchy string) bool {
+	opts := strings.Split(options, ",")
+	for _, c := range strings.Split(hierarchy, ",") {
+		if !slices.Contains(opts, c) {
+			return false
+		}
+	}
+	return true
 }
