@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -20,7 +21,7 @@ import (
 func (a *app) criuActionCmd() *cobra.Command {
 	var logPath, stateDir, heldPath, work, owner string
 	var lockTimeout time.Duration
-	var criuPID int
+	var criuPID, heldLocks int
 	cmd := &cobra.Command{
 		Use:    "criu-action",
 		Short:  "CRIU action that moves GPU state during runc and crun checkpoint and restore",
@@ -31,6 +32,7 @@ func (a *app) criuActionCmd() *cobra.Command {
 			defer closeLog()
 			log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			if heldPath != "" {
+				defer container.ReleaseInheritedLocks(heldLocks)
 				for _, err := range container.LeaveCallersCgroups() {
 					log.Warn("rollback watcher: it dies with its caller's cgroup, which may stop its job on its GPUs", "err", err)
 				}
@@ -67,7 +69,7 @@ func (a *app) criuActionCmd() *cobra.Command {
 				Backends: backends, Getenv: os.Getenv, CRIUPID: criuPID, StateDir: stateDir,
 				LockTimeout: lockTimeout, Version: version, Log: log, RunDir: a.runDir,
 				Watch: func(criuPID int, held string, locks []*os.File) error {
-					args := []string{"criu-action", "--rollback-after", held}
+					args := []string{"criu-action", "--rollback-after", held, "--locks", strconv.Itoa(len(locks))}
 					if logPath != "" {
 						args = append(args, "--log", logPath)
 					}
@@ -93,6 +95,8 @@ func (a *app) criuActionCmd() *cobra.Command {
 	f.DurationVar(&lockTimeout, "lock-timeout", 10*time.Second, "how long to wait for GPU work in flight before giving up")
 	f.StringVar(&heldPath, "rollback-after", "", "wait for the CRIU on descriptor 3 to exit, then resume the GPU processes listed in this file")
 	_ = f.MarkHidden("rollback-after")
+	f.IntVar(&heldLocks, "locks", 0, "with --rollback-after: the locks on descriptors 4 on, held until the rollback is done")
+	_ = f.MarkHidden("locks")
 	f.StringVar(&work, "post-restore", "", "at post-restore, wait for the verdict on the image in this restore work directory and fill the memory it plans (gpucr restore --container)")
 	f.StringVar(&owner, "owner", "", "with --post-restore: PID:START of the gpucr that runs the restore")
 	_ = f.MarkHidden("post-restore")

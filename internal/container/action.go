@@ -179,11 +179,29 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
+	// The tree's processes are locked as gpucr's own checkpoints lock them: a gpucr
+	// checkpoint of the same container and this dump each locked the GPUs, and the one
+	// that came second, failing, rolled back the other's (hostile test). A tree whose GPUs
+	// another operation has checkpointed holds no device file any more, and is refused so
+	// too (review). The watcher holds the locks from the GPU steps on until its rollback is
+	// done; this process lets go of its copies when it exits.
+	locks, err := a.lockTree(tree)
+	if err != nil {
+		return err
+	}
 	gpus, snaps := found.GPUs, found.Snapshots
 	if len(gpus) == 0 {
+		for _, l := range locks {
+			l.Release()
+		}
 		log.Info("no GPU processes", "processes", len(tree), "gpuProcesses", 0)
 		return nil
 	}
+	files := make([]*os.File, len(locks))
+	for i, l := range locks {
+		files[i] = l.File()
+	}
+	defer closeAll(files)
 	inner, err := toInner(gpus)
 	if err != nil {
 		return err
@@ -192,16 +210,6 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
-	// The tree's processes are locked as gpucr's own checkpoints lock them: a gpucr
-	// checkpoint of the same container and this dump each locked the GPUs, and the one
-	// that came second, failing, rolled back the other's (hostile test). The watcher holds
-	// the locks from here until its rollback is done; this process only lets go of its
-	// copies when it exits.
-	locks, err := a.lockTree(tree)
-	if err != nil {
-		return err
-	}
-	defer closeAll(locks)
 	heldPath, err := a.statePath("dump")
 	if err != nil {
 		return err
@@ -211,7 +219,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	}
 	// The watcher goes first: from the lock on, CRIU's exit, however it ends, rolls back
 	// (again, harmlessly, after the script's own rollback) and removes heldPath.
-	if err := a.Watch(a.CRIUPID, heldPath, locks); err != nil {
+	if err := a.Watch(a.CRIUPID, heldPath, files); err != nil {
 		os.Remove(heldPath)
 		return fmt.Errorf("start the GPU rollback watcher: %w", err)
 	}
@@ -233,26 +241,28 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	return nil
 }
 
-// lockTree takes gpucr's target locks on the processes of tree, all or none, and returns
-// their files; none without a run directory.
-func (a *Action) lockTree(tree []proctree.Process) ([]*os.File, error) {
+// lockTree takes gpucr's target locks on the processes of tree, all or none; none without
+// a run directory.
+func (a *Action) lockTree(tree []proctree.Process) ([]*txn.Lock, error) {
 	if a.RunDir == "" {
 		return nil, nil
 	}
-	holder := fmt.Sprintf("runc's CRIU (PID %d) is dumping it through gpucr's action script", a.CRIUPID)
-	var files []*os.File
+	holder := fmt.Sprintf("a dump by runc's CRIU (PID %d) through gpucr's action script, until its GPUs are resumed", a.CRIUPID)
+	var locks []*txn.Lock
 	for _, p := range tree {
 		l, err := txn.LockTarget(a.RunDir, engine.PIDLock(p.PID), holder)
 		if err != nil {
-			closeAll(files)
+			for _, l := range locks {
+				l.Release()
+			}
 			if errors.Is(err, txn.ErrBusy) {
 				return nil, fmt.Errorf("process %d of the container: %w; the dump is refused and the container runs on", p.PID, err)
 			}
 			return nil, err
 		}
-		files = append(files, l.File())
+		locks = append(locks, l)
 	}
-	return files, nil
+	return locks, nil
 }
 
 // closeAll closes files, leaving the locks on them to whoever else holds them.

@@ -846,3 +846,27 @@ func TestPreDumpTakesGpucrsLocks(t *testing.T) {
 	}
 	l.Release()
 }
+
+// A tree whose GPUs another operation has checkpointed holds no device file of theirs: its
+// dump went through unrefused (review). Without GPU processes the locks are looked at too,
+// and let go of (their files removed) when free.
+func TestPreDumpWithoutGPUsHonoursGpucrsLocks(t *testing.T) {
+	p := testutil.StartSleeper(t)
+	f := &fakeGPU{pid: -1} // the tree holds no GPU
+	a := newAction(t, f, "pre-dump", p.Process.Pid)
+	a.act.RunDir = t.TempDir()
+	held, err := txn.LockTarget(a.act.RunDir, engine.PIDLock(p.Process.Pid), "gpucr PID 1 is running a checkpoint of container c2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.act.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "checkpoint of container c2") {
+		t.Fatalf("pre-dump of a tree another operation holds = %v, want it refused", err)
+	}
+	held.Release()
+	if err := a.act.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(a.act.RunDir, "locks")); len(entries) != 0 {
+		t.Errorf("locks left: %v", entries)
+	}
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/rootonly"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // Where the integration goes by default. runc hands CRIU /etc/criu/runc.conf (unless a
@@ -120,6 +121,7 @@ func actionScript(bin, log, state string) string {
 bin=%s
 log=%s
 state=%s
+locks=%s
 [ "$%s" = skip ] && exit 0
 # What it makes is root's alone, whatever umask runc or its caller ran with: under umask 0
 # the state directory's parents came out writable by all, and another user had root write
@@ -148,10 +150,11 @@ if [ -e "$ran" ]; then
 fi
 case $CRTOOLS_SCRIPT_ACTION in
 pre-dump)
-	fds= pids=$CRTOOLS_INIT_PID
+	fds= pids=$CRTOOLS_INIT_PID tree=
 	while [ -n "$pids" ]; do
 		next=
 		for p in $pids; do
+			tree="$tree $p"
 			fds="$fds /proc/$p/fd"
 			for c in /proc/$p/task/*/children; do
 				k=
@@ -161,8 +164,15 @@ pre-dump)
 		done
 		pids=$next
 	done
+	# A gpucr operation's lock on a process of the tree: gpucr looks at it, and refuses the
+	# dump while it is held (an operation that has checkpointed the GPUs holds no device
+	# file of theirs any more).
+	held=
+	for p in $tree; do
+		[ -e "$locks/pid-$p.lock" ] && { held=1; break; }
+	done
 	# No GPU: nothing to do but drop an earlier dump's record from a reused image directory.
-	[ -n "$fds" ] && [ -n "$(find $fds -maxdepth 1 \( -lname '/dev/nvidia*' -o -lname /dev/kfd -o -lname '/dev/dri/renderD*' \) -print -quit 2>/dev/null)" ] || {
+	[ -n "$held" ] || { [ -n "$fds" ] && [ -n "$(find $fds -maxdepth 1 \( -lname '/dev/nvidia*' -o -lname /dev/kfd -o -lname '/dev/dri/renderD*' \) -print -quit 2>/dev/null)" ]; } || {
 		rm -f "$CRTOOLS_IMAGE_DIR/%s"
 		exit 0
 	}
@@ -181,19 +191,22 @@ post-dump)
 	exit 0
 	;;
 esac
-# rootonly PATH: PATH and every directory above it are root's and writable by no one
-# else, a root-owned sticky directory excepted above PATH itself.
+# rootonly PATH: PATH and every directory above it, as named and as its links resolve, are
+# root's and writable by no one else (a root-owned sticky directory excepted above PATH);
+# a link on the way must be root's (/usr/local is one on some distributions).
 rootonly() {
-	p=$1
-	while :; do
-		s=$(stat -c '%%u %%a' -- "$p") || return 1
-		u=${s%%%% *}; m=${s#* }
-		if [ "$u" != 0 ] || { [ $((0$m & 18)) -ne 0 ] && { [ "$p" = "$1" ] || [ $((0$m & 512)) -eq 0 ]; }; }; then
-			echo "Error (gpucr criu-action): refusing to run $bin: $p is not root's alone (owner $u, mode $m)" >&2
-			return 1
-		fi
-		[ "$p" = / ] && break
-		p=$(dirname -- "$p")
+	for p in "$1" "$(readlink -f -- "$1")"; do
+		q=$p
+		while :; do
+			s=$(stat -c '%%u %%a %%F' -- "$q") || return 1
+			u=${s%%%% *}; r=${s#* }; m=${r%%%% *}; t=${r#* }
+			if [ "$u" != 0 ] || { [ "$t" != "symbolic link" ] && [ $((0$m & 18)) -ne 0 ] && { [ "$q" = "$p" ] || [ $((0$m & 512)) -eq 0 ]; }; }; then
+				echo "Error (gpucr criu-action): refusing to run $bin: $q is not root's alone (owner $u, mode $m)" >&2
+				return 1
+			fi
+			[ "$q" = / ] && break
+			q=$(dirname -- "$q")
+		done
 	done
 }
 rootonly "$bin" || exit 1
@@ -207,7 +220,7 @@ rootonly "$state" || exit 1
 rc=$?
 echo "$rc" > "$ran"
 exit "$rc"
-`, shellQuote(bin), shellQuote(log), shellQuote(state), ActionSkipEnv, RecordName, RecordName)
+`, shellQuote(bin), shellQuote(log), shellQuote(state), shellQuote(filepath.Join(txn.DefaultRoot, "locks")), ActionSkipEnv, RecordName, RecordName)
 }
 
 // Remove takes the action script out of the configuration files, removing runc's if

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // scriptHost is an installed integration whose gpucr is a stand-in that appends each run's
@@ -413,5 +415,40 @@ func TestRemoveWaitsForNoOtherUsersCRIU(t *testing.T) {
 	err = h.in.Remove()
 	if err != nil && strings.Contains(err.Error(), fmt.Sprintf("CRIU (PID %d)", theirs.Process.Pid)) {
 		t.Fatalf("Remove waited for another user's process named criu: %v", err)
+	}
+}
+
+// A root-owned link on the script's or the state directory's path (/usr/local is one on
+// some distributions) was refused by the script's check, which read it as mode 777, though
+// the installer accepted it: every GPU step then failed (review). A link is judged by its
+// owner and where it leads; and a tree with a gpucr lock file but no GPU device open (its
+// GPUs checkpointed by another operation) starts gpucr, which looks at the lock.
+func TestScriptTakesRootsLinksAndLookAtLocks(t *testing.T) {
+	h := newScriptHost(t)
+	real := filepath.Join(t.TempDir(), "real")
+	if err := os.Mkdir(real, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	h.in.StateDir = filepath.Join(link, "state")
+	if err := h.in.Install(); err != nil {
+		t.Fatal(err)
+	}
+	pid := testutil.StartSleeper(t).Process.Pid // no GPU device open
+	env := []string{"CRTOOLS_INIT_PID=" + strconv.Itoa(pid), "CRTOOLS_IMAGE_DIR=" + t.TempDir()}
+	lock := filepath.Join(txn.DefaultRoot, "locks", "pid-"+strconv.Itoa(pid)+".lock")
+	if err := os.MkdirAll(filepath.Dir(lock), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WriteFile(t, lock, nil)
+	t.Cleanup(func() { _ = os.Remove(lock) })
+	if out, err := h.step(t, "pre-dump", env...); err != nil {
+		t.Fatalf("pre-dump through a root-owned link: %v: %s", err, out)
+	}
+	if got := h.ran(); !slices.Contains(got, "pre-dump") {
+		t.Fatalf("gpucr not started for a tree with a lock file: ran %v", got)
 	}
 }

@@ -125,3 +125,19 @@ func v1Has(options, hierarchy string) bool {
 	}
 	return true
 }
+
+// ReleaseInheritedLocks lets go of the n locks a watcher inherited after the pidfd
+// (descriptors 4 on), removing each lock file while it is still the one held, as a lock's
+// release does: left, a file per process per dump stayed behind, and the action script,
+// which starts gpucr only for a tree with a GPU device open or a lock file, started it for
+// every later dump of those PIDs.
+func ReleaseInheritedLocks(n int) {
+	for fd := watchFD + 1; fd < watchFD+1+n; fd++ {
+		path, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+		var held, named unix.Stat_t
+		if err == nil && unix.Fstat(fd, &held) == nil && unix.Stat(path, &named) == nil && held.Ino == named.Ino && held.Dev == named.Dev {
+			_ = os.Remove(path)
+		}
+		_ = unix.Close(fd)
+	}
+}

@@ -10,7 +10,10 @@ import (
 	"strings"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr/internal/testutil"
+	"github.com/gpucr/gpucr/internal/txn"
 )
 
 // The hierarchies a watcher leaves are those it is below the root of, found by what
@@ -85,4 +88,32 @@ func TestWatcherLeavesItsCallersCgroup(t *testing.T) {
 	if slices.Contains(strings.Fields(string(b)), pid) {
 		t.Fatalf("the watcher is still in %s", child)
 	}
+}
+
+// A watcher lets go of the locks it inherited once its rollback is done, and removes
+// their files while they are still the ones held: left, a file per process per dump
+// stayed behind, and every later dump of those PIDs started gpucr for them.
+func TestWatcherReleasesItsLocks(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "the journal's locks are root's")
+	}
+	root := t.TempDir()
+	l, err := txn.LockTarget(root, "pid-1234", "a dump")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the watcher has it: descriptor 4, after the CRIU pidfd on 3.
+	if err := unix.Dup2(int(l.File().Fd()), watchFD+1); err != nil {
+		t.Fatal(err)
+	}
+	_ = l.File().Close()
+	ReleaseInheritedLocks(1)
+	if _, err := os.Stat(filepath.Join(root, "locks", "pid-1234.lock")); !os.IsNotExist(err) {
+		t.Errorf("the lock file is left: %v", err)
+	}
+	again, err := txn.LockTarget(root, "pid-1234", "gpucr")
+	if err != nil {
+		t.Fatalf("the lock once released: %v", err)
+	}
+	again.Release()
 }
