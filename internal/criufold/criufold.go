@@ -15,6 +15,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/pagemap"
@@ -357,9 +358,28 @@ func copyData(in, out *os.File) error {
 		if err := copyRange(in, out, data, hole-data); err != nil {
 			return err
 		}
+		if afterRange != nil {
+			afterRange()
+		}
 		off = hole
 	}
+	// A file that shrank meanwhile reads as holes to its old end: its copy would be padded
+	// with zeros and sealed as it was (review).
+	if now, err := in.Stat(); err != nil || now.Size() != size {
+		return fmt.Errorf("the file changed while it was copied (%d bytes, now %v)", size, sizeOf(now))
+	}
 	return out.Truncate(size)
+}
+
+// afterRange, when set, runs after each run of data is copied: tests change the file there.
+var afterRange func()
+
+// sizeOf is fi's size, or "gone" without fi.
+func sizeOf(fi os.FileInfo) string {
+	if fi == nil {
+		return "gone"
+	}
+	return strconv.FormatInt(fi.Size(), 10)
 }
 
 // copyRange copies n bytes at off from in to the same place in out: in the kernel, or

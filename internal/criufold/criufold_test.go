@@ -296,3 +296,35 @@ func TestFoldWritesNoZeroPagesAndNoShortCopy(t *testing.T) {
 		t.Error("a copy of 2 MiB from a file of 1 MiB succeeded")
 	}
 }
+
+// A file that shrank after its first run of data was copied read as holes to its old end:
+// its copy came out padded with zeros, and sealed (review). An error instead.
+func TestCopyOfAFileThatShrankFails(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "src")
+	f, err := os.Create(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, at := range []int64{0, 8 << 20} {
+		if _, err := f.WriteAt([]byte("data"), at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	afterRange = func() { _ = f.Truncate(4096) } // shrunk once its first run was copied
+	defer func() { afterRange = nil }()
+	if err := copyData(in, out); err == nil {
+		st, _ := out.Stat()
+		t.Fatalf("a copy of a file that shrank to 4096 bytes while copied: %d bytes, no error", st.Size())
+	}
+}
