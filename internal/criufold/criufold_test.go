@@ -282,16 +282,7 @@ func TestFoldWritesNoZeroPagesAndNoShortCopy(t *testing.T) {
 	if err := os.WriteFile(short, make([]byte, 1<<20), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	in, err := os.Open(short)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
+	in, out := copyEnds(t, short)
 	if err := copyRange(in, out, 0, 2<<20); err == nil {
 		t.Error("a copy of 2 MiB from a file of 1 MiB succeeded")
 	}
@@ -311,20 +302,27 @@ func TestCopyOfAFileThatShrankFails(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	in, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer in.Close()
-	out, err := os.Create(filepath.Join(t.TempDir(), "out"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
+	in, out := copyEnds(t, src)
 	afterRange = func() { _ = f.Truncate(4096) } // shrunk once its first run was copied
 	defer func() { afterRange = nil }()
 	if err := copyData(in, out); err == nil {
 		st, _ := out.Stat()
 		t.Fatalf("a copy of a file that shrank to 4096 bytes while copied: %d bytes, no error", st.Size())
 	}
+}
+
+// copyEnds opens src to copy from and a new file to copy into, both closed at the test's end.
+func copyEnds(t *testing.T, src string) (in, out *os.File) {
+	t.Helper()
+	in, err := os.Open(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = in.Close() })
+	out, err = os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = out.Close() })
+	return in, out
 }

@@ -83,11 +83,7 @@ func TestPushWhoseLeaseWentStaleChecksItsChunks(t *testing.T) {
 	st := store.NewDir(t.TempDir())
 	src := chunksOfADeletedCheckpoint(t, st)
 	g := newStalling(st, func(op, key string) bool { return op == "stat" && strings.Contains(key, "/"+chunked.ChunksDir+"/") })
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := chunked.Push(ctx, g, "job/2", src, chunked.Options{Workers: 1})
-		done <- err
-	}()
+	done := pushBehind(ctx, g, "job/2", src)
 	<-g.entered
 	time.Sleep(1500 * time.Millisecond) // the push's lease is stale
 	c, err := chunked.Collect(ctx, st, "job", false)
@@ -237,11 +233,7 @@ func TestPushWhoseLeaseLapsedWhileItsManifestWasWrittenChecksAgain(t *testing.T)
 	st := store.NewDir(t.TempDir())
 	src := chunksOfADeletedCheckpoint(t, st)
 	g := &stallingCreate{Store: st, entered: make(chan struct{}), release: make(chan struct{})}
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := chunked.Push(ctx, g, "job/2", src, chunked.Options{Workers: 1})
-		done <- err
-	}()
+	done := pushBehind(ctx, g, "job/2", src)
 	<-g.entered
 	time.Sleep(1500 * time.Millisecond) // the push's lease is stale
 	if c, err := chunked.Collect(ctx, st, "job", false); err != nil || c.Removed == 0 {
@@ -266,11 +258,7 @@ func TestLeaseDatedAheadByAClockStepCounts(t *testing.T) {
 	st := store.NewDir(root)
 	src := chunksOfADeletedCheckpoint(t, st)
 	g := newStalling(st, func(op, key string) bool { return op == "stat" && strings.Contains(key, "/"+chunked.ChunksDir+"/") })
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := chunked.Push(ctx, g, "job/2", src, chunked.Options{Workers: 1})
-		done <- err
-	}()
+	done := pushBehind(ctx, g, "job/2", src)
 	<-g.entered
 	leases, err := filepath.Glob(filepath.Join(root, "job", chunked.LeasesDir, "write-*"))
 	if err != nil || len(leases) != 1 {
@@ -363,4 +351,15 @@ func TestManifestAfterALapseIsKeptOrRemovedForWhatItNames(t *testing.T) {
 	if ls, err := chunked.List(ctx, st, "job"); err != nil || len(ls) != 0 {
 		t.Fatalf("listed %+v, %v; want nothing", ls, err)
 	}
+}
+
+// pushBehind pushes the image in src to prefix of st in the background, one worker, and
+// sends its outcome.
+func pushBehind(ctx context.Context, st store.Store, prefix, src string) <-chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := chunked.Push(ctx, st, prefix, src, chunked.Options{Workers: 1})
+		done <- err
+	}()
+	return done
 }
