@@ -42,7 +42,7 @@ func pgidOfCRIU(t *testing.T, op func(d *Driver, dir string) error) int {
 // leaves at its injected trap dies of SIGTRAP once released: the workload gone, no
 // checkpoint. It runs in a process group of its own. A restore's CRIU stays in gpucr's:
 // CRIU gives a restored shell job its own process group.
-func TestDumpCRIURunsInAProcessGroupOfItsOwn(t *testing.T) {
+func TestCRIURunsInAProcessGroupOfItsOwn(t *testing.T) {
 	ours := unix.Getpgrp()
 	dump := pgidOfCRIU(t, func(d *Driver, dir string) error {
 		return d.Dump(context.Background(), DumpRequest{PID: 1, ImagesDir: dir, WorkDir: dir}, nil)
@@ -50,12 +50,21 @@ func TestDumpCRIURunsInAProcessGroupOfItsOwn(t *testing.T) {
 	if dump == ours {
 		t.Errorf("a dump's CRIU is in gpucr's process group %d: a kill of the group takes it mid-dump", ours)
 	}
+	// A restore's CRIU killed with the group after the gate left the tasks in its restorer
+	// for good (hostile test): its own group too, but for a shell job's.
 	restore := pgidOfCRIU(t, func(d *Driver, dir string) error {
 		_, err := d.Restore(context.Background(), RestoreRequest{ImagesDir: dir, WorkDir: dir}, nil)
 		return err
 	})
-	if restore != ours {
-		t.Errorf("a restore's CRIU is in process group %d, not gpucr's %d", restore, ours)
+	if restore == ours {
+		t.Errorf("a restore's CRIU is in gpucr's process group %d: a kill of the group takes it mid-restore", ours)
+	}
+	shell := pgidOfCRIU(t, func(d *Driver, dir string) error {
+		_, err := d.Restore(context.Background(), RestoreRequest{ImagesDir: dir, WorkDir: dir, Options: Options{Flags: Flags{ShellJob: true}}}, nil)
+		return err
+	})
+	if shell != ours {
+		t.Errorf("a shell job's restore's CRIU is in process group %d, not gpucr's %d: it could not give the job the terminal", shell, ours)
 	}
 }
 

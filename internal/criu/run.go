@@ -211,9 +211,12 @@ func (d *Driver) run(ctx context.Context, typ rpc.CriuReqType, imagesDir, workDi
 	opts.WorkDirFd = proto.Int32(int32(work.Fd()))
 	opts.NotifyScripts = proto.Bool(n != nil)
 
-	// A dump's CRIU is kept from signals meant for gpucr's process group (startSwrk). A
-	// restore's stays in it: CRIU gives a restored shell job its own group, the terminal's.
-	s, err := startSwrk(d.Path, env, typ == rpc.CriuReqType_DUMP)
+	// CRIU is kept from signals meant for gpucr's process group (startSwrk): a restore's
+	// CRIU killed with the group after the tasks were let through the gate left them in
+	// its restorer for good, every signal blocked, holding the image's PIDs (hostile test).
+	// A shell job's restore stays in the group: CRIU gives the restored job the terminal,
+	// which a process of a background group may not do.
+	s, err := startSwrk(d.Path, env, typ == rpc.CriuReqType_DUMP || !opts.GetShellJob())
 	if err != nil {
 		return nil, fmt.Errorf("criu %s: start %s: %w", op, d.Path, err)
 	}
