@@ -30,3 +30,20 @@ func TestFullDiskSaysRunOnOnlyAfterAWholeRollback(t *testing.T) {
 		}
 	}
 }
+
+// fullWriter refuses every write, as a full disk does.
+type fullWriter struct{}
+
+func (fullWriter) Write([]byte) (int, error) { return 0, syscall.ENOSPC }
+
+// A result that could not be written (stdout on a full disk) is a failure, with or without
+// --json: text mode exited 0, a restore's PID line lost (hostile test).
+func TestAResultThatCannotBeWrittenFails(t *testing.T) {
+	store := t.TempDir()
+	for _, args := range [][]string{{"ls", store}, {"ls", "--json", store}} {
+		var stderr strings.Builder
+		if code := run(args, fullWriter{}, &stderr); code != 1 || !strings.Contains(stderr.String(), "no space left on device") {
+			t.Errorf("gpucr %s onto a full stdout: exit %d, %q", strings.Join(args, " "), code, stderr.String())
+		}
+	}
+}

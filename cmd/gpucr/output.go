@@ -81,7 +81,16 @@ func (n notReadyError) Error() string { return n.reason }
 // emit prints v as JSON with --json, otherwise runs text.
 func (a *app) emit(v any, text func()) error {
 	if !a.json {
+		// A result that could not be written is a failure, as with --json: a restore's PID
+		// line lost to a full disk exited 0 (hostile test).
+		w := &firstError{w: a.stdout}
+		saved := a.stdout
+		a.stdout = w
 		text()
+		a.stdout = saved
+		if w.err != nil {
+			return fmt.Errorf("write the result: %w", w.err)
+		}
 		return nil
 	}
 	b, err := json.MarshalIndent(v, "", "  ")
@@ -90,6 +99,20 @@ func (a *app) emit(v any, text func()) error {
 	}
 	_, err = fmt.Fprintf(a.stdout, "%s\n", b)
 	return err
+}
+
+// firstError is w, keeping the first error a write to it returned.
+type firstError struct {
+	w   io.Writer
+	err error
+}
+
+func (f *firstError) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	if err != nil && f.err == nil {
+		f.err = err
+	}
+	return n, err
 }
 
 // terminalSafe passes what it is given on to w with every control character but tab shown
