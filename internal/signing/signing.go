@@ -68,22 +68,41 @@ func Generate(path string) (ed25519.PublicKey, error) {
 	return pub, nil
 }
 
+// writeNew writes b at path, which must not exist, whole or not at all: written aside,
+// synced, then linked into place. Created in place, a key whose writing was cut short (a
+// kill) stayed empty, and blocked keygen at its path and every sign with it (hostile test).
 func writeNew(path string, b []byte, mode os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("write key: %w", err)
 	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		os.Remove(path)
-		return fmt.Errorf("write key %s: %w", path, err)
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	if keyFileMade != nil {
+		keyFileMade()
 	}
-	if err := f.Close(); err != nil {
-		os.Remove(path)
+	err = f.Chmod(mode)
+	if err == nil {
+		_, err = f.Write(b)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Link(tmp, path) // fails where path exists: nothing is overwritten
+	}
+	if err != nil {
 		return fmt.Errorf("write key %s: %w", path, err)
 	}
 	return nil
 }
+
+// keyFileMade, when set, runs once a key's file is made, before a byte is in it: tests kill
+// the process there.
+var keyFileMade func()
 
 // LoadPrivate reads an ed25519 private key. A key others can read is refused: it would let
 // them sign images this host trusts.

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -153,4 +154,28 @@ func mustKey(t *testing.T, path string) ed25519.PrivateKey {
 		t.Fatal(err)
 	}
 	return k
+}
+
+// A key whose writing was cut short (gpucr killed between making the file and writing
+// it) stayed empty where it goes, and blocked keygen there and every sign with it (hostile
+// test). Keys are written aside and linked into place: a kill leaves no key's name taken.
+func TestKeygenKilledLeavesNoKeyBehind(t *testing.T) {
+	if path := os.Getenv("GPUCR_TEST_KEYGEN_KILLED"); path != "" {
+		keyFileMade = func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) }
+		_, _ = Generate(path)
+		return
+	}
+	path := filepath.Join(t.TempDir(), "k")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestKeygenKilledLeavesNoKeyBehind$")
+	cmd.Env = append(os.Environ(), "GPUCR_TEST_KEYGEN_KILLED="+path)
+	_ = cmd.Run() // killed
+	if _, err := os.Lstat(path); err == nil {
+		t.Fatal("a keygen killed while it wrote left a file at the key's path")
+	}
+	if _, err := Generate(path); err != nil {
+		t.Fatalf("keygen at the path again: %v", err)
+	}
+	if _, err := LoadPrivate(path); err != nil {
+		t.Fatal(err)
+	}
 }
