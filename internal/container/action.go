@@ -201,7 +201,16 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 	for i, l := range locks {
 		files[i] = l.File()
 	}
-	defer closeAll(files)
+	handed := false // to the watcher, which removes their files when done
+	defer func() {
+		if handed {
+			closeAll(files)
+			return
+		}
+		for _, l := range locks {
+			l.Release()
+		}
+	}()
 	inner, err := toInner(gpus)
 	if err != nil {
 		return err
@@ -223,6 +232,7 @@ func (a *Action) preDump(ctx context.Context, log *slog.Logger) (err error) {
 		os.Remove(heldPath)
 		return fmt.Errorf("start the GPU rollback watcher: %w", err)
 	}
+	handed = true
 	// The same GPU steps and rollback as gpucr's own checkpoints.
 	var undo engine.Undo
 	defer func() { err = undo.Unwind(ctx, err) }()

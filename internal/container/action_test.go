@@ -870,3 +870,22 @@ func TestPreDumpWithoutGPUsHonoursGpucrsLocks(t *testing.T) {
 		t.Errorf("locks left: %v", entries)
 	}
 }
+
+// A pre-dump that fails before its watcher holds the locks lets go of them and removes
+// their files: left, every later dump of those PIDs started gpucr for them.
+func TestPreDumpFailingBeforeItsWatcherLeavesNoLock(t *testing.T) {
+	p := testutil.StartSleeper(t)
+	f := &fakeGPU{pid: p.Process.Pid}
+	a := newAction(t, f, "pre-dump", p.Process.Pid)
+	a.act.RunDir = t.TempDir()
+	a.act.Watch = func(int, string, []*os.File) error { return errors.New("no watcher") }
+	if err := a.act.Run(context.Background()); err == nil {
+		t.Fatal("pre-dump without its watcher succeeded")
+	}
+	if entries, _ := os.ReadDir(filepath.Join(a.act.RunDir, "locks")); len(entries) != 0 {
+		t.Errorf("locks left: %v", entries)
+	}
+	if calls := f.log(); len(calls) != 0 {
+		t.Errorf("GPU calls %v before the watcher ran", calls)
+	}
+}
