@@ -258,21 +258,15 @@ func (a *Action) lockTree(tree []proctree.Process) ([]*txn.Lock, error) {
 		return nil, nil
 	}
 	holder := fmt.Sprintf("a dump by runc's CRIU (PID %d) through gpucr's action script, until its GPUs are resumed", a.CRIUPID)
-	var locks []*txn.Lock
-	for _, p := range tree {
-		l, err := txn.LockTarget(a.RunDir, engine.PIDLock(p.PID), holder)
-		if err != nil {
-			for _, l := range locks {
-				l.Release()
-			}
-			if errors.Is(err, txn.ErrBusy) {
-				return nil, fmt.Errorf("process %d of the container: %w; the dump is refused and the container runs on", p.PID, err)
-			}
-			return nil, err
-		}
-		locks = append(locks, l)
+	names := make([]string, len(tree))
+	for i, p := range tree {
+		names[i] = engine.PIDLock(p.PID)
 	}
-	return locks, nil
+	locks, refused, err := txn.LockTargets(a.RunDir, holder, names)
+	if errors.Is(err, txn.ErrBusy) {
+		return nil, fmt.Errorf("process %d of the container: %w; the dump is refused and the container runs on", tree[refused].PID, err)
+	}
+	return locks, err
 }
 
 // closeAll closes files, leaving the locks on them to whoever else holds them.

@@ -43,17 +43,14 @@ func (e *Engine) begin(op, what string, owned []string, targets ...string) (*Op,
 		o.log.Warn("an operation cut off by gpucr's death could not be rolled back; see gpucr check", "err", err)
 	}
 	holder := fmt.Sprintf("gpucr PID %d is running a %s of %s", os.Getpid(), op, what)
-	for _, t := range targets {
-		l, err := txn.LockTarget(e.JournalRoot, t, holder)
-		if err != nil {
-			o.releaseLocks()
-			if errors.Is(err, txn.ErrBusy) {
-				return nil, fmt.Errorf("%s: %w (wait for it to finish, or see gpucr check)", what, err)
-			}
-			return nil, err
-		}
-		o.locks = append(o.locks, l)
+	locks, _, err := txn.LockTargets(e.JournalRoot, holder, targets)
+	if errors.Is(err, txn.ErrBusy) {
+		return nil, fmt.Errorf("%s: %w (wait for it to finish, or see gpucr check)", what, err)
 	}
+	if err != nil {
+		return nil, err
+	}
+	o.locks = locks
 	j, err := txn.Begin(e.JournalRoot, op, what)
 	if err != nil {
 		o.releaseLocks()

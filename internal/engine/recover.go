@@ -187,7 +187,7 @@ func (e *Engine) recoverStale(which func(txn.Entry) bool) ([]txn.Record, error) 
 		// The record's targets are locked before anything is rolled back: a live operation
 		// that holds one (a later checkpoint of the same process) owns its GPU state now,
 		// and a rollback restored and unlocked it under that checkpoint (review).
-		locks, err := lockTargets(e.JournalRoot, en.Locks, "gpucr PID "+strconv.Itoa(os.Getpid())+" is recovering "+en.ID)
+		locks, _, err := txn.LockTargets(e.JournalRoot, "gpucr PID "+strconv.Itoa(os.Getpid())+" is recovering "+en.ID, en.Locks)
 		if errors.Is(err, txn.ErrBusy) {
 			j.Release()
 			continue // its turn comes once that operation is over
@@ -215,22 +215,6 @@ func (e *Engine) recoverStale(which func(txn.Entry) bool) ([]txn.Record, error) 
 		errs = append(errs, err)
 	}
 	return done, errors.Join(errs...)
-}
-
-// lockTargets takes the target locks names, all or none.
-func lockTargets(root string, names []string, holder string) ([]*txn.Lock, error) {
-	var held []*txn.Lock
-	for _, name := range names {
-		l, err := txn.LockTarget(root, name, holder)
-		if err != nil {
-			for _, h := range held {
-				h.Release()
-			}
-			return nil, err
-		}
-		held = append(held, l)
-	}
-	return held, nil
 }
 
 // endStagingOf ends the staging records of rec's dead gpucr whose directories rec's

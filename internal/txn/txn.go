@@ -452,6 +452,23 @@ func LockTarget(root, name, holder string) (*Lock, error) {
 	return acquire(lockPath(root, name), holder)
 }
 
+// LockTargets locks every target of names for holder, all or none: where one is refused it
+// lets go of those it took, and returns the index of the one refused with the error.
+func LockTargets(root, holder string, names []string) ([]*Lock, int, error) {
+	var locks []*Lock
+	for i, name := range names {
+		l, err := LockTarget(root, name, holder)
+		if err != nil {
+			for _, l := range locks {
+				l.Release()
+			}
+			return nil, i, err
+		}
+		locks = append(locks, l)
+	}
+	return locks, -1, nil
+}
+
 func locksDir(root string) string { return filepath.Join(root, "locks") }
 
 func lockPath(root, name string) string { return filepath.Join(locksDir(root), name+".lock") }
