@@ -801,10 +801,7 @@ func TestDumpRollbackFilesOfCRIUsAtOnePIDAreApart(t *testing.T) {
 // The script locks the tree's processes as gpucr does: one a gpucr operation holds refuses
 // the dump with nothing locked, and the locks it takes go to the watcher.
 func TestPreDumpTakesGpucrsLocks(t *testing.T) {
-	p := testutil.StartSleeper(t)
-	f := &fakeGPU{pid: p.Process.Pid}
-	a := newAction(t, f, "pre-dump", p.Process.Pid)
-	a.act.RunDir = t.TempDir()
+	a, f, p := preDumpOfAGPUProcess(t, true)
 	held, err := txn.LockTarget(a.act.RunDir, engine.PIDLock(p.Process.Pid), "gpucr PID 1 is running a checkpoint of container c2")
 	if err != nil {
 		t.Fatal(err)
@@ -851,10 +848,7 @@ func TestPreDumpTakesGpucrsLocks(t *testing.T) {
 // dump went through unrefused (review). Without GPU processes the locks are looked at too,
 // and let go of (their files removed) when free.
 func TestPreDumpWithoutGPUsHonoursGpucrsLocks(t *testing.T) {
-	p := testutil.StartSleeper(t)
-	f := &fakeGPU{pid: -1} // the tree holds no GPU
-	a := newAction(t, f, "pre-dump", p.Process.Pid)
-	a.act.RunDir = t.TempDir()
+	a, _, p := preDumpOfAGPUProcess(t, false) // the tree holds no GPU
 	held, err := txn.LockTarget(a.act.RunDir, engine.PIDLock(p.Process.Pid), "gpucr PID 1 is running a checkpoint of container c2")
 	if err != nil {
 		t.Fatal(err)
@@ -874,10 +868,7 @@ func TestPreDumpWithoutGPUsHonoursGpucrsLocks(t *testing.T) {
 // A pre-dump that fails before its watcher holds the locks lets go of them and removes
 // their files: left, every later dump of those PIDs started gpucr for them.
 func TestPreDumpFailingBeforeItsWatcherLeavesNoLock(t *testing.T) {
-	p := testutil.StartSleeper(t)
-	f := &fakeGPU{pid: p.Process.Pid}
-	a := newAction(t, f, "pre-dump", p.Process.Pid)
-	a.act.RunDir = t.TempDir()
+	a, f, _ := preDumpOfAGPUProcess(t, true)
 	a.act.Watch = func(int, string, []*os.File) error { return errors.New("no watcher") }
 	if err := a.act.Run(context.Background()); err == nil {
 		t.Fatal("pre-dump without its watcher succeeded")
@@ -888,4 +879,18 @@ func TestPreDumpFailingBeforeItsWatcherLeavesNoLock(t *testing.T) {
 	if calls := f.log(); len(calls) != 0 {
 		t.Errorf("GPU calls %v before the watcher ran", calls)
 	}
+}
+
+// preDumpOfAGPUProcess is the pre-dump of a sleeper's tree, with gpucr's run directory
+// and, with gpu, the sleeper's GPU state held by a fake backend.
+func preDumpOfAGPUProcess(t *testing.T, gpu bool) (*actionEnv, *fakeGPU, *exec.Cmd) {
+	t.Helper()
+	p := testutil.StartSleeper(t)
+	f := &fakeGPU{pid: -1}
+	if gpu {
+		f.pid = p.Process.Pid
+	}
+	a := newAction(t, f, "pre-dump", p.Process.Pid)
+	a.act.RunDir = t.TempDir()
+	return a, f, p
 }
