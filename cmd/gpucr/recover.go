@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 
 	"github.com/spf13/cobra"
 
@@ -108,14 +107,12 @@ func resumeStranded(ctx context.Context, e *engine.Engine, pid int) error {
 		// A restore holds its processes by its record, not by their PIDs' locks (a
 		// container's are known only once CRIU made them): one of them sits checkpointed on
 		// its GPU until the restore resumes it (review).
-		entries, err := txn.List(e.JournalRoot)
+		en, err := txn.HoldingGPU(e.JournalRoot, pid)
 		if err != nil {
 			return err
 		}
-		for _, en := range entries {
-			if en.Held && slices.ContainsFunc(en.GPUs, func(g txn.GPUProc) bool { return g.PID == pid && g.Alive() }) {
-				return usageError{fmt.Errorf("PID %d: %w: the %s of %s holds it, its GPU state is that operation's, not stranded", pid, txn.ErrBusy, en.Op, printable(en.Target))}
-			}
+		if en != nil {
+			return usageError{fmt.Errorf("PID %d: %w: the %s of %s holds it, its GPU state is that operation's, not stranded", pid, txn.ErrBusy, en.Op, printable(en.Target))}
 		}
 	}
 	procs, err := stranded(ctx, e.Backends, []int{pid})

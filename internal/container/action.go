@@ -266,7 +266,24 @@ func (a *Action) lockTree(tree []proctree.Process) ([]*txn.Lock, error) {
 	if errors.Is(err, txn.ErrBusy) {
 		return nil, fmt.Errorf("process %d of the container: %w; the dump is refused and the container runs on", tree[refused].PID, err)
 	}
-	return locks, err
+	if err != nil {
+		return nil, err
+	}
+	// A gpucr restore of the container holds its processes by its record until their GPUs
+	// run again: a dump then would lock what that restore is resuming.
+	for _, p := range tree {
+		en, err := txn.HoldingGPU(a.RunDir, p.PID)
+		if err == nil && en != nil {
+			err = fmt.Errorf("process %d of the container: %w: the %s of %s holds its GPU state; the dump is refused and the container runs on", p.PID, txn.ErrBusy, en.Op, en.Target)
+		}
+		if err != nil {
+			for _, l := range locks {
+				l.Release()
+			}
+			return nil, err
+		}
+	}
+	return locks, nil
 }
 
 // closeAll closes files, leaving the locks on them to whoever else holds them.

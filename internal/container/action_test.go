@@ -865,6 +865,35 @@ func TestPreDumpWithoutGPUsHonoursGpucrsLocks(t *testing.T) {
 	}
 }
 
+// A gpucr restore of a container holds its processes by its record, not by their PIDs'
+// locks, until their GPUs run again: a plain runc dump in that window locked and
+// checkpointed what the restore was resuming. The dump is refused, nothing locked.
+func TestPreDumpRefusesAProcessALiveRestoreHolds(t *testing.T) {
+	a, f, p := preDumpOfAGPUProcess(t, true)
+	j, err := txn.Begin(a.act.RunDir, txn.OpRestore, "container c2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = j.End() }()
+	proc, err := txn.ProcOf(p.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Update(func(r *txn.Record) { r.GPUs = []txn.GPUProc{{Backend: "nvidia", Proc: proc}} }); err != nil {
+		t.Fatal(err)
+	}
+	err = a.act.Run(context.Background())
+	if !errors.Is(err, txn.ErrBusy) || !strings.Contains(err.Error(), "restore of container c2") {
+		t.Fatalf("pre-dump beside a live restore = %v, want it refused, naming that", err)
+	}
+	if calls := f.log(); len(calls) != 0 || len(a.watched) != 0 {
+		t.Fatalf("GPU calls %v, watchers %v: want nothing done", calls, a.watched)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(a.act.RunDir, "locks")); len(entries) != 0 {
+		t.Errorf("locks left: %v", entries)
+	}
+}
+
 // A pre-dump that fails before its watcher holds the locks lets go of them and removes
 // their files: left, every later dump of those PIDs started gpucr for them.
 func TestPreDumpFailingBeforeItsWatcherLeavesNoLock(t *testing.T) {

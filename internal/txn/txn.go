@@ -366,6 +366,23 @@ func List(root string) ([]Entry, error) {
 	return out, nil
 }
 
+// HoldingGPU returns the live operation whose record holds pid's device state, nil if
+// none does. A restore holds its processes by its record, not by their PIDs' locks (a
+// container's are known only once CRIU made them): what would lock or resume such a
+// process must ask here as well as take its lock.
+func HoldingGPU(root string, pid int) (*Entry, error) {
+	entries, err := List(root)
+	if err != nil {
+		return nil, err
+	}
+	for _, en := range entries {
+		if en.Held && slices.ContainsFunc(en.GPUs, func(g GPUProc) bool { return g.PID == pid && g.Alive() }) {
+			return &en, nil
+		}
+	}
+	return nil, nil
+}
+
 // Claim takes over the stale record id, for recovery; ErrBusy if its owner or guardian
 // still holds it.
 func Claim(root, id string) (*Journal, error) {
