@@ -191,6 +191,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	var whole atomic.Bool // the tasks passed the gate, and CRIU may have let them go
 	spec := RestoreSpec{
 		RestoreRequest: criu.RestoreRequest{ImagesDir: image.CRIUPath(root), WorkDir: work, Options: opts},
+		Checked:        image.CRIUPath(root),
 		Timer:          t,
 		Verified:       verify.wait,
 		Procs:          func() ([]txn.Proc, []txn.GPUProc) { return imageProcs(m, gpus) },

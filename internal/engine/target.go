@@ -262,7 +262,10 @@ type RestoreTarget interface {
 // RestoreSpec is how a target's CRIU restores an image.
 type RestoreSpec struct {
 	criu.RestoreRequest
-	Timer *Timer
+	// Checked is the image's CRIU directory as the restore checked it: ImagesDir may be a
+	// view of it (memfill), whose links gpucr's own reads of the image refuse.
+	Checked string
+	Timer   *Timer
 	// Fill is the memory gpucr writes itself into the held tasks; nil when CRIU restores all.
 	Fill *memfill.Plan
 	// Procs are the image's processes and GPU processes, as the image numbers them, for a
@@ -466,7 +469,7 @@ func (g *gate) PostRestore(root int32) error {
 	// CRIU reopened every file by its path, as root, following symlinks: a directory on the
 	// way that a user swapped since the checkpoint hands the restored process another file.
 	// Nothing has run yet; a refusal here has CRIU kill the tasks.
-	want, err := criuimg.OpenedFiles(g.s.ImagesDir)
+	want, err := criuimg.OpenedFiles(g.s.Checked)
 	if err != nil {
 		return err
 	}

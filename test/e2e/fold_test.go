@@ -103,3 +103,23 @@ func TestFoldRefusesAnImageOthersCouldChange(t *testing.T) {
 	}
 	mustGpucr(t, "fold", dir, filepath.Join(t.TempDir(), "folded"))
 }
+
+// gpucr restores an image whose large runs are in CRIU's page files (checkpointed with
+// --criu-compatible, or folded) by splitting them out of a view of the image it links to:
+// the check of the files CRIU reopened read that view, refused its links, and the restore
+// failed with the job's only copy in the image (hostile test).
+func TestGpucrRestoresACompatibleImage(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "40")
+	w.waitCount(t, 3)
+	dir := filepath.Join(t.TempDir(), "compat")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--criu-compatible")
+	testutil.WaitGone(t, w.pid)
+	frozen := w.read(t, "count")
+	mustGpucr(t, "restore", "-D", dir)
+	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
+	w.waitCount(t, frozen+3)
+	if v := w.verify(t, w.pid); v != "ok" {
+		t.Fatalf("memory after gpucr restored a --criu-compatible image: %s", v)
+	}
+}
