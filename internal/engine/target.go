@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"regexp"
 	"slices"
@@ -128,6 +129,9 @@ func (p *processTree) Open(context.Context) ([]proctree.Process, error) {
 	if p.ownPIDs, err = ownNamespaces(pid); err != nil {
 		return nil, err
 	}
+	if err := nestedNamespaces(tree); err != nil {
+		return nil, err
+	}
 	p.tree = tree
 	return tree, nil
 }
@@ -154,6 +158,33 @@ func ownNamespaces(pid int) (ownPIDs bool, err error) {
 	}
 	return true, nil
 }
+
+// nestedNamespaces refuses a tree in which a process below the root has a mount or network
+// namespace other than the root's (a job step under unshare, bwrap, a container tool):
+// CRIU dumps it, then cannot restore a sub-task in a namespace of its own, and the
+// checkpoint would have ended the job for an image that never restores (hostile test). A
+// process that exited meanwhile is no longer the tree's.
+func nestedNamespaces(tree []proctree.Process) error {
+	root := tree[0]
+	for _, q := range tree[1:] {
+		for _, kind := range []string{"mnt", "net"} {
+			same, err := proctree.SameNamespace(root.PID, q.PID, kind)
+			if errors.Is(err, fs.ErrNotExist) {
+				break
+			}
+			if err != nil {
+				return err
+			}
+			if !same {
+				return fmt.Errorf("%w: process %d (%s) of the tree has a %s namespace of its own, which CRIU cannot restore below a tree's root: "+
+					"run the job without unsharing it, or as a container and checkpoint --container", ErrBadTarget, q.PID, q.Command, namespaceNames[kind])
+			}
+		}
+	}
+	return nil
+}
+
+var namespaceNames = map[string]string{"mnt": "mount", "net": "network"}
 
 // Dump reports the tree frozen at CRIU's query-ext-files notification (CRIU has seized
 // every task, and dumped nothing yet) and commits from its post-dump notification, while

@@ -68,6 +68,18 @@ func InHostPIDNamespace() (bool, error) {
 	return st.Ino == procPIDInitIno, nil
 }
 
+// SameNamespace says whether processes a and b are in one namespace of kind.
+func SameNamespace(a, b int, kind string) (bool, error) {
+	var sa, sb syscall.Stat_t
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d/ns/%s", a, kind), &sa); err != nil {
+		return false, fmt.Errorf("read process %d's %s namespace: %w", a, kind, err)
+	}
+	if err := syscall.Stat(fmt.Sprintf("/proc/%d/ns/%s", b, kind), &sb); err != nil {
+		return false, fmt.Errorf("read process %d's %s namespace: %w", b, kind, err)
+	}
+	return sa.Ino == sb.Ino && sa.Dev == sb.Dev, nil
+}
+
 // OwnNamespace says whether process pid is in another namespace of kind ("pid", "mnt",
 // "net", ...) than the calling process.
 func OwnNamespace(pid int, kind string) (bool, error) {

@@ -188,3 +188,48 @@ func TestRestoreRefusesARootThatDiesWithItsParent(t *testing.T) {
 		t.Errorf("exit %d, want %d with one line naming the parent-death signal:\n%s", code, exitFailed, out)
 	}
 }
+
+// A tree with a process below its root in a mount or network namespace of its own (a job
+// step under unshare, bwrap, a container tool) is refused before anything is frozen: CRIU
+// dumped it and the tree was gone, then could not restore a sub-task in a namespace of its
+// own, and the job was lost (hostile test).
+func TestCheckpointRefusesATreeWithAChildInItsOwnNamespace(t *testing.T) {
+	needCRIU(t)
+	for kind, flag := range map[string]string{"mount": "--mount", "network": "--net"} {
+		t.Run(kind, func(t *testing.T) {
+			cmd := exec.Command("setsid", "sh", "-c", "unshare "+flag+" sleep 1000 & wait")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			pid := cmd.Process.Pid
+			t.Cleanup(func() {
+				_ = syscall.Kill(-pid, syscall.SIGKILL)
+				_ = cmd.Wait()
+			})
+			child := waitChild(t, pid, "sleep")
+			out, code := gpucr(t, "checkpoint", strconv.Itoa(pid), "-D", filepath.Join(t.TempDir(), "img"))
+			if code != exitUsage || !oneLineWith(out, fmt.Sprintf("process %d (sleep) of the tree has a %s namespace of its own", child, kind)) {
+				t.Errorf("exit %d, want %d with one line naming the child's %s namespace:\n%s", code, exitUsage, kind, out)
+			}
+			if !testutil.Alive(pid) || !testutil.Alive(child) {
+				t.Error("the refused tree did not run on")
+			}
+		})
+	}
+}
+
+// waitChild waits for pid to have a child running command, and returns its PID.
+func waitChild(t *testing.T, pid int, command string) int {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+		for _, f := range strings.Fields(string(b)) {
+			c, _ := strconv.Atoi(f)
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c)); strings.TrimSpace(string(comm)) == command {
+				return c
+			}
+		}
+	}
+	t.Fatalf("process %d never ran %s", pid, command)
+	return 0
+}
