@@ -355,9 +355,11 @@ func (fds pidfds) close() {
 // fillWorkers is the fewest pieces in flight at once: a store answers each after a round trip.
 const fillWorkers = 8
 
-// checkMapped refuses runs that are not wholly inside writable memory of their process as
-// CRIU restored it: an image names addresses, and gpucr writes nowhere else. It returns
-// which runs lie wholly in private anonymous memory.
+// checkMapped refuses runs that are not wholly inside writable memory of their process's
+// own as CRIU restored it: an image names addresses, and gpucr writes nowhere else — not
+// through a shared mapping into a file (a range remapped so during a checkpoint had the
+// restore write the image's bytes into that file, review). It returns which runs lie
+// wholly in private anonymous memory.
 func checkMapped(runs []run) ([]bool, error) {
 	maps := map[int][]proctree.Mapping{}
 	anon := make([]bool, len(runs))
@@ -372,20 +374,20 @@ func checkMapped(runs []run) ([]bool, error) {
 		}
 		end := r.addr + uint64(r.size)
 		if !covered(ms, r.addr, end) {
-			return nil, fmt.Errorf("memory fill: process %d has no writable memory at %#x-%#x, which the image fills", r.pid, r.addr, end)
+			return nil, fmt.Errorf("memory fill: process %d has no writable private memory at %#x-%#x, which the image fills", r.pid, r.addr, end)
 		}
 		anon[i] = covered(slices.DeleteFunc(slices.Clone(ms), func(m proctree.Mapping) bool { return !m.PrivateAnonymous() }), r.addr, end)
 	}
 	return anon, nil
 }
 
-// writableMappings lists pid's mappings it may write, by address.
+// writableMappings lists pid's private mappings it may write, by address.
 func writableMappings(pid int) ([]proctree.Mapping, error) {
 	all, err := proctree.ReadMaps(fmt.Sprintf("/proc/%d/maps", pid))
 	if err != nil {
 		return nil, fmt.Errorf("read mappings of process %d: %w", pid, err)
 	}
-	return slices.DeleteFunc(all, func(m proctree.Mapping) bool { return !m.Writable() }), nil
+	return slices.DeleteFunc(all, func(m proctree.Mapping) bool { return !m.Writable() || !m.Private() }), nil
 }
 
 // covered says whether [start, end) lies in ms, contiguous mappings joined (ms is sorted,

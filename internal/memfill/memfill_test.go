@@ -511,12 +511,22 @@ func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = (&Plan{runs: runs}).Fill(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "no writable memory") {
+	if err == nil || !strings.Contains(err.Error(), "no writable private memory") {
 		t.Fatalf("a read-only range: Fill = %v", err)
+	}
+	// A file mapped shared at the range: a write there would land in the file.
+	shared := filepath.Join(t.TempDir(), "shared")
+	if err := os.WriteFile(shared, make([]byte, criuimg.PageSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mapSharedOver(t, mem, shared)
+	err = (&Plan{runs: runs}).Fill(context.Background())
+	if b, _ := os.ReadFile(shared); err == nil || !strings.Contains(err.Error(), "no writable private memory") || !bytes.Equal(b, make([]byte, criuimg.PageSize)) {
+		t.Fatalf("a range mapped shared from a file: Fill = %v, the file changed %v", err, !bytes.Equal(b, make([]byte, criuimg.PageSize)))
 	}
 	runs[0].addr = 4096 // nothing is mapped at the second page of the address space
 	err = (&Plan{runs: runs}).Fill(context.Background())
-	if err == nil || !strings.Contains(err.Error(), "no writable memory") {
+	if err == nil || !strings.Contains(err.Error(), "no writable private memory") {
 		t.Fatalf("an unmapped range: Fill = %v", err)
 	}
 }
@@ -631,5 +641,38 @@ func TestSaveRefusesARangeNoLongerWritable(t *testing.T) {
 	err := SaveTo(context.Background(), rs, func(string) (criuimg.Receiver, error) { return nil, errors.New("nothing may be stored") })
 	if err == nil || !strings.Contains(err.Error(), "no longer all writable") {
 		t.Errorf("SaveTo = %v, want the range refused", err)
+	}
+}
+
+// A range a thread mapped a file shared over between the choice and the freeze had the
+// file's bytes saved as the process's memory, and the restore wrote them back into the file
+// through the restored shared mapping (review): the save refuses it.
+func TestSaveRefusesARangeMappedSharedMeanwhile(t *testing.T) {
+	const size = 2 * image.HashChunkSize
+	mem := mapAnon(t, size, unix.PROT_READ|unix.PROT_WRITE)
+	start := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	rs := []Range{{PID: os.Getpid(), Start: start, End: start + size}}
+	shared := filepath.Join(t.TempDir(), "shared")
+	if err := os.WriteFile(shared, make([]byte, image.HashChunkSize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mapSharedOver(t, mem[image.HashChunkSize:], shared)
+	if _, err := Save(context.Background(), t.TempDir(), rs, nil); err == nil || !strings.Contains(err.Error(), "no longer all writable private memory") {
+		t.Errorf("Save = %v, want the range refused", err)
+	}
+}
+
+// mapSharedOver maps the file at path shared, writable, over mem.
+func mapSharedOver(t *testing.T, mem []byte, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_, _, errno := unix.Syscall6(unix.SYS_MMAP, uintptr(unsafe.Pointer(&mem[0])), uintptr(len(mem)),
+		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_FIXED, f.Fd(), 0)
+	if errno != 0 {
+		t.Fatal(errno)
 	}
 }

@@ -275,9 +275,10 @@ func SaveTo(ctx context.Context, rs []Range, create func(path string) (criuimg.R
 }
 
 // stillWritable checks, once the tree is frozen, that every range still lies in writable
-// memory of its process, as the restore's fill demands of the same mappings (checkMapped).
-// The ranges are chosen before the freeze: a thread that made part of one read-only in
-// between had it saved and left out of CRIU's dump, and the image could never be restored
+// private memory of its process, as the restore's fill demands of the same mappings
+// (checkMapped). The ranges are chosen before the freeze: a thread that made part of one
+// read-only in between had it saved and left out of CRIU's dump, and the image could never
+// be restored; one that mapped a file shared over it had the file's bytes saved as memory
 // (review). Such a checkpoint fails instead, and the workload runs on.
 func stillWritable(rs []Range) error {
 	maps := map[int][]proctree.Mapping{}
@@ -291,7 +292,7 @@ func stillWritable(rs []Range) error {
 			maps[r.PID] = ms
 		}
 		if !covered(ms, r.Start, r.End) {
-			return fmt.Errorf("memory save: process %d's memory at %#x-%#x is no longer all writable: it changed as the checkpoint began; checkpoint again", r.PID, r.Start, r.End)
+			return fmt.Errorf("memory save: process %d's memory at %#x-%#x is no longer all writable private memory: it changed as the checkpoint began; checkpoint again", r.PID, r.Start, r.End)
 		}
 	}
 	return nil

@@ -37,6 +37,11 @@ func ParseMapping(line string) (m Mapping, ok bool) {
 // Writable says whether the process may write the mapping.
 func (m Mapping) Writable() bool { return m.Perms[1] == 'w' }
 
+// Private says whether writes to the mapping change only this process's memory (copied
+// on write from its file, if any): a write through a shared mapping lands in a file or in
+// memory others see.
+func (m Mapping) Private() bool { return m.Perms[3] == 'p' }
+
 // PrivateAnonymous says whether the mapping is private memory no file backs: a page of it
 // never touched reads as zeros, and no other process sees it.
 func (m Mapping) PrivateAnonymous() bool {
