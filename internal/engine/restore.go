@@ -156,7 +156,11 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	if len(gpus) > 0 {
 		defer e.TuneHost(op)() // CRIU refills the staged GPU memory, then the driver copies it back
 	}
-	work, err := os.MkdirTemp("", "gpucr-restore-*")
+	tmp, err := TempDir()
+	if err != nil {
+		return nil, err
+	}
+	work, err := os.MkdirTemp(tmp, "gpucr-restore-*")
 	if err != nil {
 		return nil, fmt.Errorf("create restore work dir: %w", err)
 	}

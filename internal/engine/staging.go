@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/rootonly"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -21,12 +22,32 @@ type StagingDir struct {
 	discarded []string // directories Keep named, to remove after all
 }
 
+// TempDir is where root's gpucr makes its temporary directories ($TMPDIR, else /tmp), and
+// only where others cannot swap what it writes there by name (a root-owned sticky one, as
+// /tmp, may be open to them): a job's TMPDIR its user owns let the user rename root's
+// directory and put a symlink in its place, and root's CRIU wrote its log through it over a
+// root-only file (hostile test). A gpucr run by a user writes only with that user's rights.
+func TempDir() (string, error) {
+	dir := os.TempDir()
+	if os.Geteuid() != 0 {
+		return dir, nil
+	}
+	if err := rootonly.Walk(dir); err != nil {
+		return "", fmt.Errorf("temporary directory %s: %w: others could swap what root writes there; set TMPDIR to a directory only root can change", dir, err)
+	}
+	return dir, nil
+}
+
 // NewStagingDir journals under root a directory for what (as people read it: "restore
 // --from URL") in the system's temporary directory, named prefix and the record's ID, and
 // then makes it. Without a journal (root "") it is only made.
 func NewStagingDir(root, what, prefix string) (*StagingDir, error) {
+	tmp, err := TempDir()
+	if err != nil {
+		return nil, fmt.Errorf("staging for %s: %w", what, err)
+	}
 	if root == "" {
-		dir, err := os.MkdirTemp("", prefix+"*")
+		dir, err := os.MkdirTemp(tmp, prefix+"*")
 		if err != nil {
 			return nil, fmt.Errorf("staging for %s: %w", what, err)
 		}
@@ -35,7 +56,7 @@ func NewStagingDir(root, what, prefix string) (*StagingDir, error) {
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
-	s, err := newStagingPath(root, what, func(id string) string { return filepath.Join(os.TempDir(), prefix+id) })
+	s, err := newStagingPath(root, what, func(id string) string { return filepath.Join(tmp, prefix+id) })
 	if err != nil {
 		return nil, err
 	}

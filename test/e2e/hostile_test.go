@@ -447,3 +447,34 @@ func TestGPURestoreReachesOnlyTheRestoredProcesses(t *testing.T) {
 	}
 	bystander.checkRunsOn(t, "the crafted restore")
 }
+
+// A TMPDIR another user owns (a batch job's) let that user rename root's restore work
+// directory and put a symlink in its place: root's CRIU wrote its log through it over a
+// root-only file (hostile test). A restore refuses such a TMPDIR before it makes anything
+// there, and restores once given one only root can change.
+func TestRestoreRefusesATempDirOthersCanChange(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t)
+	w.waitCount(t, 2)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	testutil.WaitGone(t, w.pid)
+	theirs := filepath.Join(t.TempDir(), "theirs")
+	if err := os.Mkdir(theirs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(theirs, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := gpucrEnv(t, []string{"TMPDIR=" + theirs}, "restore", "-D", dir)
+	if code == 0 || !oneLineWith(errOut, "temporary directory "+theirs) || !oneLineWith(errOut, "others could swap what root writes there") {
+		t.Fatalf("restore with a TMPDIR another user owns: exit %d\n%s%s", code, out, errOut)
+	}
+	if left, _ := os.ReadDir(theirs); len(left) > 0 {
+		t.Errorf("the refused restore made %v in the other user's TMPDIR", left)
+	}
+	mustGpucr(t, "restore", "-D", dir)
+	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
+	frozen := w.read(t, "count")
+	w.waitCount(t, frozen+2)
+}
