@@ -218,7 +218,37 @@ func (j *Journal) Update(change func(*Record)) error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	change(&j.rec)
+	if err := absolute(&j.rec); err != nil {
+		return err
+	}
 	return j.writeLocked()
+}
+
+// absolute makes the record's paths absolute: they are given relative to this process's
+// working directory, and read by another process in another one (gpucr recover, a later
+// verb, the guardian). Read there, a relative -D or --export named nothing or another image:
+// a killed export's only copy of its container was left unnamed, and a killed checkpoint
+// reported as complete with an unrelated image (review).
+func absolute(r *Record) error {
+	r.Paths = slices.Clone(r.Paths)
+	for i, p := range r.Paths {
+		if p == "" {
+			continue
+		}
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return fmt.Errorf("journal: %w", err)
+		}
+		r.Paths[i] = abs
+	}
+	if r.Image != "" {
+		abs, err := filepath.Abs(r.Image)
+		if err != nil {
+			return fmt.Errorf("journal: %w", err)
+		}
+		r.Image = abs
+	}
+	return nil
 }
 
 // Phase records where the operation has got to.

@@ -14,7 +14,14 @@ import (
 // killWhenAppears runs gpucr with args and kills it (SIGKILL) as soon as glob matches.
 func killWhenAppears(t *testing.T, glob string, args ...string) {
 	t.Helper()
+	killWhenAppearsIn(t, "", glob, args...)
+}
+
+// killWhenAppearsIn is killWhenAppears with gpucr working in dir.
+func killWhenAppearsIn(t *testing.T, dir, glob string, args ...string) {
+	t.Helper()
 	cmd := exec.Command(bin.gpucr, args...)
+	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -82,5 +89,24 @@ func TestKilledStagingBesideTheDestinationIsRemoved(t *testing.T) {
 	host.checkClean(t)
 	if left, _ := filepath.Glob(filepath.Join(out, ".*.partial-*")); len(left) > 0 {
 		t.Fatalf("a killed pull or fold left %v after recover", left)
+	}
+}
+
+// A destination given relative to gpucr's working directory was journaled so, and read by a
+// recovery working elsewhere it named nothing: a killed fold's staging stayed for good
+// (review), a killed export's kept checkpoint went unnamed. Records hold absolute paths.
+func TestKilledStagingOfARelativeDestinationIsRemoved(t *testing.T) {
+	needCRIU(t)
+	host := newCrashHost(t)
+	w := startCounter(t, "-random-mib", "48")
+	w.waitCount(t, 3)
+	img := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", img, "--leave-running"}, host.flags()...)...)
+	out := t.TempDir()
+	killWhenAppearsIn(t, out, filepath.Join(out, ".f.partial-*"), append([]string{"fold", img, "f"}, host.flags()...)...)
+	mustGpucr(t, append([]string{"recover"}, host.flags()...)...) // run elsewhere: the test's own directory
+	host.checkClean(t)
+	if left, _ := filepath.Glob(filepath.Join(out, ".*.partial-*")); len(left) > 0 {
+		t.Fatalf("a killed fold into a relative path left %v after recover", left)
 	}
 }
