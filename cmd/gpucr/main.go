@@ -10,9 +10,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -71,10 +73,12 @@ type app struct {
 	noTHP          bool
 	log            *slog.Logger
 	// quiet shows no progress; progressEvery is how often a long phase logs its progress
-	// when stderr is not a terminal. shown is the one progress display, once made.
+	// when stderr is not a terminal. shown is the one progress display, once made, and
+	// shownOut what it writes stderr through.
 	quiet         bool
 	progressEvery time.Duration
 	shown         *progress
+	shownOut      *lossyWriter
 	// runDir holds the journal and locks; thpSwitch is the THP switch to tune. Both are
 	// hidden flags, for tests that must not share the host's.
 	runDir    string
@@ -88,6 +92,10 @@ type app struct {
 }
 
 func main() {
+	// A write to a stdout or stderr whose reader has gone (`| head`) fails with EPIPE instead
+	// of killing gpucr mid-checkpoint with SIGPIPE; a handled signal, unlike an ignored one,
+	// is not passed on to the children gpucr starts.
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -130,6 +138,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	defer func() {
 		if a.stopProfile != nil {
 			a.stopProfile()
+		}
+		if a.shownOut != nil {
+			a.shownOut.Close(progressFlush)
 		}
 	}()
 	// A test-only switch: gpucr kills itself with SIGKILL at the named point (package crashpoint).
@@ -236,7 +247,8 @@ func (a *app) engine() (*engine.Engine, error) {
 // progress is the display of long phases on stderr that the engine, push and pull share.
 func (a *app) progress() *progress {
 	if a.shown == nil {
-		a.shown = newProgress(a.stderr, a.progressEvery, a.quiet)
+		a.shownOut = newLossyWriter(a.stderr)
+		a.shown = newProgress(a.shownOut, isTerminal(a.stderr), a.progressEvery, a.quiet)
 	}
 	return a.shown
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -50,11 +51,8 @@ const barTick = 150 * time.Millisecond
 
 // newProgress shows progress on w: bars on a terminal, elsewhere a line every interval
 // (none when every is 0). quiet shows nothing anywhere.
-func newProgress(w io.Writer, every time.Duration, quiet bool) *progress {
-	p := &progress{w: w, every: every, now: time.Now}
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		p.bars = true
-	}
+func newProgress(w io.Writer, terminal bool, every time.Duration, quiet bool) *progress {
+	p := &progress{w: w, bars: terminal, every: every, now: time.Now}
 	switch {
 	case quiet:
 		p.bars = false
@@ -246,3 +244,65 @@ func rate(bytes int64, d time.Duration) int64 {
 }
 
 func round(d time.Duration) time.Duration { return d.Round(time.Second) }
+
+// isTerminal says whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
+}
+
+// progressFlush bounds how long gpucr waits, as it exits, for its last progress lines to
+// be taken by stderr's reader.
+const progressFlush = 2 * time.Second
+
+// lossyWriter writes to w from a goroutine of its own, and drops what does not fit its
+// queue: progress is never worth holding a checkpoint for, and a stderr nobody read (a
+// full pipe, a terminal paused with Ctrl-S) held the engine at its next phase with the
+// workload frozen (hostile test). Once w fails (a reader gone), the rest is dropped.
+type lossyWriter struct {
+	mu     sync.Mutex
+	queue  chan []byte
+	closed bool
+	done   chan struct{}
+}
+
+func newLossyWriter(w io.Writer) *lossyWriter {
+	l := &lossyWriter{queue: make(chan []byte, 256), done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		broken := false
+		for b := range l.queue {
+			if !broken {
+				_, err := w.Write(b)
+				broken = err != nil
+			}
+		}
+	}()
+	return l
+}
+
+func (l *lossyWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closed {
+		select {
+		case l.queue <- bytes.Clone(b):
+		default:
+		}
+	}
+	return len(b), nil
+}
+
+// Close writes what is queued, waiting at most limit for the reader.
+func (l *lossyWriter) Close(limit time.Duration) {
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		close(l.queue)
+	}
+	l.mu.Unlock()
+	select {
+	case <-l.done:
+	case <-time.After(limit):
+	}
+}

@@ -25,7 +25,7 @@ func startFake(p *progress, c *fakeClock)    { p.now = c.now }
 func TestProgressLinesEveryInterval(t *testing.T) {
 	var out bytes.Buffer
 	clock := &fakeClock{}
-	p := newProgress(&out, 5*time.Second, false)
+	p := newProgress(&out, false, 5*time.Second, false)
 	startFake(p, clock)
 
 	p.Start("gpu-lock")
@@ -74,7 +74,7 @@ func TestProgressLinesEveryInterval(t *testing.T) {
 func TestProgressLinesClockAndNesting(t *testing.T) {
 	var out bytes.Buffer
 	clock := &fakeClock{}
-	p := newProgress(&out, 5*time.Second, false)
+	p := newProgress(&out, false, 5*time.Second, false)
 	startFake(p, clock)
 	p.Start("gpu-checkpoint")
 	clock.advance(6 * time.Second)
@@ -106,7 +106,7 @@ func TestProgressLinesClockAndNesting(t *testing.T) {
 // --quiet and an interval of 0 show nothing; with a short interval the ticker logs by
 // itself.
 func TestProgressQuietAndTicker(t *testing.T) {
-	for _, p := range []*progress{newProgress(new(bytes.Buffer), time.Millisecond, true), newProgress(new(bytes.Buffer), 0, false)} {
+	for _, p := range []*progress{newProgress(new(bytes.Buffer), false, time.Millisecond, true), newProgress(new(bytes.Buffer), false, 0, false)} {
 		if !p.off() {
 			t.Errorf("progress %+v shows something", p)
 		}
@@ -119,7 +119,7 @@ func TestProgressQuietAndTicker(t *testing.T) {
 	}
 
 	var out testutil.LockedBuffer
-	p := newProgress(&out, 10*time.Millisecond, false)
+	p := newProgress(&out, false, 10*time.Millisecond, false)
 	c := new(meter.Counter)
 	p.StartBytes("memory-save", c)
 	c.SetTotal(1 << 30)
@@ -141,7 +141,7 @@ func TestProgressQuietAndTicker(t *testing.T) {
 // its time and how much it moved.
 func TestProgressBar(t *testing.T) {
 	var out testutil.LockedBuffer
-	p := newProgress(&out, 0, false)
+	p := newProgress(&out, false, 0, false)
 	p.bars = true
 	c := new(meter.Counter)
 	p.StartBytes("memory-save", c)

@@ -2,11 +2,16 @@ package e2e
 
 import (
 	"encoding/json"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/internal/testutil"
 )
@@ -59,5 +64,51 @@ func TestLongPhasesLogProgressOffATerminal(t *testing.T) {
 	_, stderr, code = gpucrEnv(t, nil, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "img"), "-q", "--progress-every", "1ms")
 	if code != 0 || stderr != "" {
 		t.Errorf("checkpoint -q: exit %d, stderr %q; want nothing on stderr", code, stderr)
+	}
+}
+
+// Progress is never worth holding a checkpoint for: with stderr a pipe nobody reads (a
+// terminal paused, a parent that never reads), the engine stopped at its next phase with
+// the workload frozen; with a reader gone (`2>&1 | head -c1`), gpucr died of SIGPIPE
+// mid-checkpoint (hostile test). Both checkpoints now complete.
+func TestProgressNeverHoldsACheckpoint(t *testing.T) {
+	needCRIU(t)
+	for _, reader := range []string{"asleep", "gone"} {
+		t.Run(reader, func(t *testing.T) {
+			w := startCounter(t, "-mib", "64")
+			w.waitCount(t, 2)
+			r, pw, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := unix.FcntlInt(pw.Fd(), unix.F_SETPIPE_SZ, 4096); err != nil {
+				t.Fatal(err)
+			}
+			if reader == "gone" {
+				r.Close()
+			} else {
+				defer r.Close()
+			}
+			dir := filepath.Join(t.TempDir(), "img")
+			cmd := exec.Command(bin.gpucr, "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--leave-running", "--progress-every", "1ms")
+			cmd.Stderr = pw
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			pw.Close()
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("checkpoint with its stderr's reader %s: %v", reader, err)
+				}
+			case <-time.After(60 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatalf("checkpoint with its stderr's reader %s: still running after 60 s (killed: %v)", reader, <-done)
+			}
+			mustGpucr(t, "verify", dir)
+			w.waitCount(t, w.read(t, "count")+2)
+		})
 	}
 }
