@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
+
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/image/imagetest"
 	"github.com/gpucr/gpucr/internal/signing"
@@ -392,6 +394,51 @@ func TestArchivesThatAreFIFOsAreRefused(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("reading a FIFO as an archive hangs")
+	}
+}
+
+// inspect holds the names of the files it keeps as well as their bytes: 2,000 empty files
+// named by a megabyte each, in an archive of 86 KB, took 2.8 GB (hostile test).
+func TestReadCountsTheNamesItHolds(t *testing.T) {
+	// One entry written by the tar writer, then copied with its name's last digits changed:
+	// the writer takes 8 ms for a name of 1 MiB, the most the tar reader takes.
+	long := strings.Repeat("a", 1<<20-64)
+	var one bytes.Buffer
+	tw := tar.NewWriter(&one)
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: CheckpointDir + "/" + long + "000000.img", Mode: 0o600}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	digits := bytes.LastIndex(one.Bytes(), []byte("000000.img"))
+	file := filepath.Join(t.TempDir(), "c.tar.zst")
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	z, err := zstd.NewWriter(f, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := maxHeld/len(long) + 1
+	for i := range n {
+		copy(one.Bytes()[digits:], fmt.Sprintf("%06d", i))
+		if _, err := z.Write(one.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tw = tar.NewWriter(z)
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: CheckpointDir + "/pstree.img", Mode: 0o600}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []io.Closer{tw, z, f} {
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := Read(file); err == nil || !strings.Contains(err.Error(), "more than 512 MiB") || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("read of %d empty files of 1 MiB names: %v, want one line refusing them", n, err)
 	}
 }
 
