@@ -442,6 +442,41 @@ func TestReadCountsTheNamesItHolds(t *testing.T) {
 	}
 }
 
+// inspect decompresses what it passes over, so an entry larger than a checkpoint's metadata
+// is refused unread unless it is memory or podman's copy of the container's files: one
+// declared 200 GiB in 6.5 MB of zstd took it two minutes (hostile test).
+func TestReadRefusesHugeEntriesUnread(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		refused bool
+	}{
+		{ConfigDump, true},
+		{CheckpointDir + "/core-1.img", true},
+		{GpucrDir + "/logs/dump.log", true},
+		{"../x", true},
+		{CheckpointDir + "/pages-1.img", false},
+		{GpucrDir + "/mem/1-7f0000000.img", false},
+		{"rootfs-diff.tar", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var b bytes.Buffer
+			tw := tar.NewWriter(&b)
+			if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: c.name, Mode: 0o600, Size: 200 << 30}); err != nil {
+				t.Fatal(err)
+			}
+			_ = tw.Flush() // the header is out; its 200 GiB never follow
+			file := filepath.Join(t.TempDir(), "c.tar")
+			if err := os.WriteFile(file, b.Bytes(), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Read(file)
+			if refused := errors.Is(err, ErrRefused) && strings.Contains(err.Error(), "more than 64 MiB"); refused != c.refused {
+				t.Errorf("read of an entry declared 200 GiB: %v, want refused unread: %v", err, c.refused)
+			}
+		})
+	}
+}
+
 // Zeros are written as holes: an image's memory holds many, and a compressed archive of
 // zeros is tiny, so they cost the disk nothing. The image still verifies.
 func TestImportWritesZerosAsHoles(t *testing.T) {
