@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
@@ -84,6 +85,13 @@ func (a *app) inspectCmd() *cobra.Command {
 	return cmd
 }
 
+// runcDescriptors is the file where runc keeps the paths of a container's standard
+// descriptors, beside CRIU's files: a few hundred bytes.
+const (
+	runcDescriptors    = "descriptors.json"
+	maxRuncDescriptors = 1 << 20
+)
+
 // loadInspect reads dir's manifest and container description, or, for a runc checkpoint
 // directory (CRIU's files, no manifest), runc's descriptors and the GPU record; it returns
 // where CRIU's files are.
@@ -100,10 +108,14 @@ func loadInspect(dir string) (inspectOutput, string, error) {
 	if _, serr := os.Stat(filepath.Join(dir, "pstree.img")); !errors.Is(err, image.ErrNoManifest) || serr != nil {
 		return out, "", err
 	}
-	if b, err := os.ReadFile(filepath.Join(dir, "descriptors.json")); err == nil {
-		if err := json.Unmarshal(b, &out.Descriptors); err != nil {
-			return out, "", fmt.Errorf("read %s: %w", filepath.Join(dir, "descriptors.json"), err)
-		}
+	// Beneath dir, regular and small, as container.json: a symlink to /dev/zero made
+	// inspect fill its memory, a FIFO made it wait for good (hostile test).
+	b, err := beneath.ReadFile(dir, runcDescriptors, maxRuncDescriptors)
+	if err == nil {
+		err = json.Unmarshal(b, &out.Descriptors)
+	}
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return out, "", fmt.Errorf("read %s: %w", filepath.Join(dir, runcDescriptors), err)
 	}
 	if out.GPURecord, err = container.ReadRecord(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return out, "", err

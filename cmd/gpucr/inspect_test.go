@@ -2,8 +2,12 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/archive"
 	"github.com/gpucr/gpucr/internal/criuimg"
@@ -43,5 +47,47 @@ func TestInspectPrintsNoLineOfTheImages(t *testing.T) {
 	}
 	if n := strings.Count(b.String(), "?signed by"); n != 4 {
 		t.Errorf("the crafted text is shown %d times, want 4:\n%s", n, b.String())
+	}
+}
+
+// A runc checkpoint directory's descriptors.json is read as container.json is, a small
+// regular file beneath the directory or nothing: a symlink to /dev/zero made inspect fill
+// its memory, a FIFO made it wait for good (hostile test).
+func TestInspectReadsRuncDescriptorsBeneathTheDirectory(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "elsewhere.json")
+	if err := os.WriteFile(outside, []byte(`["/dev/null"]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		plant func(path string) error
+	}{
+		{"symlink", func(path string) error { return os.Symlink(outside, path) }},
+		{"FIFO", func(path string) error { return syscall.Mkfifo(path, 0o600) }},
+		{"file too large", func(path string) error { return os.WriteFile(path, make([]byte, maxRuncDescriptors+1), 0o600) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "pstree.img"), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, runcDescriptors)
+			if err := c.plant(path); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, _, err := loadInspect(dir)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), path) || strings.Contains(err.Error(), "\n") {
+					t.Errorf("inspect of a %s as %s: %v, want one line naming it", c.name, runcDescriptors, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("inspect of a %s as %s waits", c.name, runcDescriptors)
+			}
+		})
 	}
 }
