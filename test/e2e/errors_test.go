@@ -344,12 +344,13 @@ func TestCheckpointOntoAFullDisk(t *testing.T) {
 }
 
 // inspect reads an image's files as restore does, a regular file beneath the image or
-// nothing: a FIFO put in place of one of CRIU's files or of a log made it wait for good, a
-// symlink to /dev/zero as container.json made it fill its memory (hostile test).
+// nothing: a FIFO put in place of one of CRIU's files, of the AMD plugin's or of a log made
+// it wait for good, a symlink to /dev/zero as container.json made it fill its memory
+// (hostile tests).
 func TestInspectWaitsOnNothingAnImageHolds(t *testing.T) {
 	needCRIU(t)
 	src := storeImage(t)
-	for _, file := range []string{"criu/pstree.img", "logs/stats-dump", "container.json"} {
+	for _, file := range []string{"criu/pstree.img", "criu/amdgpu-kfd-1.img", "logs/stats-dump", "container.json"} {
 		t.Run(file, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "img")
 			mustRun(t, "cp", "-a", src, dir)

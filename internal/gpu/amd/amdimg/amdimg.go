@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/gpu/amd/kfd"
 	"github.com/gpucr/gpucr/internal/protobound"
 )
@@ -47,8 +49,10 @@ const (
 
 // Read reads a file written by the plugin (or Write) into m. The length header must match
 // the rest of the file exactly, so a truncated or padded image is reported, not half-read.
+// It reads only a regular file, no symlink followed: a FIFO planted under the plugin's name
+// in an image hung inspect (hostile test).
 func Read(path string, m proto.Message) error {
-	f, err := os.Open(path)
+	f, err := beneath.Open(filepath.Dir(path), filepath.Base(path))
 	if err != nil {
 		return fmt.Errorf("read AMD GPU image: %w", err)
 	}

@@ -12,7 +12,9 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -194,6 +196,40 @@ func TestReadErrors(t *testing.T) {
 	}
 	if err := Read(filepath.Join(t.TempDir(), "missing.img"), &CriuKfd{}); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("missing file: err = %v", err)
+	}
+}
+
+// A file under the plugin's name is read only if it is a regular file of its directory: a
+// FIFO planted in an image hung inspect, and a symlink had it read whatever it named
+// (hostile test).
+func TestReadTakesOnlyARegularFile(t *testing.T) {
+	golden, err := filepath.Abs(filepath.Join("testdata", "amdgpu-kfd-7.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		plant func(path string) error
+	}{
+		{"FIFO", func(path string) error { return syscall.Mkfifo(path, 0o600) }},
+		{"symlink", func(path string) error { return os.Symlink(golden, path) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "amdgpu-kfd-1.img")
+			if err := c.plant(path); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- Read(path, &CriuKfd{}) }()
+			select {
+			case err := <-done:
+				if err == nil || !strings.Contains(err.Error(), path) {
+					t.Errorf("Read of a %s: %v, want it refused, named", c.name, err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("Read of a %s waits", c.name)
+			}
+		})
 	}
 }
 
