@@ -8,7 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"maps"
 	"os"
@@ -27,6 +26,7 @@ import (
 	"github.com/gpucr/gpucr/internal/diskroom"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
+	"github.com/gpucr/gpucr/internal/sparse"
 )
 
 // entryPages is the most pages one pagemap entry of a folded run lists, as CRIU cuts
@@ -355,7 +355,7 @@ func copyData(in, out *os.File) error {
 			hole = size
 		}
 		hole = min(hole, size)
-		if err := copyRange(in, out, data, hole-data); err != nil {
+		if err := sparse.CopyRange(in, out, data, data, hole-data); err != nil {
 			return err
 		}
 		if afterRange != nil {
@@ -380,26 +380,6 @@ func sizeOf(fi os.FileInfo) string {
 		return "gone"
 	}
 	return strconv.FormatInt(fi.Size(), 10)
-}
-
-// copyRange copies n bytes at off from in to the same place in out: in the kernel, or
-// through memory where it cannot (file systems of two kinds, an old kernel, a seccomp
-// filter). Fewer bytes than asked is an error: a file that shrank while copied came out
-// padded with zeros, and sealed as it was (review).
-func copyRange(in, out *os.File, off, n int64) error {
-	r, w := off, off
-	for n > 0 {
-		c, err := unix.CopyFileRange(int(in.Fd()), &r, int(out.Fd()), &w, int(min(n, 1<<30)), 0)
-		if err != nil || c == 0 {
-			copied, err := io.Copy(io.NewOffsetWriter(out, w), io.NewSectionReader(in, r, n))
-			if err == nil && copied < n {
-				err = fmt.Errorf("%d bytes at %d were not there: the file changed while it was copied", n-copied, r+copied)
-			}
-			return err
-		}
-		n -= int64(c)
-	}
-	return nil
 }
 
 // footprint is the disk the files of m, and CRIU's logs, take in dir: what a fold writes
