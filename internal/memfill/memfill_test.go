@@ -71,8 +71,10 @@ func entry(addr uintptr, pages int, flags uint32) *pagemap.PagemapEntry {
 
 // An image of this test process whose pagemap holds, in CRIU's style, a 24 MiB run split in
 // entries of 512 pages inside a writable private mapping, a small run, a run as long in a
-// read-only mapping and a hole: Prepare takes only the long writable run out of the view
-// CRIU gets, which keeps the rest byte for byte, and Fill writes it into this process.
+// read-only mapping (zeros, a hole of the pages file) and a hole: Prepare takes only the
+// long writable run out of the view CRIU gets, which keeps the rest byte for byte and its
+// holes holes (a crafted image's 2 GiB of holes were written into TMPDIR as zeros, hostile
+// test), and Fill writes it into this process.
 func TestPrepareAndFillOwnMemory(t *testing.T) {
 	const run = 24 << 20
 	rw := mapAnon(t, run, unix.PROT_READ|unix.PROT_WRITE)
@@ -86,7 +88,7 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 		want[i] = byte(r.Uint32())
 	}
 	small := bytes.Repeat([]byte{7}, 4*criuimg.PageSize)
-	roData := bytes.Repeat([]byte{9}, run)
+	roData := make([]byte, run)
 
 	imageDir := t.TempDir()
 	src := filepath.Join(imageDir, "criu")
@@ -114,8 +116,11 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 	encode(t, filepath.Join(src, fmt.Sprintf("mm-%d.img", pid)), "MM", &mm.MmEntry{
 		MmStartCode: zero, MmEndCode: zero, MmStartData: zero, MmEndData: zero, MmStartStack: zero, MmStartBrk: zero,
 		MmBrk: zero, MmArgStart: zero, MmArgEnd: zero, MmEnvStart: zero, MmEnvEnd: zero, ExeFileId: proto.Uint32(1), Vmas: vmas})
-	pages := append(append(append([]byte(nil), small...), want...), roData...)
+	pages := append(append([]byte(nil), small...), want...)
 	if err := os.WriteFile(filepath.Join(src, "pages-3.img"), pages, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filepath.Join(src, "pages-3.img"), int64(len(pages)+run)); err != nil { // roData, a hole
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(src, "pstree.img"), []byte("other"), 0o600); err != nil {
@@ -135,6 +140,10 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 	kept, err := os.ReadFile(filepath.Join(p.Dir, "pages-3.img"))
 	if err != nil || !bytes.Equal(kept, append(append([]byte(nil), small...), roData...)) {
 		t.Errorf("CRIU's view of the page file: %d bytes, want the small and the read-only runs (%v)", len(kept), err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(p.Dir, "pages-3.img"), &st); err != nil || st.Blocks*512 > 1<<20 {
+		t.Errorf("CRIU's view of the page file takes %d bytes of disk for %d of data: its hole was written (%v)", st.Blocks*512, len(small), err)
 	}
 	view, err := criuimg.ReadPagemap(filepath.Join(p.Dir, criuimg.PagemapName(pid)))
 	if err != nil || len(view.Entries) != 3 || view.Entries[1].GetVaddr() != uint64(roAt) {
