@@ -85,6 +85,9 @@ func (t *runcTarget) What() string      { return "container " + t.id }
 func (t *runcTarget) CRIUPlugins() bool { return false }
 
 func (t *runcTarget) Open(ctx context.Context) ([]proctree.Process, error) {
+	if err := t.c.Runc.CheckState(t.id); err != nil {
+		return nil, err
+	}
 	st, err := t.c.Runc.State(ctx, t.id)
 	if err != nil && strings.Contains(err.Error(), "does not exist") {
 		return nil, fmt.Errorf("%w: %s (%v)", ErrNoContainer, t.id, err)

@@ -108,12 +108,31 @@ var ErrUntrustedRoot = errors.New("runc's state directory is not root's alone")
 
 // CheckRoot fails, when gpucr runs as root, unless only root can change runc's state
 // directory (Root, or runc's default) and the way to it; one not made yet holds nothing.
+// A sticky directory all may write (/tmp) is refused too: there a user planted a copy of a
+// victim container's state under a name of their own, and root's gpucr dumped and killed
+// the victim (hostile test).
 func (r *Runc) CheckRoot() error {
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	if err := rootonly.Walk(r.stateRoot()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := rootonly.Strict(r.stateRoot()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: %v; gpucr acts as root on no container it describes", ErrUntrustedRoot, err)
+	}
+	return nil
+}
+
+// CheckState fails, when gpucr runs as root, unless only root can change container id's
+// state directory and its state.json, which name the processes a checkpoint dumps and
+// kills. One not there is runc's to report.
+func (r *Runc) CheckState(id string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	dir := r.StateDir(id)
+	for _, p := range []string{dir, filepath.Join(dir, "state.json")} {
+		if err := rootonly.Strict(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("%w: %v; gpucr acts as root on no container it describes", ErrUntrustedRoot, err)
+		}
 	}
 	return nil
 }

@@ -43,6 +43,20 @@ func Walk(path string) error {
 	return walk(abs, check) // not cleaned first: a ".." after a symlink leaves where the link led
 }
 
+// Strict is Walk with no exception for path itself: in a root-owned sticky directory that
+// all may write (/tmp), others cannot touch what root put there, but they may still add
+// files of their own, which a reader of the whole directory would take for root's.
+func Strict(path string) error {
+	if err := Walk(path); err != nil {
+		return err
+	}
+	fi, err := os.Stat(path) // every symlink on the way is root's: Walk checked them
+	if err != nil {
+		return err
+	}
+	return Mode(path, fi)
+}
+
 // ErrUserSymlink is a symlink on the way to a path that someone other than root owns.
 var ErrUserSymlink = errors.New("symlink not owned by root")
 
