@@ -158,7 +158,7 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	if err := s.Whole(); err != nil {
 		return nil, ri.Remove(gctx, err)
 	}
-	return &engine.Restored{Root: st.PID, Host: host, Filled: h.took}, nil
+	return &engine.Restored{Root: st.PID, Host: host, Filled: h.took, FS: fmt.Sprintf("/proc/%d/root", st.PID)}, nil
 }
 
 // Remove deletes the half-restored container after cause.

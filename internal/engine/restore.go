@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -248,6 +249,22 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 		// Restore must not be abandoned halfway, even on Ctrl-C: finish, then report.
 		gctx := context.WithoutCancel(ctx)
 		err := func() error {
+			if restored.FS != "" {
+				// Onto the GPUs the restored processes were given, as the runc
+				// integration's restore plans: a container with no GPU device had its
+				// state restored onto the host's.
+				plan, err := PlanGPUs(gctx, e.Backends, e.Off, m.GPUs, gpu.RestoreInput{CRIUDir: image.CRIUPath(root), GPUMap: r.GPUMap, Skips: r.Skips, Root: restored.FS})
+				if err != nil {
+					return err
+				}
+				if !reflect.DeepEqual(plan.Remap, remap) {
+					plan.LogMoves(e.Logger())
+				}
+				gpus, remap = plan.GPUs, plan.Remap
+				if err := op.Update(func(rec *txn.Record) { rec.Remap = remap }); err != nil {
+					return err
+				}
+			}
 			host, err := gpus.Renumber(restored.Host)
 			if err != nil {
 				return err

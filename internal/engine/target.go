@@ -321,6 +321,9 @@ type Restored struct {
 	Host   map[int]int
 	Filled time.Duration
 	Stats  *criuimg.RestoreStats // CRIU's own account, when it could be read
+	// FS is the root directory the restored processes see where it is not the host's (a
+	// container's, /proc/PID/root): its device nodes say which GPUs they can reach.
+	FS string
 }
 
 // TreeImage is the restore target of an image of a process tree, restored at the PIDs it

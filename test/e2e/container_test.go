@@ -358,6 +358,58 @@ func TestIntegrationRestoresOntoTheContainersGPU(t *testing.T) {
 	})
 }
 
+// restore --container plans the GPUs as the integration does, onto those the restored
+// container can reach: given GPU 1, GPU 0's state goes there; given none, the restore is
+// refused, the container removed and the image unchanged. It restored the GPU state onto
+// the host's GPUs (tester's report).
+func TestContainerRestoreOntoItsGPU(t *testing.T) {
+	const gpu0, gpu1 = "000102030405060708090a0b0c0d0e0f", "101112131415161718191a1b1c1d1e1f" // fakenvml.c's UUIDs
+	for name, dev := range map[string]map[string]any{
+		"given GPU 1": {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1, "fileMode": 0o666},
+		"given none":  {"path": "/dev/nvidia0", "type": "b", "major": 195, "minor": 0, "fileMode": 0o666},
+	} {
+		t.Run(name, func(t *testing.T) {
+			runc, _ := needRunc(t)
+			drv := newFakeDriver(t)
+			bundle := counterBundle(t, runc, "", "-mib", "4") // one process: no child inherits the device
+			holdGPUDevice(t, bundle)
+			testutil.EditJSON(t, filepath.Join(bundle, "config.json"), func(spec map[string]any) {
+				spec["linux"].(map[string]any)["devices"] = []any{dev}
+			})
+			id := containerID(t, runc, "dev")
+			runcRun(t, runc, bundle, id)
+			waitContainerCount(t, bundle, 3)
+			drv.claim(t, runcInitPID(t, runc, id))
+			calls := filepath.Join(t.TempDir(), "cuda.log")
+			// The fake's two GPUs differ in model and L2 size: checks switched off as a user would.
+			env := append(append([]string(nil), drv.env...), "FAKECUDA_LOG="+calls, "NV_MODEL_CHECK=0", "NV_L2_CHECK=0")
+			dir := filepath.Join(t.TempDir(), "img")
+			mustGpucrEnv(t, env, "checkpoint", "--container", id, "-D", dir)
+			frozen := count(t, bundle)
+
+			out, errOut, code := gpucrEnv(t, env, "restore", "--container", id, "-D", dir)
+			driver, _ := os.ReadFile(calls)
+			if name == "given GPU 1" {
+				if code != 0 || !strings.Contains(string(driver), " "+gpu0+">"+gpu1) {
+					t.Fatalf("restore: exit %d: %s%s\nthe driver's calls:\n%s", code, out, errOut, driver)
+				}
+				checkCountsOn(t, bundle, frozen)
+				return
+			}
+			if code == 0 || !strings.Contains(errOut, "can reach none of this host's 2 NVIDIA GPUs") || !strings.Contains(errOut, "the image is unchanged") {
+				t.Errorf("restore into a container without a GPU device: exit %d: %s%s", code, out, errOut)
+			}
+			if strings.Contains(string(driver), "restore ") {
+				t.Errorf("the driver was asked to restore:\n%s", driver)
+			}
+			if !gone(runc, id) {
+				t.Error("the restored container was left")
+			}
+			mustGpucr(t, "verify", dir)
+		})
+	}
+}
+
 // gpuRoundTrip is a fake-GPU container checkpointed and restored by plain runc with the
 // integration, and what its driver and gpucr logged.
 type gpuRoundTrip struct {
