@@ -145,10 +145,17 @@ func (a *app) installRuncCmd() *cobra.Command {
 		Args:    cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if remove {
-				if err := in.Remove(); err != nil {
+				r, err := in.Remove()
+				if err != nil {
 					return err
 				}
-				fmt.Fprintf(a.stdout, "removed %s and gpucr's copy beside it, and their lines from CRIU's configuration\n", in.Script)
+				fmt.Fprintf(a.stdout, "took %s out of CRIU's configuration\n", in.Script)
+				for _, p := range r.Removed {
+					fmt.Fprintf(a.stdout, "removed %s\n", p)
+				}
+				for _, k := range r.Kept {
+					fmt.Fprintf(a.stdout, "kept %s\n", k)
+				}
 				return nil
 			}
 			exe, err := os.Executable()

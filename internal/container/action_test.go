@@ -380,7 +380,7 @@ func TestInstallKeepsOtherLinesAndRemoves(t *testing.T) {
 	if _, err := os.Stat(in.Binary()); err != nil {
 		t.Fatalf("no copy of gpucr beside the script: %v", err)
 	}
-	if err := in.Remove(); err != nil {
+	if _, err := in.Remove(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(in.Binary()); !os.IsNotExist(err) {
@@ -392,6 +392,54 @@ func TestInstallKeepsOtherLinesAndRemoves(t *testing.T) {
 	}
 	if _, err := os.Stat(in.Script); !os.IsNotExist(err) {
 		t.Fatalf("script left: %v", err)
+	}
+}
+
+// Remove deletes only what no other install uses: a script another configuration file an
+// install recorded still names, and gpucr's copy another script beside it still runs, are
+// kept and said to be. A tester's remove of one script deleted the copy another ran, and a
+// remove through one configuration file the script another still named.
+func TestRemoveKeepsWhatAnotherInstallUses(t *testing.T) {
+	dir := t.TempDir()
+	gpucr := fakeGpucr(t, filepath.Join(dir, "ran"))
+	a := Integration{Config: filepath.Join(dir, "a.conf"), Script: filepath.Join(dir, "bin", "criu-action"),
+		Log: filepath.Join(dir, "action.log"), Gpucr: gpucr}
+	b, c := a, a
+	b.Config = filepath.Join(dir, "b.conf")
+	c.Config, c.Script = filepath.Join(dir, "c.conf"), filepath.Join(dir, "bin", "criu-action2")
+	for _, in := range []Integration{a, b, c} {
+		if err := in.Install(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+
+	r, err := c.Remove()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exists(c.Script) || !exists(c.Binary()) || len(r.Kept) != 1 || !strings.Contains(r.Kept[0], "still run by "+a.Script) {
+		t.Errorf("remove of the second script: %+v; gpucr's copy there: %v", r, exists(c.Binary()))
+	}
+	r, err = b.Remove()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !exists(a.Script) || !exists(a.Binary()) || len(r.Removed) != 0 || len(r.Kept) != 1 || !strings.Contains(r.Kept[0], "still named by "+a.Config) {
+		t.Errorf("remove through the second configuration file: %+v; the script there: %v", r, exists(a.Script))
+	}
+	if conf, _ := os.ReadFile(b.Config); strings.Contains(string(conf), a.Script) {
+		t.Errorf("the configuration file removed from still names the script:\n%s", conf)
+	}
+	r, err = a.Remove()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exists(a.Script) || exists(a.Binary()) || len(r.Kept) != 0 {
+		t.Errorf("the last remove: %+v", r)
+	}
+	if left, _ := os.ReadDir(filepath.Dir(a.Script)); len(left) != 0 {
+		t.Errorf("left beside the script: %v", left)
 	}
 }
 
@@ -407,7 +455,7 @@ func TestInstallAddsToCrunsFileOnlyWhereItExists(t *testing.T) {
 	if _, err := os.Stat(in.CrunConfig); !os.IsNotExist(err) || !in.CrunReadsRunc() {
 		t.Fatalf("crun's file created (%v): crun would stop reading runc's", err)
 	}
-	if err := in.Remove(); err != nil {
+	if _, err := in.Remove(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(in.Config); !os.IsNotExist(err) {
@@ -427,7 +475,7 @@ func TestInstallAddsToCrunsFileOnlyWhereItExists(t *testing.T) {
 			t.Errorf("%s after install: %q", conf, b)
 		}
 	}
-	if err := in.Remove(); err != nil {
+	if _, err := in.Remove(); err != nil {
 		t.Fatal(err)
 	}
 	for _, conf := range []string{in.Config, in.CrunConfig} {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -78,7 +79,7 @@ func (in Integration) Install() error {
 		return err
 	}
 	for _, conf := range in.configs() {
-		lines, err := in.otherLines(conf)
+		lines, _, err := in.otherLines(conf)
 		if err != nil {
 			return err
 		}
@@ -87,7 +88,37 @@ func (in Integration) Install() error {
 			return err
 		}
 	}
-	return nil
+	recorded, err := in.recorded()
+	if err != nil {
+		return err
+	}
+	for _, conf := range in.configs() {
+		if !slices.Contains(recorded, conf) {
+			recorded = append(recorded, conf)
+		}
+	}
+	return in.record(recorded)
+}
+
+// recordPath lists, beside the script, every configuration file an install put it into:
+// another install's --config may name the same script, and removing it through one must
+// leave it to the others.
+func (in Integration) recordPath() string { return in.Script + ".configs" }
+
+// recorded is the configuration files the record lists; none where there is no record.
+func (in Integration) recorded() ([]string, error) {
+	b, err := os.ReadFile(in.recordPath())
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", in.recordPath(), err)
+	}
+	return strings.Fields(string(b)), nil
+}
+
+func (in Integration) record(confs []string) error {
+	return writeAtomic(in.recordPath(), []byte(strings.Join(confs, "\n")+"\n"), 0o644)
 }
 
 // configs are the configuration files the script goes into: runc's, and crun's where it
@@ -106,6 +137,9 @@ func (in Integration) configs() []string {
 // absent.
 func (in Integration) CrunReadsRunc() bool { return len(in.configs()) == 1 }
 
+// scriptHeader begins every action script Install writes.
+const scriptHeader = "#!/bin/sh\n# Written by gpucr install-criu-integration"
+
 // actionScript is CRIU's action script. It decides in the shell, at the cost of a few
 // builtins, whether the step has GPU work — a process of the dumped tree holds a GPU
 // device open, the image being restored has gpucr's GPU record, or pre-restore kept it
@@ -115,8 +149,7 @@ func (in Integration) CrunReadsRunc() bool { return len(in.configs()) == 1 }
 // to root and that no one else can write them (a root-owned sticky directory, like /tmp,
 // cannot have root's entries replaced).
 func actionScript(bin, log, state string) string {
-	return fmt.Sprintf(`#!/bin/sh
-# Written by gpucr install-criu-integration. CRIU runs this at each step of a dump or
+	return fmt.Sprintf(scriptHeader+`. CRIU runs this at each step of a dump or
 # restore; it starts gpucr, which moves the GPU state, only where there is some.
 bin=%s
 log=%s
@@ -223,24 +256,32 @@ exit "$rc"
 `, shellQuote(bin), shellQuote(log), shellQuote(state), shellQuote(filepath.Join(txn.DefaultRoot, "locks")), ActionSkipEnv, RecordName, RecordName)
 }
 
+// Removal is what Remove deleted, and what it kept because another install still uses it.
+type Removal struct {
+	Removed []string `json:"removed"`        // the files deleted
+	Kept    []string `json:"kept,omitempty"` // each file kept, and what still uses it
+}
+
 // Remove takes the action script out of the configuration files, removing runc's if
 // nothing else is left in it (Install may have created it; crun's it never creates), then
 // deletes the script and gpucr's copy once no CRIU that may have read the configuration
 // before runs: one removed under a CRIU that named it leaves a restore running with its
 // GPU state never restored (post-resume does not run), as a rolling update's removal could.
 // If one is still running after removeWait, the script is kept for it and Remove fails;
-// running it again finishes the removal.
-func (in Integration) Remove() error {
+// running it again finishes the removal. The script is kept while another configuration
+// file an install recorded still names it, and gpucr's copy while another installed
+// script beside it runs it: deleted, their CRIUs failed every GPU step.
+func (in Integration) Remove() (*Removal, error) {
 	// The wait looks for the node's CRIUs in /proc: checked before anything changes.
 	if host, err := proctree.InHostPIDNamespace(); err != nil {
-		return err
+		return nil, err
 	} else if !host {
-		return errors.New("gpucr runs in a PID namespace of its own and cannot see the CRIUs that may be using the script: run --remove in the host's PID namespace (hostPID: true in a pod); nothing was removed")
+		return nil, errors.New("gpucr runs in a PID namespace of its own and cannot see the CRIUs that may be using the script: run --remove in the host's PID namespace (hostPID: true in a pod); nothing was removed")
 	}
 	for _, conf := range in.configs() {
-		lines, err := in.otherLines(conf)
+		lines, _, err := in.otherLines(conf)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if len(lines) == 0 && conf == in.Config {
 			err = os.Remove(conf)
@@ -248,23 +289,87 @@ func (in Integration) Remove() error {
 			err = writeAtomic(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
 		}
 		if err != nil && !os.IsNotExist(err) {
-			return fmt.Errorf("update %s: %w", conf, err)
+			return nil, fmt.Errorf("update %s: %w", conf, err)
 		}
+	}
+	recorded, err := in.recorded()
+	if err != nil {
+		return nil, err
+	}
+	var naming []string
+	for _, conf := range recorded {
+		if _, names, err := in.otherLines(conf); err != nil {
+			return nil, err
+		} else if names {
+			naming = append(naming, conf)
+		}
+	}
+	r := &Removal{}
+	if len(naming) > 0 {
+		if err := in.record(naming); err != nil {
+			return nil, err
+		}
+		r.Kept = append(r.Kept, fmt.Sprintf("%s and %s: still named by %s", in.Script, in.Binary(), strings.Join(naming, ", ")))
+		return r, nil
 	}
 	// Listed after the configuration changed: a CRIU started later reads it without the script.
 	crius, err := runningCRIUs()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if pid := waitGone(crius, removeWait); pid != 0 {
-		return fmt.Errorf("CRIU's configuration no longer names %s, but CRIU (PID %d), which may have read it before, is still running: the script is kept for it; run again once it is done", in.Script, pid)
+		return nil, fmt.Errorf("CRIU's configuration no longer names %s, but CRIU (PID %d), which may have read it before, is still running: the script is kept for it; run again once it is done", in.Script, pid)
 	}
-	for _, p := range []string{in.Script, in.Binary()} {
-		if err := os.Remove(p); err != nil && !os.IsNotExist(err) {
-			return fmt.Errorf("remove %s: %w", p, err)
+	remove := []string{in.Script, in.recordPath()}
+	users, err := in.otherScripts()
+	if err != nil {
+		return nil, err
+	}
+	if len(users) > 0 {
+		r.Kept = append(r.Kept, fmt.Sprintf("%s: still run by %s", in.Binary(), strings.Join(users, ", ")))
+	} else {
+		remove = append(remove, in.Binary())
+	}
+	for _, p := range remove {
+		err := os.Remove(p)
+		if err == nil && p != in.recordPath() {
+			r.Removed = append(r.Removed, p)
+		}
+		if err != nil && !os.IsNotExist(err) {
+			return nil, fmt.Errorf("remove %s: %w", p, err)
 		}
 	}
-	return nil
+	return r, nil
+}
+
+// otherScripts lists the action scripts beside this one that run the same copy of gpucr:
+// an install with another --script into the same directory.
+func (in Integration) otherScripts() ([]string, error) {
+	dir := filepath.Dir(in.Script)
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("read %s: %w", dir, err)
+	}
+	runs := "\nbin=" + shellQuote(in.Binary()) + "\n"
+	var out []string
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if p == in.Script || !e.Type().IsRegular() {
+			continue
+		}
+		// The script names its binary in its first lines; gpucr's copy is read no further.
+		head := make([]byte, 1024)
+		f, err := os.Open(p)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", p, err)
+		}
+		n, _ := io.ReadFull(f, head)
+		f.Close()
+		if strings.HasPrefix(string(head[:n]), scriptHeader) && strings.Contains(string(head[:n]), runs) {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }
 
 // stateDir is where the script keeps what passes between steps.
@@ -347,25 +452,26 @@ func waitGone(crius []proctree.Process, limit time.Duration) int {
 	}
 }
 
-// otherLines is the configuration file conf without the lines that name this script.
-func (in Integration) otherLines(conf string) ([]string, error) {
+// otherLines is the configuration file conf without the lines that name this script, and
+// whether it had one.
+func (in Integration) otherLines(conf string) (other []string, named bool, err error) {
 	b, err := os.ReadFile(conf)
 	if os.IsNotExist(err) {
-		return nil, nil
+		return nil, false, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", conf, err)
+		return nil, false, fmt.Errorf("read %s: %w", conf, err)
 	}
-	var out []string
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
 		f := strings.Fields(strings.ReplaceAll(sc.Text(), "=", " "))
 		if len(f) == 2 && strings.TrimLeft(f[0], "-") == "action-script" && f[1] == in.Script {
+			named = true
 			continue
 		}
-		out = append(out, sc.Text())
+		other = append(other, sc.Text())
 	}
-	return out, nil
+	return other, named, nil
 }
 
 func writeAtomic(path string, b []byte, mode os.FileMode) error {

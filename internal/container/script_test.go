@@ -258,7 +258,7 @@ func TestRemoveWaitsForEveryCRIUThatMayHaveReadIt(t *testing.T) {
 		}
 	}
 	removed := make(chan error, 1)
-	go func() { removed <- h.in.Remove() }()
+	go func() { _, err := h.in.Remove(); removed <- err }()
 	time.Sleep(500 * time.Millisecond)
 	if conf, err := os.ReadFile(h.in.Config); err == nil && strings.Contains(string(conf), h.in.Script) {
 		t.Errorf("the configuration still names the script while Remove waits:\n%s", conf)
@@ -283,7 +283,7 @@ func TestRemoveKeepsTheScriptForACRIUThatRunsOn(t *testing.T) {
 	criu := fakeCRIU(t, "-c", "read x")
 	defer func(d time.Duration) { removeWait = d }(removeWait)
 	removeWait = 300 * time.Millisecond
-	err := h.in.Remove()
+	_, err := h.in.Remove()
 	// Another CRIU of the machine (another package's tests) may be the one named.
 	if err == nil || !strings.Contains(err.Error(), "CRIU (PID ") || !strings.Contains(err.Error(), "run again") {
 		t.Fatalf("Remove under a CRIU that runs on: %v", err)
@@ -294,7 +294,7 @@ func TestRemoveKeepsTheScriptForACRIUThatRunsOn(t *testing.T) {
 	_ = criu.Process.Kill()
 	_ = criu.Wait()
 	removeWait = 2 * time.Minute // for the CRIUs of other tests that may run meanwhile
-	if err := h.in.Remove(); err != nil {
+	if _, err := h.in.Remove(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(h.in.Script); !errors.Is(err, fs.ErrNotExist) {
@@ -412,7 +412,7 @@ func TestRemoveWaitsForNoOtherUsersCRIU(t *testing.T) {
 			t.Fatal("the other user's criu did not start")
 		}
 	}
-	err = h.in.Remove()
+	_, err = h.in.Remove()
 	if err != nil && strings.Contains(err.Error(), fmt.Sprintf("CRIU (PID %d)", theirs.Process.Pid)) {
 		t.Fatalf("Remove waited for another user's process named criu: %v", err)
 	}
