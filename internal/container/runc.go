@@ -179,7 +179,7 @@ func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f c
 		args = append(args, "--page-server", pageServer)
 	}
 	_, err := r.run(ctx, workDir, env, append(args, id)...)
-	return err
+	return criuError("dump", workDir, err)
 }
 
 // Restore has runc restore imageDir as container id, detached, from bundle, with env added
@@ -187,7 +187,23 @@ func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f c
 func (r *Runc) Restore(ctx context.Context, id, bundle, imageDir, workDir string, f criu.Flags, env []string) error {
 	args := append([]string{"restore", "--detach", "--image-path", imageDir, "--work-path", workDir, "--bundle", bundle}, runcFlags(f)...)
 	_, err := r.run(ctx, workDir, env, append(args, id)...)
-	return err
+	return criuError("restore", workDir, err)
+}
+
+// criuError is err, a failed runc checkpoint or restore, as the failure of its CRIU run op
+// where CRIU's log (op.log, in workDir) is there: it quotes the log's first error line,
+// and the engine keeps a copy once workDir is removed. runc's own message names only the
+// log in workDir, which users found gone.
+func criuError(op, workDir string, err error) error {
+	log := filepath.Join(workDir, op+".log")
+	if err == nil {
+		return nil
+	}
+	if _, serr := os.Stat(log); serr != nil {
+		return err
+	}
+	msg, _, _ := strings.Cut(err.Error(), " log file: ")
+	return criu.LogError(op, log, errors.New(msg))
 }
 
 // run runs runc with args, env added to its environment, and returns its stdout. Its log

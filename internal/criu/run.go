@@ -236,6 +236,12 @@ func (d *Driver) run(ctx context.Context, typ rpc.CriuReqType, imagesDir, workDi
 	return resp, nil
 }
 
+// LogError is err, the failure of a CRIU that another program ran (runc), as an Error that
+// quotes the first error line of its log at path.
+func LogError(op, path string, err error) *Error {
+	return &Error{Op: op, LogPath: path, Lines: errorLines(path), Err: err}
+}
+
 // errorLines returns the first few "Error" lines of a CRIU log: the first names the cause,
 // the later ones ("Dumping FAILED") only its consequences.
 func errorLines(path string) []string {

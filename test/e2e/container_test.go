@@ -220,8 +220,16 @@ func TestContainerLeaveRunningAndFailedCheckpointKeepItRunning(t *testing.T) {
 		t.Fatalf("runc run: %v", err)
 	}
 	waitContainerCount(t, bad, 3)
-	if out, code := gpucr(t, "checkpoint", "--container", badID, "-D", filepath.Join(t.TempDir(), "img")); code == 0 {
+	out, code := gpucr(t, "checkpoint", "--container", badID, "-D", filepath.Join(t.TempDir(), "img"))
+	if code == 0 {
 		t.Fatalf("checkpoint of an undumpable container succeeded: %s", out)
+	}
+	// CRIU's first error line, and its log kept where the error says: runc's message named
+	// the log in the image's staging directory, removed by then (tester's report).
+	if log := keptCRIULog(out); !strings.Contains(out, "criu dump failed: (") || !strings.Contains(out, ") Error (") || log == "" {
+		t.Errorf("the failure quotes no CRIU error line or names no kept log: %s", out)
+	} else {
+		os.Remove(log)
 	}
 	n := count(t, bad)
 	waitContainerCount(t, bad, n+3) // rolled back: running, not left paused
@@ -231,12 +239,24 @@ func TestContainerLeaveRunningAndFailedCheckpointKeepItRunning(t *testing.T) {
 	runcRun(t, runc, bundle, id)
 	waitContainerCount(t, bundle, 3)
 	dir := filepath.Join(t.TempDir(), "img")
-	out := mustGpucr(t, "checkpoint", "--container", id, "-D", dir, "--leave-running")
+	out = mustGpucr(t, "checkpoint", "--container", id, "-D", dir, "--leave-running")
 	if !strings.Contains(out, "left running") {
 		t.Errorf("summary: %s", out)
 	}
 	n = count(t, bundle)
 	waitContainerCount(t, bundle, n+3) // running, not left paused
+}
+
+// keptCRIULog is the CRIU log that gpucr's error out names, "" unless it is there.
+func keptCRIULog(out string) string {
+	_, log, ok := strings.Cut(out, "(log: ")
+	if log, _, _ = strings.Cut(log, ")"); !ok {
+		return ""
+	}
+	if _, err := os.Stat(log); err != nil {
+		return ""
+	}
+	return log
 }
 
 // Plain runc with the integration: a container without GPU state is checkpointed and

@@ -1,0 +1,62 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/gpucr/gpucr/internal/criu"
+)
+
+// A runc checkpoint or restore whose CRIU failed quotes CRIU's first error line and names
+// its log as a criu.Error, which the engine copies out before the work directory goes:
+// runc's own message named only the log in the work directory, found gone (tester's report).
+func TestRuncCRIUFailureQuotesCRIUsLog(t *testing.T) {
+	// A stand-in runc that fails as runc does when its CRIU fails: CRIU's log in the work
+	// directory, and runc's error, naming it, in its --log file.
+	fake := filepath.Join(t.TempDir(), "runc")
+	script := `#!/bin/sh
+while [ $# -gt 0 ]; do
+	case $1 in
+	--log) log=$2; shift ;;
+	--work-path) work=$2; shift ;;
+	checkpoint) op=dump ;;
+	restore) op=restore ;;
+	esac
+	shift
+done
+echo "$CAUSE" > "$work/$op.log"
+printf '{"level":"error","msg":"criu failed: type NOTIFY errno 0\\nlog file: %s"}\n' "$work/$op.log" > "$log"
+exit 1
+`
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := &Runc{Path: fake}
+	for _, cause := range []string{"(00.01) Error (criu/files-reg.c:1790): the cause", "no error line"} {
+		env := []string{"CAUSE=" + cause}
+		for op, run := range map[string]func(work string) error{
+			"dump": func(work string) error {
+				return r.Checkpoint(context.Background(), "c", t.TempDir(), work, criu.Flags{}, env, "")
+			},
+			"restore": func(work string) error {
+				return r.Restore(context.Background(), "c", t.TempDir(), t.TempDir(), work, criu.Flags{}, env)
+			},
+		} {
+			work := t.TempDir()
+			err := run(work)
+			want := "the cause"
+			if cause == "no error line" {
+				want = "criu failed: type NOTIFY errno 0"
+			}
+			var ce *criu.Error
+			if !errors.As(err, &ce) || ce.LogPath != filepath.Join(work, op+".log") || !strings.Contains(err.Error(), want) ||
+				strings.Contains(err.Error(), "log file:") {
+				t.Errorf("%s: %v, want a criu.Error saying %q, naming %s/%s.log once", op, err, want, work, op)
+			}
+		}
+	}
+}
