@@ -51,6 +51,11 @@ func newExporter(runDir, file, ctr, to, runc string, dir *string) (*exporter, er
 	if err := archive.CheckDest(file); err != nil {
 		return nil, usageError{err}
 	}
+	// Refused before the container is touched: the checkpoint itself went there, and the
+	// container was removed before the archive could not be written (tester's report).
+	if *dir != "" && within(file, *dir) {
+		return nil, usageError{fmt.Errorf("--export %s is the image directory -D %s or inside it: export to a file outside the image", file, *dir)}
+	}
 	x := &exporter{file: file, dir: *dir, runtime: "runc"}
 	if runc != "" {
 		x.runtime = filepath.Base(runc)

@@ -171,4 +171,15 @@ func TestExportRefusedUpFront(t *testing.T) {
 			t.Errorf("gpucr %s: exit %d: %s", strings.Join(args, " "), code, out)
 		}
 	}
+	// The archive in place of the image, or inside it: the container was checkpointed and
+	// removed before the export failed (tester's report).
+	dir := filepath.Join(t.TempDir(), "img")
+	for _, file := range []string{dir, filepath.Join(dir, "x.tar")} {
+		if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if out, code := gpucr(t, "checkpoint", "--container", "c", "-D", dir, "--export", file); code != exitUsage || !strings.Contains(out, "is the image directory -D") {
+			t.Errorf("checkpoint -D %s --export %s: exit %d: %s", dir, file, code, out)
+		}
+	}
 }
