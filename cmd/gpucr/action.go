@@ -134,6 +134,14 @@ func (e actionError) Error() string {
 
 func (e actionError) Unwrap() error { return e.err }
 
+// installOutput is what install-criu-integration installed.
+type installOutput struct {
+	Configs []string `json:"configs"` // the CRIU configuration files that name the script
+	Script  string   `json:"script"`
+	Binary  string   `json:"binary"` // the copy of gpucr the script runs
+	Log     string   `json:"log"`
+}
+
 // installRuncCmd installs (or removes) the CRIU integration, of crun as well as runc.
 func (a *app) installRuncCmd() *cobra.Command {
 	var in container.Integration
@@ -149,14 +157,15 @@ func (a *app) installRuncCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(a.stdout, "took %s out of CRIU's configuration\n", in.Script)
-				for _, p := range r.Removed {
-					fmt.Fprintf(a.stdout, "removed %s\n", p)
-				}
-				for _, k := range r.Kept {
-					fmt.Fprintf(a.stdout, "kept %s\n", k)
-				}
-				return nil
+				return a.emit(r, func() {
+					fmt.Fprintf(a.stdout, "took %s out of CRIU's configuration\n", in.Script)
+					for _, p := range r.Removed {
+						fmt.Fprintf(a.stdout, "removed %s\n", p)
+					}
+					for _, k := range r.Kept {
+						fmt.Fprintf(a.stdout, "kept %s\n", k)
+					}
+				})
 			}
 			exe, err := os.Executable()
 			if err != nil {
@@ -168,15 +177,17 @@ func (a *app) installRuncCmd() *cobra.Command {
 			if err := in.Install(); err != nil {
 				return err
 			}
-			fmt.Fprintf(a.stdout, "installed: %s runs %s criu-action (log %s)\n", in.Config, in.Binary(), in.Log)
-			if in.CrunConfig != "" {
-				if in.CrunReadsRunc() {
-					fmt.Fprintf(a.stdout, "crun (1.26 or newer, with CRIU 4.2 or newer) reads %s while %s does not exist\n", in.Config, in.CrunConfig)
-				} else {
-					fmt.Fprintf(a.stdout, "installed: %s runs it too\n", in.CrunConfig)
+			out := installOutput{Configs: in.Configs(), Script: in.Script, Binary: in.Binary(), Log: in.Log}
+			return a.emit(out, func() {
+				fmt.Fprintf(a.stdout, "installed: %s runs %s criu-action (log %s)\n", in.Config, in.Binary(), in.Log)
+				if in.CrunConfig != "" {
+					if in.CrunReadsRunc() {
+						fmt.Fprintf(a.stdout, "crun (1.26 or newer, with CRIU 4.2 or newer) reads %s while %s does not exist\n", in.Config, in.CrunConfig)
+					} else {
+						fmt.Fprintf(a.stdout, "installed: %s runs it too\n", in.CrunConfig)
+					}
 				}
-			}
-			return nil
+			})
 		},
 	}
 	f := cmd.Flags()

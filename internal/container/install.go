@@ -78,7 +78,7 @@ func (in Integration) Install() error {
 	if err := writeAtomic(in.Script, []byte(actionScript(in.Binary(), in.Log, in.stateDir())), 0o755); err != nil {
 		return err
 	}
-	for _, conf := range in.configs() {
+	for _, conf := range in.Configs() {
 		lines, _, err := in.otherLines(conf)
 		if err != nil {
 			return err
@@ -92,7 +92,7 @@ func (in Integration) Install() error {
 	if err != nil {
 		return err
 	}
-	for _, conf := range in.configs() {
+	for _, conf := range in.Configs() {
 		if !slices.Contains(recorded, conf) {
 			recorded = append(recorded, conf)
 		}
@@ -121,9 +121,9 @@ func (in Integration) record(confs []string) error {
 	return writeAtomic(in.recordPath(), []byte(strings.Join(confs, "\n")+"\n"), 0o644)
 }
 
-// configs are the configuration files the script goes into: runc's, and crun's where it
+// Configs are the configuration files the script goes into: runc's, and crun's where it
 // exists.
-func (in Integration) configs() []string {
+func (in Integration) Configs() []string {
 	out := []string{in.Config}
 	if in.CrunConfig != "" && in.CrunConfig != in.Config {
 		if _, err := os.Stat(in.CrunConfig); err == nil {
@@ -135,7 +135,7 @@ func (in Integration) configs() []string {
 
 // CrunReadsRunc says whether crun will read runc's configuration file, crun's own being
 // absent.
-func (in Integration) CrunReadsRunc() bool { return len(in.configs()) == 1 }
+func (in Integration) CrunReadsRunc() bool { return len(in.Configs()) == 1 }
 
 // scriptHeader begins every action script Install writes.
 const scriptHeader = "#!/bin/sh\n# Written by gpucr install-criu-integration"
@@ -278,7 +278,7 @@ func (in Integration) Remove() (*Removal, error) {
 	} else if !host {
 		return nil, errors.New("gpucr runs in a PID namespace of its own and cannot see the CRIUs that may be using the script: run --remove in the host's PID namespace (hostPID: true in a pod); nothing was removed")
 	}
-	for _, conf := range in.configs() {
+	for _, conf := range in.Configs() {
 		lines, _, err := in.otherLines(conf)
 		if err != nil {
 			return nil, err
@@ -304,7 +304,7 @@ func (in Integration) Remove() (*Removal, error) {
 			naming = append(naming, conf)
 		}
 	}
-	r := &Removal{}
+	r := &Removal{Removed: []string{}} // "removed": [], not null, in --json
 	if len(naming) > 0 {
 		if err := in.record(naming); err != nil {
 			return nil, err
