@@ -108,6 +108,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
+			if a.progressEvery < 0 {
+				return usageError{fmt.Errorf("--progress-every %v: give a duration of 0 (never) or more", a.progressEvery)}
+			}
 			level := slog.LevelWarn
 			if a.verbose {
 				level = slog.LevelDebug

@@ -158,3 +158,11 @@ func TestProgressBar(t *testing.T) {
 		}
 	}
 }
+
+// A negative --progress-every is a usage error, before the verb runs: it was taken silently.
+func TestNegativeProgressEveryIsRefused(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"ls", "--progress-every", "-1s", t.TempDir()}, &stdout, &stderr); code != exitUsage || !strings.Contains(stderr.String(), "--progress-every -1s") {
+		t.Errorf("exit %d, want %d naming the flag: %s", code, exitUsage, stderr.String())
+	}
+}
