@@ -4,18 +4,19 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
 func TestCheckContainerID(t *testing.T) {
-	for _, id := range []string{"web", "job-7.rank_0", "a+b,c"} {
+	for _, id := range []string{"web", "job-7.rank_0", "a+b,c", strings.Repeat("a", maxContainerID)} {
 		if err := CheckContainerID(id); err != nil {
 			t.Errorf("%q refused: %v", id, err)
 		}
 	}
-	for _, id := range []string{"", ".", "..", "a/b", "../x", "/abs", "a b", "a\nb", "-h", "-d", "--root=x"} {
+	for _, id := range []string{"", ".", "..", "a/b", "../x", "/abs", "a b", "a\nb", "-h", "-d", "--root=x", strings.Repeat("a", maxContainerID+1)} {
 		if CheckContainerID(id) == nil {
 			t.Errorf("%q taken as a container ID", id)
 		}

@@ -265,8 +265,15 @@ func CheckContainerID(id string) error {
 	if !containerID.MatchString(id) || id == "." || id == ".." || strings.HasPrefix(id, "-") {
 		return fmt.Errorf("%q is not a container ID (letters, digits and _ + , . - only, not first -; not . or ..)", id)
 	}
+	if len(id) > maxContainerID {
+		return fmt.Errorf("the container ID is %d characters long: gpucr takes at most %d", len(id), maxContainerID)
+	}
 	return nil
 }
+
+// maxContainerID keeps an ID's lock file (ContainerLock, with ".lock") within the 255 bytes
+// a file name may have: a longer one failed at the lock, "file name too long".
+const maxContainerID = 255 - len("container-") - len(".lock")
 
 // A RestoreTarget is what an image is restored as, and how CRIU is driven to do it: a
 // process tree through CRIU's RPC, or a container through its runtime. The checks, the
