@@ -200,7 +200,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		t.Phases = append(t.Phases, image.Phase{Name: PhaseCRIUDump, Duration: d})
 		e.reporter().Done(PhaseCRIUDump, d)
 		crashpoint.Hit("end " + PhaseCRIUDump)
-		if m.Reopened, commitErr = reopenedFiles(stage.CRIUDir()); commitErr != nil {
+		if m.Reopened, commitErr = reopenedFiles(stage.CRIUDir(), hostPIDs(ids)); commitErr != nil {
 			return commitErr
 		}
 		if early {
@@ -503,6 +503,15 @@ func newManifest(e *Engine, tree []proctree.Process, ids map[int]int, snaps []gp
 		}
 	}
 	return m
+}
+
+// hostPIDs inverts imagePIDs: this host's PID of each of the image's processes.
+func hostPIDs(ids map[int]int) map[int]int {
+	out := make(map[int]int, len(ids))
+	for host, id := range ids {
+		out[id] = host
+	}
+	return out
 }
 
 // imagePIDs numbers each process of tree as the image will.

@@ -4,6 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -18,20 +24,41 @@ import (
 // file's owner and kind; a restore refuses one that changed.
 
 // reopenedFiles describes the files CRIU reopens by path when it restores the image whose
-// CRIU files are in criuDir, as this host has them now.
-func reopenedFiles(criuDir string) ([]image.HostFile, error) {
+// CRIU files are in criuDir: each as the frozen process holds it (host maps the image's
+// PIDs to this host's), whatever its path names by now — a user who swapped the file at its
+// path between CRIU's dump and this record had their own recorded as the job's (hostile
+// test) — and one no process holds (a path CRIU took otherwise) as the host has it now.
+func reopenedFiles(criuDir string, host map[int]int) ([]image.HostFile, error) {
 	paths, err := criuimg.ReopenedPaths(criuDir)
 	if err != nil {
 		return nil, fmt.Errorf("read the image's files: %w", err)
 	}
+	opened, err := criuimg.OpenedFiles(criuDir)
+	if err != nil {
+		return nil, fmt.Errorf("read the image's files: %w", err)
+	}
+	held := map[string]image.HostFile{}
+	for _, imagePID := range slices.Sorted(maps.Keys(opened)) {
+		pid, ok := host[imagePID]
+		if !ok {
+			continue
+		}
+		for p, f := range heldFiles("/proc", pid, opened[imagePID]) {
+			if _, seen := held[p]; !seen {
+				held[p] = f
+			}
+		}
+	}
 	var out []image.HostFile
 	for _, p := range paths {
-		f, err := hostFile(p)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // gone already: a restore names it as missing
-		}
-		if err != nil {
-			return nil, err
+		f, ok := held[p]
+		if !ok {
+			if f, err = hostFile(p); errors.Is(err, fs.ErrNotExist) {
+				continue // gone already: a restore names it as missing
+			}
+			if err != nil {
+				return nil, err
+			}
 		}
 		if f.Kind == "device" {
 			continue // the host's, made by its kernel and udev, and its own on another host
@@ -39,6 +66,66 @@ func reopenedFiles(criuDir string) ([]image.HostFile, error) {
 		out = append(out, f)
 	}
 	return out, nil
+}
+
+// heldFiles describes, by the paths o gives them, the files process pid (its /proc under
+// procRoot) holds as descriptors, mappings, program, working and root directories: the
+// files themselves, through /proc's links, not what their paths name. One it no longer
+// holds is left out.
+func heldFiles(procRoot string, pid int, o *criuimg.Opened) map[string]image.HostFile {
+	proc := filepath.Join(procRoot, strconv.Itoa(pid))
+	out := map[string]image.HostFile{}
+	add := func(link, path string) {
+		var st unix.Stat_t
+		if path == "" || unix.Stat(filepath.Join(proc, link), &st) != nil {
+			return
+		}
+		out[path] = image.HostFile{Path: path, UID: st.Uid, GID: st.Gid, Kind: kind(st.Mode)}
+	}
+	for fd, p := range o.FDs {
+		add(filepath.Join("fd", strconv.Itoa(fd)), p)
+	}
+	add("exe", o.Exe)
+	add("cwd", o.Cwd)
+	add("root", o.Root)
+	if len(o.Maps) > 0 {
+		files, _ := os.ReadDir(filepath.Join(proc, "map_files")) // "start-end", in hex
+		for _, f := range files {
+			lo, _, _ := strings.Cut(f.Name(), "-")
+			if start, err := strconv.ParseUint(lo, 16, 64); err == nil && o.Maps[start] != "" {
+				add(filepath.Join("map_files", f.Name()), o.Maps[start])
+			}
+		}
+	}
+	return out
+}
+
+// checkHeld refuses, once CRIU has reopened them and before any task runs, a file a
+// restored process holds whose owner or kind is not what the image recorded for its path:
+// the check before CRIU looks at the path, and a user who swapped files at it in between
+// had root's restored job hold theirs (hostile test). made maps the image's PIDs to the
+// restored processes'.
+func checkHeld(procRoot string, want map[int]*criuimg.Opened, made map[int]int, recorded []image.HostFile) error {
+	byPath := map[string]image.HostFile{}
+	for _, f := range recorded {
+		byPath[f.Path] = f
+	}
+	for _, imagePID := range slices.Sorted(maps.Keys(made)) {
+		o := want[imagePID]
+		if o == nil {
+			continue
+		}
+		held := heldFiles(procRoot, made[imagePID], o)
+		for _, p := range slices.Sorted(maps.Keys(held)) {
+			was, ok := byPath[p]
+			if now := held[p]; ok && (now.UID != was.UID || now.Kind != was.Kind) {
+				return fmt.Errorf("%w: %s, as the restored process %d holds it, is a %s of uid %d, and was a %s of uid %d when checkpointed; "+
+					"another user may have put it there: put the job's own file back (or give it its owner again) and restore again",
+					ErrFileChanged, p, made[imagePID], now.Kind, now.UID, was.Kind, was.UID)
+			}
+		}
+	}
+	return nil
 }
 
 // checkReopened refuses an image whose reopened files changed owner or kind on this host

@@ -197,6 +197,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	spec := RestoreSpec{
 		RestoreRequest: criu.RestoreRequest{ImagesDir: image.CRIUPath(root), WorkDir: work, Options: opts},
 		Checked:        image.CRIUPath(root),
+		Reopened:       m.Reopened,
 		Timer:          t,
 		Verified:       verify.wait,
 		Procs:          func() ([]txn.Proc, []txn.GPUProc) { return imageProcs(m, gpus) },

@@ -303,7 +303,9 @@ type RestoreSpec struct {
 	// Checked is the image's CRIU directory as the restore checked it: ImagesDir may be a
 	// view of it (memfill), whose links gpucr's own reads of the image refuse.
 	Checked string
-	Timer   *Timer
+	// Reopened is the owner and kind of each file the image reopens, as recorded.
+	Reopened []image.HostFile
+	Timer    *Timer
 	// Fill is the memory gpucr writes itself into the held tasks; nil when CRIU restores all.
 	Fill *memfill.Plan
 	// Procs are the image's processes and GPU processes, as the image numbers them, for a
@@ -519,6 +521,9 @@ func (g *gate) PostRestore(root int32) error {
 		return fmt.Errorf("find where procfs is mounted: %w", err)
 	}
 	if err := criuimg.CheckReopened("/proc", procfs, want, made); err != nil {
+		return err
+	}
+	if err := checkHeld("/proc", want, made, g.s.Reopened); err != nil {
 		return err
 	}
 	crashpoint.Hit("in " + PhaseCRIURestore)
