@@ -41,6 +41,13 @@ type SeizedNotify interface {
 	Seized() error
 }
 
+// StartedNotify is a Notify that also wants CRIU's PID as soon as CRIU runs: what a
+// restore's CRIU forks is the restore's, and a CRIU killed (not failing) leaves it behind.
+type StartedNotify interface {
+	Notify
+	Started(pid int)
+}
+
 // Driver runs one CRIU binary.
 type Driver struct {
 	Path    string

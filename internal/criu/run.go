@@ -220,6 +220,9 @@ func (d *Driver) run(ctx context.Context, typ rpc.CriuReqType, imagesDir, workDi
 	if err != nil {
 		return nil, fmt.Errorf("criu %s: start %s: %w", op, d.Path, err)
 	}
+	if sn, ok := n.(StartedNotify); ok {
+		sn.Started(s.cmd.Process.Pid)
+	}
 	killed := make(chan bool, 1)
 	stop := context.AfterFunc(ctx, func() { killed <- s.kill() == nil })
 	resp, runErr := s.call(&rpc.CriuReq{Type: typ.Enum(), Opts: opts}, n)

@@ -234,11 +234,12 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 		// CRIU failed after the gate let the tasks go (its last answer lost, say): they may
 		// run, their GPUs still checkpointed, and no journal would finish them. They go;
 		// the image is unchanged (review).
-		return nil, target.Remove(context.WithoutCancel(ctx), keepLog(fmt.Errorf("CRIU failed after the restored processes were let go: %w", err)))
+		return nil, target.Remove(context.WithoutCancel(ctx), fmt.Errorf("CRIU failed after the restored processes were let go: %w", keepLog(err)))
 	}
 	if err != nil {
-		// A damaged image explains any failure; CRIU leaves nothing running. CRIU's log is
-		// kept only where the error that names it is the one returned.
+		// A damaged image explains any failure; nothing CRIU made runs on (the target
+		// removed it). CRIU's log is kept only where the error that names it is the one
+		// returned.
 		return nil, keepLog(r.Streamed.prefer(verify.prefer(explainRestoreFailure(err))))
 	}
 	if restored.Filled > 0 {

@@ -409,13 +409,17 @@ func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Resto
 	cut, run := newCutoff(ctx, &s)
 	g := &gate{ctx: run, s: s, ownPIDs: ti.m.OwnPIDNamespace()}
 	pid, err := ti.e.CRIU.Restore(run, s.RestoreRequest, g)
+	forks := g.forks.Stop()
 	ti.made = g.made
-	if reason := cut.done(); reason != nil && err != nil {
-		// CRIU was killed wherever it was: what it had created goes too.
-		ti.kill()
-		return nil, fmt.Errorf("%w: CRIU was stopped and the restored processes killed; the image is unchanged", reason)
-	}
 	if err != nil {
+		// CRIU kills what it made when it fails, but not when it is killed itself (by the
+		// cut-off, or by anyone: the OOM killer, an admin): its tasks stayed in its restorer,
+		// every signal blocked, holding the image's PIDs for good (crash test). They go.
+		killJournaled(forks)
+		ti.kill()
+		if reason := cut.done(); reason != nil {
+			return nil, fmt.Errorf("%w: CRIU was stopped and the restored processes killed; the image is unchanged", reason)
+		}
 		return nil, err
 	}
 	stats, err := criuimg.ReadRestoreStats(s.WorkDir)
@@ -463,10 +467,14 @@ type gate struct {
 	// have the image's PIDs and the host gives them others; host maps the ones to the others.
 	ownPIDs bool
 	root    int // the root's host PID, as CRIU reports it
+	forks   *forkWatch
 	host    map[int]int
 	made    []txn.Proc  // the processes restored (the root and its descendants), with their start times
 	mapped  map[int]int // the same, image PID -> host PID
 }
+
+// Started watches what CRIU makes from the moment it runs.
+func (g *gate) Started(pid int) { g.forks = watchForks(pid) }
 
 // restored maps the image's PIDs of the processes this restore made to their host PIDs: the
 // restored root and what descends from it, none resumed yet.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -636,4 +637,53 @@ func TestLeftRunningThroughAResumeThatKeepsFailing(t *testing.T) {
 		t.Fatalf("GPU state %s after gpucr recover, want 0 (running)", st)
 	}
 	w.checkRunsOn(t, "gpucr recover")
+}
+
+// CRIU killed on its own during a restore (the OOM killer, an admin), gpucr alive: CRIU
+// kills what it made when it fails, not when it is killed, and its tasks stayed in its
+// restorer, every signal blocked, holding the image's PIDs for good (crash test). gpucr
+// removes them; the image restores again.
+func TestRestoreWhoseCRIUIsKilledLeavesNothing(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	host, w, dir := crashSetup(t, drv)
+	mustGpucrEnv(t, drv.env, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
+	testutil.WaitGone(t, w.pid)
+	cmd := exec.Command(bin.gpucr, append([]string{"restore", "-D", dir}, host.flags()...)...)
+	cmd.Env = append(os.Environ(), drv.env...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	for deadline := time.Now().Add(30 * time.Second); !killed && time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
+		// CRIU has forked the task at the image's PID: it is the task's parent.
+		if ppid := parentOf(w.pid); ppid > 0 && ppid != cmd.Process.Pid {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", ppid)); strings.TrimSpace(string(comm)) == "criu" {
+				killed = syscall.Kill(ppid, syscall.SIGKILL) == nil
+			}
+		}
+	}
+	err := cmd.Wait()
+	if !killed {
+		t.Fatalf("CRIU never forked the image's task (restore: %v)", err)
+	}
+	if err == nil {
+		t.Skip("CRIU was killed after the restore was whole")
+	}
+	host.checkClean(t)
+	testutil.WaitGone(t, w.pid)
+	mustGpucrEnv(t, drv.env, append([]string{"restore", "-D", dir}, host.flags()...)...)
+	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
+	if v := w.verify(t, w.pid); v != "ok" {
+		t.Fatalf("memory after the second restore: %s", v)
+	}
+}
+
+// parentOf is pid's parent's PID, 0 if pid is not there.
+func parentOf(pid int) int {
+	p, err := proctree.Read(pid)
+	if err != nil {
+		return 0
+	}
+	return p.PPID
 }

@@ -1,0 +1,74 @@
+package engine
+
+import (
+	"sync"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/txn"
+)
+
+// forkWatch records, by PID and start time, every process a restore's CRIU makes, as they
+// appear: CRIU kills them itself when it fails, but not when it is killed (the OOM killer,
+// an admin), and before its post-restore notification gpucr has no other record of them.
+// Left, they sat in CRIU's restorer for good, every signal blocked, holding the image's PIDs
+// (crash test). By start time a process is this restore's and no one else's.
+type forkWatch struct {
+	stop chan struct{}
+	done chan struct{}
+	mu   sync.Mutex
+	seen []txn.Proc
+}
+
+// forkWatchEvery is how often the watch looks for CRIU's new processes; one made and left
+// between two looks still runs CRIU's program, which the kill of its forks finds.
+const forkWatchEvery = time.Millisecond
+
+func watchForks(criuPID int) *forkWatch {
+	w := &forkWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(forkWatchEvery)
+		defer t.Stop()
+		known := map[int]bool{}
+		for {
+			w.look(criuPID, known)
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return w
+}
+
+// look records the descendants of pid not seen before.
+func (w *forkWatch) look(pid int, known map[int]bool) {
+	queue := proctree.Children(pid)
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = append(queue[1:], proctree.Children(p)...)
+		if known[p] {
+			continue
+		}
+		if proc, err := txn.ProcOf(p); err == nil {
+			known[p] = true
+			w.mu.Lock()
+			w.seen = append(w.seen, proc)
+			w.mu.Unlock()
+		}
+	}
+}
+
+// Stop ends the watch and returns what it saw, parents before children.
+func (w *forkWatch) Stop() []txn.Proc {
+	if w == nil {
+		return nil
+	}
+	close(w.stop)
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.seen
+}
