@@ -41,6 +41,13 @@ type SeizedNotify interface {
 	Seized() error
 }
 
+// ResumingNotify is a Notify that also wants CRIU's "pre-resume" notification: every task
+// restored and about to be let go. An error (or no answer) has CRIU kill the tasks.
+type ResumingNotify interface {
+	Notify
+	PreResume() error
+}
+
 // StartedNotify is a Notify that also wants CRIU's PID as soon as CRIU runs: what a
 // restore's CRIU forks is the restore's, and a CRIU killed (not failing) leaves it behind.
 type StartedNotify interface {

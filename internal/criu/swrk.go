@@ -140,6 +140,10 @@ func notify(n Notify, c *rpc.CriuNotify) error {
 		return n.SetupNamespaces(c.GetPid())
 	case "post-setup-namespaces":
 		return n.PostSetupNamespaces()
+	case "pre-resume":
+		if r, ok := n.(ResumingNotify); ok {
+			return r.PreResume()
+		}
 	case "post-resume":
 		return n.PostResume()
 	case "query-ext-files":

@@ -457,7 +457,7 @@ func (ti *treeImage) kill() {
 
 // gate holds CRIU at post-restore, with every task restored and none resumed, until the
 // image is verified and the memory gpucr restores itself is written; a failure makes CRIU
-// kill the tasks. It journals that they are whole before letting them go: if gpucr dies
+// kill the tasks. It journals that they are whole as CRIU is about to let them go (PreResume): if gpucr dies
 // after this, its guardian finishes the restore instead of killing them.
 type gate struct {
 	criu.NoNotify
@@ -549,5 +549,18 @@ func (g *gate) PostRestore(root int32) error {
 			return err
 		}
 	}
-	return g.s.Whole()
+	return nil
+}
+
+// PreResume journals that the tasks are whole just before CRIU lets them go. Up to here a
+// gpucr that dies has CRIU kill them at this notification (its answer never comes); after
+// it they run, and the guardian finishes the restore. Journaled at post-restore instead, a
+// gpucr killed with its CRIU in between left the tasks in CRIU's restorer while recovery
+// resumed their GPUs and called the restore done (crash test).
+func (g *gate) PreResume() error {
+	if err := g.s.Whole(); err != nil {
+		return err
+	}
+	crashpoint.Hit("resuming")
+	return nil
 }
