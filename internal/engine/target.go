@@ -159,15 +159,16 @@ func ownNamespaces(pid int) (ownPIDs bool, err error) {
 	return true, nil
 }
 
-// nestedNamespaces refuses a tree in which a process below the root has a mount or network
-// namespace other than the root's (a job step under unshare, bwrap, a container tool):
-// CRIU dumps it, then cannot restore a sub-task in a namespace of its own, and the
-// checkpoint would have ended the job for an image that never restores (hostile test). A
-// process that exited meanwhile is no longer the tree's.
+// nestedNamespaces refuses a tree in which a process below the root has a mount, network
+// or cgroup namespace other than the root's (a job step under unshare, bwrap, a container
+// tool): CRIU dumps it, then cannot restore it ("Can't restore sub-task in NS", "No set
+// found"), and the checkpoint would have ended the job for an image that never restores
+// (hostile test, review). CRIU itself refuses the others (pid, user, time) at dump, and
+// restores uts and ipc. A process that exited meanwhile is no longer the tree's.
 func nestedNamespaces(tree []proctree.Process) error {
 	root := tree[0]
 	for _, q := range tree[1:] {
-		for _, kind := range []string{"mnt", "net"} {
+		for _, kind := range []string{"mnt", "net", "cgroup"} {
 			same, err := proctree.SameNamespace(root.PID, q.PID, kind)
 			if errors.Is(err, fs.ErrNotExist) {
 				break
@@ -184,7 +185,7 @@ func nestedNamespaces(tree []proctree.Process) error {
 	return nil
 }
 
-var namespaceNames = map[string]string{"mnt": "mount", "net": "network"}
+var namespaceNames = map[string]string{"mnt": "mount", "net": "network", "cgroup": "cgroup"}
 
 // Dump reports the tree frozen at CRIU's query-ext-files notification (CRIU has seized
 // every task, and dumped nothing yet) and commits from its post-dump notification, while

@@ -189,13 +189,13 @@ func TestRestoreRefusesARootThatDiesWithItsParent(t *testing.T) {
 	}
 }
 
-// A tree with a process below its root in a mount or network namespace of its own (a job
+// A tree with a process below its root in a mount, network or cgroup namespace of its own (a job
 // step under unshare, bwrap, a container tool) is refused before anything is frozen: CRIU
 // dumped it and the tree was gone, then could not restore a sub-task in a namespace of its
 // own, and the job was lost (hostile test).
 func TestCheckpointRefusesATreeWithAChildInItsOwnNamespace(t *testing.T) {
 	needCRIU(t)
-	for kind, flag := range map[string]string{"mount": "--mount", "network": "--net"} {
+	for kind, flag := range map[string]string{"mount": "--mount", "network": "--net", "cgroup": "--cgroup"} {
 		t.Run(kind, func(t *testing.T) {
 			cmd := exec.Command("setsid", "sh", "-c", "unshare "+flag+" sleep 1000 & wait")
 			if err := cmd.Start(); err != nil {
