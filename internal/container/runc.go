@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/hwbreak"
 	"github.com/gpucr/gpucr/internal/interrupt"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -212,6 +213,14 @@ func criuError(op, workDir string, err error) error {
 // restored container inherits runc's stdio where its own was pipes, and must not hold
 // gpucr's. runc's errors are read from its --log file instead.
 func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...string) ([]byte, error) {
+	// runc opens its log by name, following symlinks: in a TMPDIR another user can rename
+	// in, root's runc created or appended to a file of that user's choosing (review).
+	if logDir == "" {
+		var err error
+		if logDir, err = engine.TempDir(); err != nil {
+			return nil, fmt.Errorf("runc log file: %w", err)
+		}
+	}
 	logf, err := os.CreateTemp(logDir, "gpucr-runc-*.log")
 	if err != nil {
 		return nil, fmt.Errorf("runc log file: %w", err)

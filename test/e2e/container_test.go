@@ -788,3 +788,38 @@ func TestCheckpointOfNoSuchContainerIsAUsageError(t *testing.T) {
 		t.Fatalf("exit %d:\n%s", code, out)
 	}
 }
+
+// runc opens its --log file by name, following symlinks: in a TMPDIR another user owned,
+// the user renamed root's runc log away and put a symlink in its place, and root's runc
+// created or appended to a file of their choosing (review). The container verbs refuse such
+// a TMPDIR before runc runs, and the container runs on.
+func TestContainerVerbsRefuseATempDirOthersCanChange(t *testing.T) {
+	runc, _ := needRunc(t)
+	bundle := counterBundle(t, runc, "")
+	id := containerID(t, runc, "tmpdir")
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 3)
+	theirs := filepath.Join(t.TempDir(), "theirs")
+	if err := os.Mkdir(theirs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(theirs, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", "--container", id, "-D", img, "--leave-running")
+	for _, args := range [][]string{
+		{"checkpoint", "--container", id, "-D", filepath.Join(t.TempDir(), "img")},
+		{"restore", "--container", id, "-D", img, "--new-id", id + "-new"},
+	} {
+		out, errOut, code := gpucrEnv(t, []string{"TMPDIR=" + theirs}, args...)
+		if code == 0 || !oneLineWith(errOut, "others could swap what root writes there") {
+			t.Errorf("gpucr %s with a TMPDIR another user owns: exit %d\n%s%s", args[0], code, out, errOut)
+		}
+		if left, _ := os.ReadDir(theirs); len(left) > 0 {
+			t.Errorf("gpucr %s made %v in the other user's TMPDIR", args[0], left)
+		}
+	}
+	n := count(t, bundle)
+	waitContainerCount(t, bundle, n+2)
+}
