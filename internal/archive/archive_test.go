@@ -455,6 +455,8 @@ func TestReadRefusesHugeEntriesUnread(t *testing.T) {
 		{GpucrDir + "/logs/dump.log", true},
 		{"../x", true},
 		{CheckpointDir + "/pages-1.img", false},
+		{CheckpointDir + "/tmpfs-dev-43.tar.gz.img", false},
+		{CheckpointDir + "/ghost-file-7.img", false},
 		{GpucrDir + "/mem/1-7f0000000.img", false},
 		{"rootfs-diff.tar", false},
 	} {

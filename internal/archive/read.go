@@ -39,11 +39,10 @@ const (
 )
 
 // held says whether inspect keeps the archive's file name in memory: CRIU's images but
-// their page files, and the metadata beside them.
+// those that carry content, and the metadata beside them.
 func held(name string) bool {
 	if rest, ok := strings.CutPrefix(name, CheckpointDir+"/"); ok {
-		base := path.Base(rest)
-		return !strings.HasPrefix(base, "pages-") && !strings.HasPrefix(base, "amdgpu-pages-")
+		return !carriesContent(path.Base(rest))
 	}
 	switch name {
 	case ConfigDump, SpecDump, StatsDump,
@@ -53,10 +52,19 @@ func held(name string) bool {
 	return false
 }
 
-// bulk says whether the archive's file name may be larger than maxSkipped: memory pages
-// (CRIU's, gpucr's mem/) and what podman keeps beside a checkpoint (the container's root
-// file system changes, volumes, /dev/shm, log). The rest of checkpoint/ and gpucr/ is
-// metadata, as are config.dump, spec.dump and stats-dump.
+// carriesContent says whether a CRIU image of that name carries the processes' bytes rather
+// than their description: memory pages, a tmpfs mount's contents (a container's /dev/shm),
+// a deleted file CRIU carries. inspect needs none of them, and they are as large as what
+// they hold: a container's 100 MB /dev/shm was refused as metadata (review).
+func carriesContent(base string) bool {
+	return strings.HasPrefix(base, "pages-") || strings.HasPrefix(base, "amdgpu-pages-") ||
+		(strings.HasPrefix(base, "tmpfs-") && strings.HasSuffix(base, ".tar.gz.img")) || strings.HasPrefix(base, "ghost-file-")
+}
+
+// bulk says whether the archive's file name may be larger than maxSkipped: what CRIU's
+// images carry (carriesContent), gpucr's mem/, and what podman keeps beside a checkpoint
+// (the container's root file system changes, volumes, /dev/shm, log). The rest of
+// checkpoint/ and gpucr/ is metadata, as are config.dump, spec.dump and stats-dump.
 func bulk(name string) bool {
 	if strings.HasPrefix(name, GpucrDir+"/") {
 		return strings.HasPrefix(name, GpucrDir+"/"+criuimg.MemDir+"/")
