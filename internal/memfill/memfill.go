@@ -216,11 +216,11 @@ func (p *Plan) split(criuDir, dir string, pid int) ([]run, []string, error) {
 	// The pages CRIU keeps are copied with their holes left holes, and only where they fit:
 	// a crafted image's pages file of 2 GiB of holes in 42 MB had the restore write 2 GiB
 	// of zeros into TMPDIR (hostile test).
-	var st unix.Stat_t
-	if err := unix.Fstat(int(src.Fd()), &st); err != nil {
-		return nil, nil, err
+	var data int64
+	for _, s := range keptData {
+		data += sparse.Data(src, s.off, s.size)
 	}
-	if err := diskroom.Check(dir, st.Blocks*512); err != nil {
+	if err := diskroom.Check(dir, data); err != nil {
 		return nil, nil, fmt.Errorf("copy %s: %w", pagesName, err)
 	}
 	dst, err := os.OpenFile(filepath.Join(dir, pagesName), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)

@@ -127,6 +127,18 @@ func TestPrepareAndFillOwnMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// The room the view needs is that of the pages CRIU keeps, not the whole file's: a
+	// TMPDIR smaller than the run had the fill refused (review).
+	if os.Geteuid() == 0 {
+		small := t.TempDir()
+		if err := unix.Mount("tmpfs", small, "tmpfs", 0, "size=2m"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = unix.Unmount(small, unix.MNT_DETACH) })
+		if _, err := Prepare(imageDir, Dir(imageDir), small, &image.Manifest{Processes: []image.Process{{PID: pid}}}, []int{pid}); err != nil {
+			t.Fatalf("Prepare into 2 MiB for 16 KiB of kept pages: %v", err)
+		}
+	}
 	p, err := Prepare(imageDir, Dir(imageDir), t.TempDir(), &image.Manifest{Processes: []image.Process{{PID: pid}}}, []int{pid})
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,29 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// Data is how many of the n bytes of f from off are data, not holes: what a Copy of them
+// writes, at most. A file system that cannot tell has them all be data.
+func Data(f *os.File, off, n int64) int64 {
+	var total int64
+	end := off + n
+	for off < end {
+		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break
+		}
+		hole := end
+		if err != nil {
+			data = off
+		} else if hole, err = unix.Seek(int(f.Fd()), data, unix.SEEK_HOLE); err != nil {
+			hole = end
+		}
+		data, hole = min(data, end), min(hole, end)
+		total += hole - data
+		off = max(hole, data+1)
+	}
+	return total
+}
+
 // Copy copies the n bytes of in at inOff to out at outOff, copying only in's runs of data:
 // out's bytes there must be holes already (a new file, not yet as long). A file system that
 // cannot tell data from holes has it all copied.

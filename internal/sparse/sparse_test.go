@@ -47,6 +47,9 @@ func TestCopyLeavesHolesHoles(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatal("the copy's bytes are not the section's")
 	}
+	if got := Data(in, mib/2, 9*mib); got > 2*mib || got < mib {
+		t.Errorf("Data of the section: %d bytes, want its 1 MiB of data (or a block more)", got)
+	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(out.Fd()), &st); err != nil {
 		t.Fatal(err)
