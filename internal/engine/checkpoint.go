@@ -227,6 +227,21 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		if err := save.failed(); err != nil {
 			return nil, err // the save beside the dump filled the disk CRIU writes to, say
 		}
+		if dumped && !early {
+			// Committed, then CRIU failed (killed after its post-dump notification): the
+			// image is whole, and a failure that said only "criu dump failed" had a script
+			// remove the job's only copy (crash test). The rollback resumes what still runs.
+			where := r.Dir
+			var ce *criu.Error
+			if r.Stream != nil {
+				where = "the store"
+				err = keepLog(err)
+			} else if errors.As(err, &ce) {
+				ce.LogPath = filepath.Join(r.Dir, image.LogsDir, filepath.Base(ce.LogPath)) // moved with the image
+			}
+			return &Checkpointed{Manifest: m}, fmt.Errorf("the image written to %s is complete, but CRIU failed after it was written (%w): "+
+				"the workload may run on, or may have stopped; check it before you restore", where, err)
+		}
 		return nil, keepLog(err)
 	}
 	if early {

@@ -692,3 +692,41 @@ func parentOf(pid int) int {
 	}
 	return p.PPID
 }
+
+// CRIU killed after the checkpoint committed its image (after its post-dump notification):
+// gpucr said only "criu dump failed", and a script that removes DIR on failure would remove
+// the job's only copy (crash test). The failure says the image is complete, and it is.
+func TestCheckpointWhoseCRIUIsKilledAfterTheCommitSaysTheImageIsWhole(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	host, w, dir := crashSetup(t, drv)
+	cmd := exec.Command(bin.gpucr, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", dir}, host.flags()...)...)
+	cmd.Env = append(os.Environ(), drv.env...)
+	var out, errOut strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	for deadline := time.Now().Add(30 * time.Second); !killed && time.Now().Before(deadline); time.Sleep(50 * time.Microsecond) {
+		if _, err := os.Stat(filepath.Join(dir, image.ManifestName)); err != nil {
+			continue
+		}
+		for _, c := range proctree.Children(cmd.Process.Pid) {
+			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c)); strings.TrimSpace(string(comm)) == "criu" {
+				killed = syscall.Kill(c, syscall.SIGKILL) == nil
+			}
+		}
+	}
+	err := cmd.Wait()
+	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
+	if err == nil {
+		t.Skip("CRIU was done before it could be killed")
+	}
+	if !killed || !oneLineWith(errOut.String(), "the image written to "+dir+" is complete, but CRIU failed after it was written") ||
+		!strings.Contains(errOut.String(), filepath.Join(dir, "logs")) {
+		t.Fatalf("checkpoint whose CRIU was killed after the commit: %v\n%s%s", err, out.String(), errOut.String())
+	}
+	host.checkClean(t)
+	mustGpucr(t, "verify", dir)
+}
