@@ -150,7 +150,12 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 			saved[i].ImagePID = ids[saved[i].PID]
 		}
 		if len(saved) > 0 {
-			ranges := filepath.Join(stage.LogsDir(), "gpucr-skip-ranges")
+			// Absolute: CRIU works in a directory of its own, where a relative -D named
+			// nothing, and it dumped all the memory gpucr saves too (hostile test).
+			ranges, err := filepath.Abs(filepath.Join(stage.LogsDir(), "gpucr-skip-ranges"))
+			if err != nil {
+				return nil, err
+			}
 			if err := memfill.WriteRanges(ranges, saved); err != nil {
 				return nil, err
 			}

@@ -332,3 +332,28 @@ func TestRestoreOfAnImageOthersCouldChange(t *testing.T) {
 		t.Errorf("the private copy is left: %v", left)
 	}
 }
+
+// A relative -D named the file of ranges gpucr saves itself relative to CRIU's working
+// directory, where it is not: CRIU dumped all that memory too, the image twice its size and
+// the pause twice as long, and its log's first error hid any real one (hostile test).
+func TestRelativeImageDirLeavesTheSavedMemoryToGpucr(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-mib", "64")
+	w.waitCount(t, 2)
+	cwd := t.TempDir()
+	cmd := exec.Command(bin.gpucr, "checkpoint", strconv.Itoa(w.pid), "-D", "img", "--leave-running")
+	cmd.Dir = cwd
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("checkpoint -D img: %v\n%s", err, out)
+	}
+	var criuPages int64
+	pages, _ := filepath.Glob(filepath.Join(cwd, "img", "criu", "pages-*.img"))
+	for _, p := range pages {
+		if fi, err := os.Stat(p); err == nil {
+			criuPages += fi.Size()
+		}
+	}
+	if saved, _ := filepath.Glob(filepath.Join(cwd, "img", "mem", "*.img")); len(saved) == 0 || criuPages > 32<<20 {
+		t.Errorf("gpucr saved %d files itself, CRIU's pages hold %d bytes: the 64 MiB went to CRIU", len(saved), criuPages)
+	}
+}
