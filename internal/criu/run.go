@@ -216,7 +216,8 @@ func (d *Driver) run(ctx context.Context, typ rpc.CriuReqType, imagesDir, workDi
 	// its restorer for good, every signal blocked, holding the image's PIDs (hostile test).
 	// A shell job's restore stays in the group: CRIU gives the restored job the terminal,
 	// which a process of a background group may not do.
-	s, err := startSwrk(d.Path, env, typ == rpc.CriuReqType_DUMP || !opts.GetShellJob())
+	shellRestore := typ == rpc.CriuReqType_RESTORE && opts.GetShellJob()
+	s, err := startSwrk(d.Path, env, !shellRestore, shellRestore)
 	if err != nil {
 		return nil, fmt.Errorf("criu %s: start %s: %w", op, d.Path, err)
 	}

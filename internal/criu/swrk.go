@@ -35,7 +35,7 @@ type swrk struct {
 // holds the tree, whose tasks it may be running injected code in: killed there, CRIU leaves
 // a task that dies of SIGTRAP once released. A CRIU that outlives gpucr aborts the dump at
 // its next word with gpucr and resumes the tree itself.
-func startSwrk(path string, env []string, ownGroup bool) (*swrk, error) {
+func startSwrk(path string, env []string, ownGroup, terminal bool) (*swrk, error) {
 	// SEQPACKET keeps CRIU's message boundaries: one read is one message.
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -47,6 +47,12 @@ func startSwrk(path string, env []string, ownGroup bool) (*swrk, error) {
 	cmd := exec.Command(path, "swrk", fmt.Sprint(swrkFD))
 	cmd.ExtraFiles = []*os.File{theirs}
 	cmd.Env = append(os.Environ(), env...)
+	if terminal {
+		// A shell job's restore hands the job gpucr's terminal, which CRIU finds on its
+		// stdin: given /dev/null, every restore of a job that had a terminal failed
+		// ("Don't have tty to inherit session from", hostile test).
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	}
 	if ownGroup {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	}

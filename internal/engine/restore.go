@@ -240,7 +240,10 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 		// A damaged image explains any failure; nothing CRIU made runs on (the target
 		// removed it). CRIU's log is kept only where the error that names it is the one
 		// returned.
-		return nil, keepLog(r.Streamed.prefer(verify.prefer(explainRestoreFailure(err))))
+		if first := r.Streamed.prefer(verify.prefer(nil)); first != nil {
+			return nil, first
+		}
+		return nil, explainRestoreFailure(keepLog(err)) // the kept log's path in the message
 	}
 	if restored.Filled > 0 {
 		t.Phases = append(t.Phases, image.Phase{Name: PhaseMemoryFill, Duration: restored.Filled})
@@ -425,6 +428,9 @@ func explainRestoreFailure(err error) error {
 	if errors.As(err, &ce) && len(ce.Lines) > 0 && strings.Contains(ce.Lines[0], "Address already in use") {
 		return fmt.Errorf("%w; a TCP port of the image is taken: if the original process just exited, "+
 			"its connections stay in TIME_WAIT for up to 60 s, retry then", err)
+	}
+	if errors.As(err, &ce) && len(ce.Lines) > 0 && strings.Contains(ce.Lines[0], "Don't have tty to inherit") {
+		return fmt.Errorf("%w; the job had a terminal: restore it from a terminal, which it is given", err)
 	}
 	return err
 }

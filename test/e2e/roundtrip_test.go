@@ -357,3 +357,31 @@ func TestRelativeImageDirLeavesTheSavedMemoryToGpucr(t *testing.T) {
 		t.Errorf("gpucr saved %d files itself, CRIU's pages hold %d bytes: the 64 MiB went to CRIU", len(saved), criuPages)
 	}
 }
+
+// A shell job that had a terminal restores from a terminal, given it: CRIU finds the
+// terminal on its stdin, which was /dev/null, and every restore of such a job failed after
+// its checkpoint had ended it ("Don't have tty to inherit session from", hostile test).
+func TestShellJobWithATerminalRestoresFromOne(t *testing.T) {
+	needCRIU(t)
+	script, err := exec.LookPath("script")
+	if err != nil {
+		t.Skip("no script(1) to give a terminal")
+	}
+	dir := t.TempDir()
+	job := exec.Command("setsid", script, "-qfc", bin.counter+" -dir "+dir+" -tick 20ms", "/dev/null")
+	if err := job.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = job.Process.Kill(); _ = job.Wait() })
+	w := &workload{dir: dir, pid: waitChild(t, job.Process.Pid, "counter")}
+	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
+	w.waitCount(t, 2)
+	img := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img, "--shell-job")
+	frozen := w.read(t, "count")
+	restore := exec.Command(script, "-qfc", bin.gpucr+" restore -D "+img+" && sleep 5", "/dev/null")
+	out, err := restore.CombinedOutput()
+	if err != nil || w.read(t, "count") < frozen+3 {
+		t.Fatalf("restore from a terminal: %v, count %d after %d\n%s", err, w.read(t, "count"), frozen, out)
+	}
+}
