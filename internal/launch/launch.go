@@ -150,6 +150,10 @@ func Run(ctx context.Context, j Job) error {
 	if first != nil {
 		return first
 	}
+	// Every rank ended well: what they started in their groups goes with the job, as it
+	// does with a failed one (workers left running after a successful job, holding their
+	// GPUs; hostile test).
+	stopAll(cmds, reaped)
 	return nil
 }
 

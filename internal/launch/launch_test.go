@@ -109,6 +109,34 @@ func TestARanksChildrenStopWithTheJob(t *testing.T) {
 	}
 }
 
+// What the ranks started goes when they all end well too: workers left after a successful
+// job held their GPUs (hostile test).
+func TestARanksChildrenStopWithASuccessfulJob(t *testing.T) {
+	defer func(d time.Duration) { stopGrace = d }(stopGrace)
+	stopGrace = 300 * time.Millisecond
+	dir := t.TempDir()
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	script := `sleep 60 & echo $! > ` + dir + `/child.$RANK; exit 0`
+	if err := Run(context.Background(), Job{NProc: 2, Command: []string{"sh", "-c", script}, Stdout: null, Stderr: null}); err != nil {
+		t.Fatal(err)
+	}
+	for rank := range 2 {
+		b, err := os.ReadFile(filepath.Join(dir, "child."+strconv.Itoa(rank)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if !exitedWithin(pid, 5*time.Second) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+			t.Errorf("rank %d's child %d runs on after the job", rank, pid)
+		}
+	}
+}
+
 // exitedWithin says whether pid is gone (or a zombie) within d.
 func exitedWithin(pid int, d time.Duration) bool {
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
