@@ -30,6 +30,23 @@ func TestErrorLinesSkipCRIUsProbes(t *testing.T) {
 	}
 }
 
+// A dump whose task died as CRIU seized it logs the cause as a warning, then nft's complaint
+// as CRIU removes its network lock: the error named nft's line (hostile test).
+func TestErrorLinesNameATaskCRIUCouldNotInterrupt(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "dump.log")
+	lines := []string{
+		"(00.021000) Warn  (compel/src/lib/infect.c:129): Unable to interrupt task: 4242 (Operation not permitted)",
+		"Error: Could not process rule: No such file or directory",
+		"(00.030000) Error (criu/cr-dump.c:2100): Dumping FAILED.",
+	}
+	if err := os.WriteFile(log, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := errorLines(log); !slices.Equal(got, []string{lines[0], lines[2]}) {
+		t.Errorf("errorLines = %q, want the task CRIU could not interrupt first", got)
+	}
+}
+
 // When gpucr's own answer to a notification ended the run, that is the cause the error
 // names, not the lines CRIU logged as it gave up.
 func TestErrorNamesGpucrsOwnFailureFirst(t *testing.T) {

@@ -258,7 +258,7 @@ func errorLines(path string) []string {
 	s := bufio.NewScanner(f)
 	s.Buffer(make([]byte, 64*1024), 1024*1024)
 	for s.Scan() {
-		if l := s.Text(); strings.Contains(l, "Error") && !harmless(l) {
+		if l := s.Text(); (strings.Contains(l, "Error") && !harmless(l)) || strings.Contains(l, "Unable to interrupt task") {
 			lines = append(lines, strings.TrimSpace(l))
 			if len(lines) == 3 {
 				break
@@ -269,11 +269,14 @@ func errorLines(path string) []string {
 }
 
 // harmless says whether a CRIU error line is one CRIU logs and carries on after, never a
-// cause: a failed RLIMIT_NOFILE raise, and its probes for iptables binaries (a restore of a
+// cause: a failed RLIMIT_NOFILE raise, its probes for iptables binaries (a restore of a
 // network namespace looks for each variant; a host without them restores the namespace
-// when it had no rules).
+// when it had no rules), and nft's complaint as CRIU removes its network lock after a
+// failure, which stood in for the cause in the error (hostile test). A task CRIU could not
+// interrupt (it died, or a tracer took it) is logged as a warning, and is the cause.
 func harmless(line string) bool {
-	return strings.Contains(line, "RLIMIT_NOFILE") || iptablesProbe.MatchString(line)
+	return strings.Contains(line, "RLIMIT_NOFILE") || iptablesProbe.MatchString(line) ||
+		strings.HasPrefix(strings.TrimSpace(line), "Error: Could not process rule")
 }
 
 var iptablesProbe = regexp.MustCompile(`ip6?tables(-legacy)?-restore(", \.\.\.\) failed| -V failed)`)
