@@ -21,6 +21,7 @@ import (
 	"github.com/gpucr/gpucr/internal/freezer"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/safety"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -124,7 +125,9 @@ func (a *Action) findGPUs(ctx context.Context, root int) (engine.Found, []txn.GP
 	if err != nil {
 		return engine.Found{}, nil, nil, err
 	}
-	found, err := engine.Inspect(ctx, a.Backends, nil, proctree.Snap("/proc", tree), nil)
+	// runc gives a restored container its standard descriptors again: its pipes to the
+	// runtime are no outer pipes.
+	found, err := engine.Inspect(ctx, a.Backends, nil, proctree.Snap("/proc", tree), safety.Skips{safety.CheckOuterPipe: true})
 	if err != nil {
 		return engine.Found{}, nil, nil, err
 	}

@@ -81,8 +81,9 @@ type runcTarget struct {
 	inside map[int]bool
 }
 
-func (t *runcTarget) What() string      { return "container " + t.id }
-func (t *runcTarget) CRIUPlugins() bool { return false }
+func (t *runcTarget) What() string       { return "container " + t.id }
+func (t *runcTarget) CRIUPlugins() bool  { return false }
+func (t *runcTarget) RuntimeStdio() bool { return true }
 
 func (t *runcTarget) Open(ctx context.Context) ([]proctree.Process, error) {
 	if err := t.c.Runc.CheckState(t.id); err != nil {

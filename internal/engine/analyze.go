@@ -36,6 +36,6 @@ func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips)
 	for _, snap := range found.Snapshots {
 		a.GPUProcesses = append(a.GPUProcesses, snap.Processes...)
 	}
-	a.Findings = append(a.Findings, safety.Analyze(snap, found.GPUs.safetyView(), skips)...)
+	a.Findings = append(a.Findings, safety.Analyze(snap, found.GPUs.safetyView(), skipsFor(target, skips))...)
 	return a, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -74,7 +75,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, err
 	}
 	defer op.End()
-	found, err := Inspect(ctx, e.Backends, e.Off, proctree.Snap("/proc", tree), r.SkipChecks)
+	found, err := Inspect(ctx, e.Backends, e.Off, proctree.Snap("/proc", tree), skipsFor(target, r.SkipChecks))
 	if err != nil {
 		return nil, err
 	}
@@ -323,6 +324,21 @@ func (e *Engine) resumeAndCommit(ctx context.Context, op *Op, t *Timer, undo *Un
 		return res, fmt.Errorf("image written to %s, but resuming the workload failed: %w", dir, resumeErr)
 	}
 	return res, nil
+}
+
+// skipsFor is skips, with the checks that do not apply to target off: where a runtime
+// gives the restored processes their standard descriptors again (a container's), their
+// pipes to the runtime are no outer pipes.
+func skipsFor(target Target, skips safety.Skips) safety.Skips {
+	if !target.RuntimeStdio() {
+		return skips
+	}
+	out := maps.Clone(skips)
+	if out == nil {
+		out = safety.Skips{}
+	}
+	out[safety.CheckOuterPipe] = true
+	return out
 }
 
 // Inspect finds the GPU processes of tree and refuses, before anything is locked, a tree

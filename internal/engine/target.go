@@ -36,6 +36,10 @@ type Target interface {
 	ImagePID(pid int) (int, error)
 	// CRIUPlugins says whether CRIU plugins (a gpu.CRIUPlugin backend's) can be loaded for it.
 	CRIUPlugins() bool
+	// RuntimeStdio says whether a runtime gives its restored processes their standard
+	// descriptors again (runc a container's, from descriptors.json): their pipes to
+	// processes outside the tree are then no loss.
+	RuntimeStdio() bool
 	// Freeze stops the tree before its dump where CRIU's own freeze is not enough, pushing
 	// what undoes that, and returns the tree as it stopped (processes may have come and gone
 	// since Open); nil keeps the tree Open returned. Most targets need nothing.
@@ -77,6 +81,7 @@ type processTree struct {
 func (p *processTree) What() string          { return fmt.Sprintf("PID %d", p.pid) }
 func (p *processTree) Locks() []string       { return treeLocks(proctree.PIDs(p.tree)) }
 func (p *processTree) CRIUPlugins() bool     { return true }
+func (p *processTree) RuntimeStdio() bool    { return false }
 func (p *processTree) Describe(string) error { return nil }
 
 func (p *processTree) ImagePID(pid int) (int, error) {

@@ -97,3 +97,50 @@ func (s *Snapshot) ThreadNames(pid int) []string {
 	}
 	return names
 }
+
+// Stdio is what pid's standard descriptors (0, 1, 2) point at; "" for one closed.
+func (s *Snapshot) Stdio(pid int) [3]string {
+	var out [3]string
+	for fd := range out {
+		out[fd], _ = os.Readlink(filepath.Join(s.root, strconv.Itoa(pid), "fd", strconv.Itoa(fd)))
+	}
+	return out
+}
+
+// HoldersOutside finds, among the processes under the snapshot's procfs that are not its
+// own, one holding each of targets (descriptor targets, "pipe:[N]"), by target: the
+// other end of a pipe the snapshot's processes share with the rest of the host.
+func (s *Snapshot) HoldersOutside(targets map[string]bool) map[string]int {
+	out := map[string]int{}
+	if len(targets) == 0 {
+		return out
+	}
+	own := map[int]bool{}
+	for _, p := range s.procs {
+		own[p.PID] = true
+	}
+	entries, _ := os.ReadDir(s.root)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || own[pid] {
+			continue
+		}
+		files, _ := OpenFiles(s.root, pid)
+		for _, f := range files {
+			if _, seen := out[f]; targets[f] && !seen {
+				out[f] = pid
+			}
+		}
+	}
+	return out
+}
+
+// CommandOf is the command name (comm) of any process under the snapshot's procfs, its own
+// or not; "?" for one gone.
+func (s *Snapshot) CommandOf(pid int) string {
+	b, err := os.ReadFile(filepath.Join(s.root, strconv.Itoa(pid), "comm"))
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(b))
+}

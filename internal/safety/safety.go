@@ -17,13 +17,14 @@ import (
 // ErrUnsafe marks a tree gpucr refuses to checkpoint.
 var ErrUnsafe = errors.New("cannot checkpoint safely")
 
-// Names of the checks. The first three can be switched off (--skip-check NAME).
+// Names of the checks. The first three, and outer-pipe, can be switched off (--skip-check NAME).
 const (
 	CheckNCCL        = "nccl-transports"
 	CheckCUDAIPC     = "cuda-ipc"
 	CheckMultiGPU    = "multi-gpu-process"
 	CheckIOURing     = "io-uring"
 	CheckNoCUDAState = "no-cuda-state"
+	CheckOuterPipe   = "outer-pipe"
 )
 
 // Rule is one check of the analysis and what it is about, for --skip-check's help.
@@ -39,6 +40,7 @@ var rules = []Rule{
 	{CheckMultiGPU, "one process holding CUDA contexts on more than one GPU (peer access cannot be seen from outside)", true},
 	{CheckIOURing, "a process holding an io_uring instance", false},
 	{CheckNoCUDAState, "a process holding NVIDIA device files without CUDA state of its own", false},
+	{CheckOuterPipe, "a pipe between the tree and a process outside it (a `| tee` of the job's output)", true},
 }
 
 // Rules lists the analysis's checks.
@@ -149,6 +151,15 @@ func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) []Finding {
 				"start the job with "+strings.Join(ncclSafeEnv, " ")+" (gpucr run -- CMD does this)")
 		}
 	}
+	if !skip[CheckOuterPipe] {
+		for _, f := range outerPipes(tree, procs) {
+			add(CheckOuterPipe, f.p, fmt.Sprintf("shares a pipe (%s) with process %d (%s), outside the tree: CRIU restores the pipe "+
+				"without that process, and the restored process dies at its next write to it (SIGPIPE) or reads nothing more",
+				f.pipe, f.outside, tree.CommandOf(f.outside)),
+				"send the job's output to a file (> job.log 2>&1), or checkpoint a tree that holds both ends; "+
+					"--skip-check "+CheckOuterPipe+" if it never uses that pipe again")
+		}
+	}
 	// The checks' order, then the tree's: the first finding is the one to fix first (a
 	// job under gpucr run fixes its NCCL transports and its launcher's io_uring at once).
 	rank := func(f Finding) int { return slices.IndexFunc(rules, func(r Rule) bool { return r.Name == f.Check }) }
@@ -178,6 +189,42 @@ func (m *moreFindings) Unwrap() error { return m.Finding }
 
 func (m *moreFindings) Error() string {
 	return fmt.Sprintf("%s; and %d more finding(s): gpucr checkpoint --dry-run lists them", m.Finding.Error(), m.more)
+}
+
+// outerPipe is a pipe that process p of the tree shares with process outside.
+type outerPipe struct {
+	p       *proc
+	pipe    string
+	outside int
+}
+
+// outerPipes finds the pipes on the tree's standard descriptors that processes outside it
+// hold too: a job run as `job | tee log` checkpointed, restored with exit 0, and died at its
+// next line of output, its pipe's reader gone (hostile test). Other descriptors a process
+// inherited and never uses (a launcher's leaked pipe, which every process of a session may
+// hold) are left alone.
+func outerPipes(tree *proctree.Snapshot, procs []*proc) []outerPipe {
+	pipes := map[string]bool{}
+	stdio := map[int][3]string{}
+	for _, p := range procs {
+		stdio[p.PID] = tree.Stdio(p.PID)
+		for _, f := range stdio[p.PID] {
+			if strings.HasPrefix(f, "pipe:[") {
+				pipes[f] = true
+			}
+		}
+	}
+	outside := tree.HoldersOutside(pipes)
+	var out []outerPipe
+	for _, p := range procs {
+		for _, f := range stdio[p.PID] {
+			if pid, ok := outside[f]; ok {
+				out = append(out, outerPipe{p, f, pid})
+				delete(outside, f) // named once, at the first process holding it
+			}
+		}
+	}
+	return out
 }
 
 func read(tree *proctree.Snapshot, p proctree.Process) *proc {

@@ -26,6 +26,7 @@ type fake struct {
 	maps    []string
 	env     []string
 	threads []string
+	outside bool // a process of the host, not of the tree
 }
 
 const (
@@ -57,7 +58,10 @@ func fixture(t *testing.T, procs ...fake) (string, []proctree.Process) {
 		for i, th := range append([]string{"python3"}, p.threads...) {
 			testutil.WriteFile(t, filepath.Join(dir, "task", strconv.Itoa(p.pid+i), "comm"), []byte(th+"\n"))
 		}
-		tree = append(tree, proctree.Process{PID: p.pid, Command: "python3"})
+		testutil.WriteFile(t, filepath.Join(dir, "comm"), []byte("python3\n"))
+		if !p.outside {
+			tree = append(tree, proctree.Process{PID: p.pid, Command: "python3"})
+		}
 	}
 	return root, tree
 }
@@ -107,6 +111,15 @@ func TestAnalyzeFixtures(t *testing.T) {
 			[]GPUProcess{{10, []string{gpu0}}, {11, []string{gpu1}}}, nil, []string{"nccl-transports:10", "nccl-transports:11", "io-uring:9"}},
 		{"io_uring in a CPU process", []fake{worker(10), {pid: 12, files: []string{"anon_inode:[io_uring]"}}},
 			[]GPUProcess{{10, []string{gpu0}}}, nil, []string{"io-uring:12"}},
+		{"output piped to a process outside the tree (| tee)", []fake{{pid: 10, files: []string{"/dev/null", "pipe:[77]"}},
+			{pid: 20, files: []string{"pipe:[77]"}, outside: true}}, nil, nil, []string{"outer-pipe:10"}},
+		{"a pipe within the tree", []fake{{pid: 10, files: []string{"pipe:[77]"}}, {pid: 11, files: []string{"pipe:[77]"}},
+			{pid: 20, files: []string{"pipe:[78]"}, outside: true}}, nil, nil, nil},
+		{"a launcher's pipe leaked to every process, beyond the standard descriptors", []fake{
+			{pid: 10, files: []string{"/dev/null", "/dev/null", "/dev/null", "pipe:[79]"}},
+			{pid: 20, files: []string{"pipe:[79]"}, outside: true}}, nil, nil, nil},
+		{"a pipe outside, check off", []fake{{pid: 10, files: []string{"pipe:[77]"}}, {pid: 20, files: []string{"pipe:[77]"}, outside: true}},
+			nil, Skips{CheckOuterPipe: true}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -134,14 +147,15 @@ func TestSkipsFrom(t *testing.T) {
 	}
 }
 
-// The real /proc: this process holds an io_uring.
+// The real /proc: this process holds an io_uring. (Its output is a pipe to go test.)
 func TestIOURingIsRefused(t *testing.T) {
 	self, err := proctree.Read(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
 	tree := []proctree.Process{self}
-	if err := Check(proctree.Snap("/proc", tree), nil, nil); err != nil {
+	pipeOK := Skips{CheckOuterPipe: true}
+	if err := Check(proctree.Snap("/proc", tree), nil, pipeOK); err != nil {
 		t.Fatalf("before io_uring: %v", err)
 	}
 	var params [120]byte // struct io_uring_params; the kernel fills it in
@@ -150,7 +164,7 @@ func TestIOURingIsRefused(t *testing.T) {
 		t.Skipf("io_uring_setup: %v", errno)
 	}
 	defer syscall.Close(int(fd))
-	err = Check(proctree.Snap("/proc", tree), nil, nil)
+	err = Check(proctree.Snap("/proc", tree), nil, pipeOK)
 	if !errors.Is(err, ErrUnsafe) || !strings.Contains(err.Error(), "io_uring") {
 		t.Fatalf("with io_uring: %v", err)
 	}

@@ -385,3 +385,26 @@ func TestShellJobWithATerminalRestoresFromOne(t *testing.T) {
 		t.Fatalf("restore from a terminal: %v, count %d after %d\n%s", err, w.read(t, "count"), frozen, out)
 	}
 }
+
+// A job whose output is piped to a process outside its tree (`job | tee log`) checkpointed,
+// restored with exit 0, and died at its next line of output, its pipe's reader gone
+// (hostile test): it is refused before anything is frozen, the job runs on, and
+// --skip-check outer-pipe lets a user who knows it never writes there again go ahead.
+func TestTreeWithAPipeToTheOutsideIsRefused(t *testing.T) {
+	needCRIU(t)
+	dir := t.TempDir()
+	job := exec.Command("setsid", "sh", "-c", bin.counter+" -dir "+dir+" -tick 20ms | cat >/dev/null")
+	if err := job.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-job.Process.Pid, syscall.SIGKILL); _ = job.Wait() })
+	w := &workload{dir: dir, pid: waitChild(t, job.Process.Pid, "counter")}
+	w.waitCount(t, 2)
+	img := filepath.Join(t.TempDir(), "img")
+	out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img)
+	if code == 0 || !oneLineWith(out, "shares a pipe") || !strings.Contains(out, "(cat), outside the tree") {
+		t.Fatalf("checkpoint of a job piped to cat: exit %d\n%s", code, out)
+	}
+	w.waitCount(t, w.read(t, "count")+2)
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img, "--leave-running", "--shell-job", "--skip-check", "outer-pipe")
+}
