@@ -14,10 +14,11 @@ import (
 // Left, they sat in CRIU's restorer for good, every signal blocked, holding the image's PIDs
 // (crash test). By start time a process is this restore's and no one else's.
 type forkWatch struct {
-	stop chan struct{}
-	done chan struct{}
-	mu   sync.Mutex
-	seen []txn.Proc
+	stop    chan struct{}
+	done    chan struct{}
+	stopped sync.Once
+	mu      sync.Mutex
+	seen    []txn.Proc
 }
 
 // forkWatchEvery is how often the watch looks for CRIU's new processes; one made and left
@@ -61,12 +62,13 @@ func (w *forkWatch) look(pid int, known map[int]bool) {
 	}
 }
 
-// Stop ends the watch and returns what it saw, parents before children.
+// Stop ends the watch (once the restored tree is known another way, or CRIU is done) and
+// returns what it saw, parents before children. It may be called again.
 func (w *forkWatch) Stop() []txn.Proc {
 	if w == nil {
 		return nil
 	}
-	close(w.stop)
+	w.stopped.Do(func() { close(w.stop) })
 	<-w.done
 	w.mu.Lock()
 	defer w.mu.Unlock()

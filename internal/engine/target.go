@@ -514,6 +514,9 @@ func (g *gate) PostRestore(root int32) error {
 	if err != nil {
 		return err
 	}
+	// From here the restore knows what it made: the watch of CRIU's forks, which reads
+	// every restored thread's children each millisecond, would only take cores from the fill.
+	g.forks.Stop()
 	g.mapped = made
 	for _, pid := range made {
 		if p, err := txn.ProcOf(pid); err == nil {
