@@ -256,6 +256,8 @@ func (s *S3) wrap(op, key string, err error) error {
 			return fmt.Errorf("%s: %w", what, ErrNotFound)
 		case "PreconditionFailed":
 			return fmt.Errorf("%s: %w", what, ErrExists)
+		case "XMinioStorageFull":
+			return fmt.Errorf("%s %s: %w (%s)", op, what, ErrFull, resp.Message)
 		case minio.NoSuchBucket:
 			return fmt.Errorf("%s: bucket does not exist at %s", what, s.endpoint)
 		case "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "InvalidClientTokenId":

@@ -10,6 +10,7 @@ import (
 	"io"
 	"path"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -18,7 +19,15 @@ var (
 	ErrNotFound = errors.New("object not found")
 	// ErrExists is Create finding the key taken: a concurrent writer got there first.
 	ErrExists = errors.New("object already exists")
+	// ErrFull is a service refusing a write for want of room; a local directory's is the
+	// file system's ENOSPC or EDQUOT instead (Full tells either).
+	ErrFull = errors.New("the store is full")
 )
+
+// Full reports whether err is a store refusing a write for want of room.
+func Full(err error) bool {
+	return errors.Is(err, ErrFull) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
 
 // Store holds objects by key. Keys are slash-separated paths without a leading slash; a
 // key's last element is its name and what comes before is its "directory", as in S3.

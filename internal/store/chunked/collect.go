@@ -47,18 +47,28 @@ func collect(ctx context.Context, st store.Store, dir string, dryRun, known bool
 	if err := checkStore(ctx, st, dir, known); err != nil {
 		return nil, err
 	}
-	l, err := takeLease(ctx, st, dir, kindCollect)
-	if err != nil {
-		return nil, err
+	// A dry run removes nothing, so it needs no lease: it counts on a store too full to take
+	// one (a hostile test's full store could not even be looked at).
+	var l *lease
+	var mark int
+	if !dryRun {
+		var err error
+		l, err = takeLease(ctx, st, dir, kindCollect)
+		if store.Full(err) {
+			return nil, fmt.Errorf("%s is too full to store the collection's lease, and without one it may remove no chunk (a push starting meanwhile could reuse it); nothing was removed: make room on the store's disk, then run gc again: %w", st.URL(dir), err)
+		}
+		if err != nil {
+			return nil, err
+		}
+		defer l.release()
+		if err := idle(ctx, l); err != nil {
+			return nil, err
+		}
+		// What follows rests on no push having run since this look: true while the lease
+		// stays live, and no longer once it lapses (a push that starts then takes the
+		// collection for dead, and what is referenced changes under it).
+		mark = l.mark()
 	}
-	defer l.release()
-	if err := idle(ctx, l); err != nil {
-		return nil, err
-	}
-	// What follows rests on no push having run since this look: true while the lease stays
-	// live, and no longer once it lapses (a push that starts then takes the collection for
-	// dead, and what is referenced changes under it).
-	mark := l.mark()
 	c := &Collected{}
 	refs, prefixes, err := referenced(ctx, st, dir, c)
 	if err != nil {

@@ -13,12 +13,14 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/store/chunked"
+	"github.com/gpucr/gpucr/internal/store/storetest"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -508,14 +510,14 @@ func TestLeaseFromTheFutureIsIgnored(t *testing.T) {
 	if err := st.Put(ctx, key, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chunked.Collect(ctx, st, "job", true); !errors.Is(err, chunked.ErrBusy) {
+	if _, err := chunked.Collect(ctx, st, "job", false); !errors.Is(err, chunked.ErrBusy) {
 		t.Fatalf("collect beside a fresh lease = %v, want busy", err)
 	}
 	future := time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC)
 	if err := os.Chtimes(filepath.Join(root, filepath.FromSlash(key)), future, future); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := chunked.Collect(ctx, st, "job", true); err != nil {
+	if _, err := chunked.Collect(ctx, st, "job", false); err != nil {
 		t.Errorf("collect beside a lease dated %v = %v", future, err)
 	}
 }
@@ -605,4 +607,76 @@ func TestCollectKeepsACheckpointNamedLikeATemporaryFile(t *testing.T) {
 		t.Fatalf("collect = %+v, %v; want the checkpoint found and nothing removed", c, err)
 	}
 	pullSame(t, st, "jobs/.nightly.tmp-2026", src)
+}
+
+// fill writes into dir until its file system is full.
+func fill(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(b); errors.Is(err, syscall.ENOSPC) {
+			return
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A full store can be cleaned: a dry run takes no lease and counts, and a local store's
+// collection takes its empty lease and removes what nothing references. A store that
+// refuses even that says so, and removes nothing. The full stores of a hostile test
+// refused every gc, each writing its lease first.
+func TestCollectOnAFullStore(t *testing.T) {
+	ctx := context.Background()
+	unreferenced := func(t *testing.T, st store.Store) {
+		t.Helper()
+		for i := range 3 {
+			if err := st.Put(ctx, "job/"+chunked.ChunksDir+"/"+strings.Repeat(fmt.Sprint(i), 64), make([]byte, 256<<10)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Run("dir", func(t *testing.T) {
+		root := testutil.SmallTmpfs(t, "4m")
+		st := store.NewDir(root)
+		unreferenced(t, st)
+		fill(t, root)
+		if c, err := chunked.Collect(ctx, st, "job", true); err != nil || c.Removed != 3 {
+			t.Fatalf("dry run on a full store = %+v, %v; want 3 chunks counted", c, err)
+		}
+		if c, err := chunked.Collect(ctx, st, "job", false); err != nil || c.Removed != 3 {
+			t.Fatalf("collect on a full store = %+v, %v; want 3 chunks removed", c, err)
+		}
+	})
+	// The server's drive, mounted before the subtest makes its first temporary directory.
+	drive := testutil.SmallTmpfs(t, "150m")
+	t.Run("s3", func(t *testing.T) {
+		t.Setenv("TMPDIR", drive)
+		st := storetest.Start(t).Store(t)
+		unreferenced(t, st)
+		// Filled with ever smaller objects, as a push fills it: then it refuses every write.
+		var stored int
+		for size := 4 << 20; size >= 1<<10; size /= 4 {
+			for i := 0; st.Put(ctx, fmt.Sprintf("other/%d-%d", size, i), make([]byte, size)) == nil; i++ {
+				if stored += size; stored > 150<<20 {
+					t.Fatal("150 MiB stored and the server is not full: its data is not on the small drive")
+				}
+			}
+		}
+		if c, err := chunked.Collect(ctx, st, "job", true); err != nil || c.Removed != 3 {
+			t.Fatalf("dry run on a full store = %+v, %v; want 3 chunks counted", c, err)
+		}
+		_, err := chunked.Collect(ctx, st, "job", false)
+		if !store.Full(err) || !strings.Contains(err.Error(), "make room") {
+			t.Fatalf("collect on a store too full for its lease = %v, want it to say so", err)
+		}
+		if got := chunkNames(t, st, "job"); len(got) != 3 {
+			t.Errorf("chunks left = %v, want all 3", got)
+		}
+	})
 }

@@ -138,8 +138,9 @@ func (l *lease) refresh(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	began := time.Now()
-	b := []byte(began.UTC().Format(time.RFC3339Nano))
-	if err := l.st.Put(ctx, l.key, b); err != nil {
+	// Empty: only the store's time of the write counts, and an empty file takes no block,
+	// so a collection still takes its lease on the full file system it is to clean.
+	if err := l.st.Put(ctx, l.key, nil); err != nil {
 		return err
 	}
 	l.held.Lock()
