@@ -698,6 +698,13 @@ func TestLoadRejects(t *testing.T) {
 		{"a million entries", func(m *chunked.Manifest) {
 			m.Files[0].Chunks = append(m.Files[0].Chunks, make([]chunked.Chunk, 1<<20)...)
 		}, "entries, more than"},
+		// A pull creates every file listed: 200,000 empty ones took as many inodes.
+		{"too many files", func(m *chunked.Manifest) {
+			for k := range chunked.MaxFiles {
+				m.Files = append(m.Files, chunked.File{Path: fmt.Sprintf("criu/x-%d.img", k)})
+			}
+		}, "files listed, more than"},
+		{"too many logs", func(m *chunked.Manifest) { m.Files = append(m.Files, logs(257)...) }, "of CRIU's logs listed"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -825,6 +832,48 @@ func TestPullRefusesWhatDoesNotFit(t *testing.T) {
 				t.Errorf("the refused %s left %d entries", name, len(entries))
 			}
 		})
+	}
+}
+
+// logs is n empty CRIU logs, as a manifest object lists them.
+func logs(n int) []chunked.File {
+	out := make([]chunked.File, n)
+	for k := range out {
+		out[k] = chunked.File{Path: fmt.Sprintf("%s/l%d", image.LogsDir, k)}
+	}
+	return out
+}
+
+// A pull holds no file open beyond the one it writes: one that held each one it created
+// failed with "too many open files" on a manifest listing 200,000.
+func TestPullHoldsItsFilesOpenOneAtATime(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	m, _, err := chunked.Push(ctx, st, "ckpt", testImage(t, 0), chunked.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Files = append(m.Files, logs(200)...)
+	b, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(t, st, chunked.ManifestKey("ckpt"), b)
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	low := old
+	low.Cur = 64
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = chunked.Pull(ctx, st, "ckpt", filepath.Join(t.TempDir(), "img"), chunked.Options{})
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if err != nil {
+		t.Fatalf("pull of %d files with 64 descriptors: %v", len(m.Files), err)
 	}
 }
 

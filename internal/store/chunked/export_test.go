@@ -22,3 +22,6 @@ var (
 	Host  = hostField
 	Scope = pidScope
 )
+
+// MaxFiles is how many files a manifest object may list.
+const MaxFiles = maxFiles

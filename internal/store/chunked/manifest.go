@@ -45,6 +45,16 @@ const ManifestObject = "gpucr-checkpoint.json"
 // ChunksDir is the name of the directory, beside checkpoints, that holds their chunks.
 const ChunksDir = "chunks"
 
+// Bounds on the files a manifest may list, each of which a pull creates: a crafted one of
+// 200,000 empty files took as many inodes (hostile test). CRIU writes about six files per
+// process and one per thread (18 for a process of 7 threads), and gpucr's memory files
+// hold up to 256 MiB each (4,096 a terabyte), so maxFiles is thousands of processes of
+// dozens of threads; CRIU's logs are a few, bounded as an import bounds them.
+const (
+	maxFiles    = 100_000
+	maxLogFiles = 256
+)
+
 // compression names the one codec this format uses.
 const compression = "zstd"
 
@@ -208,12 +218,20 @@ func (m *Manifest) problem() string {
 		return fmt.Sprintf("unknown compression %q", m.Compression)
 	case len(m.Files) == 0:
 		return "no files listed"
+	case len(m.Files) > maxFiles:
+		return fmt.Sprintf("%d files listed, more than the %d a checkpoint has", len(m.Files), maxFiles)
 	}
 	seen := map[string]bool{}
 	chunks := map[string]Chunk{}
+	logs := 0
 	for _, f := range m.Files {
 		if !filepath.IsLocal(f.Path) || path.Clean(f.Path) != f.Path {
 			return fmt.Sprintf("file path %q is not inside the image", f.Path)
+		}
+		if strings.HasPrefix(f.Path, image.LogsDir+"/") {
+			if logs++; logs > maxLogFiles {
+				return fmt.Sprintf("over %d of CRIU's logs listed: CRIU writes a few", maxLogFiles)
+			}
 		}
 		if seen[f.Path] {
 			return fmt.Sprintf("file %s is listed twice", f.Path)

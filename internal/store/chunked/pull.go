@@ -223,7 +223,7 @@ type puller struct {
 	m      *Manifest
 	o      Options
 	dec    *zstd.Decoder
-	files  []*os.File
+	img    string             // where the files are
 	places map[string][]place // by chunk sha256
 	total  int64
 	only   func(path string) bool // the files run fetches; nil: all
@@ -234,9 +234,12 @@ type puller struct {
 }
 
 // create makes every file at its final size: what the chunks do not write reads as zeros.
+// None is held open: a pull that held each one failed with "too many open files" on a
+// manifest listing 200,000 (hostile test).
 func (p *puller) create(img string) error {
-	for _, f := range p.m.Files {
-		path := filepath.Join(img, filepath.FromSlash(f.Path))
+	p.img = img
+	for i, f := range p.m.Files {
+		path := p.path(i)
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return fmt.Errorf("pull: %w", err)
 		}
@@ -245,8 +248,11 @@ func (p *puller) create(img string) error {
 		if err != nil {
 			return fmt.Errorf("pull: %w", err)
 		}
-		p.files = append(p.files, out)
-		if err := out.Truncate(f.Size); err != nil {
+		err = out.Truncate(f.Size)
+		if cerr := out.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
 			return fmt.Errorf("pull: %w", err)
 		}
 		p.total += f.Size
@@ -255,10 +261,12 @@ func (p *puller) create(img string) error {
 	return nil
 }
 
+// path is where the i-th file is pulled to.
+func (p *puller) path(i int) string {
+	return filepath.Join(p.img, filepath.FromSlash(p.m.Files[i].Path))
+}
+
 func (p *puller) close() {
-	for _, f := range p.files {
-		f.Close()
-	}
 	if p.dec != nil {
 		p.dec.Close()
 	}
@@ -314,12 +322,8 @@ func (p *puller) chunk(ctx context.Context, j job, buf *buffers) error {
 	}
 	places := p.places[c.SHA256]
 	for _, pl := range places {
-		at := pl.off
-		for _, part := range parts {
-			if _, err := p.files[pl.file].WriteAt(part, at); err != nil {
-				return fmt.Errorf("write %s at %d: %w", p.m.Files[pl.file].Path, at, err)
-			}
-			at += int64(len(part))
+		if err := p.writeAt(pl, parts); err != nil {
+			return err
 		}
 	}
 	p.mu.Lock()
@@ -329,6 +333,26 @@ func (p *puller) chunk(ctx context.Context, j job, buf *buffers) error {
 	p.stats.WireBytes += int64(len(buf.comp))
 	p.mu.Unlock()
 	p.progress(c.Size * int64(len(places)))
+	return nil
+}
+
+// writeAt writes parts one after the other at pl, opening its file for the while.
+func (p *puller) writeAt(pl place, parts [][]byte) error {
+	f, err := os.OpenFile(p.path(pl.file), os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("pull: %w", err)
+	}
+	defer f.Close()
+	at := pl.off
+	for _, part := range parts {
+		if _, err := f.WriteAt(part, at); err != nil {
+			return fmt.Errorf("write %s at %d: %w", p.m.Files[pl.file].Path, at, err)
+		}
+		at += int64(len(part))
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", p.m.Files[pl.file].Path, err)
+	}
 	return nil
 }
 
@@ -356,8 +380,15 @@ func readAll(r io.Reader, b []byte, arrived func([]byte)) ([]byte, error) {
 
 // sync makes every file and directory of the pulled image durable before it is renamed.
 func (p *puller) sync(img string) error {
-	for i, f := range p.files {
-		if err := f.Sync(); err != nil {
+	for i := range p.m.Files {
+		f, err := os.Open(p.path(i))
+		if err == nil {
+			err = f.Sync()
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		if err != nil {
 			return fmt.Errorf("sync %s: %w", p.m.Files[i].Path, err)
 		}
 	}
