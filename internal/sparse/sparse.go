@@ -16,11 +16,30 @@ import (
 // writes, at most. A file system that cannot tell has them all be data.
 func Data(f *os.File, off, n int64) int64 {
 	var total int64
+	_ = eachRun(f, off, n, func(data, end int64) error {
+		total += end - data
+		return nil
+	})
+	return total
+}
+
+// Copy copies the n bytes of in at inOff to out at outOff, copying only in's runs of data:
+// out's bytes there must be holes already (a new file, not yet as long). A file system that
+// cannot tell data from holes has it all copied.
+func Copy(in, out *os.File, inOff, outOff, n int64) error {
+	return eachRun(in, inOff, n, func(data, end int64) error {
+		return CopyRange(in, out, data, outOff+data-inOff, end-data)
+	})
+}
+
+// eachRun calls use with each run of data [data, end) in the n bytes of f from off, in
+// order; a file system that cannot tell data from holes has all of them be one run.
+func eachRun(f *os.File, off, n int64, use func(data, end int64) error) error {
 	end := off + n
 	for off < end {
 		data, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
-			break
+			return nil // holes to the end
 		}
 		hole := end
 		if err != nil {
@@ -29,31 +48,10 @@ func Data(f *os.File, off, n int64) int64 {
 			hole = end
 		}
 		data, hole = min(data, end), min(hole, end)
-		total += hole - data
-		off = max(hole, data+1)
-	}
-	return total
-}
-
-// Copy copies the n bytes of in at inOff to out at outOff, copying only in's runs of data:
-// out's bytes there must be holes already (a new file, not yet as long). A file system that
-// cannot tell data from holes has it all copied.
-func Copy(in, out *os.File, inOff, outOff, n int64) error {
-	end := inOff + n
-	for off := inOff; off < end; {
-		data, err := unix.Seek(int(in.Fd()), off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			return nil // holes to the end
-		}
-		hole := end
-		if err != nil {
-			data = off
-		} else if hole, err = unix.Seek(int(in.Fd()), data, unix.SEEK_HOLE); err != nil {
-			hole = end
-		}
-		data, hole = min(data, end), min(hole, end)
-		if err := CopyRange(in, out, data, outOff+data-inOff, hole-data); err != nil {
-			return err
+		if data < hole {
+			if err := use(data, hole); err != nil {
+				return err
+			}
 		}
 		off = max(hole, data+1)
 	}
