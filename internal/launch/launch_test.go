@@ -96,17 +96,7 @@ func TestARanksChildrenStopWithTheJob(t *testing.T) {
 	if !errors.As(err, &failed) || failed.Rank != 0 {
 		t.Fatalf("Run = %v, want rank 0's failure", err)
 	}
-	for rank := range 3 {
-		b, err := os.ReadFile(filepath.Join(dir, "child."+strconv.Itoa(rank)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		if !exitedWithin(pid, 5*time.Second) {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Errorf("rank %d's child %d runs on after the job", rank, pid)
-		}
-	}
+	childrenGone(t, dir, 3)
 }
 
 // What the ranks started goes when they all end well too: workers left after a successful
@@ -124,7 +114,13 @@ func TestARanksChildrenStopWithASuccessfulJob(t *testing.T) {
 	if err := Run(context.Background(), Job{NProc: 2, Command: []string{"sh", "-c", script}, Stdout: null, Stderr: null}); err != nil {
 		t.Fatal(err)
 	}
-	for rank := range 2 {
+	childrenGone(t, dir, 2)
+}
+
+// childrenGone fails t unless the child each of ranks ranks wrote into dir is gone.
+func childrenGone(t *testing.T, dir string, ranks int) {
+	t.Helper()
+	for rank := range ranks {
 		b, err := os.ReadFile(filepath.Join(dir, "child."+strconv.Itoa(rank)))
 		if err != nil {
 			t.Fatal(err)
