@@ -74,11 +74,7 @@ func TestKilledExportKeepsTheCheckpoint(t *testing.T) {
 // before it exists, and recovery removes it.
 func TestKilledStagingBesideTheDestinationIsRemoved(t *testing.T) {
 	needCRIU(t)
-	host := newCrashHost(t)
-	w := startCounter(t, "-random-mib", "48")
-	w.waitCount(t, 3)
-	img := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", img, "--leave-running"}, host.flags()...)...)
+	host, img := imageToStageFrom(t)
 	store := filepath.Join(t.TempDir(), "store")
 	mustGpucr(t, "push", img, filepath.Join(store, "c1"))
 
@@ -97,11 +93,7 @@ func TestKilledStagingBesideTheDestinationIsRemoved(t *testing.T) {
 // (review), a killed export's kept checkpoint went unnamed. Records hold absolute paths.
 func TestKilledStagingOfARelativeDestinationIsRemoved(t *testing.T) {
 	needCRIU(t)
-	host := newCrashHost(t)
-	w := startCounter(t, "-random-mib", "48")
-	w.waitCount(t, 3)
-	img := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", img, "--leave-running"}, host.flags()...)...)
+	host, img := imageToStageFrom(t)
 	out := t.TempDir()
 	killWhenAppearsIn(t, out, filepath.Join(out, ".f.partial-*"), append([]string{"fold", img, "f"}, host.flags()...)...)
 	mustGpucr(t, append([]string{"recover"}, host.flags()...)...) // run elsewhere: the test's own directory
@@ -109,4 +101,16 @@ func TestKilledStagingOfARelativeDestinationIsRemoved(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(out, ".*.partial-*")); len(left) > 0 {
 		t.Fatalf("a killed fold into a relative path left %v after recover", left)
 	}
+}
+
+// imageToStageFrom is a crash host and the image of a counter of 48 MiB, left running, on
+// it: large enough that its staging is there to be killed in.
+func imageToStageFrom(t *testing.T) (crashHost, string) {
+	t.Helper()
+	host := newCrashHost(t)
+	w := startCounter(t, "-random-mib", "48")
+	w.waitCount(t, 3)
+	img := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", img, "--leave-running"}, host.flags()...)...)
+	return host, img
 }
