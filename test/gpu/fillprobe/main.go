@@ -81,14 +81,8 @@ type kid struct {
 	addr uint64
 }
 
-func (k *kid) ask(q string) string {
-	fmt.Fprintln(k.in, q)
-	s, err := k.out.ReadString('\n')
-	check(err)
-	return strings.TrimSpace(s)
-}
-
-func run(v string, size int64) {
+// startKid starts the child process that holds size bytes of fresh memory, and asks where.
+func startKid(size int64) *kid {
 	pr, pw, _ := os.Pipe()
 	cr, cw, _ := os.Pipe()
 	cmd := exec.Command("/proc/self/exe", "child", strconv.FormatInt(size, 10))
@@ -97,8 +91,20 @@ func run(v string, size int64) {
 	pr.Close()
 	cw.Close()
 	k := &kid{cmd: cmd, in: pw, out: bufio.NewReader(cr)}
-	a, _ := strconv.ParseUint(k.ask("addr"), 0, 64)
-	k.addr = a
+	k.addr, _ = strconv.ParseUint(k.ask("addr"), 0, 64)
+	return k
+}
+
+func (k *kid) ask(q string) string {
+	fmt.Fprintln(k.in, q)
+	s, err := k.out.ReadString('\n')
+	check(err)
+	return strings.TrimSpace(s)
+}
+
+func run(v string, size int64) {
+	k := startKid(size)
+	cmd := k.cmd
 	var pre string
 	if v == "prefault+pread+pvw" {
 		t := time.Now()
@@ -272,16 +278,8 @@ func check(err error) {
 const seg = 256 << 20
 
 func saveProbe(size int64) {
-	pr, pw, _ := os.Pipe()
-	cr, cw, _ := os.Pipe()
-	cmd := exec.Command("/proc/self/exe", "child", strconv.FormatInt(size, 10))
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = pr, cw, os.Stderr
-	check(cmd.Start())
-	pr.Close()
-	cw.Close()
-	k := &kid{cmd: cmd, in: pw, out: bufio.NewReader(cr)}
-	a, _ := strconv.ParseUint(k.ask("addr"), 0, 64)
-	k.addr = a
+	k := startKid(size)
+	cmd := k.cmd
 	k.ask("pattern")
 	pid := cmd.Process.Pid
 	for _, v := range []string{"buf+pwrite", "mmap-populated", "buf+pwrite", "mmap-populated", "mmap-unpopulated"} {
