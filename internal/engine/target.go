@@ -123,10 +123,19 @@ func (p *processTree) Open(context.Context) ([]proctree.Process, error) {
 	// CRIU seizes every process with ptrace, which a tracer already attached forbids: its
 	// failure named only a firewall rule it could not remove (hostile test).
 	for _, q := range tree {
-		if tracer, err := proctree.Tracer(q.PID); err == nil && tracer != 0 {
-			return nil, fmt.Errorf("%w: process %d (%s) of the tree is traced by PID %d (a debugger, strace?), and CRIU cannot seize a traced process: detach the tracer and try again",
-				ErrBadTarget, q.PID, q.Command, tracer)
+		tracer, err := proctree.Tracer(q.PID)
+		if err != nil || tracer == 0 {
+			continue
 		}
+		if t, err := proctree.Read(tracer); err == nil && t.Command == "criu" {
+			// Another operation's CRIU (a gpucr checkpoint of the same tree, before this one
+			// could reach its lock): told to detach a tracer, a user killed that CRIU, the
+			// one thing that loses its job (crash test).
+			return nil, fmt.Errorf("%w: process %d (%s) of the tree is held by CRIU (PID %d), which another checkpoint or restore runs: wait for it to finish",
+				txn.ErrBusy, q.PID, q.Command, tracer)
+		}
+		return nil, fmt.Errorf("%w: process %d (%s) of the tree is traced by PID %d (a debugger, strace?), and CRIU cannot seize a traced process: detach the tracer and try again",
+			ErrBadTarget, q.PID, q.Command, tracer)
 	}
 	if slices.Contains(proctree.PIDs(tree), os.Getpid()) {
 		return nil, fmt.Errorf("%w: gpucr itself runs inside the tree of PID %d", ErrBadTarget, pid)

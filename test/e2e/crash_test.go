@@ -730,3 +730,31 @@ func TestCheckpointWhoseCRIUIsKilledAfterTheCommitSaysTheImageIsWhole(t *testing
 	host.checkClean(t)
 	mustGpucr(t, "verify", dir)
 }
+
+// A second checkpoint started while the first one's CRIU held the tree was told the tree
+// was traced and to detach the tracer: killing that CRIU is the one thing that loses the
+// job (crash test). It is told another operation holds the tree.
+func TestASecondCheckpointDuringTheDumpIsToldToWait(t *testing.T) {
+	needCRIU(t)
+	host := newCrashHost(t)
+	w := startCounter(t, "-random-mib", "256")
+	w.waitCount(t, 2)
+	first := exec.Command(bin.gpucr, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "a"), "--leave-running"}, host.flags()...)...)
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if tracer, err := proctree.Tracer(w.pid); err == nil && tracer != 0 {
+			break
+		}
+	}
+	out, errOut, code := gpucrEnv(t, nil, append([]string{"checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "b")}, host.flags()...)...)
+	if code == 0 || strings.Contains(errOut, "detach the tracer") || !strings.Contains(errOut, "another gpucr operation is in progress") {
+		t.Errorf("second checkpoint during the first's dump: exit %d\n%s%s", code, out, errOut)
+	}
+	if err := first.Wait(); err != nil {
+		t.Fatalf("first checkpoint: %v", err)
+	}
+	host.checkClean(t)
+	w.checkRunsOn(t, "two checkpoints at once")
+}
