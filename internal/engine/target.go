@@ -146,6 +146,9 @@ func (p *processTree) Open(context.Context) ([]proctree.Process, error) {
 	if err := nestedNamespaces(tree); err != nil {
 		return nil, err
 	}
+	if err := leaderlessSessions(tree); err != nil {
+		return nil, err
+	}
 	p.tree = tree
 	return tree, nil
 }
@@ -200,6 +203,27 @@ func nestedNamespaces(tree []proctree.Process) error {
 }
 
 var namespaceNames = map[string]string{"mnt": "mount", "net": "network", "cgroup": "cgroup"}
+
+// leaderlessSessions refuses a tree with a process in a session whose leader has exited
+// (a child of a subreaper root, its parent having called setsid and gone): CRIU restores
+// such a session under a leader of its own making, which exits, and the process ends up
+// under PID 1, outside the tree the next checkpoint takes (hostile test). A session led by
+// a process of the tree, or the root's own, is restored as it was.
+func leaderlessSessions(tree []proctree.Process) error {
+	root := tree[0]
+	inTree := map[int]bool{}
+	for _, q := range tree {
+		inTree[q.PID] = true
+	}
+	for _, q := range tree[1:] {
+		if q.Session != root.Session && !inTree[q.Session] {
+			return fmt.Errorf("%w: process %d (%s) of the tree is in session %d, whose leader has exited: CRIU would restore it outside the tree, "+
+				"under PID 1, where the next checkpoint would leave it; start it from a process that stays, or checkpoint it on its own",
+				ErrBadTarget, q.PID, q.Command, q.Session)
+		}
+	}
+	return nil
+}
 
 // Dump reports the tree frozen at CRIU's query-ext-files notification (CRIU has seized
 // every task, and dumped nothing yet) and commits from its post-dump notification, while

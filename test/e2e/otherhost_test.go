@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -232,4 +233,51 @@ func waitChild(t *testing.T, pid int, command string) int {
 	}
 	t.Fatalf("process %d never ran %s", pid, command)
 	return 0
+}
+
+// A subreaper root whose child called setsid, forked and exited holds that grandchild in a
+// session whose leader is gone: CRIU restored it under PID 1, outside the tree, and the next
+// checkpoint of the root left it behind (hostile test). Refused before anything is frozen.
+func TestCheckpointRefusesAProcessInALeaderlessSession(t *testing.T) {
+	needCRIU(t)
+	script := `import ctypes, os, time
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+pid = os.fork()
+if pid == 0:
+    os.setsid()
+    if os.fork() == 0:
+        time.sleep(1000)
+    os._exit(0)
+os.waitpid(pid, 0)
+time.sleep(1000)
+`
+	root := exec.Command("setsid", "python3", "-c", script)
+	if err := root.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, c := range proctree.Children(root.Process.Pid) {
+			_ = syscall.Kill(c, syscall.SIGKILL)
+		}
+		_ = root.Process.Kill()
+		_ = root.Wait()
+	})
+	var grandchild int
+	for deadline := time.Now().Add(10 * time.Second); grandchild == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, c := range proctree.Children(root.Process.Pid) {
+			if p, err := proctree.Read(c); err == nil && p.Session != p.PID && p.Session != root.Process.Pid {
+				grandchild = c
+			}
+		}
+	}
+	if grandchild == 0 {
+		t.Fatal("the grandchild never came under the root")
+	}
+	out, code := gpucr(t, "checkpoint", strconv.Itoa(root.Process.Pid), "-D", filepath.Join(t.TempDir(), "img"))
+	if code != exitUsage || !oneLineWith(out, fmt.Sprintf("process %d (python3) of the tree is in session", grandchild)) {
+		t.Errorf("exit %d, want %d with one line naming the leaderless session:\n%s", code, exitUsage, out)
+	}
+	if !testutil.Alive(root.Process.Pid) || !testutil.Alive(grandchild) {
+		t.Error("the refused tree did not run on")
+	}
 }
