@@ -70,6 +70,10 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	if err != nil {
 		return nil, err
 	}
+	if len(tree) > image.MaxProcesses {
+		// Its image would be refused by every restore.
+		return nil, fmt.Errorf("%w: %s has %d processes, more than the %d an image may hold", ErrBadTarget, target.What(), len(tree), image.MaxProcesses)
+	}
 	op, err := e.Begin(txn.OpCheckpoint, target.What(), target.Locks()...)
 	if err != nil {
 		return nil, err

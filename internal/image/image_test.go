@@ -376,6 +376,16 @@ func TestLoadRejects(t *testing.T) {
 			sentinel: ErrCorrupt, msg: "no root PID"},
 		{name: "PID -1", edit: func(m map[string]any) { m["processes"] = append(m["processes"].([]any), map[string]any{"pid": -1}) },
 			sentinel: ErrCorrupt, msg: "process PID -1 is not a PID"},
+		{name: "PID beyond the kernel's", edit: func(m map[string]any) {
+			m["processes"] = append(m["processes"].([]any), map[string]any{"pid": 1 << 23})
+		},
+			sentinel: ErrCorrupt, msg: "process PID 8388608 is not a PID"},
+		// A restore takes a lock, and a descriptor, for each: 100,000 ran it out of them.
+		{name: "too many processes", edit: func(m map[string]any) {
+			for pid := 1000; pid < 1000+MaxProcesses; pid++ {
+				m["processes"] = append(m["processes"].([]any), map[string]any{"pid": pid})
+			}
+		}, sentinel: ErrCorrupt, msg: "more than the 32768 of any tree gpucr checkpoints"},
 		{name: "PID twice", edit: func(m map[string]any) { m["processes"] = append(m["processes"].([]any), map[string]any{"pid": 42}) },
 			sentinel: ErrCorrupt, msg: "process 42 is listed twice"},
 		{name: "root not in tree", edit: func(m map[string]any) { m["rootPid"] = 7 },

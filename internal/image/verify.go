@@ -234,13 +234,24 @@ func (m *Manifest) problem() string {
 // host's memory and die (hostile test).
 const MaxImageBytes int64 = 64 << 40
 
+// MaxProcesses bounds the processes an image may list: a restore takes a lock, and a
+// descriptor, for each, and a crafted manifest of 100,000 ran it out of descriptors after
+// 21 s with an error that named no image (hostile test). Far above any job's tree.
+const MaxProcesses = 32768
+
+// maxPID is the kernel's largest PID (PID_MAX_LIMIT on 64-bit).
+const maxPID = 1 << 22
+
 // processProblem checks the PIDs an image names: a restore signals, fills and restores
 // processes by them, so each must be a real PID of the image's own tree, named once.
 func (m *Manifest) processProblem() string {
+	if len(m.Processes) > MaxProcesses {
+		return fmt.Sprintf("it lists %d processes, more than the %d of any tree gpucr checkpoints", len(m.Processes), MaxProcesses)
+	}
 	pids := make(map[int]bool, len(m.Processes))
 	for _, p := range m.Processes {
 		switch {
-		case p.PID <= 0:
+		case p.PID <= 0 || p.PID > maxPID:
 			return fmt.Sprintf("process PID %d is not a PID", p.PID)
 		case pids[p.PID]:
 			return fmt.Sprintf("process %d is listed twice", p.PID)
