@@ -47,6 +47,22 @@ func TestErrorLinesNameATaskCRIUCouldNotInterrupt(t *testing.T) {
 	}
 }
 
+// CRIU warns that it cannot interrupt a zombie, and carries on: a real cause after that
+// warning is the one named (review).
+func TestErrorLinesNameTheCauseNotAZombiesWarning(t *testing.T) {
+	log := filepath.Join(t.TempDir(), "dump.log")
+	lines := []string{
+		"(00.021000) Warn  (compel/src/lib/infect.c:133): Unable to interrupt task: 9787 (Operation not permitted)",
+		"(00.030000) Error (criu/sk-inet.c:188): inet: Connected TCP socket, consider using --tcp-established option.",
+	}
+	if err := os.WriteFile(log, []byte(strings.Join(lines, "\n")+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := errorLines(log); !slices.Equal(got, lines[1:]) {
+		t.Errorf("errorLines = %q, want the error after the warning", got)
+	}
+}
+
 // When gpucr's own answer to a notification ended the run, that is the cause the error
 // names, not the lines CRIU logged as it gave up.
 func TestErrorNamesGpucrsOwnFailureFirst(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
@@ -254,16 +255,24 @@ func errorLines(path string) []string {
 		return nil
 	}
 	defer f.Close()
-	var lines []string
+	var lines, interrupts []string
 	s := bufio.NewScanner(f)
 	s.Buffer(make([]byte, 64*1024), 1024*1024)
 	for s.Scan() {
-		if l := s.Text(); (strings.Contains(l, "Error") && !harmless(l)) || strings.Contains(l, "Unable to interrupt task") {
-			lines = append(lines, strings.TrimSpace(l))
-			if len(lines) == 3 {
-				break
+		l := s.Text()
+		switch {
+		case strings.Contains(l, "Error") && !harmless(l):
+			if lines = append(lines, strings.TrimSpace(l)); len(lines) == 3 {
+				return lines
 			}
+		case strings.Contains(l, "Unable to interrupt task") && len(interrupts) == 0:
+			interrupts = append(interrupts, strings.TrimSpace(l))
 		}
+	}
+	if !slices.ContainsFunc(lines, func(l string) bool { return !strings.Contains(l, "ing FAILED") }) {
+		// CRIU warns so of every zombie it meets too, and carries on: the warning is the
+		// cause only where no error but CRIU's "Dumping FAILED" follows it (review).
+		return append(interrupts, lines...)
 	}
 	return lines
 }
