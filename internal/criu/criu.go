@@ -42,7 +42,8 @@ type SeizedNotify interface {
 }
 
 // ResumingNotify is a Notify that also wants CRIU's "pre-resume" notification: every task
-// restored and about to be let go. An error (or no answer) has CRIU kill the tasks.
+// restored and about to be let go. CRIU only logs a failure there and lets the tasks go:
+// the caller removes them itself on its own error (review).
 type ResumingNotify interface {
 	Notify
 	PreResume() error

@@ -595,10 +595,12 @@ func (g *gate) PostRestore(root int32) error {
 }
 
 // PreResume journals that the tasks are whole just before CRIU lets them go. Up to here a
-// gpucr that dies has CRIU kill them at this notification (its answer never comes); after
-// it they run, and the guardian finishes the restore. Journaled at post-restore instead, a
-// gpucr killed with its CRIU in between left the tasks in CRIU's restorer while recovery
-// resumed their GPUs and called the restore done (crash test).
+// gpucr that dies leaves a record whose recovery removes them (CRIU, finding no answer,
+// lets them go all the same, and they run only until then); after it they run, and the
+// guardian finishes the restore. Journaled at post-restore instead, a gpucr killed with its
+// CRIU in between left the tasks in CRIU's restorer while recovery resumed their GPUs and
+// called the restore done (crash test). An error here fails the restore, which removes the
+// tasks (treeImage.Restore).
 func (g *gate) PreResume() error {
 	if err := g.s.Whole(); err != nil {
 		return err
