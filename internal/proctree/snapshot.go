@@ -98,20 +98,55 @@ func (s *Snapshot) ThreadNames(pid int) []string {
 	return names
 }
 
-// Stdio is what pid's standard descriptors (0, 1, 2) point at; "" for one closed.
-func (s *Snapshot) Stdio(pid int) [3]string {
-	var out [3]string
-	for fd := range out {
-		out[fd], _ = os.Readlink(filepath.Join(s.root, strconv.Itoa(pid), "fd", strconv.Itoa(fd)))
+// End is one end of a pipe or FIFO a process holds: what its descriptor points at
+// ("pipe:[N]", or a FIFO's path) and whether it reads or writes through it.
+type End struct {
+	Target      string
+	Read, Write bool
+}
+
+// StdioPipes are the pipe and FIFO ends on pid's standard descriptors (0, 1, 2).
+func (s *Snapshot) StdioPipes(pid int) []End {
+	var out []End
+	for fd := range 3 {
+		if e, ok := s.end(pid, fd); ok {
+			out = append(out, e)
+		}
 	}
 	return out
 }
 
+// end reads descriptor fd of pid as a pipe's end; not ok for anything else.
+func (s *Snapshot) end(pid, fd int) (End, bool) {
+	link := filepath.Join(s.root, strconv.Itoa(pid), "fd", strconv.Itoa(fd))
+	target, err := os.Readlink(link)
+	if err != nil {
+		return End{}, false
+	}
+	if !strings.HasPrefix(target, "pipe:[") {
+		if fi, err := os.Stat(link); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+			return End{}, false
+		}
+	}
+	e := End{Target: target, Read: true, Write: true} // unless its flags say otherwise
+	if b, err := os.ReadFile(filepath.Join(s.root, strconv.Itoa(pid), "fdinfo", strconv.Itoa(fd))); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "flags:"); ok {
+				if flags, err := strconv.ParseUint(strings.TrimSpace(v), 8, 64); err == nil {
+					mode := flags & 3 // O_ACCMODE
+					e.Read, e.Write = mode != 1, mode != 0
+				}
+			}
+		}
+	}
+	return e, true
+}
+
 // HoldersOutside finds, among the processes under the snapshot's procfs that are not its
-// own, one holding each of targets (descriptor targets, "pipe:[N]"), by target: the
-// other end of a pipe the snapshot's processes share with the rest of the host.
-func (s *Snapshot) HoldersOutside(targets map[string]bool) map[string]int {
-	out := map[string]int{}
+// own, a reader and a writer of each of targets (pipes and FIFOs, as End names them), by
+// target: the other ends of pipes the snapshot's processes share with the rest of the host.
+func (s *Snapshot) HoldersOutside(targets map[string]bool) map[string]Holders {
+	out := map[string]Holders{}
 	if len(targets) == 0 {
 		return out
 	}
@@ -125,15 +160,34 @@ func (s *Snapshot) HoldersOutside(targets map[string]bool) map[string]int {
 		if err != nil || own[pid] {
 			continue
 		}
-		files, _ := OpenFiles(s.root, pid)
-		for _, f := range files {
-			if _, seen := out[f]; targets[f] && !seen {
-				out[f] = pid
+		fds, _ := os.ReadDir(filepath.Join(s.root, e.Name(), "fd"))
+		for _, f := range fds {
+			fd, err := strconv.Atoi(f.Name())
+			if err != nil {
+				continue
 			}
+			if t, err := os.Readlink(filepath.Join(s.root, e.Name(), "fd", f.Name())); err != nil || !targets[t] {
+				continue
+			}
+			end, ok := s.end(pid, fd)
+			if !ok {
+				continue
+			}
+			h := out[end.Target]
+			if end.Read && h.Reader == 0 {
+				h.Reader = pid
+			}
+			if end.Write && h.Writer == 0 {
+				h.Writer = pid
+			}
+			out[end.Target] = h
 		}
 	}
 	return out
 }
+
+// Holders are a process reading a pipe and one writing it (0: none found).
+type Holders struct{ Reader, Writer int }
 
 // CommandOf is the command name (comm) of any process under the snapshot's procfs, its own
 // or not; "?" for one gone.

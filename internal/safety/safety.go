@@ -191,36 +191,45 @@ func (m *moreFindings) Error() string {
 	return fmt.Sprintf("%s; and %d more finding(s): gpucr checkpoint --dry-run lists them", m.Finding.Error(), m.more)
 }
 
-// outerPipe is a pipe that process p of the tree shares with process outside.
+// outerPipe is a pipe that process p of the tree shares with process outside, which reads
+// what p writes, or writes what p reads.
 type outerPipe struct {
 	p       *proc
 	pipe    string
 	outside int
 }
 
-// outerPipes finds the pipes on the tree's standard descriptors that processes outside it
-// hold too: a job run as `job | tee log` checkpointed, restored with exit 0, and died at its
-// next line of output, its pipe's reader gone (hostile test). Other descriptors a process
-// inherited and never uses (a launcher's leaked pipe, which every process of a session may
-// hold) are left alone.
+// outerPipes finds the pipes and FIFOs on the tree's standard descriptors whose other end a
+// process outside it holds: a job run as `job | tee log` checkpointed, restored with exit
+// 0, and died at its next line of output, its reader gone (hostile test). A pipe the tree
+// and an outside process only both read (a script fed to bash on its stdin, its writer
+// gone) loses nothing; nor do descriptors beyond the standard ones a process inherited and
+// never uses (a launcher's leaked pipe, held by every process of a session) (review).
 func outerPipes(tree *proctree.Snapshot, procs []*proc) []outerPipe {
-	pipes := map[string]bool{}
-	stdio := map[int][3]string{}
+	targets := map[string]bool{}
+	ends := map[int][]proctree.End{}
 	for _, p := range procs {
-		stdio[p.PID] = tree.Stdio(p.PID)
-		for _, f := range stdio[p.PID] {
-			if strings.HasPrefix(f, "pipe:[") {
-				pipes[f] = true
-			}
+		ends[p.PID] = tree.StdioPipes(p.PID)
+		for _, e := range ends[p.PID] {
+			targets[e.Target] = true
 		}
 	}
-	outside := tree.HoldersOutside(pipes)
+	outside := tree.HoldersOutside(targets)
 	var out []outerPipe
+	named := map[string]bool{}
 	for _, p := range procs {
-		for _, f := range stdio[p.PID] {
-			if pid, ok := outside[f]; ok {
-				out = append(out, outerPipe{p, f, pid})
-				delete(outside, f) // named once, at the first process holding it
+		for _, e := range ends[p.PID] {
+			h := outside[e.Target]
+			other := 0
+			switch {
+			case e.Write && h.Reader != 0:
+				other = h.Reader
+			case e.Read && h.Writer != 0:
+				other = h.Writer
+			}
+			if other != 0 && !named[e.Target] {
+				named[e.Target] = true // at the first process holding it
+				out = append(out, outerPipe{p, e.Target, other})
 			}
 		}
 	}

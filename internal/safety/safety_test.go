@@ -26,7 +26,8 @@ type fake struct {
 	maps    []string
 	env     []string
 	threads []string
-	outside bool // a process of the host, not of the tree
+	outside bool   // a process of the host, not of the tree
+	modes   string // per descriptor, how it was opened: r, w; none or blank: both
 }
 
 const (
@@ -47,6 +48,10 @@ func fixture(t *testing.T, procs ...fake) (string, []proctree.Process) {
 			}
 			if err := os.Symlink(f, filepath.Join(dir, "fd", strconv.Itoa(i))); err != nil {
 				t.Fatal(err)
+			}
+			if i < len(p.modes) && p.modes[i] != ' ' {
+				flags := map[byte]string{'r': "0100000", 'w': "0100001"}[p.modes[i]]
+				testutil.WriteFile(t, filepath.Join(dir, "fdinfo", strconv.Itoa(i)), []byte("pos:\t0\nflags:\t"+flags+"\n"))
 			}
 		}
 		var maps strings.Builder
@@ -120,6 +125,13 @@ func TestAnalyzeFixtures(t *testing.T) {
 			{pid: 20, files: []string{"pipe:[79]"}, outside: true}}, nil, nil, nil},
 		{"a pipe outside, check off", []fake{{pid: 10, files: []string{"pipe:[77]"}}, {pid: 20, files: []string{"pipe:[77]"}, outside: true}},
 			nil, Skips{CheckOuterPipe: true}, nil},
+		{"output piped to a reader outside", []fake{{pid: 10, files: []string{"/dev/null", "pipe:[81]"}, modes: " w"},
+			{pid: 20, files: []string{"pipe:[81]"}, modes: "r", outside: true}}, nil, nil, []string{"outer-pipe:10"}},
+		{"input written from outside", []fake{{pid: 10, files: []string{"pipe:[82]"}, modes: "r"},
+			{pid: 20, files: []string{"/dev/null", "pipe:[82]"}, modes: " w", outside: true}}, nil, nil, []string{"outer-pipe:10"}},
+		// A script fed to bash on its stdin, its writer gone: bash and the job only read.
+		{"a stdin pipe only read, inside and outside", []fake{{pid: 10, files: []string{"pipe:[83]"}, modes: "r"},
+			{pid: 20, files: []string{"pipe:[83]"}, modes: "r", outside: true}}, nil, nil, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -134,6 +146,20 @@ func TestAnalyzeFixtures(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A named FIFO is a pipe too: a job writing into one that a process outside reads died of
+// SIGPIPE once restored, as with `| tee` (review).
+func TestOuterFIFOIsRefused(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "fifo")
+	if err := unix.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	root, tree := fixture(t, fake{pid: 10, files: []string{"/dev/null", fifo}, modes: " w"},
+		fake{pid: 20, files: []string{fifo}, modes: "r", outside: true})
+	if got := checksOf(Analyze(proctree.Snap(root, tree), nil, nil)); !slices.Equal(got, []string{"outer-pipe:10"}) {
+		t.Fatalf("findings %v, want the FIFO read outside", got)
 	}
 }
 
