@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -147,14 +148,33 @@ func Run(ctx context.Context, j Job) error {
 		}()
 	}
 	wg.Wait()
+	if first == nil {
+		// Every rank ended well: what they started in their groups goes with the job, as
+		// it does with a failed one (workers left running after a successful job, holding
+		// their GPUs; hostile test).
+		stopAll(cmds, reaped)
+	}
+	drain(cmds, reaped)
 	if first != nil {
 		return first
 	}
-	// Every rank ended well: what they started in their groups goes with the job, as it
-	// does with a failed one (workers left running after a successful job, holding their
-	// GPUs; hostile test).
-	stopAll(cmds, reaped)
 	return nil
+}
+
+// drain waits, stopGrace at most, for what the reaped ranks left in their groups to go once
+// told to stop, and kills what is still there: the SIGKILL stopAll's timer sends never came
+// once the launcher had exited, and a worker that ignores SIGTERM outlived the job (review).
+func drain(cmds []*exec.Cmd, reaped []atomic.Bool) {
+	left := func() bool {
+		groups := orphanedGroups()
+		return slices.ContainsFunc(cmds, func(c *exec.Cmd) bool { return c != nil && c.Process != nil && groups[c.Process.Pid] })
+	}
+	for deadline := time.Now().Add(stopGrace); left(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			signalAll(cmds, reaped, syscall.SIGKILL)
+			return
+		}
+	}
 }
 
 // startRank starts one rank. A variable: tests fail it for a rank.

@@ -117,6 +117,32 @@ func TestARanksChildrenStopWithASuccessfulJob(t *testing.T) {
 	childrenGone(t, dir, 2)
 }
 
+// A worker that ignores SIGTERM is killed before the launcher returns: the SIGKILL its
+// timer would send later never came once gpucr run had exited (review).
+func TestAWorkerIgnoringSIGTERMGoesBeforeTheJobReturns(t *testing.T) {
+	defer func(d time.Duration) { stopGrace = d }(stopGrace)
+	stopGrace = 2 * time.Second
+	dir := t.TempDir()
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	script := `sh -c 'trap "" TERM; exec sleep 60' & echo $! > ` + dir + `/child.$RANK; exit 0`
+	if err := Run(context.Background(), Job{NProc: 1, Command: []string{"sh", "-c", script}, Stdout: null, Stderr: null}); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "child.0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if !exitedWithin(pid, 200*time.Millisecond) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		t.Errorf("the worker %d that ignores SIGTERM runs on after the job returned", pid)
+	}
+}
+
 // childrenGone fails t unless the child each of ranks ranks wrote into dir is gone.
 func childrenGone(t *testing.T, dir string, ranks int) {
 	t.Helper()
