@@ -504,6 +504,25 @@ func TestPushRefusesDamagedImage(t *testing.T) {
 	}
 }
 
+// An image a pull would refuse (more CRIU logs than a stored checkpoint may hold) is refused
+// by the push, before anything is stored (review).
+func TestPushRefusesWhatAPullWouldRefuse(t *testing.T) {
+	src := testImage(t, 0)
+	for i := range 257 {
+		if err := os.WriteFile(filepath.Join(src, "logs", fmt.Sprintf("l%d.log", i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st := store.NewDir(t.TempDir())
+	_, _, err := chunked.Push(context.Background(), st, "x", src, chunked.Options{})
+	if err == nil || !strings.Contains(err.Error(), "of CRIU's logs a stored checkpoint may hold") {
+		t.Fatalf("Push of an image with 257 logs = %v, want it refused", err)
+	}
+	if entries, _ := st.List(context.Background(), ""); len(entries) != 0 {
+		t.Errorf("a refused push stored %+v", entries)
+	}
+}
+
 // A push stores what it verified or nothing: a file of the image written while the push
 // reads it fails the push, and no checkpoint lists (a hostile test had pushes report
 // checkpoints that never pulled back while a file was swapped under them). The logs, which

@@ -243,10 +243,20 @@ func pushPaths(dir string, m *image.Manifest) ([]string, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("list logs of %s: %w", dir, err)
 	}
+	n := 0
 	for _, e := range logs {
 		if e.Type().IsRegular() {
 			paths = append(paths, image.LogsDir+"/"+e.Name())
+			n++
 		}
+	}
+	// Stored, such an image would be refused by every pull (Manifest.problem): refused here,
+	// before anything is sent.
+	switch {
+	case n > maxLogFiles:
+		return nil, fmt.Errorf("push %s: %d files in %s, more than the %d of CRIU's logs a stored checkpoint may hold", dir, n, image.LogsDir, maxLogFiles)
+	case len(paths) > maxFiles:
+		return nil, fmt.Errorf("push %s: %d files, more than the %d a stored checkpoint may hold", dir, len(paths), maxFiles)
 	}
 	slices.SortFunc(paths, restoreOrder(m))
 	return slices.Compact(paths), nil
