@@ -14,6 +14,7 @@ import (
 // Left, they sat in CRIU's restorer for good, every signal blocked, holding the image's PIDs
 // (crash test). By start time a process is this restore's and no one else's.
 type forkWatch struct {
+	criu    txn.Proc // the watched CRIU
 	stop    chan struct{}
 	done    chan struct{}
 	stopped sync.Once
@@ -27,11 +28,12 @@ const forkWatchEvery = time.Millisecond
 
 func watchForks(criuPID int) *forkWatch {
 	w := &forkWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	w.criu, _ = txn.ProcOf(criuPID)
 	go func() {
 		defer close(w.done)
 		t := time.NewTicker(forkWatchEvery)
 		defer t.Stop()
-		known := map[int]bool{}
+		known := map[txn.Proc]bool{}
 		for {
 			w.look(criuPID, known)
 			select {
@@ -44,21 +46,22 @@ func watchForks(criuPID int) *forkWatch {
 	return w
 }
 
-// look records the descendants of pid not seen before.
-func (w *forkWatch) look(pid int, known map[int]bool) {
+// look records the descendants of pid not seen before, by PID and start time: CRIU may
+// fork a short-lived helper at a PID its task then takes, and the task, recorded by the
+// helper's start, was left in CRIU's restorer (crash test, 1 in 17 under load).
+func (w *forkWatch) look(pid int, known map[txn.Proc]bool) {
 	queue := proctree.Children(pid)
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = append(queue[1:], proctree.Children(p)...)
-		if known[p] {
+		proc, err := txn.ProcOf(p)
+		if err != nil || known[proc] {
 			continue
 		}
-		if proc, err := txn.ProcOf(p); err == nil {
-			known[p] = true
-			w.mu.Lock()
-			w.seen = append(w.seen, proc)
-			w.mu.Unlock()
-		}
+		known[proc] = true
+		w.mu.Lock()
+		w.seen = append(w.seen, proc)
+		w.mu.Unlock()
 	}
 }
 
@@ -73,4 +76,12 @@ func (w *forkWatch) Stop() []txn.Proc {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.seen
+}
+
+// criuStart is when the watched CRIU started (0 if unknown): nothing it made started earlier.
+func (w *forkWatch) criuStart() uint64 {
+	if w == nil {
+		return 0
+	}
+	return w.criu.Start
 }

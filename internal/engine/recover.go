@@ -327,16 +327,25 @@ func anyAlive(tree []txn.Proc) bool {
 // criuPath, started no earlier than since: the tasks of a restore that CRIU was stopped in
 // before they were whole. A process at such a PID running a program of its own is not the
 // restore's: an image may name any PID, a thread of another user's among them, and kill
-// takes it (a hostile test).
-func killForks(tree []txn.Proc, criuPath string, since uint64) {
+// takes it (a hostile test). exes, when not nil, gives the program the image recorded for
+// each of its PIDs: a task CRIU had taken that far (its program set, its threads made)
+// goes too if it leads its thread group, runs that program and started since.
+func killForks(tree []txn.Proc, criuPath string, since uint64, exes map[int]string) {
 	bin, err := os.Stat(criuPath)
 	if err != nil {
 		return
 	}
 	killBackwards(tree, func(p txn.Proc) bool {
 		q, err := proctree.Read(p.PID)
-		exe, eerr := os.Stat(fmt.Sprintf("/proc/%d/exe", p.PID))
-		return err == nil && eerr == nil && q.Start >= since && os.SameFile(exe, bin)
+		if err != nil || q.Start < since {
+			return false
+		}
+		if exe, err := os.Stat(fmt.Sprintf("/proc/%d/exe", p.PID)); err == nil && os.SameFile(exe, bin) {
+			return true
+		}
+		tgid, err := proctree.ThreadGroup(p.PID)
+		exe, lerr := os.Readlink(fmt.Sprintf("/proc/%d/exe", p.PID))
+		return err == nil && lerr == nil && tgid == p.PID && exes[p.PID] != "" && exe == exes[p.PID]
 	})
 }
 

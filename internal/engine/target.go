@@ -385,6 +385,10 @@ type treeImage struct {
 	// made are the processes the restore made, by host PID and start time, once CRIU has
 	// restored them (its post-restore notification): what a rollback kills.
 	made []txn.Proc
+	// exes are the programs the image recorded for its PIDs, and criuStart when the
+	// restore's CRIU started: how a task CRIU took far before it was killed is known.
+	exes      map[int]string
+	criuStart uint64
 }
 
 func (ti *treeImage) Open(_ context.Context, dir string, m *image.Manifest) error {
@@ -445,11 +449,17 @@ func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Resto
 			return nil, err
 		}
 	}
+	if opened, err := criuimg.OpenedFiles(s.Checked); err == nil {
+		ti.exes = map[int]string{}
+		for pid, o := range opened {
+			ti.exes[pid] = o.Exe
+		}
+	}
 	cut, run := newCutoff(ctx, &s)
 	g := &gate{ctx: run, s: s, ownPIDs: ti.m.OwnPIDNamespace()}
 	pid, err := ti.e.CRIU.Restore(run, s.RestoreRequest, g)
 	forks := g.forks.Stop()
-	ti.made = g.made
+	ti.made, ti.criuStart = g.made, g.forks.criuStart()
 	if err != nil {
 		// CRIU kills what it made when it fails, but not when it is killed itself (by the
 		// cut-off, or by anyone: the OOM killer, an admin): its tasks stayed in its restorer,
@@ -490,7 +500,7 @@ func (ti *treeImage) kill() {
 		killJournaled(ti.made)
 	case !ti.m.OwnPIDNamespace():
 		tree, _ := imageProcs(ti.m, nil)
-		killForks(tree, ti.e.CRIU.Path, selfStart())
+		killForks(tree, ti.e.CRIU.Path, max(selfStart(), ti.criuStart), ti.exes)
 	}
 }
 
