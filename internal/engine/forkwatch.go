@@ -22,8 +22,9 @@ type forkWatch struct {
 	seen    []txn.Proc
 }
 
-// forkWatchEvery is how often the watch looks for CRIU's new processes; one made and left
-// between two looks still runs CRIU's program, which the kill of its forks finds.
+// forkWatchEvery is how often the watch looks for CRIU's new processes; one it misses (made
+// and left between two looks, or on a host too loaded for the watch to look) is found by the
+// kill of CRIU's forks: by CRIU's program, or by the image's (treeImage.kill).
 const forkWatchEvery = time.Millisecond
 
 func watchForks(criuPID int) *forkWatch {
@@ -46,9 +47,8 @@ func watchForks(criuPID int) *forkWatch {
 	return w
 }
 
-// look records the descendants of pid not seen before, by PID and start time: CRIU may
-// fork a short-lived helper at a PID its task then takes, and the task, recorded by the
-// helper's start, was left in CRIU's restorer (crash test, 1 in 17 under load).
+// look records the descendants of pid not seen before, by PID and start time: a PID freed
+// during the restore and taken again names another process.
 func (w *forkWatch) look(pid int, known map[txn.Proc]bool) {
 	queue := proctree.Children(pid)
 	for len(queue) > 0 {
