@@ -397,21 +397,11 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 // process holds, maps, runs or works in, as MissingFiles asks for (not a pty CRIU recreates
 // by its index); none for a tree that had its own mount namespace.
 func ReopenedPaths(dir string) ([]string, error) {
-	fsys, n, paths, err := reopenedOnHost(dir)
-	if err != nil || paths == nil {
-		return nil, err
-	}
-	var out []string
-	err = eachUse(n, fsys, func(u fileUse) {
-		if p, ok := paths[u.id]; ok {
-			out = append(out, p)
-		}
-	})
+	opened, err := OpenedFiles(dir)
 	if err != nil {
 		return nil, err
 	}
-	slices.Sort(out)
-	return slices.Compact(out), nil
+	return PathsOf(opened), nil
 }
 
 // reopenedOnHost reads the image at dir for what CRIU reopens by path on this host

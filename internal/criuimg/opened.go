@@ -33,6 +33,20 @@ type Opened struct {
 	Cwd, Root string            // its working and root directories
 }
 
+// PathsOf lists, sorted and once each, the paths the processes of opened hold, map, run
+// or work in.
+func PathsOf(opened map[int]*Opened) []string {
+	var out []string
+	for _, o := range opened {
+		out = append(out, o.Exe, o.Cwd, o.Root)
+		out = slices.AppendSeq(out, maps.Values(o.FDs))
+		out = slices.AppendSeq(out, maps.Values(o.Maps))
+	}
+	out = slices.DeleteFunc(out, func(p string) bool { return p == "" })
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // OpenedFiles lists, for each process of the image at dir (by its image PID), the files it
 // had open as descriptors, mapped, or ran, by the paths CRIU reopens them at. Files CRIU
 // carries inside the image are left out; so is an image with its own mount namespace, whose

@@ -29,14 +29,11 @@ import (
 // path between CRIU's dump and this record had their own recorded as the job's (hostile
 // test) — and one no process holds (a path CRIU took otherwise) as the host has it now.
 func reopenedFiles(criuDir string, host map[int]int) ([]image.HostFile, error) {
-	paths, err := criuimg.ReopenedPaths(criuDir)
-	if err != nil {
-		return nil, fmt.Errorf("read the image's files: %w", err)
-	}
 	opened, err := criuimg.OpenedFiles(criuDir)
 	if err != nil {
 		return nil, fmt.Errorf("read the image's files: %w", err)
 	}
+	paths := criuimg.PathsOf(opened)
 	held := map[string]image.HostFile{}
 	for _, imagePID := range slices.Sorted(maps.Keys(opened)) {
 		pid, ok := host[imagePID]
