@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/beneath"
+	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/hosttune"
 	"github.com/gpucr/gpucr/internal/image"
@@ -327,10 +328,10 @@ func anyAlive(tree []txn.Proc) bool {
 // criuPath, started no earlier than since: the tasks of a restore that CRIU was stopped in
 // before they were whole. A process at such a PID running a program of its own is not the
 // restore's: an image may name any PID, a thread of another user's among them, and kill
-// takes it (a hostile test). exes, when not nil, gives the program the image recorded for
-// each of its PIDs: a task CRIU had taken that far (its program set, its threads made)
+// takes it (a hostile test). opened, when not nil, gives the program the image recorded
+// for each of its PIDs: a task CRIU had taken that far (its program set, its threads made)
 // goes too if it leads its thread group, runs that program and started since.
-func killForks(tree []txn.Proc, criuPath string, since uint64, exes map[int]string) {
+func killForks(tree []txn.Proc, criuPath string, since uint64, opened map[int]*criuimg.Opened) {
 	bin, err := os.Stat(criuPath)
 	if err != nil {
 		return
@@ -343,9 +344,10 @@ func killForks(tree []txn.Proc, criuPath string, since uint64, exes map[int]stri
 		if exe, err := os.Stat(fmt.Sprintf("/proc/%d/exe", p.PID)); err == nil && os.SameFile(exe, bin) {
 			return true
 		}
+		o := opened[p.PID]
 		tgid, err := proctree.ThreadGroup(p.PID)
 		exe, lerr := os.Readlink(fmt.Sprintf("/proc/%d/exe", p.PID))
-		return err == nil && lerr == nil && tgid == p.PID && exes[p.PID] != "" && exe == exes[p.PID]
+		return err == nil && lerr == nil && tgid == p.PID && o != nil && o.Exe != "" && exe == o.Exe
 	})
 }
 

@@ -385,9 +385,9 @@ type treeImage struct {
 	// made are the processes the restore made, by host PID and start time, once CRIU has
 	// restored them (its post-restore notification): what a rollback kills.
 	made []txn.Proc
-	// exes are the programs the image recorded for its PIDs, and criuStart when the
-	// restore's CRIU started: how a task CRIU took far before it was killed is known.
-	exes      map[int]string
+	// opened is what the image's processes held (their programs among it), and criuStart
+	// when the restore's CRIU started: how a task CRIU took far before it was killed is known.
+	opened    map[int]*criuimg.Opened
 	criuStart uint64
 }
 
@@ -449,14 +449,12 @@ func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Resto
 			return nil, err
 		}
 	}
-	if opened, err := criuimg.OpenedFiles(s.Checked); err == nil {
-		ti.exes = map[int]string{}
-		for pid, o := range opened {
-			ti.exes[pid] = o.Exe
-		}
-	}
+	// What the image's processes hold, read once: the gate checks the restored ones against
+	// it, and a rollback knows the tasks CRIU took far by their programs.
+	var openedErr error
+	ti.opened, openedErr = criuimg.OpenedFiles(s.Checked)
 	cut, run := newCutoff(ctx, &s)
-	g := &gate{ctx: run, s: s, ownPIDs: ti.m.OwnPIDNamespace()}
+	g := &gate{ctx: run, s: s, ownPIDs: ti.m.OwnPIDNamespace(), want: ti.opened, wantErr: openedErr}
 	pid, err := ti.e.CRIU.Restore(run, s.RestoreRequest, g)
 	forks := g.forks.Stop()
 	ti.made, ti.criuStart = g.made, g.forks.criuStart()
@@ -500,7 +498,7 @@ func (ti *treeImage) kill() {
 		killJournaled(ti.made)
 	case !ti.m.OwnPIDNamespace():
 		tree, _ := imageProcs(ti.m, nil)
-		killForks(tree, ti.e.CRIU.Path, max(selfStart(), ti.criuStart), ti.exes)
+		killForks(tree, ti.e.CRIU.Path, max(selfStart(), ti.criuStart), ti.opened)
 	}
 }
 
@@ -517,6 +515,9 @@ type gate struct {
 	ownPIDs bool
 	root    int // the root's host PID, as CRIU reports it
 	forks   *forkWatch
+	// want is what the image's processes held, and wantErr why it could not be read.
+	want    map[int]*criuimg.Opened
+	wantErr error
 	host    map[int]int
 	made    []txn.Proc  // the processes restored (the root and its descendants), with their start times
 	mapped  map[int]int // the same, image PID -> host PID
@@ -572,10 +573,10 @@ func (g *gate) PostRestore(root int32) error {
 	// CRIU reopened every file by its path, as root, following symlinks: a directory on the
 	// way that a user swapped since the checkpoint hands the restored process another file.
 	// Nothing has run yet; a refusal here has CRIU kill the tasks.
-	want, err := criuimg.OpenedFiles(g.s.Checked)
-	if err != nil {
-		return err
+	if g.wantErr != nil {
+		return g.wantErr
 	}
+	want := g.want
 	procfs, err := proctree.ProcMounts()
 	if err != nil {
 		return fmt.Errorf("find where procfs is mounted: %w", err)
