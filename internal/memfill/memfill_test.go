@@ -458,19 +458,9 @@ func TestSaveManyRangesUnderALowFileLimit(t *testing.T) {
 		a := start + uint64(2*i*criuimg.PageSize)
 		rs = append(rs, Range{PID: os.Getpid(), Start: a, End: a + criuimg.PageSize})
 	}
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	low := old
-	low.Cur = 64
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
-		t.Fatal(err)
-	}
-	files, err := Save(context.Background(), t.TempDir(), rs, nil)
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
+	var files []image.File
+	var err error
+	testutil.WithFileLimit(t, 64, func() { files, err = Save(context.Background(), t.TempDir(), rs, nil) })
 	if err != nil || len(files) != n {
 		t.Fatalf("Save of %d ranges with 64 descriptors: %d files, %v", n, len(files), err)
 	}

@@ -878,19 +878,9 @@ func TestPullHoldsItsFilesOpenOneAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	put(t, st, chunked.ManifestKey("ckpt"), b)
-	var old unix.Rlimit
-	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
-	low := old
-	low.Cur = 64
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
-		t.Fatal(err)
-	}
-	_, _, err = chunked.Pull(ctx, st, "ckpt", filepath.Join(t.TempDir(), "img"), chunked.Options{})
-	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
-		t.Fatal(err)
-	}
+	testutil.WithFileLimit(t, 64, func() {
+		_, _, err = chunked.Pull(ctx, st, "ckpt", filepath.Join(t.TempDir(), "img"), chunked.Options{})
+	})
 	if err != nil {
 		t.Fatalf("pull of %d files with 64 descriptors: %v", len(m.Files), err)
 	}
