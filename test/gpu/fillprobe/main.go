@@ -128,50 +128,36 @@ func run(v string, size int64) {
 		check(err)
 	}
 	pid := cmd.Process.Pid
-	var next atomic.Int64
 	t := time.Now()
-	var wg sync.WaitGroup
-	for w := 0; w < *workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			buf := make([]byte, step)
-			for {
-				off := next.Add(step) - step
-				if off >= size {
-					return
-				}
-				var part []byte
-				switch v {
-				case "mmap+pvw", "uffd-copy":
-					part = m[off : off+step]
-				default:
-					_, err := f.ReadAt(buf, off)
-					check(err)
-					part = buf
-				}
-				if v == "uffd-copy" {
-					c := struct {
-						dst, src, len, mode uint64
-						copy                int64
-					}{k.addr + uint64(off), uint64(uintptr(unsafe.Pointer(&part[0]))), step, 0, 0}
-					_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(ufd), 0xc028aa03, uintptr(unsafe.Pointer(&c)))
-					if e != 0 || c.copy != step {
-						panic(fmt.Sprintf("uffdio_copy: %v %d", e, c.copy))
-					}
-					continue
-				}
-				local := []unix.Iovec{{Base: &part[0]}}
-				local[0].SetLen(step)
-				remote := []unix.RemoteIovec{{Base: uintptr(k.addr + uint64(off)), Len: step}}
-				n, err := unix.ProcessVMWritev(pid, local, remote, 0)
-				if err != nil || n != step {
-					panic(fmt.Sprint("pvw ", n, err))
-				}
+	eachStep(size, func(off int64, buf []byte) {
+		var part []byte
+		switch v {
+		case "mmap+pvw", "uffd-copy":
+			part = m[off : off+step]
+		default:
+			_, err := f.ReadAt(buf, off)
+			check(err)
+			part = buf
+		}
+		if v == "uffd-copy" {
+			c := struct {
+				dst, src, len, mode uint64
+				copy                int64
+			}{k.addr + uint64(off), uint64(uintptr(unsafe.Pointer(&part[0]))), step, 0, 0}
+			_, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(ufd), 0xc028aa03, uintptr(unsafe.Pointer(&c)))
+			if e != 0 || c.copy != step {
+				panic(fmt.Sprintf("uffdio_copy: %v %d", e, c.copy))
 			}
-		}()
-	}
-	wg.Wait()
+			return
+		}
+		local := []unix.Iovec{{Base: &part[0]}}
+		local[0].SetLen(step)
+		remote := []unix.RemoteIovec{{Base: uintptr(k.addr + uint64(off)), Len: step}}
+		n, err := unix.ProcessVMWritev(pid, local, remote, 0)
+		if err != nil || n != step {
+			panic(fmt.Sprint("pvw ", n, err))
+		}
+	})
 	el := time.Since(t).Seconds()
 	if ufd >= 0 {
 		unix.Close(ufd)
@@ -313,43 +299,30 @@ func saveProbe(size int64) {
 		}
 		wg.Wait()
 		prep := time.Since(t).Seconds()
-		var next atomic.Int64
 		t = time.Now()
-		for w := 0; w < *workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				buf := make([]byte, step)
-				for {
-					off := next.Add(step) - step
-					if off >= size {
-						return
-					}
-					fi, fo := off/seg, off%seg
-					part := buf
-					if v != "buf+pwrite" {
-						part = maps[fi][fo : fo+step]
-					}
-					local := []unix.Iovec{{Base: &part[0]}}
-					local[0].SetLen(step)
-					remote := []unix.RemoteIovec{{Base: uintptr(k.addr + uint64(off)), Len: step}}
-					got, err := unix.ProcessVMReadv(pid, local, remote, 0)
-					if err != nil || got != step {
-						panic(fmt.Sprint("pvr ", got, err))
-					}
-					var x uint64
-					for i := 0; i < step; i += 4096 {
-						x += uint64(part[i])
-					}
-					_ = x
-					if v == "buf+pwrite" {
-						_, err := files[fi].WriteAt(part, fo)
-						check(err)
-					}
-				}
-			}()
-		}
-		wg.Wait()
+		eachStep(size, func(off int64, buf []byte) {
+			fi, fo := off/seg, off%seg
+			part := buf
+			if v != "buf+pwrite" {
+				part = maps[fi][fo : fo+step]
+			}
+			local := []unix.Iovec{{Base: &part[0]}}
+			local[0].SetLen(step)
+			remote := []unix.RemoteIovec{{Base: uintptr(k.addr + uint64(off)), Len: step}}
+			got, err := unix.ProcessVMReadv(pid, local, remote, 0)
+			if err != nil || got != step {
+				panic(fmt.Sprint("pvr ", got, err))
+			}
+			var x uint64
+			for i := 0; i < step; i += 4096 {
+				x += uint64(part[i])
+			}
+			_ = x
+			if v == "buf+pwrite" {
+				_, err := files[fi].WriteAt(part, fo)
+				check(err)
+			}
+		})
 		el := time.Since(t).Seconds()
 		for i := range files {
 			if maps[i] != nil {
@@ -362,4 +335,22 @@ func saveProbe(size int64) {
 	}
 	k.ask("exit")
 	check(cmd.Wait())
+}
+
+// eachStep calls use for every step of size bytes, on -workers goroutines taking the next
+// step as they are done, each with a step's buffer of its own.
+func eachStep(size int64, use func(off int64, buf []byte)) {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range *workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, step)
+			for off := next.Add(step) - step; off < size; off = next.Add(step) - step {
+				use(off, buf)
+			}
+		}()
+	}
+	wg.Wait()
 }
