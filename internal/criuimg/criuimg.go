@@ -392,18 +392,6 @@ func MissingFiles(dir string) ([]MissingFile, error) {
 	return out, nil
 }
 
-// ReopenedPaths lists, sorted and once each, the paths of this host's files that CRIU
-// opens again by name when it restores the image at dir: those of reopenedPaths that a
-// process holds, maps, runs or works in, as MissingFiles asks for (not a pty CRIU recreates
-// by its index); none for a tree that had its own mount namespace.
-func ReopenedPaths(dir string) ([]string, error) {
-	opened, err := OpenedFiles(dir)
-	if err != nil {
-		return nil, err
-	}
-	return PathsOf(opened), nil
-}
-
 // reopenedOnHost reads the image at dir for what CRIU reopens by path on this host
 // (reopenedPaths), and returns it with the image and the reading's budget; nothing for a
 // tree that had its own mount namespace, whose paths are not this host's.

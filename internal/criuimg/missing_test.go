@@ -123,7 +123,8 @@ func TestMissingFilesAsksOnlyForFilesInUse(t *testing.T) {
 	}
 	// The owners a checkpoint records are of the same files: a shell job's pty, another
 	// user's login at the restore, had the restore refused (review).
-	if paths, err := ReopenedPaths(dir); err != nil || !reflect.DeepEqual(paths, []string{"/nonexistent/held"}) {
-		t.Fatalf("ReopenedPaths = %q, %v; want only the file held", paths, err)
+	opened, err := OpenedFiles(dir)
+	if paths := PathsOf(opened); err != nil || !reflect.DeepEqual(paths, []string{"/nonexistent/held"}) {
+		t.Fatalf("PathsOf(OpenedFiles) = %q, %v; want only the file held", paths, err)
 	}
 }

@@ -34,7 +34,8 @@ type Opened struct {
 }
 
 // PathsOf lists, sorted and once each, the paths the processes of opened hold, map, run
-// or work in.
+// or work in: of OpenedFiles, this host's files that CRIU opens again by name on restore,
+// as MissingFiles asks for (not a pty CRIU recreates by its index).
 func PathsOf(opened map[int]*Opened) []string {
 	var out []string
 	for _, o := range opened {
