@@ -207,7 +207,7 @@ func TestCheckpointRefusesATreeWithAChildInItsOwnNamespace(t *testing.T) {
 				_ = syscall.Kill(-pid, syscall.SIGKILL)
 				_ = cmd.Wait()
 			})
-			child := waitChild(t, pid, "sleep")
+			child := waitDescendant(t, pid, "sleep")
 			out, code := gpucr(t, "checkpoint", strconv.Itoa(pid), "-D", filepath.Join(t.TempDir(), "img"))
 			if code != exitUsage || !oneLineWith(out, fmt.Sprintf("process %d (sleep) of the tree has a %s namespace of its own", child, kind)) {
 				t.Errorf("exit %d, want %d with one line naming the child's %s namespace:\n%s", code, exitUsage, kind, out)
@@ -219,15 +219,20 @@ func TestCheckpointRefusesATreeWithAChildInItsOwnNamespace(t *testing.T) {
 	}
 }
 
-// waitChild waits for pid to have a child running command, and returns its PID.
-func waitChild(t *testing.T, pid int, command string) int {
+// waitDescendant waits for pid to have a descendant running command, and returns its PID.
+// It looks below the children: a shell between them (script(1) under SHELL=/bin/sh runs
+// dash, which forks the command rather than exec it) is no error.
+func waitDescendant(t *testing.T, pid int, command string) int {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
-		for _, f := range strings.Fields(string(b)) {
-			c, _ := strconv.Atoi(f)
-			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c)); strings.TrimSpace(string(comm)) == command {
-				return c
+		for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
+			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", queue[0], queue[0]))
+			for _, f := range strings.Fields(string(b)) {
+				c, _ := strconv.Atoi(f)
+				if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c)); strings.TrimSpace(string(comm)) == command {
+					return c
+				}
+				queue = append(queue, c)
 			}
 		}
 	}

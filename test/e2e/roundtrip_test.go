@@ -373,7 +373,7 @@ func TestShellJobWithATerminalRestoresFromOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = job.Process.Kill(); _ = job.Wait() })
-	w := &workload{dir: dir, pid: waitChild(t, job.Process.Pid, "counter")}
+	w := &workload{dir: dir, pid: waitDescendant(t, job.Process.Pid, "counter")}
 	t.Cleanup(func() { testutil.KillAndReap(w.pid) })
 	w.waitCount(t, 2)
 	img := filepath.Join(t.TempDir(), "img")
@@ -398,7 +398,7 @@ func TestTreeWithAPipeToTheOutsideIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(-job.Process.Pid, syscall.SIGKILL); _ = job.Wait() })
-	w := &workload{dir: dir, pid: waitChild(t, job.Process.Pid, "counter")}
+	w := &workload{dir: dir, pid: waitDescendant(t, job.Process.Pid, "counter")}
 	w.waitCount(t, 2)
 	img := filepath.Join(t.TempDir(), "img")
 	out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img)
