@@ -121,11 +121,11 @@ func waitVerdict(ctx context.Context, work string, owner txn.Proc) error {
 }
 
 // holdTasks is the restoring gpucr's side of the hook in s.WorkDir: once the hook says
-// which init CRIU restored, it waits for the image's verification, writes s.Fill into the
+// which init CRIU restored, it calls reached, waits for the image's verification, writes s.Fill into the
 // container's tasks (renumbered to their host PIDs) and gives the hook its verdict. It
 // returns how long the fill took, and whether it filled them, when the hook called before
 // stop closed (runc ended); and the error of a verdict it could not give.
-func holdTasks(ctx context.Context, s engine.RestoreSpec, stop <-chan struct{}) (time.Duration, bool, error) {
+func holdTasks(ctx context.Context, s engine.RestoreSpec, stop <-chan struct{}, reached func()) (time.Duration, bool, error) {
 	var root int
 	for root == 0 {
 		if b, err := os.ReadFile(filepath.Join(s.WorkDir, restoredName)); err == nil {
@@ -140,6 +140,7 @@ func holdTasks(ctx context.Context, s engine.RestoreSpec, stop <-chan struct{}) 
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+	reached()
 	took, err := fill(ctx, s, root)
 	if werr := writeVerdict(s.WorkDir, err); werr != nil {
 		return took, false, werr

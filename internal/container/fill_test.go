@@ -83,7 +83,7 @@ func TestHoldTasksGivesTheHookItsVerdict(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(work, restoredName), []byte("1"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, filled, _ := holdTasks(context.Background(), s, nil); filled {
+	if _, filled, _ := holdTasks(context.Background(), s, nil, func() {}); filled {
 		t.Fatal("a damaged image was filled")
 	}
 	if b, _ := os.ReadFile(filepath.Join(work, verdictName)); string(b) != image.ErrCorrupt.Error() {
@@ -91,7 +91,7 @@ func TestHoldTasksGivesTheHookItsVerdict(t *testing.T) {
 	}
 
 	s.Verified = func() error { return nil }
-	if took, filled, _ := holdTasks(context.Background(), s, nil); !filled || took != 0 {
+	if took, filled, _ := holdTasks(context.Background(), s, nil, func() {}); !filled || took != 0 {
 		t.Fatalf("verified, nothing to fill: %v, %v", took, filled)
 	}
 	if b, _ := os.ReadFile(filepath.Join(work, verdictName)); string(b) != verdictOK {
@@ -101,7 +101,7 @@ func TestHoldTasksGivesTheHookItsVerdict(t *testing.T) {
 	s.WorkDir = t.TempDir()
 	stop := make(chan struct{})
 	close(stop)
-	if _, filled, _ := holdTasks(context.Background(), s, stop); filled {
+	if _, filled, _ := holdTasks(context.Background(), s, stop, func() {}); filled {
 		t.Fatal("no hook ran, yet the tasks count as filled")
 	}
 	if _, err := os.Stat(filepath.Join(s.WorkDir, verdictName)); err == nil {
@@ -122,7 +122,7 @@ func TestVerdictThatCannotBeWrittenRefusesTheTasks(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(work, restoredName), []byte("1"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, filled, refused := holdTasks(context.Background(), s, nil); filled || refused == nil {
+	if _, filled, refused := holdTasks(context.Background(), s, nil, func() {}); filled || refused == nil {
 		t.Fatalf("holdTasks = filled %v, %v; want the tasks refused and why", filled, refused)
 	}
 	self, err := txn.ProcOf(os.Getpid())

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/engine"
@@ -113,8 +114,13 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 		refused error // a verdict that could not be given
 	}
 	heldc := make(chan held, 1)
+	// What runc and its CRIU make is watched until the container's tasks are all there (the
+	// hook has reached post-restore): runc's CRIU kills what it made when it fails, but not
+	// when it is killed itself, and its tasks were left in its restorer, or running outside
+	// any container (crash test).
+	var forks atomic.Pointer[engine.ForkWatch]
 	go func() {
-		took, filled, refused := holdTasks(ctx, s, stop)
+		took, filled, refused := holdTasks(ctx, s, stop, func() { forks.Load().Stop() })
 		heldc <- held{took, filled, refused}
 	}()
 	if err := op.Update(func(rec *txn.Record) {
@@ -123,10 +129,13 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	}); err != nil {
 		return nil, err
 	}
-	err = ri.c.Runc.Restore(ctx, ri.id, ri.bundle, s.ImagesDir, s.WorkDir, s.Flags, env)
+	err = ri.c.Runc.Restore(ctx, ri.id, ri.bundle, s.ImagesDir, s.WorkDir, s.Flags, env,
+		func(runc int) { forks.Store(engine.WatchForks(runc)) })
 	close(stop)
 	h := <-heldc
+	made := forks.Load().Stop()
 	if err != nil {
+		engine.KillJournaled(made)
 		if ctx.Err() != nil {
 			err = errors.New("restore interrupted: runc and its CRIU were stopped")
 		} else if h.refused != nil {

@@ -69,7 +69,7 @@ type State struct {
 // State reads the state of container id.
 func (r *Runc) State(ctx context.Context, id string) (State, error) {
 	var st State
-	out, err := r.run(ctx, "", nil, "state", id)
+	out, err := r.run(ctx, "", nil, nil, "state", id)
 	if err != nil {
 		return st, err
 	}
@@ -81,13 +81,13 @@ func (r *Runc) State(ctx context.Context, id string) (State, error) {
 
 // Pause freezes every process of container id through its cgroup.
 func (r *Runc) Pause(ctx context.Context, id string) error {
-	_, err := r.run(ctx, "", nil, "pause", id)
+	_, err := r.run(ctx, "", nil, nil, "pause", id)
 	return err
 }
 
 // Resume thaws a paused container.
 func (r *Runc) Resume(ctx context.Context, id string) error {
-	_, err := r.run(ctx, "", nil, "resume", id)
+	_, err := r.run(ctx, "", nil, nil, "resume", id)
 	return err
 }
 
@@ -151,7 +151,7 @@ func (r *Runc) stateRoot() string {
 
 // Delete kills container id's processes, whatever its state, and removes it.
 func (r *Runc) Delete(ctx context.Context, id string) error {
-	_, err := r.run(ctx, "", nil, "delete", "--force", id)
+	_, err := r.run(ctx, "", nil, nil, "delete", "--force", id)
 	return err
 }
 
@@ -179,15 +179,16 @@ func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f c
 	if pageServer != "" {
 		args = append(args, "--page-server", pageServer)
 	}
-	_, err := r.run(ctx, workDir, env, append(args, id)...)
+	_, err := r.run(ctx, workDir, env, nil, append(args, id)...)
 	return criuError("dump", workDir, err)
 }
 
 // Restore has runc restore imageDir as container id, detached, from bundle, with env added
-// to runc's (and so CRIU's) environment.
-func (r *Runc) Restore(ctx context.Context, id, bundle, imageDir, workDir string, f criu.Flags, env []string) error {
+// to runc's (and so CRIU's) environment; started, when not nil, is given runc's PID once it
+// runs.
+func (r *Runc) Restore(ctx context.Context, id, bundle, imageDir, workDir string, f criu.Flags, env []string, started func(pid int)) error {
 	args := append([]string{"restore", "--detach", "--image-path", imageDir, "--work-path", workDir, "--bundle", bundle}, runcFlags(f)...)
-	_, err := r.run(ctx, workDir, env, append(args, id)...)
+	_, err := r.run(ctx, workDir, env, started, append(args, id)...)
 	return criuError("restore", workDir, err)
 }
 
@@ -204,15 +205,23 @@ func criuError(op, workDir string, err error) error {
 		return err
 	}
 	msg, _, _ := strings.Cut(err.Error(), " log file: ")
+	if strings.Contains(msg, "unixpacket") && strings.HasSuffix(msg, ": EOF") {
+		err = fmt.Errorf("runc %s: %w", op, errCRIUDied) // runc says only that its socket read EOF
+	}
+	if errors.Is(err, errCRIUDied) {
+		// Its log's errors are those of CRIU's helpers, which saw it go.
+		return &criu.Error{Op: op, LogPath: log, Err: err}
+	}
 	return criu.LogError(op, log, errors.New(msg))
 }
 
-// run runs runc with args, env added to its environment, and returns its stdout. Its log
+// run runs runc with args, env added to its environment, and returns its stdout; started,
+// when not nil, is given runc's PID once it runs. Its log
 // goes to a file in logDir ("" is TMPDIR), which a long call puts in its journaled work
 // directory: a killed gpucr's rollback removes it. Its stdin and stderr are /dev/null: a
 // restored container inherits runc's stdio where its own was pipes, and must not hold
 // gpucr's. runc's errors are read from its --log file instead.
-func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...string) ([]byte, error) {
+func (r *Runc) run(ctx context.Context, logDir string, env []string, started func(pid int), args ...string) ([]byte, error) {
 	// runc opens its log by name, following symlinks: in a TMPDIR another user can rename
 	// in, root's runc created or appended to a file of that user's choosing (review).
 	if logDir == "" {
@@ -270,12 +279,69 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, args ...str
 	// must not kill runc halfway either; gpucr alone decides how to stop.
 	err = interrupt.StartImmune(cmd.Start)
 	if err == nil {
-		err = cmd.Wait()
+		if started != nil {
+			started(cmd.Process.Pid)
+		}
+		if args[0] != "restore" {
+			err = cmd.Wait()
+		} else {
+			waited, unstuck := make(chan struct{}), make(chan bool, 1)
+			go func() { unstuck <- unstick(cmd.Process.Pid, waited) }()
+			err = cmd.Wait()
+			close(waited)
+			if <-unstuck {
+				return nil, fmt.Errorf("runc restore: %w, and runc waited on it for good: runc and what it had made were killed", errCRIUDied)
+			}
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("runc %s: %s", args[0], runcError(logf, err))
 	}
 	return out.Bytes(), nil
+}
+
+// errCRIUDied is a runc call whose CRIU ended without answering runc.
+var errCRIUDied = errors.New("runc's CRIU died without an answer (killed?)")
+
+// criuGoneGrace is how long runc may leave its exited CRIU unreaped before unstick takes
+// it as waiting for good.
+const criuGoneGrace = 2 * time.Second
+
+// unstick kills runc's tree once runc's CRIU has stayed a zombie for criuGoneGrace, until
+// done, and says whether it did: runc reaps its CRIU as soon as CRIU has answered, so one left unreaped means runc
+// still waits for the answer of a CRIU that was killed, and the processes CRIU forked, which
+// hold CRIU's socket, keep that wait from ever ending (crash test: gpucr waited on runc
+// for good).
+func unstick(runc int, done <-chan struct{}) bool {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	var since time.Time
+	for {
+		select {
+		case <-done:
+			return false
+		case <-t.C:
+		}
+		switch {
+		case !exitedCRIU(runc):
+			since = time.Time{}
+		case since.IsZero():
+			since = time.Now()
+		case time.Since(since) >= criuGoneGrace:
+			killTree(runc)
+			return true
+		}
+	}
+}
+
+// exitedCRIU says whether a child of runc's is a CRIU that exited and was not reaped.
+func exitedCRIU(runc int) bool {
+	for _, c := range proctree.Children(runc) {
+		if p, err := proctree.Read(c); err == nil && p.Zombie && p.Command == "criu" {
+			return true
+		}
+	}
+	return false
 }
 
 // killTree kills root and every process below it, the deepest first.

@@ -43,7 +43,7 @@ exit 1
 				return r.Checkpoint(context.Background(), "c", t.TempDir(), work, criu.Flags{}, env, "")
 			},
 			"restore": func(work string) error {
-				return r.Restore(context.Background(), "c", t.TempDir(), t.TempDir(), work, criu.Flags{}, env)
+				return r.Restore(context.Background(), "c", t.TempDir(), t.TempDir(), work, criu.Flags{}, env, nil)
 			},
 		} {
 			work := t.TempDir()

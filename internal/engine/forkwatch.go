@@ -8,13 +8,14 @@ import (
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
-// forkWatch records, by PID and start time, every process a restore's CRIU makes, as they
-// appear: CRIU kills them itself when it fails, but not when it is killed (the OOM killer,
-// an admin), and before its post-restore notification gpucr has no other record of them.
-// Left, they sat in CRIU's restorer for good, every signal blocked, holding the image's PIDs
-// (crash test). By start time a process is this restore's and no one else's.
-type forkWatch struct {
-	criu    txn.Proc // the watched CRIU
+// ForkWatch records, by PID and start time, every process a restore's CRIU makes (or the
+// runtime that runs CRIU: runc for a container), as they appear: CRIU kills them itself when
+// it fails, but not when it is killed (the OOM killer, an admin), and before its
+// post-restore notification gpucr has no other record of them. Left, they sat in CRIU's
+// restorer for good, every signal blocked, holding the image's PIDs (crash test). By start
+// time a process is this restore's and no one else's.
+type ForkWatch struct {
+	criu    txn.Proc // the watched CRIU (or runtime)
 	stop    chan struct{}
 	done    chan struct{}
 	stopped sync.Once
@@ -27,8 +28,9 @@ type forkWatch struct {
 // kill of CRIU's forks: by CRIU's program, or by the image's (treeImage.kill).
 const forkWatchEvery = time.Millisecond
 
-func watchForks(criuPID int) *forkWatch {
-	w := &forkWatch{stop: make(chan struct{}), done: make(chan struct{})}
+// WatchForks watches what the process at criuPID makes, until Stop.
+func WatchForks(criuPID int) *ForkWatch {
+	w := &ForkWatch{stop: make(chan struct{}), done: make(chan struct{})}
 	w.criu, _ = txn.ProcOf(criuPID)
 	go func() {
 		defer close(w.done)
@@ -39,6 +41,7 @@ func watchForks(criuPID int) *forkWatch {
 			w.look(criuPID, known)
 			select {
 			case <-w.stop:
+				w.look(criuPID, known) // what was made since the last look
 				return
 			case <-t.C:
 			}
@@ -49,7 +52,7 @@ func watchForks(criuPID int) *forkWatch {
 
 // look records the descendants of pid not seen before, by PID and start time: a PID freed
 // during the restore and taken again names another process.
-func (w *forkWatch) look(pid int, known map[txn.Proc]bool) {
+func (w *ForkWatch) look(pid int, known map[txn.Proc]bool) {
 	queue := proctree.Children(pid)
 	for len(queue) > 0 {
 		p := queue[0]
@@ -67,7 +70,7 @@ func (w *forkWatch) look(pid int, known map[txn.Proc]bool) {
 
 // Stop ends the watch (once the restored tree is known another way, or CRIU is done) and
 // returns what it saw, parents before children. It may be called again.
-func (w *forkWatch) Stop() []txn.Proc {
+func (w *ForkWatch) Stop() []txn.Proc {
 	if w == nil {
 		return nil
 	}
@@ -79,7 +82,7 @@ func (w *forkWatch) Stop() []txn.Proc {
 }
 
 // criuStart is when the watched CRIU started (0 if unknown): nothing it made started earlier.
-func (w *forkWatch) criuStart() uint64 {
+func (w *ForkWatch) criuStart() uint64 {
 	if w == nil {
 		return 0
 	}

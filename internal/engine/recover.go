@@ -73,7 +73,7 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 		// What the restore created goes unless it is whole: its tasks (at their journaled
 		// PIDs) and the container a runtime created for them.
 		remove := func() error {
-			killJournaled(rec.Tree)
+			KillJournaled(rec.Tree)
 			if rec.Container != nil {
 				return RemoveContainer(ctx, rec.Container)
 			}
@@ -351,11 +351,11 @@ func killForks(tree []txn.Proc, criuPath string, since uint64, opened map[int]*c
 	})
 }
 
-// killJournaled kills the processes of a dead restore's tree that it journaled as made and
-// that are still the processes they were: a PID taken since by another process, or one
-// never journaled with its start (the restore died before its tasks existed, and CRIU and
+// KillJournaled kills the processes of a dead restore's tree that it journaled (or watched)
+// as made and that are still the processes they were: a PID taken since by another
+// process, or one never journaled with its start (the restore died before its tasks existed, and CRIU and
 // what it forked go with the restore's directories, killHolders), is not the restore's.
-func killJournaled(tree []txn.Proc) {
+func KillJournaled(tree []txn.Proc) {
 	killBackwards(tree, func(p txn.Proc) bool { return p.Start != 0 && p.Alive() })
 }
 

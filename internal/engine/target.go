@@ -462,7 +462,7 @@ func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Resto
 		// CRIU kills what it made when it fails, but not when it is killed itself (by the
 		// cut-off, or by anyone: the OOM killer, an admin): its tasks stayed in its restorer,
 		// every signal blocked, holding the image's PIDs for good (crash test). They go.
-		killJournaled(forks)
+		KillJournaled(forks)
 		ti.kill()
 		if reason := cut.done(); reason != nil {
 			return nil, fmt.Errorf("%w: CRIU was stopped and the restored processes killed; the image is unchanged", reason)
@@ -495,7 +495,7 @@ func (ti *treeImage) rootCommand() string {
 func (ti *treeImage) kill() {
 	switch {
 	case len(ti.made) > 0:
-		killJournaled(ti.made)
+		KillJournaled(ti.made)
 	case !ti.m.OwnPIDNamespace():
 		tree, _ := imageProcs(ti.m, nil)
 		killForks(tree, ti.e.CRIU.Path, max(selfStart(), ti.criuStart), ti.opened)
@@ -514,7 +514,7 @@ type gate struct {
 	// have the image's PIDs and the host gives them others; host maps the ones to the others.
 	ownPIDs bool
 	root    int // the root's host PID, as CRIU reports it
-	forks   *forkWatch
+	forks   *ForkWatch
 	// want is what the image's processes held, and wantErr why it could not be read.
 	want    map[int]*criuimg.Opened
 	wantErr error
@@ -524,7 +524,7 @@ type gate struct {
 }
 
 // Started watches what CRIU makes from the moment it runs.
-func (g *gate) Started(pid int) { g.forks = watchForks(pid) }
+func (g *gate) Started(pid int) { g.forks = WatchForks(pid) }
 
 // restored maps the image's PIDs of the processes this restore made to their host PIDs: the
 // restored root and what descends from it, none resumed yet.

@@ -758,3 +758,103 @@ func TestASecondCheckpointDuringTheDumpIsToldToWait(t *testing.T) {
 	host.checkClean(t)
 	w.checkRunsOn(t, "two checkpoints at once")
 }
+
+// A container restore whose CRIU (runc's child) is killed on its own once it has forked the
+// container's init, at a few delays after: the init was left in CRIU's restorer, or running
+// outside any container beside a later restore of the image, and gpucr now and then waited
+// for good on runc (crash test). gpucr must fail within bounds, leave no process in the
+// bundle's rootfs and no container, and the image must restore again.
+func TestContainerRestoreWhoseCRIUIsKilledLeavesNothing(t *testing.T) {
+	needRunc(t)
+	// Killed a while after its first fork, or at post-restore (its hook, gpucr, running:
+	// every task made, none resumed).
+	type point struct {
+		child string
+		delay time.Duration
+	}
+	for _, p := range []point{{"", 0}, {"", 20 * time.Millisecond}, {"", 80 * time.Millisecond}, {"", 120 * time.Millisecond}, {"gpucr", 0}, {"gpucr", 10 * time.Millisecond}, {"gpucr", 30 * time.Millisecond}, {"gpucr", 60 * time.Millisecond}} {
+		delay := p.delay
+		t.Run(p.child+delay.String(), func(t *testing.T) {
+			host := newCrashHost(t)
+			runc, bundle, id, _ := counterContainer(t, "ck"+strconv.Itoa(int(delay.Milliseconds())), "-mib", "32")
+			dir := filepath.Join(t.TempDir(), "img")
+			mustGpucr(t, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
+			frozen := count(t, bundle)
+			cmd := exec.Command(bin.gpucr, append([]string{"restore", "--container", id, "-D", dir}, host.flags()...)...)
+			var out strings.Builder
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			killed := false
+			for deadline := time.Now().Add(30 * time.Second); !killed && time.Now().Before(deadline) && len(done) == 0; time.Sleep(200 * time.Microsecond) {
+				if c := criuWithAChild(cmd.Process.Pid, p.child); c > 0 {
+					time.Sleep(delay)
+					killed = syscall.Kill(c, syscall.SIGKILL) == nil
+				}
+			}
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(90 * time.Second):
+				_ = cmd.Process.Kill()
+				t.Fatalf("gpucr still restoring 90 s after its CRIU was killed")
+			}
+			if err == nil {
+				t.Skipf("CRIU was killed after the restore was whole, or never seen (killed: %v)", killed)
+			}
+			if !killed {
+				t.Fatalf("the restore failed with its CRIU never killed: %v: %s", err, out.String())
+			}
+			t.Logf("gpucr: %v: %s", err, out.String())
+			host.checkClean(t)
+			if !gone(runc, id) {
+				t.Fatal("the failed restore left the container")
+			}
+			for deadline := time.Now().Add(5 * time.Second); len(inRootfs(bundle)) > 0; time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("processes left in the container's rootfs: %v", inRootfs(bundle))
+				}
+			}
+			mustGpucr(t, append([]string{"restore", "--container", id, "-D", dir}, host.flags()...)...)
+			checkCountsOn(t, bundle, frozen)
+		})
+	}
+}
+
+// criuWithAChild is a process named criu below pid that has a child (named child, unless
+// ""), 0 if none. It walks down from pid: a scan of all of /proc missed the moment on a
+// loaded host.
+func criuWithAChild(pid int, child string) int {
+	for queue := proctree.Children(pid); len(queue) > 0; queue = queue[1:] {
+		kids := proctree.Children(queue[0])
+		if commOf(queue[0]) == "criu" && slices.ContainsFunc(kids, func(k int) bool { return child == "" || commOf(k) == child }) {
+			return queue[0]
+		}
+		queue = append(queue, kids...)
+	}
+	return 0
+}
+
+func commOf(pid int) string {
+	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	return strings.TrimSpace(string(comm))
+}
+
+// inRootfs lists the processes whose root is bundle's rootfs.
+func inRootfs(bundle string) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root == filepath.Join(bundle, "rootfs") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
