@@ -234,9 +234,13 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, started fun
 	if err != nil {
 		return nil, fmt.Errorf("runc log file: %w", err)
 	}
-	defer os.Remove(logf.Name())
 	defer logf.Close()
-	global := []string{"--log", logf.Name(), "--log-format", "json"}
+	// Unnamed at once, runc opening it through gpucr's descriptor: a gpucr killed during a
+	// call left the named log in TMPDIR, where no recovery looks.
+	if err := os.Remove(logf.Name()); err != nil {
+		return nil, fmt.Errorf("runc log file: %w", err)
+	}
+	global := []string{"--log", fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), logf.Fd()), "--log-format", "json"}
 	if r.Root != "" {
 		global = append(global, "--root", r.Root)
 	}

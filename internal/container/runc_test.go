@@ -60,3 +60,36 @@ exit 1
 		}
 	}
 }
+
+// A gpucr killed during a runc call left runc's log, named in TMPDIR, where no recovery
+// looks (crash test): the log has no name there while runc runs, and runc's error, logged
+// to it, is still what the call reports.
+func TestRuncLogHasNoNameInTMPDIR(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	seen := filepath.Join(t.TempDir(), "seen")
+	fake := filepath.Join(t.TempDir(), "runc")
+	script := `#!/bin/sh
+[ "$1" = --log ] || exit 2
+ls -A "$TMPDIR" > ` + seen + `
+printf '{"level":"error","msg":"container c does not exist"}\n' >> "$2"
+exit 1
+`
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := (&Runc{Path: fake}).State(context.Background(), "c")
+	if err == nil || !strings.Contains(err.Error(), "container c does not exist") {
+		t.Fatalf("runc state: %v, want runc's logged error", err)
+	}
+	b, err := os.ReadFile(seen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) > 0 {
+		t.Errorf("TMPDIR held %q while runc ran", b)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) > 0 {
+		t.Errorf("TMPDIR holds %v after the call", left)
+	}
+}
