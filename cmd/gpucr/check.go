@@ -147,19 +147,13 @@ func (a *app) checkOperations(ctx context.Context, backends []gpu.Backend) ([]tx
 	if ops == nil {
 		ops = []txn.Entry{}
 	}
-	busy := map[int]bool{}
-	for _, op := range ops {
-		for _, g := range op.GPUs {
-			busy[g.PID] = op.Held
-		}
-	}
 	all, err := proctree.All()
 	if err != nil {
 		return ops, []int{}, nil
 	}
 	var candidates []int
 	for _, p := range all {
-		if !busy[p.PID] && p.PID != os.Getpid() {
+		if txn.HolderIn(ops, p.PID) == nil && p.PID != os.Getpid() {
 			candidates = append(candidates, p.PID)
 		}
 	}

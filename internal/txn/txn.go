@@ -405,12 +405,18 @@ func HoldingGPU(root string, pid int) (*Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, en := range entries {
+	return HolderIn(entries, pid), nil
+}
+
+// HolderIn is the live operation of entries whose record holds pid's device state (pid
+// still the process it recorded), nil if none does.
+func HolderIn(entries []Entry, pid int) *Entry {
+	for i, en := range entries {
 		if en.Held && slices.ContainsFunc(en.GPUs, func(g GPUProc) bool { return g.PID == pid && g.Alive() }) {
-			return &en, nil
+			return &entries[i]
 		}
 	}
-	return nil, nil
+	return nil
 }
 
 // Claim takes over the stale record id, for recovery; ErrBusy if its owner or guardian

@@ -243,3 +243,27 @@ func TestSweepRemovesWhatAKilledWriterLeft(t *testing.T) {
 		t.Fatalf("List = %+v, %v; want the live record, held", entries, err)
 	}
 }
+
+// gpucr check called a process held by a live operation stranded when a later record named
+// its PID without holding it, and took a recorded PID that another process has since for
+// the recorded one (review): the holder is the live record of that very process.
+func TestHolderInIsTheLiveRecordOfThatProcess(t *testing.T) {
+	self, err := ProcOf(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reused := self
+	reused.Start++
+	held := Entry{Record: Record{ID: "held", GPUs: []GPUProc{{Backend: "nvidia", Proc: self}}}, Held: true}
+	later := Entry{Record: Record{ID: "later", GPUs: []GPUProc{{Backend: "nvidia", Proc: self}}}}
+	if en := HolderIn([]Entry{held, later}, self.PID); en == nil || en.ID != "held" {
+		t.Fatalf("holder %+v, want the held record", en)
+	}
+	if en := HolderIn([]Entry{later}, self.PID); en != nil {
+		t.Fatalf("a record not held holds %d: %+v", self.PID, en)
+	}
+	old := Entry{Record: Record{ID: "old", GPUs: []GPUProc{{Backend: "nvidia", Proc: reused}}}, Held: true}
+	if en := HolderIn([]Entry{old}, self.PID); en != nil {
+		t.Fatalf("a record of another process at PID %d holds it: %+v", self.PID, en)
+	}
+}
