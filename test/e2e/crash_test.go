@@ -763,7 +763,7 @@ func TestASecondCheckpointDuringTheDumpIsToldToWait(t *testing.T) {
 // container's init, at a few delays after: the init was left in CRIU's restorer, or running
 // outside any container beside a later restore of the image, and gpucr now and then waited
 // for good on runc (crash test). gpucr must fail within bounds, leave no process in the
-// bundle's rootfs and no container, and the image must restore again.
+// container's cgroup and no container, and the image must restore again.
 func TestContainerRestoreWhoseCRIUIsKilledLeavesNothing(t *testing.T) {
 	needRunc(t)
 	// Killed a while after its first fork, or at post-restore (its hook, gpucr, running:
@@ -813,9 +813,15 @@ func TestContainerRestoreWhoseCRIUIsKilledLeavesNothing(t *testing.T) {
 			if !gone(runc, id) {
 				t.Fatal("the failed restore left the container")
 			}
-			for deadline := time.Now().Add(5 * time.Second); len(inRootfs(bundle)) > 0; time.Sleep(20 * time.Millisecond) {
+			for deadline := time.Now().Add(5 * time.Second); len(inCgroupOf(id)) > 0; time.Sleep(20 * time.Millisecond) {
 				if time.Now().After(deadline) {
-					t.Fatalf("processes left in the container's rootfs: %v", inRootfs(bundle))
+					var left []string
+					for _, pid := range inCgroupOf(id) {
+						p, _ := proctree.Read(pid)
+						left = append(left, fmt.Sprintf("%d (%s, state %c, parent %d)", pid, p.Command, p.State, p.PPID))
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+					}
+					t.Fatalf("processes left in the container's cgroup, outside any container: %s", strings.Join(left, ", "))
 				}
 			}
 			mustGpucr(t, append([]string{"restore", "--container", id, "-D", dir}, host.flags()...)...)
@@ -843,8 +849,11 @@ func commOf(pid int) string {
 	return strings.TrimSpace(string(comm))
 }
 
-// inRootfs lists the processes whose root is bundle's rootfs.
-func inRootfs(bundle string) []int {
+// inCgroupOf lists the live processes in a cgroup named after container id: runc's, which
+// a process of the container stays in when left outside it (its root, in its own mount
+// namespace, reads as "/" from the host). Zombies, dead and waiting for this test (a
+// subreaper) to reap them, are not listed.
+func inCgroupOf(id string) []int {
 	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -852,8 +861,15 @@ func inRootfs(bundle string) []int {
 		if err != nil {
 			continue
 		}
-		if root, err := os.Readlink(fmt.Sprintf("/proc/%d/root", pid)); err == nil && root == filepath.Join(bundle, "rootfs") {
-			pids = append(pids, pid)
+		if p, err := proctree.Read(pid); err != nil || p.Zombie {
+			continue
+		}
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasSuffix(line, "/"+id) {
+				pids = append(pids, pid)
+				break
+			}
 		}
 	}
 	return pids
