@@ -3,10 +3,13 @@ package container
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
 )
@@ -91,5 +94,45 @@ exit 1
 	}
 	if left, _ := os.ReadDir(tmp); len(left) > 0 {
 		t.Errorf("TMPDIR holds %v after the call", left)
+	}
+}
+
+// A runc restore whose CRIU is a zombie is killed as waiting for good only while runc still
+// holds its end of CRIU's seqpacket socket. runc whose CRIU failed on its own leaves the
+// restored root (its child, named criu) unreaped while it runs its poststop hooks: one
+// slower than criuGoneGrace was killed, and CRIU's error replaced by "died without an
+// answer" (review).
+func TestUnstickSparesARuncNoLongerTalkingToCRIU(t *testing.T) {
+	if _, err := exec.LookPath("perl"); err != nil {
+		t.Skip("no perl")
+	}
+	dir := t.TempDir()
+	if err := os.Symlink("/bin/true", filepath.Join(dir, "criu")); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name   string
+		socket string // perl that opens (or not) a seqpacket socket pair
+		died   bool
+	}{
+		{"closed", "", false},
+		{"held", "socketpair(my $a, my $b, AF_UNIX, SOCK_SEQPACKET, 0) or die;", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			// A stand-in runc: a child named criu that exits unreaped, then runc busy (a
+			// poststop hook) for longer than criuGoneGrace, then failing.
+			fake := filepath.Join(t.TempDir(), "runc")
+			script := "#!/usr/bin/perl\nuse Socket;\n" + c.socket + "\n" +
+				"if (fork() == 0) { exec { \"" + filepath.Join(dir, "criu") + "\" } \"criu\"; exit 1; }\n" +
+				"sleep 1 while time() - $^T < " + fmt.Sprint(int((criuGoneGrace+time.Second)/time.Second)+1) + ";\nexit 1;\n"
+			if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			r := &Runc{Path: fake}
+			err := r.Restore(context.Background(), "c", t.TempDir(), t.TempDir(), t.TempDir(), criu.Flags{}, nil, nil)
+			if errors.Is(err, errCRIUDied) != c.died {
+				t.Fatalf("runc restore: %v; want CRIU taken for killed: %v", err, c.died)
+			}
+		})
 	}
 }
