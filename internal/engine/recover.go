@@ -347,8 +347,33 @@ func killForks(tree []txn.Proc, criuPath string, since uint64, opened map[int]*c
 		o := opened[p.PID]
 		tgid, err := proctree.ThreadGroup(p.PID)
 		exe, lerr := os.Readlink(fmt.Sprintf("/proc/%d/exe", p.PID))
-		return err == nil && lerr == nil && tgid == p.PID && o != nil && o.Exe != "" && exe == o.Exe
+		return err == nil && lerr == nil && tgid == p.PID && o != nil && o.Exe != "" && exe == o.Exe &&
+			inCRIUsRestore(p.PID)
 	})
+}
+
+// criuBlocked are the signals every task CRIU forks for a restore blocks until its restorer
+// lets it go (sigfillset less SIGCHLD, in restore_task_with_children): the standard ones
+// but SIGKILL, SIGSTOP (which none can block) and SIGCHLD. glibc keeps its own real-time
+// ones out of any mask, so those are not asked.
+const criuBlocked = (uint64(1)<<31 - 1) &^ (1<<(syscall.SIGKILL-1) | 1<<(syscall.SIGSTOP-1) | 1<<(syscall.SIGCHLD-1))
+
+// inCRIUsRestore says whether the process at pid blocks every signal a task in CRIU's
+// restore blocks. A program and a start time are no proof: another user's process that
+// took an image PID after CRIU started (the very one that made CRIU fail to fork there)
+// and runs the program the image recorded was SIGKILLed by root's rollback (hostile test).
+func inCRIUsRestore(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "SigBlk:"); ok {
+			m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && m&criuBlocked == criuBlocked
+		}
+	}
+	return false
 }
 
 // KillJournaled kills the processes of a dead restore's tree that it journaled (or watched)
