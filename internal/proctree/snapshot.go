@@ -103,6 +103,9 @@ func (s *Snapshot) ThreadNames(pid int) []string {
 type End struct {
 	Target      string
 	Read, Write bool
+	// fifo is a FIFO's file (nil for a pipe, whose "pipe:[N]" names one pipe host-wide): its
+	// path names it only in the holder's mount namespace.
+	fifo os.FileInfo
 }
 
 // StdioPipes are the pipe and FIFO ends on pid's standard descriptors (0, 1, 2).
@@ -123,12 +126,13 @@ func (s *Snapshot) end(pid, fd int) (End, bool) {
 	if err != nil {
 		return End{}, false
 	}
+	var fifo os.FileInfo
 	if !strings.HasPrefix(target, "pipe:[") {
-		if fi, err := os.Stat(link); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
+		if fifo, err = os.Stat(link); err != nil || fifo.Mode()&os.ModeNamedPipe == 0 {
 			return End{}, false
 		}
 	}
-	e := End{Target: target, Read: true, Write: true} // unless its flags say otherwise
+	e := End{Target: target, Read: true, Write: true, fifo: fifo} // unless its flags say otherwise
 	if b, err := os.ReadFile(filepath.Join(s.root, strconv.Itoa(pid), "fdinfo", strconv.Itoa(fd))); err == nil {
 		for _, l := range strings.Split(string(b), "\n") {
 			if v, ok := strings.CutPrefix(l, "flags:"); ok {
@@ -145,7 +149,11 @@ func (s *Snapshot) end(pid, fd int) (End, bool) {
 // HoldersOutside finds, among the processes under the snapshot's procfs that are not its
 // own, a reader and a writer of each of targets (pipes and FIFOs, as End names them), by
 // target: the other ends of pipes the snapshot's processes share with the rest of the host.
-func (s *Snapshot) HoldersOutside(targets map[string]bool) map[string]Holders {
+// A FIFO counts only where it is the very file (device and inode) the tree holds: a path
+// names a file in its holder's mount namespace, where any user can mount a tmpfs and make
+// a FIFO of their own at the tree's FIFO's path, and such a holder had root's checkpoint
+// of another user's job refused (hostile test).
+func (s *Snapshot) HoldersOutside(targets map[string]End) map[string]Holders {
 	out := map[string]Holders{}
 	if len(targets) == 0 {
 		return out
@@ -166,11 +174,13 @@ func (s *Snapshot) HoldersOutside(targets map[string]bool) map[string]Holders {
 			if err != nil {
 				continue
 			}
-			if t, err := os.Readlink(filepath.Join(s.root, e.Name(), "fd", f.Name())); err != nil || !targets[t] {
+			t, err := os.Readlink(filepath.Join(s.root, e.Name(), "fd", f.Name()))
+			want, ok := targets[t]
+			if err != nil || !ok {
 				continue
 			}
 			end, ok := s.end(pid, fd)
-			if !ok {
+			if !ok || (want.fifo == nil) != (end.fifo == nil) || want.fifo != nil && !os.SameFile(want.fifo, end.fifo) {
 				continue
 			}
 			h := out[end.Target]

@@ -206,12 +206,12 @@ type outerPipe struct {
 // gone) loses nothing; nor do descriptors beyond the standard ones a process inherited and
 // never uses (a launcher's leaked pipe, held by every process of a session) (review).
 func outerPipes(tree *proctree.Snapshot, procs []*proc) []outerPipe {
-	targets := map[string]bool{}
+	targets := map[string]proctree.End{}
 	ends := map[int][]proctree.End{}
 	for _, p := range procs {
 		ends[p.PID] = tree.StdioPipes(p.PID)
 		for _, e := range ends[p.PID] {
-			targets[e.Target] = true
+			targets[e.Target] = e
 		}
 	}
 	outside := tree.HoldersOutside(targets)

@@ -163,6 +163,23 @@ func TestOuterFIFOIsRefused(t *testing.T) {
 	}
 }
 
+// A FIFO is named by its path in its holder's mount namespace, where a user can mount a
+// tmpfs and make a FIFO of their own at the job's FIFO's path: holding that one had root's
+// checkpoint of another user's job refused (hostile test). Here the two links read alike
+// ("../fifo") and lead to two FIFOs.
+func TestOuterFIFOIsTheSameFileOnly(t *testing.T) {
+	root, tree := fixture(t, fake{pid: 10, files: []string{"/dev/null", "../fifo"}, modes: " w"},
+		fake{pid: 20, files: []string{"../fifo"}, modes: "r", outside: true})
+	for _, pid := range []string{"10", "20"} {
+		if err := unix.Mkfifo(filepath.Join(root, pid, "fifo"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := checksOf(Analyze(proctree.Snap(root, tree), nil, nil)); len(got) != 0 {
+		t.Fatalf("findings %v, want none: the process outside holds another FIFO at the path", got)
+	}
+}
+
 func TestSkipsFrom(t *testing.T) {
 	s, rest, err := SkipsFrom([]string{"cuda-ipc", "driver-version"})
 	if err != nil || !s[CheckCUDAIPC] || !slices.Equal(rest, []string{"driver-version"}) {
