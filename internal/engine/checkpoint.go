@@ -210,6 +210,11 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		t.Phases = append(t.Phases, image.Phase{Name: PhaseCRIUDump, Duration: d})
 		e.reporter().Done(PhaseCRIUDump, d)
 		crashpoint.Hit("end " + PhaseCRIUDump)
+		// A periodic timerfd that expired unread while the tree was frozen would restore
+		// disarmed (criuimg.RearmExpiredTimerfds); the image is sealed only after this.
+		if _, commitErr = criuimg.RearmExpiredTimerfds(stage.CRIUDir()); commitErr != nil {
+			return commitErr
+		}
 		if m.Reopened, commitErr = reopenedFiles(stage.CRIUDir(), hostPIDs(ids)); commitErr != nil {
 			return commitErr
 		}
