@@ -134,8 +134,31 @@ func (e *Error) Error() string {
 		msg = ne.Script + ": " + ne.Error()
 	} else if len(e.Lines) > 0 {
 		msg = e.Lines[0]
+		if h := hint(msg); h != "" {
+			msg += ": " + h
+		}
 	}
 	return fmt.Sprintf("criu %s failed: %s (log: %s)", e.Op, msg, e.LogPath)
+}
+
+// grownFile matches CRIU's refusal to restore an open file whose size is not the one it
+// recorded.
+var grownFile = regexp.MustCompile(`File (.+) has bad size (\d+) \(expect (\d+)\)`)
+
+// hint is what a user can do about CRIU's error line, "" where gpucr knows nothing to say.
+// A job whose output went to a file with > and went on writing it after a --leave-running
+// checkpoint could not be restored, and CRIU's line said only "bad size" (hostile test).
+func hint(line string) string {
+	if m := grownFile.FindStringSubmatch(line); m != nil {
+		path := m[1]
+		if !strings.HasPrefix(path, "/") {
+			path = "/" + path // CRIU names it from its root: the host's, or a container's
+		}
+		return fmt.Sprintf("it has changed since the checkpoint (%s bytes then), and CRIU restores an open file only as it was; "+
+			"if the job only writes it (its output sent there with >), truncate it to that size (truncate -s %s %s) and restore again; "+
+			"output appended with >> is not checked", m[3], m[3], path)
+	}
+	return ""
 }
 
 func (e *Error) Unwrap() error { return e.Err }

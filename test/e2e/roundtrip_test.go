@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -407,4 +408,29 @@ func TestTreeWithAPipeToTheOutsideIsRefused(t *testing.T) {
 	}
 	w.waitCount(t, w.read(t, "count")+2)
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img, "--leave-running", "--shell-job", "--skip-check", "outer-pipe")
+}
+
+// A job that appends to its log (>>), checkpointed with --leave-running and then going on
+// writing it, restores: CRIU records no size for a file opened write-only for appending,
+// which loses nothing by growing, and the restore appends after what was written since.
+// The error for a log opened with > says so (criu.Error's hint for "has bad size").
+func TestAppendedLogGrownSinceTheCheckpointRestores(t *testing.T) {
+	needCRIU(t)
+	log := filepath.Join(t.TempDir(), "job.log")
+	w := startCounter(t, "-tick", "20ms", "-log", log)
+	w.waitCount(t, 3)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", dir)
+	at := w.read(t, "count")
+	w.waitCount(t, at+5)
+	testutil.KillAndReap(w.pid)
+	testutil.WaitGone(t, w.pid)
+	before, _ := os.ReadFile(log)
+	pid := restore(t, dir)
+	t.Cleanup(func() { testutil.KillAndReap(pid) })
+	w.waitCount(t, at+3)
+	after, _ := os.ReadFile(log)
+	if !bytes.HasPrefix(after, before) || len(after) <= len(before) {
+		t.Fatalf("the log was not appended to after the restore: %d bytes before, %d after", len(before), len(after))
+	}
 }

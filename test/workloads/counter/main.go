@@ -5,7 +5,8 @@
 // Every tick it writes its count to DIR/count (and the child to DIR/child); on SIGUSR1 it
 // re-checks its memory and writes "ok N" or "bad N" to DIR/verify. Started as a rank (RANK
 // set, as by gpucr run) it writes DIR/count.RANK instead. Each file holds one line padded
-// with spaces to a fixed width, and is opened and closed each time (see write).
+// with spaces to a fixed width, and is opened and closed each time (see write). With -log it
+// also appends each count to a file it holds open for appending, as a job's log is.
 package main
 
 import (
@@ -38,6 +39,7 @@ func main() {
 	random := flag.Int("random-mib", 0, "MiB of memory to fill with seeded random 64-bit values, as the GPU holder's (test/gpu/holder.py): incompressible, checked too")
 	shm := flag.Int("shm", 0, "MiB of shared anonymous memory and of memfd memory to fill with the pattern too")
 	gpuState := flag.String("gpu-state", "", "a fake GPU's state directory: count only while DIR/PID says running (0), as a process blocked on its GPU would")
+	logPath := flag.String("log", "", "a file to append each count to, held open for appending")
 	flag.Parse()
 	if *isChild {
 		runChild(*dir)
@@ -56,6 +58,12 @@ func main() {
 		must(cmd.Start())
 		r.Close()
 		pipe = w
+	}
+	var log *os.File
+	if *logPath != "" {
+		var err error
+		log, err = os.OpenFile(*logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+		must(err)
 	}
 	var conn *tcpLoop
 	if *tcp {
@@ -84,6 +92,10 @@ func main() {
 			continue
 		}
 		write(filepath.Join(*dir, countFile()), strconv.Itoa(n)+"\n")
+		if log != nil {
+			_, err := fmt.Fprintf(log, "%d\n", n)
+			must(err)
+		}
 		if conn != nil {
 			conn.roundTrip(n)
 		}
