@@ -216,11 +216,11 @@ func criuError(op, workDir string, err error) error {
 }
 
 // run runs runc with args, env added to its environment, and returns its stdout; started,
-// when not nil, is given runc's PID once it runs. Its log
-// goes to a file in logDir ("" is TMPDIR), which a long call puts in its journaled work
-// directory: a killed gpucr's rollback removes it. Its stdin and stderr are /dev/null: a
-// restored container inherits runc's stdio where its own was pipes, and must not hold
-// gpucr's. runc's errors are read from its --log file instead.
+// when not nil, is given runc's PID once it runs. Its log goes to a file in logDir ("" is
+// TMPDIR), which a long call puts in its journaled work directory: a killed gpucr's
+// rollback removes it. Its stdin and stderr are /dev/null: a restored container inherits
+// runc's stdio where its own was pipes, and must not hold gpucr's. runc's errors are read
+// from its --log file instead.
 func (r *Runc) run(ctx context.Context, logDir string, env []string, started func(pid int), args ...string) ([]byte, error) {
 	// runc opens its log by name, following symlinks: in a TMPDIR another user can rename
 	// in, root's runc created or appended to a file of that user's choosing (review).
@@ -302,85 +302,6 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, started fun
 		return nil, fmt.Errorf("runc %s: %s", args[0], runcError(logf, err))
 	}
 	return out.Bytes(), nil
-}
-
-// errCRIUDied is a runc call whose CRIU ended without answering runc.
-var errCRIUDied = errors.New("runc's CRIU died without an answer (killed?)")
-
-// criuGoneGrace is how long runc may leave its exited CRIU unreaped before unstick takes
-// it as waiting for good.
-const criuGoneGrace = 2 * time.Second
-
-// unstick kills runc's tree once runc's CRIU has stayed a zombie for criuGoneGrace, until
-// done, and says whether it did: runc reaps its CRIU as soon as CRIU has answered, so one left unreaped means runc
-// still waits for the answer of a CRIU that was killed, and the processes CRIU forked, which
-// hold CRIU's socket, keep that wait from ever ending (crash test: gpucr waited on runc
-// for good).
-func unstick(runc int, done <-chan struct{}) bool {
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	var since time.Time
-	for {
-		select {
-		case <-done:
-			return false
-		case <-t.C:
-		}
-		switch {
-		case !exitedCRIU(runc) || !holdsCRIUSocket(runc):
-			since = time.Time{}
-		case since.IsZero():
-			since = time.Now()
-		case time.Since(since) >= criuGoneGrace:
-			killTree(runc)
-			return true
-		}
-	}
-}
-
-// exitedCRIU says whether a child of runc's is a CRIU that exited and was not reaped.
-func exitedCRIU(runc int) bool {
-	for _, c := range proctree.Children(runc) {
-		if p, err := proctree.Read(c); err == nil && p.Zombie && p.Command == "criu" {
-			return true
-		}
-	}
-	return false
-}
-
-// holdsCRIUSocket says whether runc still holds a seqpacket socket: its end of the one to
-// its CRIU (the only such socket runc has), which it closes once its exchange with CRIU
-// ends, answered or not. A runc that has closed it does not wait on CRIU, though a zombie
-// CRIU may still be its child: on CRIU's failure runc runs its poststop hooks and removes
-// the container with CRIU, and the restored root CRIU forked (runc's child, named criu),
-// unreaped (review: a 4 s poststop hook was killed and CRIU's own error replaced).
-func holdsCRIUSocket(runc int) bool {
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", runc))
-	if err != nil {
-		return false
-	}
-	held := map[string]bool{}
-	for _, fd := range fds {
-		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", runc, fd.Name())); err == nil {
-			if ino, ok := strings.CutPrefix(l, "socket:["); ok {
-				held[strings.TrimSuffix(ino, "]")] = true
-			}
-		}
-	}
-	if len(held) == 0 {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/unix", runc))
-	if err != nil {
-		return true // cannot tell: taken as waiting, as before
-	}
-	for _, line := range strings.Split(string(b), "\n")[1:] {
-		// Num RefCount Protocol Flags Type St Inode [Path]; Type 0005 is SOCK_SEQPACKET.
-		if f := strings.Fields(line); len(f) >= 7 && f[4] == "0005" && held[f[6]] {
-			return true
-		}
-	}
-	return false
 }
 
 // killTree kills root and every process below it, the deepest first.
