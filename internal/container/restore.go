@@ -114,10 +114,10 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 		refused error // a verdict that could not be given
 	}
 	heldc := make(chan held, 1)
-	// What runc and its CRIU make is watched until the container's tasks are all there (the
-	// hook has reached post-restore): runc's CRIU kills what it made when it fails, but not
-	// when it is killed itself, and its tasks were left in its restorer, or running outside
-	// any container (crash test).
+	// What runc's CRIU makes is watched until the container's tasks are all there (the hook
+	// has reached post-restore): runc's CRIU kills what it made when it fails, but not when
+	// it is killed itself, and its tasks were left in its restorer, or running outside any
+	// container (crash test).
 	var forks atomic.Pointer[engine.ForkWatch]
 	go func() {
 		took, filled, refused := holdTasks(ctx, s, stop, func() { forks.Load().Stop() })
@@ -130,7 +130,7 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 		return nil, err
 	}
 	err = ri.c.Runc.Restore(ctx, ri.id, ri.bundle, s.ImagesDir, s.WorkDir, s.Flags, env,
-		func(runc int) { forks.Store(engine.WatchForks(runc)) })
+		func(runc int) { forks.Store(engine.WatchCRIUForks(runc)) })
 	close(stop)
 	h := <-heldc
 	made := forks.Load().Stop()

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 // time a process is this restore's and no one else's.
 type ForkWatch struct {
 	criu    txn.Proc // the watched CRIU (or runtime)
+	through string   // the command of the watched process's children followed ("": all)
 	stop    chan struct{}
 	done    chan struct{}
 	stopped sync.Once
@@ -29,8 +31,18 @@ type ForkWatch struct {
 const forkWatchEvery = time.Millisecond
 
 // WatchForks watches what the process at criuPID makes, until Stop.
-func WatchForks(criuPID int) *ForkWatch {
-	w := &ForkWatch{stop: make(chan struct{}), done: make(chan struct{})}
+func WatchForks(criuPID int) *ForkWatch { return watchForks(criuPID, "") }
+
+// WatchCRIUForks watches the CRIUs that runtime (runc) starts, and what they make, until
+// Stop: not the rest of what runtime starts (the OCI hooks it runs during a restore, or what
+// a wrapper in its place runs), which a failed restore must leave alone. A container made
+// meanwhile by a wrapper around runc had its init killed by the failed restore (e2e test).
+func WatchCRIUForks(runtime int) *ForkWatch { return watchForks(runtime, "criu") }
+
+// watchForks watches what the process at criuPID makes: all of it, or, with through set,
+// only what descends from its children whose command is through (and those).
+func watchForks(criuPID int, through string) *ForkWatch {
+	w := &ForkWatch{stop: make(chan struct{}), done: make(chan struct{}), through: through}
 	w.criu, _ = txn.ProcOf(criuPID)
 	go func() {
 		defer close(w.done)
@@ -54,6 +66,12 @@ func WatchForks(criuPID int) *ForkWatch {
 // during the restore and taken again names another process.
 func (w *ForkWatch) look(pid int, known map[txn.Proc]bool) {
 	queue := proctree.Children(pid)
+	if w.through != "" {
+		queue = slices.DeleteFunc(queue, func(c int) bool {
+			p, err := proctree.Read(c)
+			return err != nil || p.Command != w.through
+		})
+	}
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = append(queue[1:], proctree.Children(p)...)
