@@ -76,20 +76,3 @@ func TestErrorNamesGpucrsOwnFailureFirst(t *testing.T) {
 		t.Errorf("Error() = %q, want CRIU's first line", got)
 	}
 }
-
-// A job whose output went to a file with > and grew after a --leave-running checkpoint
-// failed its restore with CRIU's "bad size" alone (hostile test): the error says how to
-// restore it.
-func TestGrownFileErrorSaysHowToRestore(t *testing.T) {
-	line := "(00.012817) Error (criu/files-reg.c:2158): File tmp/job.log has bad size 16 (expect 4)"
-	msg := (&Error{Op: "restore", LogPath: "/w/restore.log", Lines: []string{line}, Err: errors.New("exit status 1")}).Error()
-	for _, want := range []string{"has bad size 16 (expect 4)", "truncate -s 4 /tmp/job.log", "(log: /w/restore.log)"} {
-		if !strings.Contains(msg, want) {
-			t.Errorf("error %q lacks %q", msg, want)
-		}
-	}
-	other := (&Error{Op: "restore", LogPath: "/w/restore.log", Lines: []string{"(00.01) Error (criu/cr-restore.c:1): something else"}, Err: errors.New("x")}).Error()
-	if strings.Contains(other, "truncate") {
-		t.Errorf("a hint on an unrelated error: %q", other)
-	}
-}

@@ -123,6 +123,7 @@ type Error struct {
 	LogPath string
 	Lines   []string // CRIU's last error lines
 	Err     error
+	Hint    string // what to do about Lines[0], where gpucr knows
 }
 
 // Error names the cause: gpucr's own failed answer to a notification if that ended the
@@ -134,32 +135,16 @@ func (e *Error) Error() string {
 		msg = ne.Script + ": " + ne.Error()
 	} else if len(e.Lines) > 0 {
 		msg = e.Lines[0]
-		if h := hint(msg); h != "" {
-			msg += ": " + h
+		if e.Hint != "" {
+			msg += ": " + e.Hint
 		}
 	}
 	return fmt.Sprintf("criu %s failed: %s (log: %s)", e.Op, msg, e.LogPath)
 }
 
-// grownFile matches CRIU's refusal to restore an open file whose size is not the one it
-// recorded.
-var grownFile = regexp.MustCompile(`File (.+) has bad size (\d+) \(expect (\d+)\)`)
-
-// hint is what a user can do about CRIU's error line, "" where gpucr knows nothing to say.
-// A job whose output went to a file with > and went on writing it after a --leave-running
-// checkpoint could not be restored, and CRIU's line said only "bad size" (hostile test).
-func hint(line string) string {
-	if m := grownFile.FindStringSubmatch(line); m != nil {
-		path := m[1]
-		if !strings.HasPrefix(path, "/") {
-			path = "/" + path // CRIU names it from its root: the host's, or a container's
-		}
-		return fmt.Sprintf("it has changed since the checkpoint (%s bytes then), and CRIU restores an open file only as it was; "+
-			"if the job only writes it (its output sent there with >), truncate it to that size (truncate -s %s %s) and restore again; "+
-			"output appended with >> is not checked", m[3], m[3], path)
-	}
-	return ""
-}
+// GrownFile matches CRIU's refusal to restore an open file whose size is not the one it
+// recorded: the file's name (from CRIU's root), its size, and the size recorded.
+var GrownFile = regexp.MustCompile(`File (.+) has bad size (\d+) \(expect (\d+)\)`)
 
 func (e *Error) Unwrap() error { return e.Err }
 

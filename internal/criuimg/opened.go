@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/rootonly"
@@ -237,4 +238,21 @@ func CheckSocketDirs(dir string) error {
 		}
 	}
 	return nil
+}
+
+// WrittenFiles lists the regular files that the processes of the image at dir hold open for
+// writing, by their names from the image's root ("/" trimmed, as CRIU's errors name them):
+// a job's output, which it may go on writing after a --leave-running checkpoint.
+func WrittenFiles(dir string) (map[string]bool, error) {
+	entries, err := decode(newBudget(), os.DirFS(dir), "files.img", &fdinfo.FileEntry{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]bool{}
+	for _, e := range entries {
+		if r := e.GetReg(); r != nil && r.GetFlags()&unix.O_ACCMODE != unix.O_RDONLY {
+			out[strings.TrimLeft(r.GetName(), "/")] = true
+		}
+	}
+	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -432,5 +433,36 @@ func TestAppendedLogGrownSinceTheCheckpointRestores(t *testing.T) {
 	after, _ := os.ReadFile(log)
 	if !bytes.HasPrefix(after, before) || len(after) <= len(before) {
 		t.Fatalf("the log was not appended to after the restore: %d bytes before, %d after", len(before), len(after))
+	}
+}
+
+// A job whose output goes to a file with >, checkpointed with --leave-running and going on
+// writing it: CRIU refuses the restore ("has bad size"), and the error said nothing more
+// (hostile test). It now says to truncate the file to its size at the checkpoint, with the
+// command; done as said, the restore goes on from the checkpoint.
+func TestOutputGrownSinceTheCheckpointSaysHowToRestore(t *testing.T) {
+	needCRIU(t)
+	out := filepath.Join(t.TempDir(), "job.out")
+	w := startCounter(t, "-tick", "20ms", "-out", out)
+	w.waitCount(t, 3)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", dir)
+	at := w.read(t, "count")
+	w.waitCount(t, at+5)
+	testutil.KillAndReap(w.pid)
+	testutil.WaitGone(t, w.pid)
+	msg, code := gpucr(t, "restore", "-D", dir)
+	m := regexp.MustCompile(`truncate -s (\d+) (\S+)\)`).FindStringSubmatch(msg)
+	if code == 0 || !oneLineWith(msg, "has bad size") || m == nil || m[2] != out {
+		t.Fatalf("restore after the output grew: exit %d, want one line saying to truncate %s:\n%s", code, out, msg)
+	}
+	if b, err := exec.Command("truncate", "-s", m[1], m[2]).CombinedOutput(); err != nil {
+		t.Fatalf("truncate as told: %v: %s", err, b)
+	}
+	testutil.Reap() // the task CRIU forked and killed, left to this test, a subreaper
+	pid := restore(t, dir)
+	t.Cleanup(func() { testutil.KillAndReap(pid) })
+	if first := w.waitCount(t, at+3); first > at+50 {
+		t.Errorf("restored counter at %d, checkpoint at about %d", first, at)
 	}
 }

@@ -6,7 +6,8 @@
 // re-checks its memory and writes "ok N" or "bad N" to DIR/verify. Started as a rank (RANK
 // set, as by gpucr run) it writes DIR/count.RANK instead. Each file holds one line padded
 // with spaces to a fixed width, and is opened and closed each time (see write). With -log it
-// also appends each count to a file it holds open for appending, as a job's log is.
+// also appends each count to a file it holds open for appending, as a job's log is; with -out
+// it writes each to a file it holds open from its start, as a job's output sent with >.
 package main
 
 import (
@@ -39,7 +40,8 @@ func main() {
 	random := flag.Int("random-mib", 0, "MiB of memory to fill with seeded random 64-bit values, as the GPU holder's (test/gpu/holder.py): incompressible, checked too")
 	shm := flag.Int("shm", 0, "MiB of shared anonymous memory and of memfd memory to fill with the pattern too")
 	gpuState := flag.String("gpu-state", "", "a fake GPU's state directory: count only while DIR/PID says running (0), as a process blocked on its GPU would")
-	logPath := flag.String("log", "", "a file to append each count to, held open for appending")
+	logPath := flag.String("log", "", "a file to append each count to, held open for appending (as >> opens it)")
+	outPath := flag.String("out", "", "a file to write each count to, held open write-only from its start (as > opens it)")
 	flag.Parse()
 	if *isChild {
 		runChild(*dir)
@@ -59,11 +61,13 @@ func main() {
 		r.Close()
 		pipe = w
 	}
-	var log *os.File
-	if *logPath != "" {
-		var err error
-		log, err = os.OpenFile(*logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
-		must(err)
+	var outputs []*os.File
+	for path, flags := range map[string]int{*logPath: os.O_APPEND, *outPath: os.O_TRUNC} {
+		if path != "" {
+			f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|flags, 0o644)
+			must(err)
+			outputs = append(outputs, f)
+		}
 	}
 	var conn *tcpLoop
 	if *tcp {
@@ -92,8 +96,8 @@ func main() {
 			continue
 		}
 		write(filepath.Join(*dir, countFile()), strconv.Itoa(n)+"\n")
-		if log != nil {
-			_, err := fmt.Fprintf(log, "%d\n", n)
+		for _, f := range outputs {
+			_, err := fmt.Fprintf(f, "%d\n", n)
 			must(err)
 		}
 		if conn != nil {

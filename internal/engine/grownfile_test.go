@@ -1,0 +1,46 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fdinfo"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/fown"
+	"github.com/checkpoint-restore/go-criu/v7/crit/images/regfile"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/fuzzcheck"
+	"github.com/gpucr/gpucr/internal/testutil"
+)
+
+// Truncating is offered only for a file the job held open for writing: a library, a program
+// or data the job reads that changed size must be put back, and truncating it would restore
+// the job onto the wrong bytes.
+func TestExplainGrownFileOffersTruncateForOutputOnly(t *testing.T) {
+	u32 := proto.Uint32
+	owner := &fown.FownEntry{Uid: u32(0), Euid: u32(0), Signum: u32(0), PidType: u32(0), Pid: u32(0)}
+	reg := func(id, flags uint32, name string) proto.Message {
+		return &fdinfo.FileEntry{Type: fdinfo.FdTypes_REG.Enum(), Id: u32(id), Reg: &regfile.RegFileEntry{
+			Id: u32(id), Flags: u32(flags), Pos: proto.Uint64(0), Fown: owner, Name: proto.String(name)}}
+	}
+	dir := t.TempDir()
+	testutil.WriteFile(t, filepath.Join(dir, "files.img"), fuzzcheck.Image(t, "FILES",
+		reg(1, 01|01000, "/srv/job.out"), reg(2, 0, "/srv/data.bin"), reg(3, 02, "/srv/state.db")))
+	for _, c := range []struct {
+		name     string
+		truncate bool
+	}{{"srv/job.out", true}, {"srv/state.db", true}, {"srv/data.bin", false}, {"usr/lib/libx.so", false}} {
+		line := fmt.Sprintf("(00.01) Error (criu/files-reg.c:2175): File %s has bad size 56 (expect 23)", c.name)
+		err := &criu.Error{Op: "restore", LogPath: "/w/restore.log", Lines: []string{line}, Err: errors.New("exit status 1")}
+		ExplainGrownFile(err, dir, false)
+		msg := err.Error()
+		offered := strings.Contains(msg, "truncate -s 23 /"+c.name)
+		if offered != c.truncate || !strings.Contains(msg, "23 bytes then") {
+			t.Errorf("%s: %q; truncate offered %v, want %v", c.name, msg, offered, c.truncate)
+		}
+	}
+}
