@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // A runc checkpoint or restore whose CRIU failed quotes CRIU's first error line and names
@@ -104,7 +105,7 @@ exit 1
 // answer" (review).
 func TestUnstickSparesARuncNoLongerTalkingToCRIU(t *testing.T) {
 	if _, err := exec.LookPath("perl"); err != nil {
-		t.Skip("no perl")
+		testutil.SkipOrFail(t, "no perl")
 	}
 	dir := t.TempDir()
 	if err := os.Symlink("/bin/true", filepath.Join(dir, "criu")); err != nil {

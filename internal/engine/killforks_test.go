@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -17,7 +18,7 @@ import (
 func startAt(t *testing.T, cmd *exec.Cmd) (int, string, <-chan error) {
 	t.Helper()
 	if err := cmd.Start(); err != nil {
-		t.Skip(err)
+		testutil.SkipOrFail(t, err.Error())
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill() })
 	done := make(chan error, 1)
@@ -60,7 +61,7 @@ func TestKillForksKillsATaskLeftInCRIUsRestorer(t *testing.T) {
 	cmd.Env = append(os.Environ(), "KILLFORKS_TEST=1")
 	pid, exe, done := startAt(t, cmd)
 	if !inCRIUsRestore(pid) {
-		t.Skip("python3 could not block the signals")
+		testutil.SkipOrFail(t, "python3 could not block the signals")
 	}
 	killForks([]txn.Proc{{PID: pid}}, "/proc/self/exe", 0, map[int]*criuimg.Opened{pid: {Exe: exe}})
 	select {

@@ -25,7 +25,7 @@ func TestPeriodicTimerfdFiresAfterRestore(t *testing.T) {
 	needCRIU(t)
 	tfd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_CLOEXEC)
 	if err != nil {
-		t.Skipf("timerfd_create: %v", err)
+		testutil.SkipOrFail(t, "timerfd_create: "+err.Error())
 	}
 	every := unix.NsecToTimespec(int64(50 * time.Millisecond))
 	if err := unix.TimerfdSettime(tfd, 0, &unix.ItimerSpec{Interval: every, Value: every}, nil); err != nil {
@@ -51,7 +51,7 @@ func TestPeriodicTimerfdFiresAfterRestore(t *testing.T) {
 
 	pidfd, err := unix.PidfdOpen(restored, 0)
 	if err != nil {
-		t.Skipf("pidfd_open: %v", err)
+		testutil.SkipOrFail(t, "pidfd_open: "+err.Error())
 	}
 	defer unix.Close(pidfd)
 	timer, err := unix.PidfdGetfd(pidfd, 3, 0)
