@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -61,6 +62,32 @@ type checkpointOutput struct {
 	// RootPID above is the host's PID; the image numbers a container's processes as the
 	// container does, its init as ContainerPID (1).
 	ContainerPID int `json:"containerPid,omitempty"`
+	// Outputs are the files a tree left running holds open write-only from a position (a
+	// job's output sent with >), with their sizes now: one that grows before a restore must
+	// be truncated back to that size first, as CRIU restores it only as it was.
+	Outputs []outputFile `json:"outputs,omitempty"`
+}
+
+type outputFile struct {
+	Path string `json:"path"` // from the image's root: a container's, for a container
+	Size int64  `json:"size"`
+}
+
+// outputsOf lists the files of the image's CRIU directory that outputFile describes,
+// sorted; none if they cannot be read (the note is informational).
+func outputsOf(criuDir string) []outputFile {
+	outputs, err := criuimg.OutputFiles(criuDir)
+	if err != nil {
+		return nil
+	}
+	var out []outputFile
+	for name, size := range outputs {
+		if size >= 0 {
+			out = append(out, outputFile{Path: "/" + name, Size: size})
+		}
+	}
+	slices.SortFunc(out, func(a, b outputFile) int { return strings.Compare(a.Path, b.Path) })
+	return out
 }
 
 // checkFree refuses, before a checkpoint begins, a store location it could not be pushed
@@ -255,6 +282,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 			} else {
 				// Informational: an unreadable statistics file does not fail a written checkpoint.
 				out.CRIUStats, _ = criuimg.ReadDumpStats(filepath.Join(r.Dir, image.LogsDir))
+				if out.LeftRunning {
+					out.Outputs = outputsOf(image.CRIUPath(r.Dir))
+				}
 			}
 			if released != nil {
 				to = "" // not stored: the error below says what happened
@@ -344,5 +374,8 @@ func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
 		fmt.Fprintf(a.stdout, "  the container was left running (paused %.2fs)\n", out.Paused)
 	case out.LeftRunning:
 		fmt.Fprintf(a.stdout, "  the process tree was left running (paused %.2fs)\n", out.Paused)
+	}
+	for _, o := range out.Outputs {
+		fmt.Fprintf(a.stdout, "  output  %s is held open for writing (%d bytes now): if it grows, a restore of this image needs it truncated back first (truncate -s %d %s)\n", o.Path, o.Size, o.Size, o.Path)
 	}
 }

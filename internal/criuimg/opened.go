@@ -240,18 +240,25 @@ func CheckSocketDirs(dir string) error {
 	return nil
 }
 
-// WrittenFiles lists the regular files that the processes of the image at dir hold open for
-// writing, by their names from the image's root ("/" trimmed, as CRIU's errors name them):
-// a job's output, which it may go on writing after a --leave-running checkpoint.
-func WrittenFiles(dir string) (map[string]bool, error) {
+// OutputFiles lists the regular files that the processes of the image at dir hold open
+// write-only, by their names from the image's root ("/" trimmed, as CRIU's errors name
+// them), with the size CRIU recorded for each: a job's output, which it may go on writing
+// after a --leave-running checkpoint, and which CRIU then refuses to restore. A file opened
+// to append has no size (-1): CRIU does not check it. A file open for reading too (a
+// database, shared memory) is not output: what changed in it is not only its end.
+func OutputFiles(dir string) (map[string]int64, error) {
 	entries, err := decode(newBudget(), os.DirFS(dir), "files.img", &fdinfo.FileEntry{})
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]bool{}
+	out := map[string]int64{}
 	for _, e := range entries {
-		if r := e.GetReg(); r != nil && r.GetFlags()&unix.O_ACCMODE != unix.O_RDONLY {
-			out[strings.TrimLeft(r.GetName(), "/")] = true
+		if r := e.GetReg(); r != nil && r.GetFlags()&unix.O_ACCMODE == unix.O_WRONLY {
+			size := int64(-1)
+			if r.Size != nil {
+				size = int64(r.GetSize())
+			}
+			out[strings.TrimLeft(r.GetName(), "/")] = size
 		}
 	}
 	return out, nil

@@ -12,8 +12,9 @@ import (
 // ExplainGrownFile gives a restore's CRIU error about an open file whose size changed since
 // the checkpoint what to do, reading the image's CRIU directory criuDir: a job's output sent
 // with > and grown after a --leave-running checkpoint was refused with CRIU's "bad size"
-// alone (hostile test). Truncating is offered only for a file the job held open for
-// writing; any other (a program, a library, data it reads) must be put back as it was.
+// alone (hostile test). Truncating is offered only for a file the job held open
+// write-only (its output); any other (a program, a library, data it reads or updates) must
+// be put back as it was.
 // inContainer says the file's name is from a container's root. err is CRIU's error as its
 // run returned it: a message already wrapped around it does not change.
 func ExplainGrownFile(err error, criuDir string, inContainer bool) {
@@ -30,7 +31,8 @@ func ExplainGrownFile(err error, criuDir string, inContainer bool) {
 	if inContainer {
 		where = " in the container"
 	}
-	if written, werr := criuimg.WrittenFiles(criuDir); werr == nil && written[name] {
+	outputs, werr := criuimg.OutputFiles(criuDir)
+	if _, ok := outputs[name]; werr == nil && ok {
 		ce.Hint = fmt.Sprintf("the job went on writing it after the checkpoint (%s bytes then), and CRIU restores an open file only as it was; "+
 			"truncating it to that size (truncate -s %s /%s%s) lets the restore go on, losing what was written since; output appended with >> is not checked",
 			was, was, name, where)

@@ -17,9 +17,10 @@ import (
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
-// Truncating is offered only for a file the job held open for writing: a library, a program
-// or data the job reads that changed size must be put back, and truncating it would restore
-// the job onto the wrong bytes.
+// Truncating is offered only for a file the job held open write-only, its output: a
+// library, a program, or data the job reads or updates (a database opened read-write) that
+// changed size must be put back, and truncating it would restore the job onto the wrong
+// bytes.
 func TestExplainGrownFileOffersTruncateForOutputOnly(t *testing.T) {
 	u32 := proto.Uint32
 	owner := &fown.FownEntry{Uid: u32(0), Euid: u32(0), Signum: u32(0), PidType: u32(0), Pid: u32(0)}
@@ -33,7 +34,7 @@ func TestExplainGrownFileOffersTruncateForOutputOnly(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		truncate bool
-	}{{"srv/job.out", true}, {"srv/state.db", true}, {"srv/data.bin", false}, {"usr/lib/libx.so", false}} {
+	}{{"srv/job.out", true}, {"srv/state.db", false}, {"srv/data.bin", false}, {"usr/lib/libx.so", false}} {
 		line := fmt.Sprintf("(00.01) Error (criu/files-reg.c:2175): File %s has bad size 56 (expect 23)", c.name)
 		err := &criu.Error{Op: "restore", LogPath: "/w/restore.log", Lines: []string{line}, Err: errors.New("exit status 1")}
 		ExplainGrownFile(err, dir, false)

@@ -421,7 +421,9 @@ func TestAppendedLogGrownSinceTheCheckpointRestores(t *testing.T) {
 	w := startCounter(t, "-tick", "20ms", "-log", log)
 	w.waitCount(t, 3)
 	dir := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", dir)
+	if out := mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", dir); strings.Contains(out, "output ") {
+		t.Errorf("a log appended to is named as an output to truncate: %s", out)
+	}
 	at := w.read(t, "count")
 	w.waitCount(t, at+5)
 	testutil.KillAndReap(w.pid)
@@ -446,14 +448,25 @@ func TestOutputGrownSinceTheCheckpointSaysHowToRestore(t *testing.T) {
 	w := startCounter(t, "-tick", "20ms", "-out", out)
 	w.waitCount(t, 3)
 	dir := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", dir)
+	var ck struct {
+		Outputs []struct {
+			Path string `json:"path"`
+			Size int64  `json:"size"`
+		} `json:"outputs"`
+	}
+	if err := json.Unmarshal([]byte(mustGpucr(t, "checkpoint", "--json", "--leave-running", strconv.Itoa(w.pid), "-D", dir)), &ck); err != nil {
+		t.Fatal(err)
+	}
+	if len(ck.Outputs) != 1 || ck.Outputs[0].Path != out || ck.Outputs[0].Size <= 0 {
+		t.Fatalf("the checkpoint's outputs %+v, want %s with its size", ck.Outputs, out)
+	}
 	at := w.read(t, "count")
 	w.waitCount(t, at+5)
 	testutil.KillAndReap(w.pid)
 	testutil.WaitGone(t, w.pid)
 	msg, code := gpucr(t, "restore", "-D", dir)
 	m := regexp.MustCompile(`truncate -s (\d+) (\S+)\)`).FindStringSubmatch(msg)
-	if code == 0 || !oneLineWith(msg, "has bad size") || m == nil || m[2] != out {
+	if code == 0 || !oneLineWith(msg, "has bad size") || m == nil || m[2] != out || m[1] != strconv.FormatInt(ck.Outputs[0].Size, 10) {
 		t.Fatalf("restore after the output grew: exit %d, want one line saying to truncate %s:\n%s", code, out, msg)
 	}
 	if b, err := exec.Command("truncate", "-s", m[1], m[2]).CombinedOutput(); err != nil {
