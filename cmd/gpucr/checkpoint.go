@@ -375,7 +375,12 @@ func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
 	case out.LeftRunning:
 		fmt.Fprintf(a.stdout, "  the process tree was left running (paused %.2fs)\n", out.Paused)
 	}
+	inside := ""
+	if out.Container != "" {
+		inside = " in the container"
+	}
 	for _, o := range out.Outputs {
-		fmt.Fprintf(a.stdout, "  output  %s is held open for writing (%d bytes now): if it grows, a restore of this image needs it truncated back first (truncate -s %d %s)\n", o.Path, o.Size, o.Size, o.Path)
+		fmt.Fprintf(a.stdout, "  output  %s%s is held open for writing (%d bytes now): if it grows, a restore of this image needs it truncated back first (truncate -s %d %s)\n",
+			o.Path, inside, o.Size, o.Size, o.Path)
 	}
 }
