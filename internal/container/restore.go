@@ -136,7 +136,7 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	made := forks.Load().Stop()
 	if err != nil {
 		engine.KillJournaled(made)
-		engine.ExplainGrownFile(err, s.Checked, true)
+		engine.HintGrownFile(err, s.Checked, true)
 		if ctx.Err() != nil {
 			err = errors.New("restore interrupted: runc and its CRIU were stopped")
 		} else if h.refused != nil {

@@ -3,40 +3,55 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/criuimg"
 )
 
-// ExplainGrownFile gives a restore's CRIU error about an open file whose size changed since
-// the checkpoint what to do, reading the image's CRIU directory criuDir: a job's output sent
-// with > and grown after a --leave-running checkpoint was refused with CRIU's "bad size"
-// alone (hostile test). Truncating is offered only for a file the job held open
-// write-only (its output); any other (a program, a library, data it reads or updates) must
-// be put back as it was.
-// inContainer says the file's name is from a container's root. err is CRIU's error as its
-// run returned it: a message already wrapped around it does not change.
-func ExplainGrownFile(err error, criuDir string, inContainer bool) {
+// HintGrownFile sets, on CRIU's error in err about an open file whose size changed since
+// the checkpoint, what to do about it, reading the image's CRIU directory criuDir: a job's
+// output sent with > and grown after a --leave-running checkpoint was refused with CRIU's
+// "bad size" alone (hostile test). err is CRIU's error as its run returned it: a message
+// already wrapped around it does not change. inContainer says the file's name is from a
+// container's root.
+func HintGrownFile(err error, criuDir string, inContainer bool) {
 	var ce *criu.Error
 	if !errors.As(err, &ce) || len(ce.Lines) == 0 {
 		return
 	}
-	m := criu.GrownFile.FindStringSubmatch(ce.Lines[0])
+	where := ""
+	switch {
+	case inContainer:
+		where = " in the container"
+	case criuimg.OwnMounts(criuDir):
+		where = " in the tree's own mount namespace"
+	}
+	ce.Hint = grownFileHint(ce.Lines[0], criuDir, where)
+}
+
+// grownFileHint is what to do about CRIU's error line, "" if it is not about a file whose
+// size changed, or if the image's files cannot be read. Truncating is offered only for a
+// file the job held open write-only (its output) and that grew: one that shrank (rotated,
+// truncated by someone) would be padded with zeros, and any other (a program, a library,
+// data the job reads or updates) must be put back as it was. where follows the file's name.
+func grownFileHint(line, criuDir, where string) string {
+	m := criu.GrownFile.FindStringSubmatch(line)
 	if m == nil {
-		return
+		return ""
+	}
+	outputs, err := criuimg.OutputFiles(criuDir)
+	if err != nil {
+		return ""
 	}
 	name, was := strings.TrimLeft(m[1], "/"), m[3]
-	where := ""
-	if inContainer {
-		where = " in the container"
-	}
-	outputs, werr := criuimg.OutputFiles(criuDir)
-	if _, ok := outputs[name]; werr == nil && ok {
-		ce.Hint = fmt.Sprintf("the job went on writing it after the checkpoint (%s bytes then), and CRIU restores an open file only as it was; "+
+	now, _ := strconv.ParseUint(m[2], 10, 64)
+	then, _ := strconv.ParseUint(was, 10, 64)
+	if _, ok := outputs[name]; ok && now > then {
+		return fmt.Sprintf("the job went on writing it after the checkpoint (%s bytes then), and CRIU restores an open file only as it was; "+
 			"truncating it to that size (truncate -s %s /%s%s) lets the restore go on, losing what was written since; output appended with >> is not checked",
 			was, was, name, where)
-		return
 	}
-	ce.Hint = fmt.Sprintf("it is not the file the checkpoint recorded (%s bytes then: a program or library upgraded, or data changed); restore where /%s%s is as it was", was, name, where)
+	return fmt.Sprintf("it is not the file the checkpoint recorded (%s bytes then: a program or library upgraded, or data changed); restore where /%s%s is as it was", was, name, where)
 }

@@ -17,11 +17,12 @@ import (
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
-// Truncating is offered only for a file the job held open write-only, its output: a
-// library, a program, or data the job reads or updates (a database opened read-write) that
-// changed size must be put back, and truncating it would restore the job onto the wrong
-// bytes.
-func TestExplainGrownFileOffersTruncateForOutputOnly(t *testing.T) {
+// Truncating is offered only for a file the job held open write-only, its output, and that
+// grew: a library, a program, or data the job reads or updates (a database opened
+// read-write) that changed size must be put back, and truncating it would restore the job
+// onto the wrong bytes; an output that shrank (rotated, truncated by someone) would be
+// padded with zeros (review).
+func TestHintGrownFileOffersTruncateForOutputOnly(t *testing.T) {
 	u32 := proto.Uint32
 	owner := &fown.FownEntry{Uid: u32(0), Euid: u32(0), Signum: u32(0), PidType: u32(0), Pid: u32(0)}
 	reg := func(id, flags uint32, name string) proto.Message {
@@ -33,15 +34,17 @@ func TestExplainGrownFileOffersTruncateForOutputOnly(t *testing.T) {
 		reg(1, 01|01000, "/srv/job.out"), reg(2, 0, "/srv/data.bin"), reg(3, 02, "/srv/state.db")))
 	for _, c := range []struct {
 		name     string
+		size     int
 		truncate bool
-	}{{"srv/job.out", true}, {"srv/state.db", false}, {"srv/data.bin", false}, {"usr/lib/libx.so", false}} {
-		line := fmt.Sprintf("(00.01) Error (criu/files-reg.c:2175): File %s has bad size 56 (expect 23)", c.name)
+	}{{"srv/job.out", 56, true}, {"srv/state.db", 56, false}, {"srv/data.bin", 56, false}, {"usr/lib/libx.so", 56, false},
+		{"srv/job.out", 10, false}} {
+		line := fmt.Sprintf("(00.01) Error (criu/files-reg.c:2175): File %s has bad size %d (expect 23)", c.name, c.size)
 		err := &criu.Error{Op: "restore", LogPath: "/w/restore.log", Lines: []string{line}, Err: errors.New("exit status 1")}
-		ExplainGrownFile(err, dir, false)
+		HintGrownFile(err, dir, false)
 		msg := err.Error()
 		offered := strings.Contains(msg, "truncate -s 23 /"+c.name)
 		if offered != c.truncate || !strings.Contains(msg, "23 bytes then") {
-			t.Errorf("%s: %q; truncate offered %v, want %v", c.name, msg, offered, c.truncate)
+			t.Errorf("%s at %d bytes: %q; truncate offered %v, want %v", c.name, c.size, msg, offered, c.truncate)
 		}
 	}
 }

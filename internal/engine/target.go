@@ -467,7 +467,7 @@ func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Resto
 		if reason := cut.done(); reason != nil {
 			return nil, fmt.Errorf("%w: CRIU was stopped and the restored processes killed; the image is unchanged", reason)
 		}
-		ExplainGrownFile(err, s.Checked, false)
+		HintGrownFile(err, s.Checked, false)
 		return nil, err
 	}
 	stats, err := criuimg.ReadRestoreStats(s.WorkDir)
