@@ -663,7 +663,7 @@ func TestRestoreWhoseCRIUIsKilledLeavesNothing(t *testing.T) {
 	for deadline := time.Now().Add(30 * time.Second); !killed && time.Now().Before(deadline); time.Sleep(100 * time.Microsecond) {
 		// CRIU has forked the task at the image's PID: it is the task's parent.
 		if ppid := parentOf(w.pid); ppid > 0 && ppid != cmd.Process.Pid {
-			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", ppid)); strings.TrimSpace(string(comm)) == "criu" {
+			if commOf(ppid) == "criu" {
 				killed = syscall.Kill(ppid, syscall.SIGKILL) == nil
 			}
 		}
@@ -713,7 +713,7 @@ func TestCheckpointWhoseCRIUIsKilledAfterTheCommitSaysTheImageIsWhole(t *testing
 			continue
 		}
 		for _, c := range proctree.Children(cmd.Process.Pid) {
-			if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c)); strings.TrimSpace(string(comm)) == "criu" {
+			if commOf(c) == "criu" {
 				killed = syscall.Kill(c, syscall.SIGKILL) == nil
 			}
 		}
@@ -834,16 +834,23 @@ func TestContainerRestoreWhoseCRIUIsKilledLeavesNothing(t *testing.T) {
 // ""), 0 if none. It walks down from pid: a scan of all of /proc missed the moment on a
 // loaded host.
 func criuWithAChild(pid int, child string) int {
+	return descendant(pid, func(c int) bool {
+		return commOf(c) == "criu" && slices.ContainsFunc(proctree.Children(c), func(k int) bool { return child == "" || commOf(k) == child })
+	})
+}
+
+// descendant is the first process below pid, breadth first, that match takes; 0 if none.
+func descendant(pid int, match func(int) bool) int {
 	for queue := proctree.Children(pid); len(queue) > 0; queue = queue[1:] {
-		kids := proctree.Children(queue[0])
-		if commOf(queue[0]) == "criu" && slices.ContainsFunc(kids, func(k int) bool { return child == "" || commOf(k) == child }) {
+		if match(queue[0]) {
 			return queue[0]
 		}
-		queue = append(queue, kids...)
+		queue = append(queue, proctree.Children(queue[0])...)
 	}
 	return 0
 }
 
+// commOf is the command name of process pid, "" if it is gone.
 func commOf(pid int) string {
 	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
 	return strings.TrimSpace(string(comm))

@@ -225,15 +225,8 @@ func TestCheckpointRefusesATreeWithAChildInItsOwnNamespace(t *testing.T) {
 func waitDescendant(t *testing.T, pid int, command string) int {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
-			b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", queue[0], queue[0]))
-			for _, f := range strings.Fields(string(b)) {
-				c, _ := strconv.Atoi(f)
-				if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", c)); strings.TrimSpace(string(comm)) == command {
-					return c
-				}
-				queue = append(queue, c)
-			}
+		if c := descendant(pid, func(c int) bool { return commOf(c) == command }); c > 0 {
+			return c
 		}
 	}
 	t.Fatalf("process %d never ran %s", pid, command)
