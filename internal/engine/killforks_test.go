@@ -14,8 +14,9 @@ import (
 )
 
 // startAt starts cmd and returns its PID, the program /proc names for it, and a channel
-// closed with its wait status once it exits.
-func startAt(t *testing.T, cmd *exec.Cmd) (int, string, <-chan error) {
+// closed with its wait status once it exits; it waits until the program is the last cmd
+// execs and, with blocked, until cmd blocks the signals a task in CRIU's restore blocks.
+func startAt(t *testing.T, cmd *exec.Cmd, blocked bool) (int, string, <-chan error) {
 	t.Helper()
 	if err := cmd.Start(); err != nil {
 		testutil.SkipOrFail(t, err.Error())
@@ -27,7 +28,7 @@ func startAt(t *testing.T, cmd *exec.Cmd) (int, string, <-chan error) {
 	var exe string
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 		// a shim (pyenv's python3) execs the program itself: wait until it stops changing
-		if e, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && e == exe && inCRIUsRestore(pid) == (cmd.Env != nil) {
+		if e, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err == nil && e == exe && inCRIUsRestore(pid) == blocked {
 			break
 		} else if err == nil {
 			exe = e
@@ -42,7 +43,7 @@ func startAt(t *testing.T, cmd *exec.Cmd) (int, string, <-chan error) {
 // by root's gpucr (hostile test: `Can't fork for 30000: File exists`, and the bystander's
 // sleep at 30000 killed).
 func TestKillForksSparesABystanderRunningTheImagesProgram(t *testing.T) {
-	pid, exe, done := startAt(t, exec.Command("sleep", "30"))
+	pid, exe, done := startAt(t, exec.Command("sleep", "30"), false)
 	opened := map[int]*criuimg.Opened{pid: {Exe: exe}}
 	killForks([]txn.Proc{{PID: pid}}, "/proc/self/exe", 0, opened)
 	select {
@@ -58,8 +59,7 @@ func TestKillForksKillsATaskLeftInCRIUsRestorer(t *testing.T) {
 	cmd := exec.Command("python3", "-c", "import signal, time\n"+
 		"signal.pthread_sigmask(signal.SIG_BLOCK, set(range(1, 32)) - {9, 17, 19})\n"+
 		"time.sleep(30)\n")
-	cmd.Env = append(os.Environ(), "KILLFORKS_TEST=1")
-	pid, exe, done := startAt(t, cmd)
+	pid, exe, done := startAt(t, cmd, true)
 	if !inCRIUsRestore(pid) {
 		testutil.SkipOrFail(t, "python3 could not block the signals")
 	}

@@ -330,7 +330,8 @@ func anyAlive(tree []txn.Proc) bool {
 // restore's: an image may name any PID, a thread of another user's among them, and kill
 // takes it (a hostile test). opened, when not nil, gives the program the image recorded
 // for each of its PIDs: a task CRIU had taken that far (its program set, its threads made)
-// goes too if it leads its thread group, runs that program and started since.
+// goes too if it leads its thread group, runs that program, started since and still blocks
+// the signals CRIU's restore blocks (inCRIUsRestore).
 func killForks(tree []txn.Proc, criuPath string, since uint64, opened map[int]*criuimg.Opened) {
 	bin, err := os.Stat(criuPath)
 	if err != nil {
