@@ -30,9 +30,6 @@ type ForkWatch struct {
 // kill of CRIU's forks: by CRIU's program, or by the image's (treeImage.kill).
 const forkWatchEvery = time.Millisecond
 
-// WatchForks watches what the process at criuPID makes, until Stop.
-func WatchForks(criuPID int) *ForkWatch { return watchForks(criuPID, "") }
-
 // WatchCRIUForks watches the CRIUs that runtime (runc) starts, and what they make, until
 // Stop: not the rest of what runtime starts (the OCI hooks it runs during a restore, or what
 // a wrapper in its place runs), which a failed restore must leave alone. A container made

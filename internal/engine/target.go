@@ -525,7 +525,7 @@ type gate struct {
 }
 
 // Started watches what CRIU makes from the moment it runs.
-func (g *gate) Started(pid int) { g.forks = WatchForks(pid) }
+func (g *gate) Started(pid int) { g.forks = watchForks(pid, "") }
 
 // restored maps the image's PIDs of the processes this restore made to their host PIDs: the
 // restored root and what descends from it, none resumed yet.
