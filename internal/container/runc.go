@@ -290,11 +290,11 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, started fun
 			err = cmd.Wait()
 		} else {
 			waited, unstuck := make(chan struct{}), make(chan bool, 1)
-			go func() { unstuck <- unstick(cmd.Process.Pid, waited) }()
+			go func() { unstuck <- unstick(cmd.Process.Pid, cmd.Process.Kill, waited) }()
 			err = cmd.Wait()
 			close(waited)
 			if <-unstuck {
-				return nil, fmt.Errorf("runc restore: %w, and runc waited on it for good: runc and what it had made were killed", errCRIUDied)
+				return nil, fmt.Errorf("runc restore: %w, and runc waited on it for good: runc was killed", errCRIUDied)
 			}
 		}
 	}

@@ -137,3 +137,33 @@ func TestUnstickSparesARuncNoLongerTalkingToCRIU(t *testing.T) {
 		})
 	}
 }
+
+// A restored root that dies while runc's CRIU goes on (the OOM killer, mid-restore) is a
+// zombie child of runc's named criu too: only runc's oldest criu child is its CRIU, and a
+// runc whose CRIU still runs is not killed as waiting for good (review).
+func TestUnstickSparesARuncWhoseCRIURunsOn(t *testing.T) {
+	if _, err := exec.LookPath("perl"); err != nil {
+		testutil.SkipOrFail(t, "no perl")
+	}
+	running, exiting := t.TempDir(), t.TempDir()
+	for dir, prog := range map[string]string{running: "/bin/sleep", exiting: "/bin/true"} {
+		if err := os.Symlink(prog, filepath.Join(dir, "criu")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A stand-in runc holding a seqpacket socket, its CRIU running, and a younger child
+	// named criu that exits unreaped, past criuGoneGrace.
+	fake := filepath.Join(t.TempDir(), "runc")
+	script := "#!/usr/bin/perl\nuse Socket;\nsocketpair(my $a, my $b, AF_UNIX, SOCK_SEQPACKET, 0) or die;\n" +
+		"my $criu = fork(); if ($criu == 0) { exec { \"" + filepath.Join(running, "criu") + "\" } \"criu\", \"30\"; exit 1; }\n" +
+		"select(undef, undef, undef, 0.05);\n" +
+		"if (fork() == 0) { exec { \"" + filepath.Join(exiting, "criu") + "\" } \"criu\"; exit 1; }\n" +
+		"sleep 1 while time() - $^T < " + fmt.Sprint(int((criuGoneGrace+time.Second)/time.Second)+1) + ";\nkill 'KILL', $criu;\nexit 1;\n"
+	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err := (&Runc{Path: fake}).Restore(context.Background(), "c", t.TempDir(), t.TempDir(), t.TempDir(), criu.Flags{}, nil, nil)
+	if err == nil || errors.Is(err, errCRIUDied) {
+		t.Fatalf("runc restore: %v; want runc's own failure, its CRIU never taken for killed", err)
+	}
+}

@@ -17,12 +17,14 @@ var errCRIUDied = errors.New("runc's CRIU died without an answer (killed?)")
 // it as waiting for good.
 const criuGoneGrace = 2 * time.Second
 
-// unstick kills runc's tree once runc's CRIU has stayed a zombie for criuGoneGrace, until
-// done, and says whether it did: runc reaps its CRIU as soon as CRIU has answered, so one
-// left unreaped means runc still waits for the answer of a CRIU that was killed, and the
-// processes CRIU forked, which hold CRIU's socket, keep that wait from ever ending (crash
-// test: gpucr waited on runc for good).
-func unstick(runc int, done <-chan struct{}) bool {
+// unstick kills runc (with kill) once runc's CRIU has stayed a zombie for criuGoneGrace,
+// until done, and says whether it did: runc reaps its CRIU as soon as CRIU has answered, so
+// one left unreaped means runc still waits for the answer of a CRIU that was killed, and
+// the processes CRIU forked, which hold CRIU's socket, keep that wait from ever ending
+// (crash test: gpucr waited on runc for good). runc alone goes: what its CRIU made the
+// restore kills from its watch, and the rest of what runc started (its hooks) is not the
+// restore's; kill, not a PID, so that a runc reaped meanwhile is no other process.
+func unstick(runc int, kill func() error, done <-chan struct{}) bool {
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
 	var since time.Time
@@ -38,20 +40,25 @@ func unstick(runc int, done <-chan struct{}) bool {
 		case since.IsZero():
 			since = time.Now()
 		case time.Since(since) >= criuGoneGrace:
-			killTree(runc)
+			_ = kill()
 			return true
 		}
 	}
 }
 
-// exitedCRIU says whether a child of runc's is a CRIU that exited and was not reaped.
+// exitedCRIU says whether runc's CRIU, its oldest child named criu, exited and was not
+// reaped. Only the oldest: the restored root is runc's child too (CRIU forks it as runc's)
+// and named criu until its restorer renames it, and one that died while CRIU went on
+// (killed by the OOM killer mid-restore) would have been taken for CRIU (review).
 func exitedCRIU(runc int) bool {
+	var first proctree.Process
 	for _, c := range proctree.Children(runc) {
-		if p, err := proctree.Read(c); err == nil && p.Zombie && p.Command == "criu" {
-			return true
+		p, err := proctree.Read(c)
+		if err == nil && p.Command == "criu" && (first.PID == 0 || p.Start < first.Start || p.Start == first.Start && p.PID < first.PID) {
+			first = p
 		}
 	}
-	return false
+	return first.PID != 0 && first.Zombie
 }
 
 // holdsCRIUSocket says whether runc still holds a seqpacket socket: its end of the one to
