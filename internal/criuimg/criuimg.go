@@ -319,6 +319,7 @@ const (
 	imgCommonMagic  = 0x54564319
 	imgServiceMagic = 0x55105940
 	pagemapMagic    = 0x56084025
+	filesMagic      = 0x56303138
 )
 
 // MissingFile is a regular file an image's process had open or mapped that this host lacks.

@@ -107,35 +107,49 @@ func WritePagemap(path string, m *Pagemap) error {
 
 // PagemapWriter writes a pagemap image an entry at a time, as CRIU writes one, so that the
 // page server can record each run of pages as CRIU sends it.
-type PagemapWriter struct{ w io.Writer }
+type PagemapWriter struct{ iw *imageWriter }
 
 // NewPagemapWriter starts a pagemap image with head on w.
 func NewPagemapWriter(w io.Writer, head *pagemap.PagemapHead) (*PagemapWriter, error) {
-	var magics [8]byte
-	binary.LittleEndian.PutUint32(magics[0:], imgCommonMagic)
-	binary.LittleEndian.PutUint32(magics[4:], pagemapMagic)
-	if _, err := w.Write(magics[:]); err != nil {
-		return nil, fmt.Errorf("write pagemap magic: %w", err)
-	}
-	pw := &PagemapWriter{w: w}
-	if err := pw.entry(head); err != nil {
+	iw, err := newImageWriter(w, pagemapMagic, "pagemap")
+	if err != nil {
 		return nil, err
 	}
-	return pw, nil
+	if err := iw.entry(head); err != nil {
+		return nil, err
+	}
+	return &PagemapWriter{iw}, nil
 }
 
 // Add appends the run of pages e.
-func (pw *PagemapWriter) Add(e *pagemap.PagemapEntry) error { return pw.entry(e) }
+func (pw *PagemapWriter) Add(e *pagemap.PagemapEntry) error { return pw.iw.entry(e) }
 
-// entry appends m framed as CRIU frames an image's entries: its size in 32 bits, then m.
-func (pw *PagemapWriter) entry(m proto.Message) error {
+// imageWriter writes a CRIU image as CRIU frames one: the common magic and the image's own,
+// then each entry's size in 32 bits and the entry.
+type imageWriter struct {
+	w    io.Writer
+	what string // the image, as errors name it
+}
+
+func newImageWriter(w io.Writer, magic uint32, what string) (*imageWriter, error) {
+	var magics [8]byte
+	binary.LittleEndian.PutUint32(magics[0:], imgCommonMagic)
+	binary.LittleEndian.PutUint32(magics[4:], magic)
+	if _, err := w.Write(magics[:]); err != nil {
+		return nil, fmt.Errorf("write %s magic: %w", what, err)
+	}
+	return &imageWriter{w: w, what: what}, nil
+}
+
+// entry appends m.
+func (iw *imageWriter) entry(m proto.Message) error {
 	frame, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, 4, 4+proto.Size(m)), m)
 	if err != nil {
-		return fmt.Errorf("encode pagemap entry: %w", err)
+		return fmt.Errorf("encode %s entry: %w", iw.what, err)
 	}
 	binary.LittleEndian.PutUint32(frame, uint32(len(frame)-4))
-	if _, err := pw.w.Write(frame); err != nil {
-		return fmt.Errorf("write pagemap entry: %w", err)
+	if _, err := iw.w.Write(frame); err != nil {
+		return fmt.Errorf("write %s entry: %w", iw.what, err)
 	}
 	return nil
 }

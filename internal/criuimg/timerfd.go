@@ -1,10 +1,9 @@
 package criuimg
 
 import (
-	"encoding/binary"
+	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -30,66 +29,33 @@ import (
 // interval, its pending ticks kept.
 func RearmExpiredTimerfds(dir string) (int, error) {
 	const name = "files.img"
-	fsys := beneath.FS(dir)
-	head, err := imageHead(fsys, name)
+	entries, err := decode(newBudget(), beneath.FS(dir), name, &fdinfo.FileEntry{})
 	if errors.Is(err, fs.ErrNotExist) {
 		return 0, nil // nothing open anywhere
 	}
 	if err != nil {
 		return 0, err
 	}
-	var frames [][]byte
 	repaired := 0
-	err = eachFrame(newBudget(), fsys, name, 0, func(b []byte) error {
-		frame := append([]byte(nil), b...)
-		var e fdinfo.FileEntry
-		if err := proto.Unmarshal(b, &e); err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
-		}
+	for _, e := range entries {
 		if t := e.GetTfd(); e.GetType() == fdinfo.FdTypes_TIMERFD && t != nil &&
 			t.GetTicks() > 0 && t.GetVsec() == 0 && t.GetVnsec() == 0 && (t.GetIsec() != 0 || t.GetInsec() != 0) {
 			t.Vsec, t.Vnsec = proto.Uint64(t.GetIsec()), proto.Uint64(t.GetInsec())
-			if frame, err = proto.Marshal(&e); err != nil {
-				return fmt.Errorf("encode %s: %w", name, err)
-			}
 			repaired++
 		}
-		frames = append(frames, frame)
-		return nil
-	})
-	if err != nil || repaired == 0 {
-		return 0, err
 	}
-	if err := rewrite(filepath.Join(dir, name), head, frames); err != nil {
+	if repaired == 0 {
+		return 0, nil
+	}
+	if err := rewrite(filepath.Join(dir, name), entries); err != nil {
 		return 0, err
 	}
 	return repaired, nil
 }
 
-// imageHead returns the magics image name starts with: the common one, if any, and its own.
-func imageHead(fsys fs.FS, name string) ([]byte, error) {
-	f, err := fsys.Open(name)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var b [8]byte
-	if _, err := io.ReadFull(f, b[:4]); err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
-	m := binary.LittleEndian.Uint32(b[:4])
-	if m != imgCommonMagic && m != imgServiceMagic {
-		return b[:4], nil
-	}
-	if _, err := io.ReadFull(f, b[4:]); err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
-	}
-	return b[:], nil
-}
-
-// rewrite replaces the image at path with head and frames, framed as CRIU frames them,
-// written aside, synced and renamed over it with its mode.
-func rewrite(path string, head []byte, frames [][]byte) error {
+// rewrite replaces the files image at path with entries, written aside, synced and renamed
+// over it with its mode.
+func rewrite(path string, entries []*fdinfo.FileEntry) error {
 	fi, err := os.Lstat(path)
 	if err != nil {
 		return err
@@ -99,12 +65,14 @@ func rewrite(path string, head []byte, frames [][]byte) error {
 	if err != nil {
 		return fmt.Errorf("rewrite %s: %w", filepath.Base(path), err)
 	}
-	buf := append([]byte(nil), head...)
-	for _, fr := range frames {
-		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(fr)))
-		buf = append(buf, fr...)
+	w := bufio.NewWriter(f)
+	iw, err := newImageWriter(w, filesMagic, filepath.Base(path))
+	for i := 0; err == nil && i < len(entries); i++ {
+		err = iw.entry(entries[i])
 	}
-	_, err = f.Write(buf)
+	if err == nil {
+		err = w.Flush()
+	}
 	if err == nil {
 		err = f.Sync()
 	}
