@@ -142,11 +142,11 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("criu %s failed: %s (log: %s)", e.Op, msg, e.LogPath)
 }
 
+func (e *Error) Unwrap() error { return e.Err }
+
 // GrownFile matches CRIU's refusal to restore an open file whose size is not the one it
 // recorded: the file's name (from CRIU's root), its size, and the size recorded.
 var GrownFile = regexp.MustCompile(`File (.+) has bad size (\d+) \(expect (\d+)\)`)
-
-func (e *Error) Unwrap() error { return e.Err }
 
 // Dump checkpoints the tree rooted at r.PID. CRIU resumes the tree itself when the dump
 // fails, so the workload keeps running; the caller owns everything else.

@@ -776,7 +776,7 @@ func TestContainerRestoreWhoseCRIUIsKilledLeavesNothing(t *testing.T) {
 		delay := p.delay
 		t.Run(p.child+delay.String(), func(t *testing.T) {
 			host := newCrashHost(t)
-			runc, bundle, id, _ := counterContainer(t, "ck"+strconv.Itoa(int(delay.Milliseconds())), "-mib", "32")
+			runc, bundle, id, _ := counterContainer(t, "ck"+p.child+strconv.Itoa(int(delay.Milliseconds())), "-mib", "32")
 			dir := filepath.Join(t.TempDir(), "img")
 			mustGpucr(t, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
 			frozen := count(t, bundle)

@@ -62,13 +62,15 @@ func main() {
 		pipe = w
 	}
 	var outputs []*os.File
-	for path, flags := range map[string]int{*logPath: os.O_APPEND, *outPath: os.O_TRUNC} {
+	open := func(path string, flags int) {
 		if path != "" {
 			f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|flags, 0o644)
 			must(err)
 			outputs = append(outputs, f)
 		}
 	}
+	open(*logPath, os.O_APPEND)
+	open(*outPath, os.O_TRUNC)
 	var conn *tcpLoop
 	if *tcp {
 		conn = newTCPLoop()
