@@ -39,16 +39,7 @@ func TestRestoreRefusesAFileReopenedThroughASwappedDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("sleep", "1000")
-	cmd.ExtraFiles = []*os.File{f} // fd 3
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	pid := cmd.Process.Pid
-	go cmd.Wait() //nolint:errcheck // reaps it when the checkpoint ends it
-	t.Cleanup(func() { testutil.KillAndReap(pid) })
+	pid := sleeperHolding(t, f)
 
 	img := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(pid), "-D", img)
@@ -76,4 +67,22 @@ func TestRestoreRefusesAFileReopenedThroughASwappedDirectory(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(secret, "data")); string(b) != string(content) {
 		t.Errorf("the other file changed: %q", b)
 	}
+}
+
+// sleeperHolding starts a long sleep in a session of its own holding f as its descriptor 3,
+// closes f here, and returns the sleep's PID; it is reaped when a checkpoint ends it.
+func sleeperHolding(t *testing.T, f *os.File) int {
+	t.Helper()
+	cmd := exec.Command("sleep", "1000")
+	cmd.ExtraFiles = []*os.File{f} // fd 3
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	err := cmd.Start()
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := cmd.Process.Pid
+	go cmd.Wait() //nolint:errcheck // reaps it when the checkpoint ends it
+	t.Cleanup(func() { testutil.KillAndReap(pid) })
+	return pid
 }

@@ -424,10 +424,7 @@ func TestAppendedLogGrownSinceTheCheckpointRestores(t *testing.T) {
 	if out := mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", dir); strings.Contains(out, "output ") {
 		t.Errorf("a log appended to is named as an output to truncate: %s", out)
 	}
-	at := w.read(t, "count")
-	w.waitCount(t, at+5)
-	testutil.KillAndReap(w.pid)
-	testutil.WaitGone(t, w.pid)
+	at := w.goOnThenKill(t, 5)
 	before, _ := os.ReadFile(log)
 	// The killed counter left its count past at+3: only the restored one's may count.
 	os.Remove(filepath.Join(w.dir, "count"))
@@ -462,10 +459,7 @@ func TestOutputGrownSinceTheCheckpointSaysHowToRestore(t *testing.T) {
 	if len(ck.Outputs) != 1 || ck.Outputs[0].Path != out || ck.Outputs[0].Size <= 0 {
 		t.Fatalf("the checkpoint's outputs %+v, want %s with its size", ck.Outputs, out)
 	}
-	at := w.read(t, "count")
-	w.waitCount(t, at+5)
-	testutil.KillAndReap(w.pid)
-	testutil.WaitGone(t, w.pid)
+	at := w.goOnThenKill(t, 5)
 	msg, code := gpucr(t, "restore", "-D", dir)
 	m := regexp.MustCompile(`truncate -s (\d+) (\S+)\)`).FindStringSubmatch(msg)
 	if code == 0 || !oneLineWith(msg, "has bad size") || m == nil || m[2] != out || m[1] != strconv.FormatInt(ck.Outputs[0].Size, 10) {

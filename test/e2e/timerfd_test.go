@@ -2,10 +2,8 @@ package e2e
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,17 +29,7 @@ func TestPeriodicTimerfdFiresAfterRestore(t *testing.T) {
 	if err := unix.TimerfdSettime(tfd, 0, &unix.ItimerSpec{Interval: every, Value: every}, nil); err != nil {
 		t.Fatal(err)
 	}
-	f := os.NewFile(uintptr(tfd), "timerfd")
-	cmd := exec.Command("sleep", "1000")
-	cmd.ExtraFiles = []*os.File{f} // fd 3
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	pid := cmd.Process.Pid
-	go cmd.Wait() //nolint:errcheck // reaps it when the checkpoint ends it
-	t.Cleanup(func() { testutil.KillAndReap(pid) })
+	pid := sleeperHolding(t, os.NewFile(uintptr(tfd), "timerfd"))
 	time.Sleep(200 * time.Millisecond) // expired, unread
 
 	img := filepath.Join(t.TempDir(), "img")

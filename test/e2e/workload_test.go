@@ -121,3 +121,14 @@ func restore(t *testing.T, dir string) int {
 	t.Helper()
 	return restoreJSON(t, nil, "-D", dir).RootPID
 }
+
+// goOnThenKill lets w, just checkpointed and left running, count more times, then kills it,
+// and returns its count at the checkpoint (as read when called).
+func (w *workload) goOnThenKill(t *testing.T, more int) int {
+	t.Helper()
+	at := w.read(t, "count")
+	w.waitCount(t, at+more)
+	testutil.KillAndReap(w.pid)
+	testutil.WaitGone(t, w.pid)
+	return at
+}
