@@ -180,7 +180,30 @@ func (r *Runc) Checkpoint(ctx context.Context, id, imageDir, workDir string, f c
 		args = append(args, "--page-server", pageServer)
 	}
 	_, err := r.run(ctx, workDir, env, nil, append(args, id)...)
+	if err != nil {
+		// A runc killed on its own (the OOM killer, an admin) leaves its CRIU dumping,
+		// orphaned, the container's tasks seized: it fails at its next word to runc and
+		// then puts the freezer back as it found it, frozen by gpucr's pause. A rollback
+		// that resumed the container before that was undone, and the container stayed
+		// paused for good (crash test: 3 of 6 kills of runc alone). CRIU holds its log in
+		// workDir until it exits.
+		waitReleased(workDir, criuEndWait)
+	}
 	return criuError("dump", workDir, err)
+}
+
+// criuEndWait bounds how long a failed checkpoint waits for the CRIU its runc started to
+// end, as the guardian waits for CRIU to let go of a tree.
+const criuEndWait = 60 * time.Second
+
+// waitReleased waits, at most limit, until no process other than gpucr holds anything in
+// dir open.
+func waitReleased(dir string, limit time.Duration) {
+	for deadline := time.Now().Add(limit); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if held, err := proctree.Holding(dir); err != nil || len(held) == 0 {
+			return
+		}
+	}
 }
 
 // Restore has runc restore imageDir as container id, detached, from bundle, with env added

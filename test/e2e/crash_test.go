@@ -403,6 +403,70 @@ func TestKilledContainerCheckpointRollsBack(t *testing.T) {
 	}
 }
 
+// runc killed on its own (the OOM killer, an admin; gpucr alive) while its CRIU dumps the
+// paused container: the CRIU it leaves fails at its next word to runc and then puts the
+// freezer back as it found it, frozen. gpucr's rollback had resumed the container before
+// that, and it stayed paused for good, the rollback done (crash test: 3 of 6 kills). The
+// rollback waits for that CRIU to end: the container runs on.
+func TestContainerCheckpointWhoseRuncIsKilledRunsOn(t *testing.T) {
+	needRunc(t)
+	for _, leave := range []bool{false, true} {
+		for _, delay := range []time.Duration{0, 5 * time.Millisecond, 30 * time.Millisecond} {
+			t.Run(fmt.Sprintf("leave-running=%v,%v", leave, delay), func(t *testing.T) {
+				host := newCrashHost(t)
+				runc, bundle, id, _ := counterContainer(t, fmt.Sprintf("rk%v%d", leave, delay.Milliseconds()), "-mib", "64")
+				pid := runcInitPID(t, runc, id)
+				args := append([]string{"checkpoint", "--container", id, "-D", filepath.Join(t.TempDir(), "img")}, host.flags()...)
+				if leave {
+					args = append(args, "--leave-running")
+				}
+				cmd := exec.Command(bin.gpucr, args...)
+				var out strings.Builder
+				cmd.Stdout, cmd.Stderr = &out, &out
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				done := make(chan error, 1)
+				go func() { done <- cmd.Wait() }()
+				runcPID := 0
+				for deadline := time.Now().Add(30 * time.Second); runcPID == 0 && time.Now().Before(deadline) && len(done) == 0; time.Sleep(100 * time.Microsecond) {
+					if tr, err := proctree.Tracer(pid); err == nil && tr != 0 {
+						runcPID = parentOf(tr) // CRIU's parent
+					}
+				}
+				if runcPID == 0 || commOf(runcPID) != "runc" {
+					t.Fatalf("runc's CRIU never seized the container's init (runc %d): %v %s", runcPID, <-done, out.String())
+				}
+				time.Sleep(delay)
+				if err := syscall.Kill(runcPID, syscall.SIGKILL); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case err := <-done:
+					if err == nil {
+						t.Skip("the checkpoint was done before runc was killed")
+					}
+				case <-time.After(90 * time.Second):
+					_ = cmd.Process.Kill()
+					t.Fatal("gpucr still checkpointing 90 s after its runc was killed")
+				}
+				host.checkClean(t)
+				for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+					if tr, err := proctree.Tracer(pid); err != nil || tr == 0 {
+						break
+					}
+				}
+				time.Sleep(500 * time.Millisecond) // a CRIU that freezes again has done so
+				st, _ := hwbreak.Command(runc, "state", id).Output()
+				if !strings.Contains(string(st), `"status": "running"`) {
+					t.Fatalf("container not running after the failed checkpoint (%s): %s", out.String(), st)
+				}
+				waitContainerCount(t, bundle, count(t, bundle)+3)
+			})
+		}
+	}
+}
+
 // integrationContainer is a GPU container (its init holding a fake device file, claimed by
 // drv) started under plain runc with gpucr's CRIU integration installed in a directory of
 // the test; name tells the test's containers apart.
