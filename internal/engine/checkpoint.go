@@ -674,11 +674,28 @@ func keepLog(err error) error {
 		return err
 	}
 	defer f.Close()
-	if _, werr := f.Write(b); werr == nil {
-		ce.LogPath = f.Name()
+	if _, werr := f.Write(b); werr != nil {
+		return err
+	}
+	old := ce.LogPath
+	ce.LogPath = f.Name()
+	// An error that wraps CRIU's (a container restore's removal of what runc made) wrote
+	// its message with the log where it was: the copy was named nowhere, and the error named
+	// the removed one (crash test).
+	if msg := err.Error(); strings.Contains(msg, old) {
+		return &keptLogError{msg: strings.ReplaceAll(msg, old, ce.LogPath), err: err}
 	}
 	return err
 }
+
+// keptLogError is an error whose message names the kept copy of CRIU's log.
+type keptLogError struct {
+	msg string
+	err error
+}
+
+func (e *keptLogError) Error() string { return e.msg }
+func (e *keptLogError) Unwrap() error { return e.err }
 
 // exitWait bounds how long a checkpoint waits for the killed tree to be gone.
 const exitWait = 30 * time.Second
