@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
+	"syscall"
 
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/guardian"
@@ -20,6 +22,23 @@ type Op struct {
 	g     *guardian.Guardian
 	locks []*txn.Lock
 	log   *slog.Logger
+}
+
+// holderText is what an operation's locks say of it: its gpucr's PID, the operation and
+// its target.
+const holderText = "gpucr PID %d is running a %s of %s"
+
+// whatToDoWhenBusy says what to do about a lock another operation holds: wait for it; or,
+// where the gpucr its lock names is gone, its guardian holds the lock while it rolls that
+// gpucr's work back, and a retry in a moment goes ahead (crash test: the refusal told the
+// user to wait for a gpucr that had been killed).
+func whatToDoWhenBusy(err error) string {
+	var pid int
+	_, text, _ := strings.Cut(err.Error(), "gpucr PID ")
+	if _, serr := fmt.Sscanf(text, "%d", &pid); serr == nil && pid > 0 && syscall.Kill(pid, 0) == syscall.ESRCH {
+		return "that gpucr is gone, and its guardian is rolling its work back: retry in a few seconds, or see gpucr check"
+	}
+	return "wait for it to finish, or see gpucr check"
 }
 
 // Begin locks targets ("pid-4242", "container-web") against other gpucr operations,
@@ -42,10 +61,10 @@ func (e *Engine) begin(op, what string, owned []string, targets ...string) (*Op,
 	if _, err := e.RecoverStale(); err != nil {
 		o.log.Warn("an operation cut off by gpucr's death could not be rolled back; see gpucr check", "err", err)
 	}
-	holder := fmt.Sprintf("gpucr PID %d is running a %s of %s", os.Getpid(), op, what)
+	holder := fmt.Sprintf(holderText, os.Getpid(), op, what)
 	locks, _, err := txn.LockTargets(e.JournalRoot, holder, targets)
 	if errors.Is(err, txn.ErrBusy) {
-		return nil, fmt.Errorf("%s: %w (wait for it to finish, or see gpucr check)", what, err)
+		return nil, fmt.Errorf("%s: %w (%s)", what, err, whatToDoWhenBusy(err))
 	}
 	if err != nil {
 		return nil, err
