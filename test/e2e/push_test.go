@@ -209,7 +209,10 @@ func TestCheckpointDirToATakenNameIsRefusedFirst(t *testing.T) {
 	w := startCounter(t)
 	w.waitCount(t, 2)
 	dir := filepath.Join(t.TempDir(), "img")
-	for to, want := range map[string]string{filepath.Join(store, "x"): "a checkpoint already exists", filepath.Join(store, "chunks", "y"): "it holds the chunks of the store"} {
+	// The store's own directory too: its chunks went to the directory above, and the
+	// checkpoint hid the store's from ls (UX test).
+	for to, want := range map[string]string{filepath.Join(store, "x"): "a checkpoint already exists", filepath.Join(store, "chunks", "y"): "it holds the chunks of the store",
+		store: "is a store's directory"} {
 		out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", dir, "--to", to)
 		if code != exitUsage || !oneLineWith(out, want) {
 			t.Errorf("checkpoint -D --to %s: exit %d, want %d and one line with %q:\n%s", to, code, exitUsage, want, out)

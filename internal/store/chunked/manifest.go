@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"path"
 	"path/filepath"
 	"slices"
@@ -185,6 +186,16 @@ func checkPlace(ctx context.Context, st store.Store, prefix string) error {
 		if img, inside := image.Holding(st.URL(prefix)); inside {
 			return &nameError{fmt.Sprintf("a checkpoint cannot be stored at %s: it is inside the image %s, which it would change", st.URL(prefix), img)}
 		}
+	}
+	// Nor at a store's own directory: the chunks go to the directory above the checkpoint's,
+	// and the checkpoint would hide from ls the ones the store holds (a user's --to naming
+	// the store wrote 403 MiB of chunks into the directory above it).
+	entries, err := st.List(ctx, prefix)
+	if err != nil && !errors.Is(err, store.ErrNotFound) && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if slices.ContainsFunc(entries, func(e store.Entry) bool { return e.Dir && e.Name() == ChunksDir }) {
+		return &nameError{fmt.Sprintf("%s is a store's directory (it holds %s/): name a checkpoint in it, as %s/NAME", st.URL(prefix), ChunksDir, st.URL(prefix))}
 	}
 	parts := strings.Split(prefix, "/")
 	for i := range len(parts) - 1 {
