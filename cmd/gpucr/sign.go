@@ -85,6 +85,9 @@ func (a *app) keygenCmd() *cobra.Command {
 			"OpenSSL reads and writes (openssl genpkey -algorithm ed25519 makes a key gpucr accepts).",
 		Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
+			if err := signing.CheckNewKeyPath(args[0]); err != nil {
+				return usageError{err}
+			}
 			pub, err := signing.Generate(args[0])
 			if err != nil {
 				return err

@@ -17,6 +17,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -68,13 +69,32 @@ func Generate(path string) (ed25519.PublicKey, error) {
 	return pub, nil
 }
 
+// CheckNewKeyPath says, in one line a user can act on, why keygen could not create a key
+// at path: it (or path.pub) exists, or its directory does not. Without it they learnt of it
+// from the link of a temporary file ("link /tmp/.k.tmp-123 /tmp/k: file exists").
+func CheckNewKeyPath(path string) error {
+	for _, p := range []string{path, path + PublicSuffix} {
+		if _, err := os.Lstat(p); err == nil {
+			return fmt.Errorf("%s already exists: keygen never replaces a key; give a new PATH, or remove the old key first", p)
+		}
+	}
+	dir := filepath.Dir(path)
+	switch fi, err := os.Stat(dir); {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("directory %s does not exist: create it, or give a PATH in another", dir)
+	case err == nil && !fi.IsDir():
+		return fmt.Errorf("%s is not a directory: give a PATH in a directory", dir)
+	}
+	return nil
+}
+
 // writeNew writes b at path, which must not exist, whole or not at all: written aside,
 // synced, then linked into place. Created in place, a key whose writing was cut short (a
 // kill) stayed empty, and blocked keygen at its path and every sign with it (hostile test).
 func writeNew(path string, b []byte, mode os.FileMode) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("write key: %w", err)
+		return fmt.Errorf("write key %s: %w", path, bare(err))
 	}
 	tmp := f.Name()
 	defer os.Remove(tmp)
@@ -94,10 +114,27 @@ func writeNew(path string, b []byte, mode os.FileMode) error {
 	if err == nil {
 		err = os.Link(tmp, path) // fails where path exists: nothing is overwritten
 	}
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%s already exists: keygen never replaces a key; give a new PATH, or remove the old key first", path)
+	}
 	if err != nil {
-		return fmt.Errorf("write key %s: %w", path, err)
+		return fmt.Errorf("write key %s: %w", path, bare(err))
 	}
 	return nil
+}
+
+// bare is err without the path of the temporary file it names, which is no file of the
+// user's: "no space left on device", not "write /d/.k.tmp-123: no space left on device".
+func bare(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		return le.Err
+	}
+	return err
 }
 
 // keyFileMade, when set, runs once a key's file is made, before a byte is in it: tests kill
