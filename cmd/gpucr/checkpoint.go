@@ -213,6 +213,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 			if r.LockTimeout < 0 {
 				return usageError{fmt.Errorf("--lock-timeout %v: give a duration of 0 (no limit) or more", r.LockTimeout)}
 			}
+			if err := localDir("-D", r.Dir, "to store a checkpoint, give that location to --to"); err != nil {
+				return err
+			}
 			target, err := a.checkpointTarget(cmd, args, ctr, rf, r.Options)
 			if err != nil {
 				return err

@@ -47,6 +47,16 @@ func explainInterrupt(msg string, err error, sig os.Signal) string {
 // usageError marks errors in what the user asked for.
 type usageError struct{ error }
 
+// localDir refuses, as a usage error, a store URL given where a local directory is wanted
+// (what names it, as "-D" or "push's DIR"); instead says where a store location goes. A URL
+// there was taken for a path ("parent directory s3:/bucket ... does not exist", UX test).
+func localDir(what, dir, instead string) error {
+	if strings.Contains(dir, "://") {
+		return usageError{fmt.Errorf("%s takes a local directory, not %s: %s", what, dir, instead)}
+	}
+	return nil
+}
+
 func (u usageError) Unwrap() error { return u.error }
 
 func exitCode(err error) int {

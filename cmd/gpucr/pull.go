@@ -25,6 +25,9 @@ func (a *app) pullCmd() *cobra.Command {
 			"restore does; only a verified image is renamed to DIR.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := localDir("pull's DIR", args[1], "pull takes the store location first, then the directory to fill"); err != nil {
+				return err
+			}
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
 			keys, err := a.trusted(trust)

@@ -51,6 +51,9 @@ func (a *app) pushCmd() *cobra.Command {
 			"The checkpoint exists once its manifest object is written, last; an interrupted push can simply be rerun.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := localDir("push's DIR", args[0], "push takes the image directory first, then the store location"); err != nil {
+				return err
+			}
 			ctx, stop := interrupt.Context(cmd.Context())
 			defer stop()
 			out, err := a.push(ctx, args[0], args[1])

@@ -48,6 +48,9 @@ func (a *app) restoreCmd() *cobra.Command {
 		Short: "Restore a process tree or runc container (and its GPU state) from an image directory, detached",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := localDir("-D", r.Dir, "to restore from a store, give that location to --from"); err != nil {
+				return err
+			}
 			var err error
 			if r.Skips, err = gpu.SkipsFrom(gpu.Vendors(), skips, os.Getenv); err != nil {
 				return usageError{err}
