@@ -103,6 +103,9 @@ func readSealed(dir string) ([]byte, error) {
 	}
 	b, err := beneath.ReadFile(dir, ManifestName, maxManifest)
 	if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+		if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+			return nil, sentinelf(ErrNoManifest, "%s does not exist: give the image directory a checkpoint wrote", dir)
+		}
 		return nil, sentinelf(ErrNoManifest, "%s is not a gpucr image: no %s", dir, ManifestName)
 	}
 	if err != nil {
