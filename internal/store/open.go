@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+
+	"github.com/minio/minio-go/v7/pkg/s3utils"
 )
 
 // ErrBadLocation marks a location string gpucr cannot use; the CLI reports it as a usage error.
@@ -21,6 +23,14 @@ func Open(ctx context.Context, location string, s3 S3Config) (Store, string, err
 		key = strings.Trim(key, "/")
 		if bucket == "" || (key != "" && checkKey(key) != nil) {
 			return nil, "", fmt.Errorf("%w %q: want s3://BUCKET/PREFIX with a clean PREFIX", ErrBadLocation, location)
+		}
+		// s3://HOST:PORT/... was taken for a bucket named HOST:PORT, asked of AWS (UX test).
+		if err := s3utils.CheckValidBucketNameStrict(bucket); err != nil {
+			hint := ""
+			if strings.Contains(bucket, ":") {
+				hint = "; an endpoint is not part of the URL: set GPUCR_S3_ENDPOINT=http://" + bucket + " and give s3://BUCKET/PREFIX"
+			}
+			return nil, "", fmt.Errorf("%w %q: %q is not a bucket name (%v)%s", ErrBadLocation, location, bucket, err, hint)
 		}
 		s, err := NewS3(ctx, bucket, s3)
 		if err != nil {
