@@ -158,13 +158,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err := root.Execute(); err != nil {
 		// An error may quote what an image, a store or a neighbour wrote (a lease's host).
 		msg := explainInterrupt(printable(oneLine(err)), err, interrupt.Received()) + a.untrustedHint(err)
-		fmt.Fprintf(stderr, "gpucr: %s\n", msg)
 		code := exitCode(err)
 		if job, ok := jobExitCode(err); ok {
 			code = job
 		} else if isCobraUsage(err) {
 			code = exitUsage
+			msg = plainCommandError(err)
 		}
+		fmt.Fprintf(stderr, "gpucr: %s\n", msg)
 		var nr notReadyError
 		var held inOutput
 		if (a.json || askedJSON(args)) && !(errors.As(err, &nr) && nr.reported) && !errors.As(err, &held) {
@@ -203,14 +204,18 @@ type errorOutput struct {
 // usageErrors makes cobra's own refusals of a command line — an unknown flag or verb, a
 // wrong number of arguments, a required flag missing — exit 2, as README promises for a
 // bad request; cobra returns them as plain errors.
+// Each says how the verb is used: "accepts 2 arg(s), received 0" named neither the
+// arguments nor where to read about them, and a bad number quoted strconv (UX review).
 func usageErrors(root *cobra.Command) {
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%s (see %s --help)", plainFlagError(err), c.CommandPath())}
+	})
 	var walk func(c *cobra.Command)
 	walk = func(c *cobra.Command) {
 		if args := c.Args; args != nil {
 			c.Args = func(c *cobra.Command, a []string) error {
 				if err := args(c, a); err != nil {
-					return usageError{err}
+					return usageError{fmt.Errorf("%w (usage: %s)", err, c.UseLine())}
 				}
 				return nil
 			}
@@ -220,6 +225,35 @@ func usageErrors(root *cobra.Command) {
 		}
 	}
 	walk(root)
+}
+
+// plainFlagError is pflag's refusal of a flag's value without the parser's own words:
+// `invalid argument "abc" for "--nproc-per-node" flag: strconv.ParseInt: parsing "abc":
+// invalid syntax` says that "abc" is not a number.
+func plainFlagError(err error) string {
+	msg := err.Error()
+	for parser, want := range map[string]string{": strconv.Parse": "a number", ": time: invalid duration": "a duration (as 90s or 5m)"} {
+		if head, _, ok := strings.Cut(msg, parser); ok {
+			return head + ": not " + want
+		}
+	}
+	return msg
+}
+
+// plainCommandError is cobra's refusal of an unknown verb or a missing flag on one line,
+// its suggestions as a question ("unknown command "chekpoint" for "gpucr"; ; Did you mean
+// this?; checkpoint;" was what one line made of it).
+func plainCommandError(err error) string {
+	first, rest, _ := strings.Cut(err.Error(), "\n")
+	var suggestions []string
+	if _, after, ok := strings.Cut(rest, "Did you mean this?"); ok {
+		suggestions = strings.Fields(after)
+	}
+	msg := strings.TrimSpace(first)
+	if len(suggestions) > 0 {
+		msg += ": did you mean " + strings.Join(suggestions, " or ") + "?"
+	}
+	return msg + " (see gpucr --help)"
 }
 
 // isCobraUsage recognizes the two refusals cobra makes without a hook to type them.

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// A store URL where a local directory is wanted (-D, pull's and push's DIR) was taken for a
+// path: "parent directory s3:/bucket of image directory s3:/bucket/x does not exist", exit
+// 1, or "not a gpucr image" for arguments given the wrong way round (UX review). It is a
+// usage error saying where a store location goes.
+func TestStoreURLWhereADirectoryIsWantedIsAUsageError(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"checkpoint", "1", "-D", "s3://b/x"}, "give that location to --to"},
+		{[]string{"restore", "-D", "s3://b/x"}, "give that location to --from"},
+		{[]string{"pull", t.TempDir(), "s3://b/y"}, "store location first"},
+		{[]string{"push", "s3://b/x", t.TempDir()}, "image directory first"},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(tt.args, &stdout, &stderr)
+		if msg := stderr.String(); code != exitUsage || strings.Count(msg, "\n") != 1 || !strings.Contains(msg, tt.want) {
+			t.Errorf("gpucr %s: exit %d, want %d and one line with %q:\n%s", strings.Join(tt.args, " "), code, exitUsage, tt.want, msg)
+		}
+	}
+}
+
+// cobra's refusals of a command line said "accepts 2 arg(s), received 0" with no word of
+// which, quoted strconv for a bad number, and made "Did you mean this?" a run of semicolons
+// on one line (UX review): each says how the verb is used, in plain words, on one line.
+func TestCommandLineRefusalsSayHowTheVerbIsUsed(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"pull"}, "(usage: gpucr pull s3://BUCKET/PREFIX|PATH DIR"},
+		{[]string{"run", "--nproc-per-node", "abc", "--", "true"}, `"--nproc-per-node" flag: not a number (see gpucr run --help)`},
+		{[]string{"checkpoint", "1", "--lock-timeout", "banana"}, "not a duration"},
+		{[]string{"chekpoint"}, `unknown command "chekpoint" for "gpucr": did you mean checkpoint? (see gpucr --help)`},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(tt.args, &stdout, &stderr)
+		if msg := stderr.String(); code != exitUsage || strings.Count(msg, "\n") != 1 || !strings.Contains(msg, tt.want) || strings.Contains(msg, "strconv") {
+			t.Errorf("gpucr %s: exit %d, want %d and one line with %q:\n%s", strings.Join(tt.args, " "), code, exitUsage, tt.want, msg)
+		}
+	}
+}
