@@ -420,14 +420,7 @@ func TestContainerCheckpointWhoseRuncIsKilledRunsOn(t *testing.T) {
 				if leave {
 					args = append(args, "--leave-running")
 				}
-				cmd := exec.Command(bin.gpucr, args...)
-				var out strings.Builder
-				cmd.Stdout, cmd.Stderr = &out, &out
-				if err := cmd.Start(); err != nil {
-					t.Fatal(err)
-				}
-				done := make(chan error, 1)
-				go func() { done <- cmd.Wait() }()
+				cmd, out, done := startGpucr(t, args...)
 				runcPID := 0
 				for deadline := time.Now().Add(30 * time.Second); runcPID == 0 && time.Now().Before(deadline) && len(done) == 0; time.Sleep(100 * time.Microsecond) {
 					if tr, err := proctree.Tracer(pid); err == nil && tr != 0 {
@@ -851,14 +844,7 @@ func TestContainerRestoreWhoseCRIUIsKilledLeavesNothing(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "img")
 			mustGpucr(t, append([]string{"checkpoint", "--container", id, "-D", dir}, host.flags()...)...)
 			frozen := count(t, bundle)
-			cmd := exec.Command(bin.gpucr, append([]string{"restore", "--container", id, "-D", dir}, host.flags()...)...)
-			var out strings.Builder
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- cmd.Wait() }()
+			cmd, out, done := startGpucr(t, append([]string{"restore", "--container", id, "-D", dir}, host.flags()...)...)
 			killed := false
 			for deadline := time.Now().Add(30 * time.Second); !killed && time.Now().Before(deadline) && len(done) == 0; time.Sleep(200 * time.Microsecond) {
 				if c := criuWithAChild(cmd.Process.Pid, p.child); c > 0 {
@@ -951,4 +937,19 @@ func inCgroupOf(id string) []int {
 		}
 	}
 	return pids
+}
+
+// startGpucr starts gpucr with args, its stdout and stderr in out, and returns the channel
+// its wait status comes on.
+func startGpucr(t *testing.T, args ...string) (*exec.Cmd, *strings.Builder, <-chan error) {
+	t.Helper()
+	cmd := exec.Command(bin.gpucr, args...)
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	return cmd, out, done
 }
