@@ -384,6 +384,6 @@ func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
 	}
 	for _, o := range out.Outputs {
 		fmt.Fprintf(a.stdout, "  output  %s%s is held open for writing (%d bytes now): if it grows, a restore of this image needs it truncated back first (truncate -s %d %s)\n",
-			o.Path, inside, o.Size, o.Size, o.Path)
+			o.Path, inside, o.Size, o.Size, engine.ShellWord(o.Path))
 	}
 }

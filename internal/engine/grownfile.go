@@ -50,8 +50,19 @@ func grownFileHint(line, criuDir, where string) string {
 	then, _ := strconv.ParseUint(was, 10, 64)
 	if _, ok := outputs[name]; ok && now > then {
 		return fmt.Sprintf("the job went on writing it after the checkpoint (%s bytes then), and CRIU restores an open file only as it was; "+
-			"truncating it to that size (truncate -s %s /%s%s) lets the restore go on, losing what was written since; output appended with >> is not checked",
-			was, was, name, where)
+			"truncating it to that size (truncate -s %s %s%s) lets the restore go on, losing what was written since; output appended with >> is not checked",
+			was, was, ShellWord("/"+name), where)
 	}
 	return fmt.Sprintf("it is not the file the checkpoint recorded (%s bytes then: a program or library upgraded, or data changed); restore where /%s%s is as it was", was, name, where)
+}
+
+// ShellWord is s as one word of a shell command a user may paste: as it is where it holds
+// nothing a shell reads specially, else single-quoted. A file's name comes from the job,
+// whose user chooses it: "/home/u/x /etc/shadow" printed bare in a truncate command had root
+// truncate /etc/shadow too (hostile test).
+func ShellWord(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:@%+=,-") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

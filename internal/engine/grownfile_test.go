@@ -48,3 +48,31 @@ func TestHintGrownFileOffersTruncateForOutputOnly(t *testing.T) {
 		}
 	}
 }
+
+// The file's name is the job's, chosen by its user: printed bare in the truncate command, a
+// name with a space in it ("/home/u/x /etc/shadow", a directory "x " holding etc/shadow)
+// had root, pasting the hint, truncate /etc/shadow too (hostile test).
+func TestHintGrownFileQuotesTheName(t *testing.T) {
+	u32 := proto.Uint32
+	owner := &fown.FownEntry{Uid: u32(0), Euid: u32(0), Signum: u32(0), PidType: u32(0), Pid: u32(0)}
+	names := []string{"/home/u/x /etc/shadow", "/home/u/it's; rm -rf ~", "/home/u/$(id)`id`"}
+	var entries []proto.Message
+	for i, n := range names {
+		entries = append(entries, &fdinfo.FileEntry{Type: fdinfo.FdTypes_REG.Enum(), Id: u32(uint32(i + 1)), Reg: &regfile.RegFileEntry{
+			Id: u32(uint32(i + 1)), Flags: u32(01), Pos: proto.Uint64(0), Fown: owner, Name: proto.String(n)}})
+	}
+	dir := t.TempDir()
+	testutil.WriteFile(t, filepath.Join(dir, "files.img"), fuzzcheck.Image(t, "FILES", entries...))
+	want := []string{`truncate -s 0 '/home/u/x /etc/shadow')`, `truncate -s 0 '/home/u/it'\''s; rm -rf ~')`, "truncate -s 0 '/home/u/$(id)`id`')"}
+	for i, n := range names {
+		line := fmt.Sprintf("(00.01) Error (criu/files-reg.c:2175): File %s has bad size 9 (expect 0)", n[1:])
+		err := &criu.Error{Op: "restore", LogPath: "/w/restore.log", Lines: []string{line}, Err: errors.New("exit status 1")}
+		HintGrownFile(err, dir, false)
+		if msg := err.Error(); !strings.Contains(msg, want[i]) {
+			t.Errorf("%q: %q, want it to hold %q", n, msg, want[i])
+		}
+	}
+	if got := ShellWord("/srv/job-1.out"); got != "/srv/job-1.out" {
+		t.Errorf("ShellWord(/srv/job-1.out) = %q, want it bare", got)
+	}
+}
