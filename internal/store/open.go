@@ -25,12 +25,13 @@ func Open(ctx context.Context, location string, s3 S3Config) (Store, string, err
 			return nil, "", fmt.Errorf("%w %q: want s3://BUCKET/PREFIX with a clean PREFIX", ErrBadLocation, location)
 		}
 		// s3://HOST:PORT/... was taken for a bucket named HOST:PORT, asked of AWS (UX test).
-		if err := s3utils.CheckValidBucketNameStrict(bucket); err != nil {
-			hint := ""
-			if strings.Contains(bucket, ":") {
-				hint = "; an endpoint is not part of the URL: set GPUCR_S3_ENDPOINT=http://" + bucket + " and give s3://BUCKET/PREFIX"
-			}
-			return nil, "", fmt.Errorf("%w %q: %q is not a bucket name (%v)%s", ErrBadLocation, location, bucket, err, hint)
+		// The check is minio-go's lenient one: older buckets and some S3-compatible stores
+		// have names with capitals or underscores, which S3 still serves.
+		if strings.Contains(bucket, ":") {
+			return nil, "", fmt.Errorf("%w %q: an endpoint is not part of the URL: set GPUCR_S3_ENDPOINT=http://%s and give s3://BUCKET/PREFIX", ErrBadLocation, location, bucket)
+		}
+		if err := s3utils.CheckValidBucketName(bucket); err != nil {
+			return nil, "", fmt.Errorf("%w %q: %q is not a bucket name (%v)", ErrBadLocation, location, bucket, err)
 		}
 		s, err := NewS3(ctx, bucket, s3)
 		if err != nil {

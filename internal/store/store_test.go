@@ -277,14 +277,20 @@ func TestOpen(t *testing.T) {
 		t.Errorf("Open(local) = %q %q, want %q", key, st.URL(key), want)
 	}
 	// s3://HOST:PORT/x was taken for a bucket named HOST:PORT and asked of AWS (UX review):
-	// a name S3 would refuse is refused here, saying where an endpoint goes.
-	for _, loc := range []string{"", "gs://bucket/x", "s3://", "s3:///x", "s3://b/a/../../x", "s3://127.0.0.1:9000/x", "s3://My_Bucket/x"} {
+	// a name no S3 serves is refused here, saying where an endpoint goes; an older bucket's
+	// capitals and underscores are not refused (review).
+	for _, loc := range []string{"", "gs://bucket/x", "s3://", "s3:///x", "s3://b/a/../../x", "s3://127.0.0.1:9000/x", "s3://-bucket/x", "s3://a..b/x"} {
 		if _, _, err := store.Open(ctx, loc, store.S3Config{}); !errors.Is(err, store.ErrBadLocation) {
 			t.Errorf("Open(%q) = %v, want ErrBadLocation", loc, err)
 		}
 	}
 	if _, _, err := store.Open(ctx, "s3://127.0.0.1:9000/x", store.S3Config{}); err == nil || !strings.Contains(err.Error(), "GPUCR_S3_ENDPOINT=http://127.0.0.1:9000") {
 		t.Errorf("Open(s3://HOST:PORT/x) = %v, want it to say where the endpoint goes", err)
+	}
+	for _, loc := range []string{"s3://Legacy_Bucket/x", "s3://my.bucket-1/x"} {
+		if _, _, err := store.Open(ctx, loc, store.S3Config{Endpoint: "http://127.0.0.1:9"}); errors.Is(err, store.ErrBadLocation) {
+			t.Errorf("Open(%q) = %v, a bucket name S3 serves refused", loc, err)
+		}
 	}
 
 	srv := storetest.Start(t)
