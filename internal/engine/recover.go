@@ -364,23 +364,15 @@ const criuBlocked = (uint64(1)<<31 - 1) &^ (1<<(syscall.SIGKILL-1) | 1<<(syscall
 // took an image PID after CRIU started (the very one that made CRIU fail to fork there)
 // and runs the program the image recorded was SIGKILLed by root's rollback (hostile test).
 func inCRIUsRestore(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "SigBlk:"); ok {
-			m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && m&criuBlocked == criuBlocked
-		}
-	}
-	return false
+	m, err := proctree.BlockedSignals(pid)
+	return err == nil && m&criuBlocked == criuBlocked
 }
 
 // KillJournaled kills the processes of a dead restore's tree that it journaled (or watched)
 // as made and that are still the processes they were: a PID taken since by another
-// process, or one never journaled with its start (the restore died before its tasks existed, and CRIU and
-// what it forked go with the restore's directories, killHolders), is not the restore's.
+// process, or one never journaled with its start (the restore died before its tasks
+// existed, and CRIU and what it forked go with the restore's directories, killHolders), is
+// not the restore's.
 func KillJournaled(tree []txn.Proc) {
 	killBackwards(tree, func(p txn.Proc) bool { return p.Start != 0 && p.Alive() })
 }

@@ -248,19 +248,38 @@ func ThreadGroup(tid int) (int, error) { return statusNumber(tid, "Tgid:") }
 
 // statusNumber reads the number after key in /proc/PID/status.
 func statusNumber(pid int, key string) (int, error) {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, fmt.Errorf("process %d: %w", pid, ErrNoProcess)
-	}
+	v, err := statusField(pid, key)
 	if err != nil {
 		return 0, err
 	}
+	return strconv.Atoi(v)
+}
+
+// BlockedSignals is the mask of signals pid's thread group leader blocks (SigBlk: bit n-1
+// for signal n).
+func BlockedSignals(pid int) (uint64, error) {
+	v, err := statusField(pid, "SigBlk:")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(v, 16, 64)
+}
+
+// statusField is the value of the line of /proc/PID/status that starts with key.
+func statusField(pid int, key string) (string, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("process %d: %w", pid, ErrNoProcess)
+	}
+	if err != nil {
+		return "", err
+	}
 	for _, l := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(l, key); ok {
-			return strconv.Atoi(strings.TrimSpace(v))
+			return strings.TrimSpace(v), nil
 		}
 	}
-	return 0, fmt.Errorf("no %s in /proc/%d/status", strings.TrimSuffix(key, ":"), pid)
+	return "", fmt.Errorf("no %s in /proc/%d/status", strings.TrimSuffix(key, ":"), pid)
 }
 
 // Same reports whether pid is still the process that started at start.
