@@ -909,8 +909,8 @@ func descendant(pid int, match func(int) bool) int {
 
 // commOf is the command name of process pid, "" if it is gone.
 func commOf(pid int) string {
-	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
-	return strings.TrimSpace(string(comm))
+	p, _ := proctree.Read(pid)
+	return p.Command
 }
 
 // inCgroupOf lists the live processes in a cgroup named after container id: runc's, which
