@@ -51,6 +51,9 @@ func (a *app) restoreCmd() *cobra.Command {
 			if err := localDir("-D", r.Dir, "to restore from a store, give that location to --from"); err != nil {
 				return err
 			}
+			if err := engine.CanRestoreHere(); err != nil {
+				return classify(err) // before anything is fetched
+			}
 			var err error
 			if r.Skips, err = gpu.SkipsFrom(gpu.Vendors(), skips, os.Getenv); err != nil {
 				return usageError{err}

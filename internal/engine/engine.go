@@ -17,7 +17,13 @@ import (
 
 // Errors users act on; the CLI maps them to messages and exit codes.
 var (
-	ErrNotRoot   = errors.New("gpucr must run as root (CRIU needs it)")
+	ErrNotRoot = errors.New("gpucr must run as root (CRIU needs it)")
+	// ErrNamespaceInit is a restore asked of a gpucr that is the first process of its PID
+	// namespace: the kernel kills every process of the namespace when that process exits,
+	// so the detached tree it restored died with it while it reported success (hostile
+	// test: `unshare --pid --fork gpucr restore`, which the PID-in-use message suggested).
+	ErrNamespaceInit = errors.New("gpucr is PID 1 of its PID namespace, and what it restores would be killed when it exits; " +
+		"run gpucr restore in the namespace the job is to live in (not as the first process of `unshare --pid --fork` or of a container)")
 	ErrBadTarget = errors.New("refusing to checkpoint this process")
 	// ErrBadRequest is a restore asked for what its image cannot give.
 	ErrBadRequest = errors.New("refusing the restore")

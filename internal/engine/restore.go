@@ -62,8 +62,8 @@ type RestoreResult struct {
 // while CRIU restores and filled before any task resumes, then the device state. A restore
 // that cannot finish is removed: nothing is left half-running.
 func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreRequest) (*RestoreResult, error) {
-	if os.Geteuid() != 0 {
-		return nil, ErrNotRoot
+	if err := CanRestoreHere(); err != nil {
+		return nil, err
 	}
 	if dir, err := image.Resolve(r.Dir); err == nil {
 		r.Dir = dir // read through one path, fixed now: see image.Resolve
@@ -516,6 +516,19 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps 
 	return plan, nil
 }
 
+// CanRestoreHere says why this gpucr cannot restore anything that would outlive it: it is
+// not root, or it is its PID namespace's first process (ErrNamespaceInit). Asked before
+// anything is fetched or changed.
+func CanRestoreHere() error {
+	if os.Geteuid() != 0 {
+		return ErrNotRoot
+	}
+	if os.Getpid() == 1 {
+		return ErrNamespaceInit
+	}
+	return nil
+}
+
 // pidWait bounds how long a restore waits for the image's PIDs to be let go by processes
 // that are on their way out: a checkpointed tree's exited children, reparented to an init
 // that reaps slowly, hold their PIDs and their session and group IDs until reaped.
@@ -539,6 +552,12 @@ func waitPIDsFree(m *image.Manifest, tids map[int]int, limit time.Duration) erro
 	}
 }
 
+// freePID is what to do about a taken PID. CRIU gives a tree in the node's own PID
+// namespace its PIDs back, so only freeing them helps; restoring from a fresh namespace
+// (the advice this replaced) reports success and loses the tree (ErrNamespaceInit).
+const freePID = "stop it: the image's processes get their PIDs back (a job started as the first process of a " +
+	"PID namespace of its own restores beside its original: docs/moving-hosts.md)"
+
 // pidTaken is an image PID in use, and the process that uses it.
 type pidTaken struct {
 	img    image.Process
@@ -557,11 +576,11 @@ func (t *pidTaken) err() error {
 		what = "is the " + t.as + " ID of"
 	}
 	if t.tid != 0 {
-		return fmt.Errorf("%w: thread %d of PID %d (%s in the image) is held by %s; stop it or restore in a fresh PID namespace",
-			ErrPIDInUse, t.tid, t.img.PID, t.img.Command, held)
+		return fmt.Errorf("%w: thread %d of PID %d (%s in the image) is held by %s; %s",
+			ErrPIDInUse, t.tid, t.img.PID, t.img.Command, held, freePID)
 	}
-	return fmt.Errorf("%w: PID %d (%s in the image) %s %s; stop it or restore in a fresh PID namespace",
-		ErrPIDInUse, t.img.PID, t.img.Command, what, held)
+	return fmt.Errorf("%w: PID %d (%s in the image) %s %s; %s",
+		ErrPIDInUse, t.img.PID, t.img.Command, what, held, freePID)
 }
 
 // pidsTaken finds the first image PID that a process, or a process group or session, uses,

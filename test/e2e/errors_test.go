@@ -313,6 +313,27 @@ func TestRestoreNamesAMissingFile(t *testing.T) {
 	restore(t, dir)
 }
 
+// A restore by a gpucr that is the first process of its PID namespace is refused before it
+// starts: the kernel ends the namespace, and every process in it, when that gpucr exits, so
+// the tree it restored detached was gone once it reported success (hostile test, run as the
+// PID-in-use error then advised). The image restores as it is where the job can live.
+func TestRestoreAsANamespacesFirstProcessIsRefused(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t)
+	dir := checkpointGone(t, w)
+
+	cmd := exec.Command("unshare", "--pid", "--fork", "--mount-proc", bin.gpucr, "restore", "-D", dir)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitNotReady || !oneLineWith(string(out), "gpucr is PID 1 of its PID namespace") {
+		t.Fatalf("restore as a namespace's first process: %v:\n%s", err, out)
+	}
+	if testutil.Alive(w.pid) {
+		t.Fatal("the refused restore made the process")
+	}
+	restore(t, dir)
+}
+
 // A checkpoint onto a disk that fills up fails with one line that says so, leaves nothing
 // behind, and the workload counts on with its memory intact: on a 24 MiB filesystem CRIU's
 // files fit and the 64 MiB gpucr saves itself do not; on a 256 KiB one CRIU's do not.

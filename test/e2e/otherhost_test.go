@@ -99,7 +99,7 @@ echo uts=$(readlink /proc/%[4]d/ns/uts) here=$(readlink /proc/self/ns/uts)
 		t.Fatalf("the node's holder did not get PID %d:\n%s", pid, out)
 	}
 	if !strings.Contains(taken, "code=1") || !strings.Contains(taken,
-		fmt.Sprintf(`PID %d (sleep in the image) is held by "sleep" (PID %d); stop it or restore in a fresh PID namespace`, pid, pid)) {
+		fmt.Sprintf(`PID %d (sleep in the image) is held by "sleep" (PID %d); stop it: the image's processes get their PIDs back`, pid, pid)) {
 		t.Errorf("restore onto a taken PID:\n%s", taken)
 	}
 	if field(t, out, "restored") != "yes" || field(t, out, "fd") != data {
