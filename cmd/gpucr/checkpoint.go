@@ -226,6 +226,9 @@ func (a *app) checkpointCmd() *cobra.Command {
 			if dryRun {
 				return a.dryRun(cmd, target, r)
 			}
+			if err := checkStoreParent(to); err != nil {
+				return err
+			}
 			var export *exporter
 			if exportFile != "" {
 				if export, err = newExporter(a.runDir, exportFile, ctr, to, rf.path, &r.Dir); err != nil {

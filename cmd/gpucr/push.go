@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
 	"github.com/gpucr/gpucr/internal/meter"
 	"github.com/gpucr/gpucr/internal/store"
@@ -52,6 +55,9 @@ func (a *app) pushCmd() *cobra.Command {
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := localDir("push's DIR", args[0], "push takes the image directory first, then the store location"); err != nil {
+				return err
+			}
+			if err := checkStoreParent(args[1]); err != nil {
 				return err
 			}
 			ctx, stop := interrupt.Context(cmd.Context())
@@ -103,6 +109,19 @@ func classifyStore(err error) error {
 		return usageError{err}
 	}
 	return classify(err)
+}
+
+// checkStoreParent refuses a local store location whose store directory (the one that
+// holds it and chunks/) has no parent, as -D refuses an image directory without one
+// (image.ParentExists): a local store's writes create every directory they need, so a
+// mistyped path or an unmounted /mnt/... made a new store on the wrong disk. The store
+// directory itself, and the location in it, are still created. An s3:// location has no
+// directories to check.
+func checkStoreParent(loc string) error {
+	if loc == "" || strings.Contains(loc, "://") {
+		return nil
+	}
+	return classify(image.ParentExists("store directory", filepath.Dir(filepath.Clean(loc))))
 }
 
 // storeBusy tells the user what a push or stream waits for before it moves anything.

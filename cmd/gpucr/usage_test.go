@@ -1,6 +1,10 @@
 package main
 
 import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -44,6 +48,33 @@ func TestCommandLineRefusalsSayHowTheVerbIsUsed(t *testing.T) {
 		code := run(tt.args, &stdout, &stderr)
 		if msg := stderr.String(); code != exitUsage || strings.Count(msg, "\n") != 1 || !strings.Contains(msg, tt.want) || strings.Contains(msg, "strconv") {
 			t.Errorf("gpucr %s: exit %d, want %d and one line with %q:\n%s", strings.Join(tt.args, " "), code, exitUsage, tt.want, msg)
+		}
+	}
+}
+
+// A local store was made with all its missing parents (mkdir -p), so a mistyped path or an
+// unmounted /mnt/... silently started a store on the wrong disk. As for -D, the store
+// directory (the one that holds the checkpoint and chunks/) may be made, its parent must
+// exist: exit 2, one line naming that parent, and nothing created.
+func TestLocalStoreWithoutItsParentIsRefused(t *testing.T) {
+	tmp := t.TempDir()
+	missing := filepath.Join(tmp, "typo")
+	storeDir := filepath.Join(missing, "ckpt")
+	loc := filepath.Join(storeDir, "job-3")
+	noPID := "4194305" // above any pid_max: were the location taken, no process is checkpointed
+	for _, args := range [][]string{
+		{"checkpoint", noPID, "--to", loc},
+		{"checkpoint", noPID, "-D", filepath.Join(tmp, "img"), "--to", loc},
+		{"push", t.TempDir(), loc},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(args, &stdout, &stderr)
+		want := "parent directory " + missing + " of store directory " + storeDir + " does not exist"
+		if msg := stderr.String(); code != exitUsage || strings.Count(msg, "\n") != 1 || !strings.Contains(msg, want) {
+			t.Errorf("gpucr %s: exit %d, want %d and one line with %q:\n%s", strings.Join(args, " "), code, exitUsage, want, msg)
+		}
+		if _, err := os.Lstat(missing); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("gpucr %s created %s (%v)", strings.Join(args, " "), missing, err)
 		}
 	}
 }

@@ -27,9 +27,10 @@ import (
 var (
 	// ErrNotEmpty means the image directory already holds something: gpucr never overwrites.
 	ErrNotEmpty = errors.New("image directory is not empty")
-	// ErrParentMissing means the image directory's parent does not exist; gpucr does not
-	// create it, so a mistyped path fails instead of scattering directories.
-	ErrParentMissing = errors.New("image directory's parent does not exist")
+	// ErrParentMissing means the parent of an image directory, or of a local store
+	// location, does not exist; gpucr does not create it, so a mistyped path fails instead
+	// of scattering directories (ParentExists).
+	ErrParentMissing = errors.New("parent directory does not exist")
 	// ErrNotAPlace means the image directory is a symlink or a mount point: the finished
 	// image is renamed into place, which neither can take, so the checkpoint would pause
 	// the workload for an image it could never keep.
@@ -95,13 +96,8 @@ func CommittedFrom(staging string) (final string, ok bool) {
 func BeginAt(final, staging string) (*Staging, error) {
 	final = filepath.Clean(final)
 	parent, base := filepath.Dir(final), filepath.Base(final)
-	switch fi, err := os.Stat(parent); {
-	case errors.Is(err, fs.ErrNotExist):
-		return nil, sentinelf(ErrParentMissing, "parent directory %s of image directory %s does not exist", parent, final)
-	case err != nil:
-		return nil, fmt.Errorf("image directory %s: %w", final, err)
-	case !fi.IsDir():
-		return nil, fmt.Errorf("image directory %s: parent %s is not a directory", final, parent)
+	if err := ParentExists("image directory", final); err != nil {
+		return nil, err
 	}
 	if err := checkFinal(final); err != nil {
 		return nil, err
@@ -127,6 +123,24 @@ func BeginAt(final, staging string) (*Staging, error) {
 		}
 	}
 	return &Staging{dir: dir, final: final}, nil
+}
+
+// ParentExists refuses a place gpucr is to create (what names it: "image directory")
+// whose parent directory is missing or no directory: gpucr makes the place itself, never
+// its parents, so that a mistyped path or an unmounted file system fails instead of
+// putting the data on another disk.
+func ParentExists(what, final string) error {
+	final = filepath.Clean(final)
+	parent := filepath.Dir(final)
+	switch fi, err := os.Stat(parent); {
+	case errors.Is(err, fs.ErrNotExist):
+		return sentinelf(ErrParentMissing, "parent directory %s of %s %s does not exist: create it (or mount its file system) first, or correct the path", parent, what, final)
+	case err != nil:
+		return fmt.Errorf("%s %s: %w", what, final, err)
+	case !fi.IsDir():
+		return fmt.Errorf("%s %s: parent %s is not a directory", what, final, parent)
+	}
+	return nil
 }
 
 // CheckParent refuses, to gpucr running as root, a place for a new image in a directory
