@@ -59,6 +59,9 @@ func (a *app) foldCmd() *cobra.Command {
 			}
 			defer func() { _ = sd.Close() }()
 			res, err := criufold.Fold(ctx, args[0], m, args[1], sd.Dir)
+			if outOfRoom(err) {
+				err = diskFull("the disk for "+args[1], "free space there or fold onto another disk", "nothing was written", noRoomReason(err), err)
+			}
 			if err != nil {
 				return classify(err)
 			}

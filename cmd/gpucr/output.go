@@ -17,9 +17,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpucr/gpucr/internal/criu"
+	"github.com/gpucr/gpucr/internal/diskroom"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/store"
 	"github.com/gpucr/gpucr/internal/txn"
 )
 
@@ -188,10 +190,62 @@ func explainFullDisk(err error, streamed bool) error {
 		after = "nothing was kept, and the rollback did not finish"
 	}
 	if streamed {
-		return fmt.Errorf("a disk is full: a local store's, or that of %s, where a streamed checkpoint stages CRIU's small files (TMPDIR moves them), or of the run directory: free space; %s (%w)", os.TempDir(), after, err)
+		return diskFull("a disk", "a local store's, or that of "+os.TempDir()+", where a streamed checkpoint stages CRIU's small files (TMPDIR moves them), or of the run directory: free space", after, err.Error(), err)
 	}
-	return fmt.Errorf("the disk for the image is full: free space or checkpoint elsewhere; %s (%w)", after, err)
+	return diskFull("the disk for the image", "free space or checkpoint elsewhere", after, err.Error(), err)
 }
+
+// outOfRoom says whether err is a write that found no room: the file system's ENOSPC or
+// EDQUOT, a store's refusal for want of room, or a diskroom check refusing beforehand.
+func outOfRoom(err error) bool {
+	_, checked := errors.AsType[*diskroom.FullError](err)
+	return checked || store.Full(err)
+}
+
+// diskFull is the one line for a destination that ran out of room, as every verb words
+// it: "WHERE is full[: how much was needed]: TODO; AFTER (WHY)". where names the
+// destination as the user gave it, why is what of the refusal is worth showing: the
+// file system's own error names the file gpucr was writing, a temporary one or a chunk,
+// none of the user's (UX review), so push and fold give only its reason (noRoomReason).
+// err stays underneath for errors.Is.
+func diskFull(where, todo, after, why string, err error) error {
+	msg := where + " is full" + roomNeeded(err) + ": " + todo + "; " + after
+	if why != "" {
+		msg += " (" + why + ")"
+	}
+	return &fullDiskError{msg: msg, err: err}
+}
+
+// roomNeeded is how much room a diskroom check found missing, when one refused err.
+func roomNeeded(err error) string {
+	full, ok := errors.AsType[*diskroom.FullError](err)
+	switch {
+	case !ok:
+		return ""
+	case full.Need == 0:
+		return fmt.Sprintf(": %s free, less than the %s kept for others", bytesHuman(uint64(max(full.Free, 0))), bytesHuman(uint64(full.Keep)))
+	}
+	return fmt.Sprintf(": %s needed, %s free, %s of it kept for others", bytesHuman(uint64(full.Need)), bytesHuman(uint64(max(full.Free, 0))), bytesHuman(uint64(full.Keep)))
+}
+
+// noRoomReason is the system's reason a write found no room ("no space left on device",
+// "disk quota exceeded") without the path it came with; "" where there is none to give (a
+// diskroom check, whose numbers roomNeeded says, or a store's refusal).
+func noRoomReason(err error) string {
+	if errno, ok := errors.AsType[syscall.Errno](err); ok {
+		return errno.Error()
+	}
+	return ""
+}
+
+// fullDiskError is diskFull's line over the error it explains.
+type fullDiskError struct {
+	msg string
+	err error
+}
+
+func (e *fullDiskError) Error() string { return e.msg }
+func (e *fullDiskError) Unwrap() error { return e.err }
 
 // classify gives errors users act on their exit code: a wrong request is a usage error,
 // a host without root or CRIU is not ready.

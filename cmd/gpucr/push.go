@@ -82,6 +82,10 @@ func (a *app) push(ctx context.Context, dir, loc string) (transferOutput, error)
 	start := time.Now()
 	_, stats, err := chunked.Push(ctx, st, prefix, dir, chunked.Options{Progress: countInto(count), Waiting: a.storeBusy})
 	a.progress().Done("push", time.Since(start))
+	if outOfRoom(err) {
+		err = diskFull("the store for "+st.URL(prefix), "free space there (gpucr gc removes the chunks no checkpoint uses) or push elsewhere",
+			"the checkpoint was not stored, and a new push uploads only the chunks still missing", noRoomReason(err), err)
+	}
 	if err != nil {
 		return transferOutput{}, classifyStore(err)
 	}

@@ -366,6 +366,39 @@ func TestCheckpointOntoAFullDisk(t *testing.T) {
 	})
 }
 
+// A push or fold onto a disk that fills up said so through the file it was writing, a
+// temporary one or a chunk ("write /d/store/chunks/.ab12...tmp-9: no space left on device",
+// "8 MiB to write into /d/.folded.partial-staging-..."): one line names the destination as
+// given, what was needed where it is known, and what to do, and no fold is left behind.
+func TestPushAndFoldOntoAFullDiskNameTheDestination(t *testing.T) {
+	needCRIU(t)
+	w := startCounter(t, "-random-mib", "8") // incompressible: the store cannot take it
+	img := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", "--leave-running", strconv.Itoa(w.pid), "-D", img)
+	disk := smallTmp(t, 1<<20)
+	store, folded := filepath.Join(disk, "store", "ckpt"), filepath.Join(disk, "folded")
+	for _, tt := range []struct {
+		args []string
+		want []string
+		not  string
+	}{
+		{[]string{"push", img, store}, []string{"the store for " + store + " is full: free space there", "(no space left on device)"}, "chunks/"},
+		{[]string{"fold", img, folded}, []string{"the disk for " + folded + " is full: ", " MiB needed, ", "fold onto another disk"}, "partial"},
+	} {
+		out, code := gpucr(t, tt.args...)
+		ok := code == exitFailed && oneLineWith(out, tt.want[0]) && !strings.Contains(out, tt.not) && !strings.Contains(out, ".tmp-")
+		for _, w := range tt.want[1:] {
+			ok = ok && strings.Contains(out, w)
+		}
+		if !ok {
+			t.Errorf("gpucr %s: exit %d, want %d with one line saying %q, naming no file of gpucr's:\n%s", strings.Join(tt.args, " "), code, exitFailed, tt.want, out)
+		}
+	}
+	if _, err := os.Lstat(folded); !os.IsNotExist(err) {
+		t.Errorf("a fold onto a full disk left its directory (%v)", err)
+	}
+}
+
 // inspect reads an image's files as restore does, a regular file beneath the image or
 // nothing: a FIFO put in place of one of CRIU's files, of the AMD plugin's or of a log made
 // it wait for good, a symlink to /dev/zero as container.json made it fill its memory
