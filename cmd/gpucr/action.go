@@ -150,7 +150,11 @@ func (a *app) installRuncCmd() *cobra.Command {
 		Use:     "install-criu-integration",
 		Aliases: []string{"install-runc-integration"},
 		Short:   "Make plain runc and crun checkpoint/restore (and podman, containerd, CRI-O) move GPU state, through CRIU's runc.conf and crun.conf",
-		Args:    cobra.NoArgs,
+		Example: examples(
+			"gpucr install-criu-integration # runc, crun, podman, containerd then move GPU state",
+			"gpucr install-criu-integration --remove",
+		),
+		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
 			if remove {
 				r, err := in.Remove()

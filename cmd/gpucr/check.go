@@ -62,7 +62,11 @@ func (a *app) checkCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "check",
 		Short: "Say whether this host can checkpoint and restore, and which GPUs it supports",
-		Args:  cobra.NoArgs,
+		Example: examples(
+			"gpucr check # is this host ready? CRIU, kernel, GPUs",
+			"gpucr check --json # the same for scripts: exit 3 when it is not",
+		),
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r := a.check(cmd.Context())
 			if err := a.emit(r, func() { printCheck(a, r) }); err != nil {

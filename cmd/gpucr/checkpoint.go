@@ -207,7 +207,13 @@ func (a *app) checkpointCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "checkpoint {PID | --container ID} {-D DIR | --to LOCATION | -D DIR --to LOCATION}",
 		Short: "Checkpoint a running process tree or runc container (and its GPU state) to an image directory",
-		Args:  cobra.MaximumNArgs(1),
+		Example: examples(
+			"gpucr checkpoint 4242 -D /ckpt/train-1 # the job stops once it is saved",
+			"gpucr checkpoint 4242 -R --to s3://ckpts/train/step-1000 # streamed to a store; the job runs on",
+			"gpucr checkpoint --container trainer -D /ckpt/trainer # a runc container",
+			"gpucr checkpoint 4242 --dry-run # only say whether it could be restored",
+		),
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			// Before anything is made (an export's staging) or a dry run reports.
 			if r.LockTimeout < 0 {

@@ -33,6 +33,10 @@ func (a *app) foldCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "fold DIR NEWDIR",
 		Short: "Copy an image with the memory gpucr saved itself folded into CRIU's page files, so that plain criu restore restores it",
+		Example: examples(
+			"gpucr fold /ckpt/train-1 /ckpt/train-1-criu # restorable by plain criu restore",
+			"gpucr fold /ckpt/train-1 /ckpt/train-1-criu --trust alice.pub # only an image alice signed",
+		),
 		Long: "fold verifies the image at DIR and writes a new image at NEWDIR (absent or empty) in which the memory\n" +
 			"runs gpucr kept in mem/ are in CRIU's own pagemaps and page files: `criu restore -D NEWDIR/criu` alone\n" +
 			"then restores the processes with all their memory. GPU state is not CRIU's: after a plain CRIU restore\n" +

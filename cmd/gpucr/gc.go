@@ -35,6 +35,10 @@ func (a *app) rmCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "rm s3://BUCKET/PREFIX|PATH",
 		Short: "Delete a stored checkpoint and the chunks no other checkpoint beside it uses",
+		Example: examples(
+			"gpucr rm s3://ckpts/train/step-1000 # and the chunks only it used",
+			"gpucr rm /srv/ckpt/train-1",
+		),
 		Long: "rm deletes the checkpoint's manifest object, which alone makes it a checkpoint, then removes the\n" +
 			"chunks in its directory that no remaining checkpoint references (as gc does). Checkpoints stored\n" +
 			"under it stay.",
@@ -62,6 +66,10 @@ func (a *app) gcCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "gc s3://BUCKET[/DIR]|PATH",
 		Short: "Remove the chunks no stored checkpoint references: left by deleted checkpoints and killed pushes",
+		Example: examples(
+			"gpucr gc s3://ckpts/train --dry-run # count what would be removed",
+			"gpucr gc s3://ckpts/train # remove the chunks no checkpoint uses (killed pushes)",
+		),
 		Long: "gc looks at the checkpoints directly under the location and removes the chunks in its chunks/\n" +
 			"that none of them references. It waits for no one: while a push works there it refuses, and it\n" +
 			"stops between batches for a push that starts. A manifest it cannot read makes it remove nothing.",

@@ -46,7 +46,12 @@ func (a *app) inspectCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "inspect {DIR | ARCHIVE}",
 		Short: "Show what an image, a runc checkpoint directory or a checkpoint archive holds: processes, memory, open files, GPUs, versions",
-		Args:  cobra.ExactArgs(1),
+		Example: examples(
+			"gpucr inspect /ckpt/train-1 # processes, memory, GPUs, versions",
+			"gpucr inspect /ckpt/train-1 --files --json # with each process's open files, as JSON",
+			"gpucr inspect trainer.tar.zst # an archive of checkpoint --export, or podman's",
+		),
+		Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			if isArchive(args[0]) {
 				out, err := inspectArchive(args[0])

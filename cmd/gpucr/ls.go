@@ -35,6 +35,10 @@ func (a *app) lsCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "ls s3://BUCKET[/PREFIX]|PATH",
 		Short: "List the complete checkpoints at a store location, with what each holds",
+		Example: examples(
+			"gpucr ls s3://ckpts/train # the checkpoints under a prefix, with what each holds",
+			"gpucr ls /srv/ckpt --json",
+		),
 		Long: "ls shows the location itself if it is a checkpoint, otherwise the checkpoints directly under it.\n" +
 			"Only checkpoints whose push finished are listed.",
 		Args: cobra.ExactArgs(1),

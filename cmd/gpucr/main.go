@@ -101,43 +101,10 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	a := &app{cfg: configFrom(os.Getenv), stdout: stdout, stderr: stderr}
-	root := &cobra.Command{
-		Use:           "gpucr",
-		Short:         "Checkpoint and restore running GPU processes",
-		Version:       versionString(),
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		PersistentPreRunE: func(*cobra.Command, []string) error {
-			if a.progressEvery < 0 {
-				return usageError{fmt.Errorf("--progress-every %v: give a duration of 0 (never) or more", a.progressEvery)}
-			}
-			level := slog.LevelWarn
-			if a.verbose {
-				level = slog.LevelDebug
-			}
-			a.log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-			var err error
-			a.stopProfile, err = startProfile(a.cpuProfile)
-			return err
-		},
-	}
-	root.SetVersionTemplate(fmt.Sprintf("gpucr version {{.Version}}, JSON schema %d\n", jsonSchema))
+	root := a.rootCmd()
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetArgs(args)
-	pf := root.PersistentFlags()
-	pf.BoolVar(&a.json, "json", false, "print results as JSON")
-	pf.StringVar(&a.criuPath, "criu", "", "path to the criu binary (default: $GPUCR_CRIU, "+criu.DefaultPrefixBinary+", then PATH)")
-	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log each step to stderr")
-	pf.BoolVarP(&a.quiet, "quiet", "q", false, "show no progress on stderr (errors still go there)")
-	pf.DurationVar(&a.progressEvery, "progress-every", 5*time.Second, "when stderr is not a terminal, log a long phase's progress this often (0: never)")
-	pf.BoolVar(&a.noTHP, "no-thp", false, "do not switch transparent huge pages to always while GPU memory is staged (it is put back afterwards)")
-	pf.StringVar(&a.runDir, "run-dir", txn.DefaultRoot, "where operations are journaled and locked")
-	pf.StringVar(&a.thpSwitch, "thp-switch", hosttune.THPPath, "the transparent huge page switch to tune")
-	_ = pf.MarkHidden("run-dir")
-	_ = pf.MarkHidden("thp-switch")
-	pf.StringVar(&a.cpuProfile, "cpu-profile", "", "write a CPU profile of the verb to FILE (go tool pprof)")
-	_ = pf.MarkHidden("cpu-profile")
 	defer func() {
 		if a.stopProfile != nil {
 			a.stopProfile()
@@ -151,10 +118,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpucr: GPUCR_TEST_CRASH_AT: %v\n", err)
 		return exitUsage
 	}
-	root.AddCommand(a.recoverCmd(), a.guardCmd(), a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd(),
-		a.criuActionCmd(), a.installRuncCmd(), a.pushCmd(), a.pullCmd(), a.lsCmd(), a.rmCmd(), a.gcCmd(), a.keygenCmd(), a.signCmd(), a.foldCmd())
-
-	usageErrors(root)
 	if err := root.Execute(); err != nil {
 		// An error may quote what an image, a store or a neighbour wrote (a lease's host).
 		msg := explainInterrupt(printable(oneLine(err)), err, interrupt.Received()) + a.untrustedHint(err)
@@ -176,6 +139,70 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	return 0
+}
+
+// rootCmd is gpucr's command line: the global flags and every verb, each verb's
+// refusals of a command line made usage errors.
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "gpucr",
+		Short:         "Checkpoint and restore running GPU processes",
+		Version:       versionString(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			if a.progressEvery < 0 {
+				return usageError{fmt.Errorf("--progress-every %v: give a duration of 0 (never) or more", a.progressEvery)}
+			}
+			level := slog.LevelWarn
+			if a.verbose {
+				level = slog.LevelDebug
+			}
+			a.log = slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: level}))
+			var err error
+			a.stopProfile, err = startProfile(a.cpuProfile)
+			return err
+		},
+	}
+	root.SetVersionTemplate(fmt.Sprintf("gpucr version {{.Version}}, JSON schema %d\n", jsonSchema))
+	pf := root.PersistentFlags()
+	pf.BoolVar(&a.json, "json", false, "print results as JSON")
+	pf.StringVar(&a.criuPath, "criu", "", "path to the criu binary (default: $GPUCR_CRIU, "+criu.DefaultPrefixBinary+", then PATH)")
+	pf.BoolVarP(&a.verbose, "verbose", "v", false, "log each step to stderr")
+	pf.BoolVarP(&a.quiet, "quiet", "q", false, "show no progress on stderr (errors still go there)")
+	pf.DurationVar(&a.progressEvery, "progress-every", 5*time.Second, "when stderr is not a terminal, log a long phase's progress this often (0: never)")
+	pf.BoolVar(&a.noTHP, "no-thp", false, "do not switch transparent huge pages to always while GPU memory is staged (it is put back afterwards)")
+	pf.StringVar(&a.runDir, "run-dir", txn.DefaultRoot, "where operations are journaled and locked")
+	pf.StringVar(&a.thpSwitch, "thp-switch", hosttune.THPPath, "the transparent huge page switch to tune")
+	_ = pf.MarkHidden("run-dir")
+	_ = pf.MarkHidden("thp-switch")
+	pf.StringVar(&a.cpuProfile, "cpu-profile", "", "write a CPU profile of the verb to FILE (go tool pprof)")
+	_ = pf.MarkHidden("cpu-profile")
+	root.AddCommand(a.recoverCmd(), a.guardCmd(), a.checkCmd(), a.checkpointCmd(), a.restoreCmd(), a.inspectCmd(), a.verifyCmd(), a.runCmd(),
+		a.criuActionCmd(), a.installRuncCmd(), a.pushCmd(), a.pullCmd(), a.lsCmd(), a.rmCmd(), a.gcCmd(), a.keygenCmd(), a.signCmd(), a.foldCmd())
+	usageErrors(root)
+	return root
+}
+
+// examples is a verb's Example for --help from its lines, "COMMAND # COMMENT" each: the
+// commands indented as cobra shows usage, the comments lined up after the longest command
+// that has one.
+func examples(lines ...string) string {
+	width := 0
+	for _, l := range lines {
+		if command, _, ok := strings.Cut(l, " # "); ok {
+			width = max(width, len(command))
+		}
+	}
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		command, comment, ok := strings.Cut(l, " # ")
+		out[i] = "  " + command
+		if ok {
+			out[i] += strings.Repeat(" ", width-len(command)+3) + "# " + comment
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // askedJSON reads --json from a command line that cobra refused before parsing it as far.

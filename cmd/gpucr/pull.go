@@ -20,6 +20,10 @@ func (a *app) pullCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "pull s3://BUCKET/PREFIX|PATH DIR",
 		Short: "Fetch a stored checkpoint into an image directory, checking every chunk and file",
+		Example: examples(
+			"gpucr pull s3://ckpts/train/step-1000 /ckpt/train-1 # every chunk and file checked",
+			"gpucr pull /srv/ckpt/train-1 /ckpt/train-1 --trust alice.pub # only if alice signed it",
+		),
 		Long: "pull fetches the checkpoint into DIR, which must not exist or be empty. Every chunk is\n" +
 			"checked as it arrives (a missing or corrupted chunk is named), then every file's checksum as\n" +
 			"restore does; only a verified image is renamed to DIR.",

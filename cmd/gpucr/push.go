@@ -48,6 +48,11 @@ func (a *app) pushCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "push DIR s3://BUCKET/PREFIX|PATH",
 		Short: "Store a verified image in object storage or a local store, deduplicated and compressed",
+		Example: examples(
+			"gpucr push /ckpt/train-1 s3://ckpts/train/step-1000 # verifies the image first",
+			"gpucr push /ckpt/train-1 /srv/ckpt/train-1 # chunks in /srv/ckpt/chunks",
+			"GPUCR_S3_ENDPOINT=http://minio:9000 gpucr push /ckpt/train-1 s3://ckpts/train/step-1000",
+		),
 		Long: "push verifies the image in DIR and stores it at s3://BUCKET/PREFIX (endpoint from GPUCR_S3_ENDPOINT\n" +
 			"or AWS_ENDPOINT_URL, credentials from the AWS environment or ~/.aws) or at a local PATH. Chunks go to\n" +
 			"a chunks/ directory beside PREFIX, shared with the checkpoints there: only new chunks are uploaded.\n" +

@@ -32,6 +32,10 @@ func (a *app) recoverCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "recover [--pid PID]...",
 		Short: "Finish the rollback of operations whose gpucr died, and bring stranded GPU processes back",
+		Example: examples(
+			"gpucr recover # finish what a gpucr that died left (the next verb would too)",
+			"gpucr recover --pid 4242 # bring back a process stranded on its GPU (see gpucr check)",
+		),
 		Long: "gpucr journals each checkpoint and restore under " + txn.DefaultRoot + "; a guardian rolls one back at once\n" +
 			"if gpucr dies. recover does it for operations whose guardian died too (every verb does it first).\n" +
 			"--pid brings a process that `gpucr check` lists as stranded on its GPU back to running.",

@@ -46,7 +46,13 @@ func (a *app) restoreCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "restore [--container ID] -D DIR | --from LOCATION",
 		Short: "Restore a process tree or runc container (and its GPU state) from an image directory, detached",
-		Args:  cobra.NoArgs,
+		Example: examples(
+			"gpucr restore -D /ckpt/train-1 # detached: prints the restored root's PID",
+			"gpucr restore -D /ckpt/train-1 --gpu-map 0=1 # onto GPU 1 instead of GPU 0",
+			"gpucr restore --from s3://ckpts/train/step-1000 # its memory streamed from the store",
+			"gpucr restore --container trainer -D /ckpt/trainer --new-id trainer-2",
+		),
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := localDir("-D", r.Dir, "to restore from a store, give that location to --from"); err != nil {
 				return err

@@ -15,6 +15,10 @@ func (a *app) runCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "run [--nproc-per-node N] -- CMD [ARG...]",
 		Short: "Start a (multi-process) GPU job so that it can be checkpointed",
+		Example: examples(
+			"gpucr run -- python train.py # checkpoint it by gpucr run's PID",
+			"gpucr run --nproc-per-node 8 -- python train.py --epochs 3 # eight ranks, in place of torchrun",
+		),
 		Long: `Starts CMD as N ranks with the env:// variables torch.distributed reads (RANK, LOCAL_RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT), in place of torchrun, whose agent uses io_uring that
 CRIU cannot checkpoint. Every rank runs with ` + strings.Join(launch.CheckpointableEnv(), " ") + `:

@@ -79,6 +79,10 @@ func (a *app) keygenCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "keygen PATH",
 		Short: "Create an ed25519 key pair for signing images: PATH (private, 0600) and PATH.pub",
+		Example: examples(
+			"gpucr keygen /etc/gpucr/signing-key # this host's key: its checkpoints are signed with it",
+			"gpucr keygen alice # alice (private, 0600) and alice.pub, to hand to --trust",
+		),
 		Long: "keygen writes a new private key to PATH, which must not exist, and its public key to PATH.pub.\n" +
 			"Sign with `gpucr checkpoint --sign PATH` or `gpucr sign DIR --key PATH`; restore, pull and\n" +
 			"verify with `--trust PATH.pub` refuse images not signed by it. The files are the PEM formats\n" +
@@ -113,6 +117,10 @@ func (a *app) signCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sign DIR [--key KEY]",
 		Short: "Verify an image and add an ed25519 signature of its manifest",
+		Example: examples(
+			"gpucr sign /ckpt/train-1 --key alice # verify the image, then sign it with alice's key",
+			"gpucr sign /ckpt/train-1 # with this host's key (/etc/gpucr/signing-key)",
+		),
 		Long: "sign verifies every file of the image at DIR, then signs its manifest with KEY. The manifest\n" +
 			"records each file's SHA-256, so the signature covers every byte; an image checkpointed without\n" +
 			"--sign (or by an older gpucr) gets them first, in the same read, and its manifest is written\n" +

@@ -24,7 +24,11 @@ func (a *app) verifyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "verify DIR",
 		Short: "Recompute every checksum of an image and name any file that is wrong",
-		Args:  cobra.ExactArgs(1),
+		Example: examples(
+			"gpucr verify /ckpt/train-1 # recompute every checksum, name a bad file",
+			"gpucr verify /ckpt/train-1 --trust alice.pub # and refuse it unless alice signed it",
+		),
+		Args: cobra.ExactArgs(1),
 		RunE: func(_ *cobra.Command, args []string) error {
 			keys, err := a.trusted(trust)
 			if err != nil {
