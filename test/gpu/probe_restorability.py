@@ -26,8 +26,12 @@ def ready(pids, check=lambda: True):
         if os.path.exists(v):
             os.remove(v)
             k += 1
-            with open(os.path.join(d, "result%d" % k), "w") as f:
+            # Renamed into place whole: the plan reads a result as soon as it exists, and
+            # read an empty one while a first check on two GPUs was still running.
+            out = os.path.join(d, "result%d" % k)
+            with open(out + ".tmp", "w") as f:
                 f.write("same=%s pid=%d" % (check(), os.getpid()))
+            os.rename(out + ".tmp", out)
         time.sleep(0.1)
 
 

@@ -22,7 +22,7 @@ start() {
   P=$(cut -d' ' -f1 "$D/ready")
 }
 check_data() { # TAG: asks the workload to recheck its data
-  local k; k=$(ls "$D" | grep -c '^result' || true); k=$((k+1))
+  local k; k=$(ls "$D" | grep -c '^result[0-9]*$' || true); k=$((k+1))
   touch "$D/verify"
   if wait_file "$D/result$k" && grep -q same=True "$D/result$k"; then ok "$1: $(cat "$D/result$k")"; else bad "$1: $(cat "$D/result$k" 2>/dev/null)"; fi
 }
