@@ -332,7 +332,10 @@ if [[ "$PARTS" == *" containerd "* ]]; then
   containerd --config "$C/config.toml" > "$C/containerd.log" 2>&1 & echo $! > "$C/pid"
   wait_for "$C/containerd.sock" 100
   x=$W/c1-x; mkdir -p "$x"; mapfile -t f < <(ctr_flags "$x")
-  if ctr images import --local --snapshotter native "$W/hostroot-oci.tar" >/dev/null &&
+  # containerd 2.x's ctr imports through its transfer service unless told --local, which
+  # 1.6's ctr (this part's, from engines/) does not know.
+  lf=(); ctr images import --help 2>/dev/null | grep -q -- '--local' && lf=(--local)
+  if ctr images import "${lf[@]}" --snapshotter native "$W/hostroot-oci.tar" >/dev/null &&
     ctr run -d "${f[@]}" "$IMAGE" gpucr-c1 "${CMD[@]}" >/dev/null && started C1 "$x"; then
     before_checkpoint "$x"; m=$(mark); t=$(secs)
     if ctr containers checkpoint --task gpucr-c1 localhost/gpucr-c1-checkpoint:1; then
