@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/archive"
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/engine"
@@ -126,7 +127,11 @@ func exportOf(dir, runtime string, m *image.Manifest) (archive.Export, error) {
 		return archive.Export{}, fmt.Errorf("%s does not hold a container: %w", dir, err)
 	}
 	specPath := filepath.Join(info.Bundle, "config.json")
-	spec, err := os.ReadFile(specPath)
+	// Beneath the bundle, regular and bounded: the bundle may be a user's, and the container
+	// is gone by now. A config.json its owner replaced with a FIFO held root's gpucr in
+	// open(2) for good, deaf to SIGINT and SIGTERM, and a symlink would have had it read
+	// /dev/zero, or a root-only file into the archive (hostile test).
+	spec, err := beneath.ReadFile(info.Bundle, "config.json", maxSpec)
 	if err != nil {
 		return archive.Export{}, fmt.Errorf("read the container's OCI spec: %w", err)
 	}
@@ -138,6 +143,10 @@ func exportOf(dir, runtime string, m *image.Manifest) (archive.Export, error) {
 		Spec:   spec,
 	}, nil
 }
+
+// maxSpec bounds the OCI spec an export copies: a spec with a seccomp profile and many
+// mounts is some tens of KiB.
+const maxSpec = 16 << 20
 
 func printExport(w io.Writer, out *exportOutput) {
 	fmt.Fprintf(w, "  export  %s (%s, %s) in %.2fs\n", out.File, out.Compression, bytesHuman(uint64(out.Bytes)), out.Seconds)

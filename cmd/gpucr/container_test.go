@@ -2,10 +2,17 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/archive"
+	"github.com/gpucr/gpucr/internal/container"
+	"github.com/gpucr/gpucr/internal/image"
 )
 
 // A container ID becomes a runtime's state directory and a lock that a failed restore
@@ -35,5 +42,56 @@ func TestContainerIDsThatArePathsAreRefused(t *testing.T) {
 	}
 	if b, err := os.ReadFile(filepath.Join(victim, "file")); err != nil || string(b) != "kept" {
 		t.Fatalf("the directory an ID named was touched: %q, %v", b, err)
+	}
+}
+
+// The spec an export copies is its bundle's config.json, which the bundle's owner may have
+// replaced once the container ran: a FIFO held root's gpucr in open(2) for good, with the
+// container already removed, and a symlink had it copy whatever it named (hostile test).
+// Each is refused at once in one line; a plain config.json is copied.
+func TestExportReadsOnlyTheBundlesOwnSpec(t *testing.T) {
+	outside := filepath.Join(t.TempDir(), "secret.json")
+	if err := os.WriteFile(outside, []byte(`{"token":"root's"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, plant := range map[string]func(string) error{
+		"fifo":    func(p string) error { return syscall.Mkfifo(p, 0o600) },
+		"symlink": func(p string) error { return os.Symlink(outside, p) },
+		"regular": func(p string) error { return os.WriteFile(p, []byte(`{"ociVersion":"1.0.2"}`), 0o600) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			bundle, img := t.TempDir(), t.TempDir()
+			if err := plant(filepath.Join(bundle, "config.json")); err != nil {
+				t.Fatal(err)
+			}
+			info, _ := json.Marshal(container.Info{ID: "c1", Bundle: bundle})
+			if err := os.WriteFile(filepath.Join(img, container.InfoName), info, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			type result struct {
+				e   archive.Export
+				err error
+			}
+			done := make(chan result, 1)
+			go func() {
+				e, err := exportOf(img, "runc", &image.Manifest{})
+				done <- result{e, err}
+			}()
+			var r result
+			select {
+			case r = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the export still waits on the bundle's config.json")
+			}
+			if name == "regular" {
+				if r.err != nil || !strings.Contains(string(r.e.Spec), "1.0.2") {
+					t.Fatalf("spec %q, %v", r.e.Spec, r.err)
+				}
+				return
+			}
+			if r.err == nil || strings.Contains(string(r.e.Spec), "root's") || strings.Contains(r.err.Error(), "\n") {
+				t.Fatalf("a %s config.json: spec %q, error %v; want one line refusing it", name, r.e.Spec, r.err)
+			}
+		})
 	}
 }
