@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -28,9 +30,12 @@ func (c *Containers) Image(id, bundle string) engine.RestoreTarget {
 type runcImage struct {
 	c          *Containers
 	id, bundle string
+	dir        string
+	m          *image.Manifest
 }
 
-func (ri *runcImage) Open(_ context.Context, dir string, _ *image.Manifest) error {
+func (ri *runcImage) Open(_ context.Context, dir string, m *image.Manifest) error {
+	ri.dir, ri.m = dir, m
 	info, err := ReadInfo(dir)
 	if err != nil {
 		return fmt.Errorf("%s does not hold a container (restore it without --container): %w", dir, err)
@@ -76,13 +81,50 @@ func (ri *runcImage) Locks() []string   { return []string{engine.ContainerLock(r
 func (ri *runcImage) CRIUPlugins() bool { return false }
 
 // Check refuses an ID runc already knows: the restore would fail, and its rollback must
-// never remove a container it did not create.
+// never remove a container it did not create. It refuses too, as for a process tree, an
+// image of a container in the host's PID namespace whose PIDs are taken: CRIU fails to give
+// them back, and runc's cleanup of a container without a PID namespace of its own kills
+// every process in its cgroup, which a container from the same bundle shares (a hostile
+// test's restore under --new-id of a container left running killed that container).
 func (ri *runcImage) Check() error {
 	if st, err := ri.c.Runc.State(context.Background(), ri.id); err == nil {
 		return fmt.Errorf("%w: container %s exists (%s); remove it or restore with --new-id", ErrExists, ri.id, st.Status)
 	}
-	return nil
+	host, err := inHostPIDNamespace(ri.bundle)
+	if err != nil || !host {
+		return err
+	}
+	return engine.CheckHostPIDsFree(ri.dir, ri.m)
 }
+
+// inHostPIDNamespace says whether bundle's spec leaves its container in the host's PID
+// namespace, where the image's PIDs are the host's: one that joins another container's
+// (a namespace path) numbers them as that one does, and they were taken for the host's
+// kernel threads.
+func inHostPIDNamespace(bundle string) (bool, error) {
+	b, err := beneath.ReadFile(bundle, "config.json", maxSpec)
+	if err != nil {
+		return false, fmt.Errorf("read the bundle's spec: %w", err)
+	}
+	var spec struct {
+		Linux struct {
+			Namespaces []struct{ Type string } `json:"namespaces"`
+		} `json:"linux"`
+	}
+	if err := json.Unmarshal(b, &spec); err != nil {
+		return false, fmt.Errorf("read the bundle's spec %s: %w", filepath.Join(bundle, "config.json"), err)
+	}
+	for _, ns := range spec.Linux.Namespaces {
+		if ns.Type == "pid" {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// maxSpec bounds a bundle's OCI spec: one with a seccomp profile and many mounts is some
+// tens of KiB.
+const maxSpec = 16 << 20
 
 func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.RestoreSpec) (*engine.Restored, error) {
 	// Once more, now: a container made under the ID since Check is another's, never this

@@ -167,3 +167,22 @@ func TestUnstickSparesARuncWhoseCRIURunsOn(t *testing.T) {
 		t.Fatalf("runc restore: %v; want runc's own failure, its CRIU never taken for killed", err)
 	}
 }
+
+// A restore checks the image's PIDs against the host's only for a container in the host's
+// PID namespace: one that joins another container's numbers them as that one does, and
+// its PID 21 was taken for the host's kernel thread of that number (hostile test).
+func TestInHostPIDNamespaceReadsTheBundle(t *testing.T) {
+	for spec, want := range map[string]bool{
+		`{"linux":{"namespaces":[{"type":"mount"}]}}`:                                      true,
+		`{"linux":{"namespaces":[{"type":"pid"},{"type":"mount"}]}}`:                       false,
+		`{"linux":{"namespaces":[{"type":"pid","path":"/proc/7/ns/pid"},{"type":"ipc"}]}}`: false,
+	} {
+		bundle := t.TempDir()
+		if err := os.WriteFile(filepath.Join(bundle, "config.json"), []byte(spec), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := inHostPIDNamespace(bundle); err != nil || got != want {
+			t.Errorf("%s: %v, %v; want %v", spec, got, err, want)
+		}
+	}
+}

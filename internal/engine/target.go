@@ -426,19 +426,27 @@ func (ti *treeImage) Check() error {
 			"and other launchers set it), and CRIU, its parent in a restore, exits as soon as the tree runs: start the job "+
 			"without a parent-death signal on its first process", ErrTreeImage, ti.m.RootPID, ti.rootCommand(), sig)
 	}
-	if !ti.m.OwnPIDNamespace() {
-		tids, err := criuimg.ThreadIDs(image.CRIUPath(ti.dir))
-		if err != nil {
-			return err
-		}
-		if err := waitPIDsFree(ti.m, tids, pidWait); err != nil {
-			return err
-		}
+	if err := CheckHostPIDsFree(ti.dir, ti.m); err != nil {
+		return err
 	}
 	if err := filesPresent(image.CRIUPath(ti.dir), ti.m); err != nil {
 		return err
 	}
 	return checkReopened(ti.m)
+}
+
+// CheckHostPIDsFree fails up front, for the image at dir without a PID namespace of its
+// own, when one of its PIDs or thread IDs is taken on this host (waitPIDsFree): CRIU gives
+// them back as they were, and fails halfway where one is taken.
+func CheckHostPIDsFree(dir string, m *image.Manifest) error {
+	if m.OwnPIDNamespace() {
+		return nil
+	}
+	tids, err := criuimg.ThreadIDs(image.CRIUPath(dir))
+	if err != nil {
+		return err
+	}
+	return waitPIDsFree(m, tids, pidWait)
 }
 
 func (ti *treeImage) Restore(ctx context.Context, op *Op, s RestoreSpec) (*Restored, error) {

@@ -823,3 +823,39 @@ func TestContainerVerbsRefuseATempDirOthersCanChange(t *testing.T) {
 	n := count(t, bundle)
 	waitContainerCount(t, bundle, n+2)
 }
+
+// A container in the host's PID namespace restored under --new-id while the one it was
+// checkpointed from runs on needs PIDs that one holds: CRIU failed to fork there, and runc's
+// cleanup of the half-restored container, which has no PID namespace of its own, killed
+// every process of the cgroup both share (their bundle's cgroupsPath): the running
+// original (hostile test). The restore is refused up front, in one line naming the PID,
+// and the original counts on.
+func TestContainerRestoreInTheHostPIDNamespaceSparesItsOriginal(t *testing.T) {
+	runc, _ := needRunc(t)
+	bundle := counterBundle(t, runc, "")
+	id, id2 := containerID(t, runc, "hostpid"), containerID(t, runc, "hostpid2")
+	testutil.EditJSON(t, filepath.Join(bundle, "config.json"), func(spec map[string]any) {
+		linux := spec["linux"].(map[string]any)
+		var ns []any
+		for _, n := range linux["namespaces"].([]any) {
+			if n.(map[string]any)["type"] != "pid" {
+				ns = append(ns, n)
+			}
+		}
+		linux["namespaces"] = ns
+		linux["cgroupsPath"] = "/" + id
+	})
+	runcRun(t, runc, bundle, id)
+	waitContainerCount(t, bundle, 5)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucr(t, "checkpoint", "--container", id, "--leave-running", "-D", dir)
+
+	out, code := gpucr(t, "restore", "--container", id, "-D", dir, "--new-id", id2)
+	if code == 0 || !oneLineWith(out, "is in use") {
+		t.Errorf("restore onto PIDs the running original holds: exit %d, want one line naming the PID:\n%s", code, out)
+	}
+	if gone(runc, id) {
+		t.Fatal("the failed restore killed the container it was checkpointed from")
+	}
+	waitContainerCount(t, bundle, count(t, bundle)+3)
+}
