@@ -254,7 +254,7 @@ func classify(err error) error {
 	case errors.Is(err, engine.ErrNotRoot), errors.Is(err, engine.ErrNamespaceInit), errors.Is(err, criu.ErrNotFound), errors.Is(err, criu.ErrTooOld), errors.Is(err, txn.ErrUntrusted):
 		return notReadyError{reason: err.Error()}
 	case errors.Is(err, engine.ErrBadTarget), errors.Is(err, engine.ErrBadRequest), errors.Is(err, proctree.ErrNoProcess), errors.Is(err, image.ErrNotEmpty),
-		errors.Is(err, image.ErrNotAPlace), errors.Is(err, image.ErrParentMissing):
+		errors.Is(err, image.ErrNotAPlace), errors.Is(err, image.ErrParentMissing), errors.Is(err, engine.ErrNameTooLong):
 		return usageError{err}
 	}
 	return err

@@ -34,6 +34,8 @@ var (
 	ErrTreeImage   = errors.New("this image cannot be restored as a process tree")
 	ErrNoBackend   = errors.New("no GPU backend for this image")
 	ErrGPURestore  = errors.New("GPU restore failed")
+	// ErrNameTooLong is a destination whose staging name beside it a file system cannot hold.
+	ErrNameTooLong = errors.New("the name is too long")
 )
 
 // Engine checkpoints and restores process trees with one CRIU and the GPU backends that

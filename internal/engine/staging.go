@@ -86,10 +86,29 @@ func newStagingPath(root, what string, name func(id string) string) (*StagingDir
 		return nil, err
 	}
 	s := &StagingDir{Dir: name(j.ID()), j: j}
+	if err := checkNameFits(s.Dir); err != nil {
+		return nil, errors.Join(fmt.Errorf("staging for %s: %w", what, err), j.End())
+	}
 	if err := j.Update(func(r *txn.Record) { r.Paths = []string{s.Dir} }); err != nil {
 		return nil, errors.Join(err, j.End())
 	}
 	return s, nil
+}
+
+// maxName is the longest name a directory entry may have on Linux's file systems (NAME_MAX).
+const maxName = 255
+
+// checkNameFits refuses a staging path whose last name is longer than a file system takes:
+// one made from a destination's name with a prefix and the record's ID can be. An export
+// to a 240-character name was refused only once its container had been checkpointed and
+// removed, and the journaled path, which could be neither made nor removed, failed every
+// gpucr recover after (hostile test).
+func checkNameFits(path string) error {
+	if n := len(filepath.Base(path)); n > maxName {
+		return fmt.Errorf("%w: its staging name beside the destination would be %d bytes, more than the %d a file name may have: give a shorter name",
+			ErrNameTooLong, n, maxName)
+	}
+	return nil
 }
 
 // ID is the staging's record ID, "" when it is not journaled.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,5 +213,34 @@ func TestStagingRecoversStaleStagingFirst(t *testing.T) {
 	defer func() { _ = again.Close() }()
 	if entries, _ := txn.List(root); !slices.ContainsFunc(entries, func(en txn.Entry) bool { return en.ID == export.ID() }) {
 		t.Error("a killed export's record was ended by a staging's recovery, which tells no one of its image")
+	}
+}
+
+// A destination whose name leaves no room for its staging name beside it (an export to a
+// 240-character FILE) is refused before anything is journaled: the staging could be neither
+// made nor removed, the export failed only after its container had been checkpointed and
+// removed, and the record failed every gpucr recover after (hostile test).
+func TestStagingNameTooLongIsRefusedFirst(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "needs root")
+	}
+	root, dir := t.TempDir(), t.TempDir()
+	long := filepath.Join(dir, strings.Repeat("a", 236)+".tar")
+	s, err := NewStagingBeside(root, "export to a long name", long)
+	if !errors.Is(err, ErrNameTooLong) {
+		if s != nil {
+			_ = s.Close()
+		}
+		t.Fatalf("staging beside a %d-byte name: %v, want %v", len(filepath.Base(long)), err, ErrNameTooLong)
+	}
+	if recs, _ := filepath.Glob(filepath.Join(root, "txn", "*.json")); len(recs) != 0 {
+		t.Fatalf("records left: %v", recs)
+	}
+	s, err = NewStagingBeside(root, "export to a name that fits", filepath.Join(dir, strings.Repeat("a", 200)+".tar"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
