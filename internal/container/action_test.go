@@ -971,3 +971,33 @@ func preDumpOfAGPUProcess(t *testing.T, gpu bool) (*actionEnv, *fakeGPU, *exec.C
 	a.act.RunDir = t.TempDir()
 	return a, f, p
 }
+
+// CRIU refuses a configuration file with a line whose value it cannot parse, and runc
+// with it, before any step: an integration installed at a script path with a space stopped
+// every runc checkpoint and restore of the host, and a TMPDIR with one had every
+// `restore --container` fail with runc's "CRIU version check failed" (hostile test). Both
+// are refused in one line naming the path, before anything is written.
+func TestCRIUConfigurationNamesOnlyPathsItCanParse(t *testing.T) {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "runc.conf")
+	if err := os.WriteFile(conf, []byte("tcp-established\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, script := range []string{"lib dir/criu-action", "lib#1/criu-action", "lib\"/criu-action"} {
+		in := Integration{Config: conf, Script: filepath.Join(dir, script), Log: filepath.Join(dir, "action.log"),
+			Gpucr: fakeGpucr(t, filepath.Join(dir, "ran"))}
+		if err := in.Install(); err == nil || !strings.Contains(err.Error(), "configuration file") {
+			t.Errorf("install of %q: %v, want a refusal", script, err)
+		}
+	}
+	if b, _ := os.ReadFile(conf); string(b) != "tcp-established\n" {
+		t.Fatalf("configuration after refused installs: %q", b)
+	}
+	work := filepath.Join(t.TempDir(), "tmp dir")
+	if err := os.Mkdir(work, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if env, err := postRestoreHook(work, "/usr/local/bin/gpucr", txn.Proc{PID: 1, Start: 1}); err == nil || strings.Contains(err.Error(), "\n") {
+		t.Fatalf("post-restore hook in %q: %v %v, want one line refusing it", work, env, err)
+	}
+}

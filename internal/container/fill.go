@@ -35,6 +35,9 @@ const (
 // dies. It returns the environment to add to runc's.
 func postRestoreHook(work, gpucr string, owner txn.Proc) ([]string, error) {
 	script := filepath.Join(work, "post-restore-action")
+	if err := checkCRIUConfigPath(script); err != nil {
+		return nil, fmt.Errorf("post-restore hook: %w: set TMPDIR to a plainer directory", err)
+	}
 	body := fmt.Sprintf("#!/bin/sh\nexec %s criu-action --post-restore %s --owner %d:%d --log %s\n",
 		shellQuote(gpucr), shellQuote(work), owner.PID, owner.Start, shellQuote(filepath.Join(work, hookLog)))
 	if err := os.WriteFile(script, []byte(body), 0o700); err != nil {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/rootonly"
@@ -61,6 +62,11 @@ func (in Integration) Install() error {
 			return fmt.Errorf("%q is not an absolute path: CRIU runs the script from its own directory", p)
 		}
 	}
+	// CRIU refuses a whole configuration file it cannot parse: a script path with a space
+	// in runc.conf stopped every runc checkpoint and restore of the host (hostile test).
+	if err := checkCRIUConfigPath(in.Script); err != nil {
+		return fmt.Errorf("refusing to install the CRIU integration: %w", err)
+	}
 	dir := filepath.Dir(in.Script)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
@@ -98,6 +104,18 @@ func (in Integration) Install() error {
 		}
 	}
 	return in.record(recorded)
+}
+
+// checkCRIUConfigPath refuses a path that a line of a CRIU configuration file cannot name.
+// CRIU takes an unquoted value only without a space (a line with one is an error that stops
+// CRIU, and runc with it, before its first step), cuts any value at a '#', and reads quotes
+// and backslashes as its own: a TMPDIR with a space had every container restore fail with
+// runc's "CRIU version check failed" and nothing more (hostile test).
+func checkCRIUConfigPath(p string) error {
+	if i := strings.IndexFunc(p, func(r rune) bool { return unicode.IsSpace(r) || strings.ContainsRune("#\"\\", r) }); i >= 0 {
+		return fmt.Errorf("%q cannot be named in CRIU's configuration file: CRIU takes no %q in a value there", p, p[i:i+1])
+	}
+	return nil
 }
 
 // recordPath lists, beside the script, every configuration file an install put it into:
