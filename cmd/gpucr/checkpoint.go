@@ -392,7 +392,7 @@ func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
 		inside = " in the container"
 	}
 	for _, o := range out.Outputs {
-		fmt.Fprintf(a.stdout, "  output  %s%s is held open for writing (%d bytes now): if it grows, a restore of this image needs it truncated back first (truncate -s %d %s)\n",
-			o.Path, inside, o.Size, o.Size, engine.ShellWord(o.Path))
+		fmt.Fprintf(a.stdout, "  output  %s%s is held open for writing (%d bytes now): if it grows, a restore of this image needs it truncated back first (%s)\n",
+			printable(o.Path), inside, o.Size, engine.TruncateCommand(o.Path, uint64(o.Size)))
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/gpucr/gpucr/internal/archive"
 	"github.com/gpucr/gpucr/internal/container"
@@ -93,5 +94,22 @@ func TestExportReadsOnlyTheBundlesOwnSpec(t *testing.T) {
 				t.Fatalf("a %s config.json: spec %q, error %v; want one line refusing it", name, r.e.Spec, r.err)
 			}
 		})
+	}
+}
+
+// The files a checkpoint left running holds open for output are named by the job: a
+// container's workload held one whose name set root's terminal title and printed a line of
+// its own ("  signed  by key ...") in the checkpoint's summary (hostile test). The name is
+// shown with its control characters as '?', and no command to paste is offered for it.
+func TestCheckpointOutputLinesReachNoTerminal(t *testing.T) {
+	var stdout bytes.Buffer
+	name := "/a\x1b]0;PWNED\a\n  signed  by key deadbeef"
+	printCheckpoint(&app{stdout: &stdout}, checkpointOutput{Container: "c1", Outputs: []outputFile{{Path: name, Size: 12}, {Path: "/log", Size: 3}}}, nil)
+	out := stdout.String()
+	if strings.ContainsFunc(strings.ReplaceAll(out, "\n", ""), unicode.IsControl) || strings.Contains(out, "\n  signed") {
+		t.Fatalf("the job's file name reached the terminal:\n%q", out)
+	}
+	if !strings.Contains(out, "truncate -s 3 /log)") || strings.Contains(out, "truncate -s 12") {
+		t.Fatalf("the truncate commands offered:\n%s", out)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/criuimg"
@@ -50,10 +51,22 @@ func grownFileHint(line, criuDir, where string) string {
 	then, _ := strconv.ParseUint(was, 10, 64)
 	if _, ok := outputs[name]; ok && now > then {
 		return fmt.Sprintf("the job went on writing it after the checkpoint (%s bytes then), and CRIU restores an open file only as it was; "+
-			"truncating it to that size (truncate -s %s %s%s) lets the restore go on, losing what was written since; output appended with >> is not checked",
-			was, was, ShellWord("/"+name), where)
+			"truncating it to that size (%s%s) lets the restore go on, losing what was written since; output appended with >> is not checked",
+			was, TruncateCommand("/"+name, then), where)
 	}
 	return fmt.Sprintf("it is not the file the checkpoint recorded (%s bytes then: a program or library upgraded, or data changed); restore where /%s%s is as it was", was, name, where)
+}
+
+// TruncateCommand is the command that truncates the file name to size, for a user to
+// paste, or, where name holds a control character, words saying so without the name: the
+// job chooses its files' names, and a checkpoint's output line printed one raw, which set
+// root's terminal title and printed a line of its own (hostile test); shown with '?' in
+// place of each, a pasted command would name, or create, another file.
+func TruncateCommand(name string, size uint64) string {
+	if strings.ContainsFunc(name, unicode.IsControl) {
+		return fmt.Sprintf("to %d bytes by hand: its name holds control characters, shown as ?", size)
+	}
+	return fmt.Sprintf("truncate -s %d %s", size, ShellWord(name))
 }
 
 // ShellWord is s as one word of a shell command a user may paste: as it is where it holds
