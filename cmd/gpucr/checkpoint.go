@@ -393,6 +393,6 @@ func printCheckpoint(a *app, out checkpointOutput, phases []image.Phase) {
 	}
 	for _, o := range out.Outputs {
 		fmt.Fprintf(a.stdout, "  output  %s%s is held open for writing (%d bytes now): if it grows, a restore of this image needs it truncated back first (%s)\n",
-			printable(o.Path), inside, o.Size, engine.TruncateCommand(o.Path, uint64(o.Size)))
+			printable(o.Path), inside, o.Size, engine.TruncateCommand(o.Path, uint64(o.Size), inside))
 	}
 }

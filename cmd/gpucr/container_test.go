@@ -104,12 +104,24 @@ func TestExportReadsOnlyTheBundlesOwnSpec(t *testing.T) {
 func TestCheckpointOutputLinesReachNoTerminal(t *testing.T) {
 	var stdout bytes.Buffer
 	name := "/a\x1b]0;PWNED\a\n  signed  by key deadbeef"
-	printCheckpoint(&app{stdout: &stdout}, checkpointOutput{Container: "c1", Outputs: []outputFile{{Path: name, Size: 12}, {Path: "/log", Size: 3}}}, nil)
+	printCheckpoint(&app{stdout: &stdout}, checkpointOutput{RootPID: 42, Outputs: []outputFile{{Path: name, Size: 12}, {Path: "/log", Size: 3}}}, nil)
 	out := stdout.String()
 	if strings.ContainsFunc(strings.ReplaceAll(out, "\n", ""), unicode.IsControl) || strings.Contains(out, "\n  signed") {
 		t.Fatalf("the job's file name reached the terminal:\n%q", out)
 	}
 	if !strings.Contains(out, "truncate -s 3 /log)") || strings.Contains(out, "truncate -s 12") {
 		t.Fatalf("the truncate commands offered:\n%s", out)
+	}
+}
+
+// A container's output file is named from the container's root: a truncate command for it,
+// pasted on the host, truncates the host's file of that name. A workload that held its own
+// /etc/passwd open for output had root told to run `truncate -s 8 /etc/passwd` (hostile
+// test). The line says what to truncate and where, with no command.
+func TestContainerOutputLinesOfferNoHostCommand(t *testing.T) {
+	var stdout bytes.Buffer
+	printCheckpoint(&app{stdout: &stdout}, checkpointOutput{Container: "c1", Outputs: []outputFile{{Path: "/etc/passwd", Size: 8}}}, nil)
+	if out := stdout.String(); strings.Contains(out, "truncate -s") || !strings.Contains(out, "to 8 bytes in the container") {
+		t.Fatalf("the output line of a container's file:\n%s", out)
 	}
 }

@@ -51,8 +51,8 @@ func grownFileHint(line, criuDir, where string) string {
 	then, _ := strconv.ParseUint(was, 10, 64)
 	if _, ok := outputs[name]; ok && now > then {
 		return fmt.Sprintf("the job went on writing it after the checkpoint (%s bytes then), and CRIU restores an open file only as it was; "+
-			"truncating it to that size (%s%s) lets the restore go on, losing what was written since; output appended with >> is not checked",
-			was, TruncateCommand("/"+name, then), where)
+			"truncating it to that size (%s) lets the restore go on, losing what was written since; output appended with >> is not checked",
+			was, TruncateCommand("/"+name, then, where))
 	}
 	return fmt.Sprintf("it is not the file the checkpoint recorded (%s bytes then: a program or library upgraded, or data changed); restore where /%s%s is as it was", was, name, where)
 }
@@ -61,9 +61,16 @@ func grownFileHint(line, criuDir, where string) string {
 // paste, or, where name holds a control character, words saying so without the name: the
 // job chooses its files' names, and a checkpoint's output line printed one raw, which set
 // root's terminal title and printed a line of its own (hostile test); shown with '?' in
-// place of each, a pasted command would name, or create, another file.
-func TruncateCommand(name string, size uint64) string {
-	if strings.ContainsFunc(name, unicode.IsControl) {
+// place of each, a pasted command would name, or create, another file. where, when not
+// "", says where name is a path (" in the container"): no command is offered then, as one
+// pasted on the host truncates the host's file of that name (a container's workload that
+// held its own /etc/passwd open for output had root told to run truncate -s 8 /etc/passwd;
+// hostile test).
+func TruncateCommand(name string, size uint64, where string) string {
+	switch {
+	case where != "":
+		return fmt.Sprintf("to %d bytes%s, not with a command on this host, where that path names another file", size, where)
+	case strings.ContainsFunc(name, unicode.IsControl):
 		return fmt.Sprintf("to %d bytes by hand: its name holds control characters, shown as ?", size)
 	}
 	return fmt.Sprintf("truncate -s %d %s", size, ShellWord(name))
