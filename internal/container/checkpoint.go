@@ -155,7 +155,34 @@ func (t *runcTarget) Freeze(ctx context.Context, op *engine.Op, undo *engine.Und
 		return nil, err
 	}
 	t.setTree(tree)
+	if err := t.checkWhole(ctx); err != nil {
+		return nil, err
+	}
 	return tree, nil
+}
+
+// checkWhole refuses a container whose cgroup holds a process outside its init's tree,
+// which CRIU does not dump and the container's removal kills: a process started by runc
+// exec -d is a child of runc's on the host, then of the host's init, even inside the
+// container's PID namespace, and a checkpoint said it had saved the container while its
+// removal killed that process unsaved (hostile test).
+func (t *runcTarget) checkWhole(ctx context.Context) error {
+	pids, err := t.c.Runc.PIDs(ctx, t.id)
+	if err != nil {
+		return err
+	}
+	for _, pid := range pids {
+		if t.inside[pid] {
+			continue
+		}
+		what := fmt.Sprintf("PID %d", pid)
+		if p, err := proctree.Read(pid); err == nil {
+			what = fmt.Sprintf("%s (%s)", what, p.Command)
+		}
+		return fmt.Errorf("%w: container %s's cgroup holds %s, which is not below its init (PID %d): CRIU would not save it and removing the container would kill it; "+
+			"stop it (a runc exec's process), or start it from a process of the container", engine.ErrBadTarget, t.id, what, t.state.PID)
+	}
+	return nil
 }
 
 // resume thaws the container. One runc does not say is paused needs nothing (a pause

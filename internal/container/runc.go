@@ -79,6 +79,20 @@ func (r *Runc) State(ctx context.Context, id string) (State, error) {
 	return st, nil
 }
 
+// PIDs lists the processes of container id's cgroup, as runc ps does: those its pause
+// freezes and its forced delete kills.
+func (r *Runc) PIDs(ctx context.Context, id string) ([]int, error) {
+	out, err := r.run(ctx, "", nil, nil, "ps", "--format", "json", id)
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	if err := json.Unmarshal(out, &pids); err != nil {
+		return nil, fmt.Errorf("runc ps %s: %w", id, err)
+	}
+	return pids, nil
+}
+
 // Pause freezes every process of container id through its cgroup.
 func (r *Runc) Pause(ctx context.Context, id string) error {
 	_, err := r.run(ctx, "", nil, nil, "pause", id)
@@ -299,8 +313,8 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, started fun
 	}
 	cmd.Env = append(append(append(os.Environ(), ActionSkipEnv+"=skip"), hwbreak.CRIUEnv()...), env...)
 	var out bytes.Buffer
-	if args[0] == "state" {
-		cmd.Stdout = &out // state starts no process that could hold the pipe
+	if args[0] == "state" || args[0] == "ps" {
+		cmd.Stdout = &out // neither starts a process that could hold the pipe
 	}
 	// Started with SIGINT ignored: the Ctrl-C a terminal sends its whole process group
 	// must not kill runc halfway either; gpucr alone decides how to stop.

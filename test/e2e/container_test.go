@@ -9,11 +9,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/hwbreak"
+	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
 )
@@ -856,6 +858,47 @@ func TestContainerRestoreInTheHostPIDNamespaceSparesItsOriginal(t *testing.T) {
 	}
 	if gone(runc, id) {
 		t.Fatal("the failed restore killed the container it was checkpointed from")
+	}
+	waitContainerCount(t, bundle, count(t, bundle)+3)
+}
+
+// A process started in a container with runc exec -d is in its cgroup and PID namespace but
+// not below its init (its parent was runc's, on the host): CRIU dumps the init's tree only,
+// so a checkpoint said it had saved the container, two processes, and its removal killed
+// the exec'd one unsaved (hostile test). The checkpoint is refused in one line naming it,
+// exit 2, and both run on.
+func TestContainerWithAnExecdProcessIsRefused(t *testing.T) {
+	runc, bundle, id, _ := counterContainer(t, "exec")
+	mustRunc(t, runc, "exec", "--detach", id, "sleep", "1000")
+	tree, err := proctree.Tree(runcInitPID(t, runc, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	below := map[int]bool{}
+	for _, p := range tree {
+		below[p.PID] = true
+	}
+	var execd int
+	for _, pid := range inCgroupOf(id) {
+		if !below[pid] && commOf(pid) == "sleep" {
+			execd = pid
+		}
+	}
+	if execd == 0 {
+		t.Fatal("the exec'd sleep is not found outside the container's init's tree")
+	}
+	// Gone before the container's removal: its parent is this test (a subreaper), and runc's
+	// delete waited for good on an init that waited for it to be reaped.
+	t.Cleanup(func() {
+		_ = syscall.Kill(execd, syscall.SIGKILL)
+		testutil.Reap()
+	})
+	out, code := gpucr(t, "checkpoint", "--container", id, "-D", filepath.Join(t.TempDir(), "img"))
+	if code != 2 || !oneLineWith(out, fmt.Sprintf("PID %d (sleep)", execd)) {
+		t.Fatalf("checkpoint of a container with an exec'd process: exit %d, want 2 and one line naming it:\n%s", code, out)
+	}
+	if gone(runc, id) || syscall.Kill(execd, 0) != nil {
+		t.Fatal("the container or its exec'd process is gone after a refused checkpoint")
 	}
 	waitContainerCount(t, bundle, count(t, bundle)+3)
 }
