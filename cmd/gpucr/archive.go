@@ -18,6 +18,7 @@ import (
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
+	"github.com/gpucr/gpucr/internal/rootonly"
 	"github.com/gpucr/gpucr/internal/signing"
 )
 
@@ -127,11 +128,7 @@ func exportOf(dir, runtime string, m *image.Manifest) (archive.Export, error) {
 		return archive.Export{}, fmt.Errorf("%s does not hold a container: %w", dir, err)
 	}
 	specPath := filepath.Join(info.Bundle, "config.json")
-	// Beneath the bundle, regular and bounded: the bundle may be a user's, and the container
-	// is gone by now. A config.json its owner replaced with a FIFO held root's gpucr in
-	// open(2) for good, deaf to SIGINT and SIGTERM, and a symlink would have had it read
-	// /dev/zero, or a root-only file into the archive (hostile test).
-	spec, err := beneath.ReadFile(info.Bundle, "config.json", maxSpec)
+	spec, err := readSpec(info.Bundle)
 	if err != nil {
 		return archive.Export{}, fmt.Errorf("read the container's OCI spec: %w", err)
 	}
@@ -142,6 +139,25 @@ func exportOf(dir, runtime string, m *image.Manifest) (archive.Export, error) {
 		Config: archive.Config{ID: info.ID, Runtime: runtime, Created: info.Created, Checkpointed: m.Created},
 		Spec:   spec,
 	}, nil
+}
+
+// readSpec reads the OCI spec in bundle, which may be a user's, the container gone by now:
+// beneath the bundle, regular and bounded, and only where no symlink of a user's leads to
+// the bundle. A config.json its owner replaced with a FIFO held root's gpucr in open(2) for
+// good, deaf to SIGINT and SIGTERM; a symlink in its place, or a bundle path its owner
+// pointed elsewhere (at /root/.docker, say), had root's archive carry a root-only JSON file
+// (hostile tests).
+func readSpec(bundle string) ([]byte, error) {
+	if os.Geteuid() == 0 {
+		abs, err := filepath.Abs(bundle)
+		if err == nil {
+			err = rootonly.Symlinks(abs)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("bundle %s: %w", bundle, err)
+		}
+	}
+	return beneath.ReadFile(bundle, "config.json", maxSpec)
 }
 
 // maxSpec bounds the OCI spec an export copies: a spec with a seccomp profile and many

@@ -125,3 +125,33 @@ func TestContainerOutputLinesOfferNoHostCommand(t *testing.T) {
 		t.Fatalf("the output line of a container's file:\n%s", out)
 	}
 }
+
+// A bundle's owner can point the bundle's path elsewhere once the container runs, through a
+// symlink of theirs: at a root-only directory with a config.json (root's registry
+// credentials in /root/.docker), which root's export copied into the archive (hostile test).
+// A bundle reached through a user's symlink is refused.
+func TestExportFollowsNoUsersSymlinkToTheBundle(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the symlink must be another user's")
+	}
+	secret, home := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(secret, "config.json"), []byte(`{"auths":"root's"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bundle := filepath.Join(home, "bundle")
+	if err := os.Symlink(secret, bundle); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(bundle, 1000, 1000); err != nil {
+		t.Fatal(err)
+	}
+	img := t.TempDir()
+	info, _ := json.Marshal(container.Info{ID: "c1", Bundle: bundle})
+	if err := os.WriteFile(filepath.Join(img, container.InfoName), info, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e, err := exportOf(img, "runc", &image.Manifest{})
+	if err == nil || strings.Contains(string(e.Spec), "root's") {
+		t.Fatalf("a bundle through a user's symlink: spec %q, error %v; want it refused", e.Spec, err)
+	}
+}
