@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strconv"
 
 	"github.com/spf13/cobra"
@@ -29,11 +30,22 @@ func containers(e *engine.Engine, path string, f runcFlags) *container.Container
 }
 
 // findRunc finds the runc of f and refuses a state directory users other than root could
-// change.
-func findRunc(f runcFlags) (string, error) {
+// change. Both are made absolute, f's root in place: the journal records the runc command
+// line for a later recovery to run from wherever it runs, and a --runc-root rr recorded as
+// given had gpucr recover, run from another directory, find no container to resume or
+// remove (hostile test: the record failed every recover, the container left paused).
+func findRunc(f *runcFlags) (string, error) {
 	path, err := container.FindRunc(f.path)
+	if err == nil {
+		path, err = filepath.Abs(path)
+	}
 	if err != nil {
 		return "", classifyContainer(err)
+	}
+	if f.root != "" {
+		if f.root, err = filepath.Abs(f.root); err != nil {
+			return "", usageError{fmt.Errorf("--runc-root: %w", err)}
+		}
 	}
 	if err := (&container.Runc{Root: f.root}).CheckRoot(); err != nil {
 		return "", usageError{fmt.Errorf("--runc-root: %w", err)}
@@ -73,7 +85,7 @@ func (a *app) checkpointTarget(cmd *cobra.Command, args []string, ctr string, rf
 	if err := refuseRuncUnpassed(cmd); err != nil {
 		return nil, err
 	}
-	runc, err := findRunc(rf)
+	runc, err := findRunc(&rf)
 	if err != nil {
 		return nil, err
 	}
@@ -107,7 +119,7 @@ func (a *app) restoreTarget(cmd *cobra.Command, rf runcFlags, dir, ctr, newID, b
 	if info.ID != ctr {
 		return nil, usageError{fmt.Errorf("%s holds container %s, not %s (use --new-id to restore it under another name)", dir, info.ID, ctr)}
 	}
-	runc, err := findRunc(rf)
+	runc, err := findRunc(&rf)
 	if err != nil {
 		return nil, err
 	}

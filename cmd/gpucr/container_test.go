@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -153,5 +154,30 @@ func TestExportFollowsNoUsersSymlinkToTheBundle(t *testing.T) {
 	e, err := exportOf(img, "runc", &image.Manifest{})
 	if err == nil || strings.Contains(string(e.Spec), "root's") {
 		t.Fatalf("a bundle through a user's symlink: spec %q, error %v; want it refused", e.Spec, err)
+	}
+}
+
+// The journal records the runc command line a recovery runs, from wherever that runs: a
+// --runc-root given relative (rr) had gpucr recover, run from another directory, find no
+// container to resume, the record failing every recover and the container left paused
+// (hostile test: gpucr and its guardian killed together while the container was paused).
+// The root and the runc binary are made absolute before anything is recorded.
+func TestRuncRootAndBinaryAreAbsolute(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		t.Skip("no runc")
+	}
+	if err := os.Symlink(runc, filepath.Join(dir, "myrunc")); err != nil {
+		t.Fatal(err)
+	}
+	f := runcFlags{path: "./myrunc", root: "rr"}
+	path, err := findRunc(&f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if path != filepath.Join(dir, "myrunc") || f.root != filepath.Join(dir, "rr") {
+		t.Fatalf("runc %q, root %q; want both absolute, under %s", path, f.root, dir)
 	}
 }
