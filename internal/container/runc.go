@@ -311,7 +311,11 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, started fun
 			return nil
 		}
 	}
-	cmd.Env = append(append(append(os.Environ(), ActionSkipEnv+"=skip"), hwbreak.CRIUEnv()...), env...)
+	base, err := criu.Environ() // runc's CRIU reads the configuration files its environment names
+	if err != nil {
+		return nil, err
+	}
+	cmd.Env = append(append(append(base, ActionSkipEnv+"=skip"), hwbreak.CRIUEnv()...), env...)
 	var out bytes.Buffer
 	if args[0] == "state" || args[0] == "ps" {
 		cmd.Stdout = &out // neither starts a process that could hold the pipe

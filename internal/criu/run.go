@@ -300,7 +300,13 @@ var iptablesProbe = regexp.MustCompile(`ip6?tables(-legacy)?-restore(", \.\.\.\)
 
 // KernelCheck runs CRIU's own check of the kernel features it needs and returns its verdict.
 func (d *Driver) KernelCheck(ctx context.Context) (string, error) {
-	out, err := exec.CommandContext(ctx, d.Path, "check").CombinedOutput()
+	env, err := Environ()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.CommandContext(ctx, d.Path, "check")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
 	text := strings.TrimSpace(string(out))
 	if err != nil {
 		return text, fmt.Errorf("criu check: %w: %s", err, lastLine(text))

@@ -44,9 +44,15 @@ func startSwrk(path string, env []string, ownGroup, terminal bool) (*swrk, error
 	sk := os.NewFile(uintptr(fds[0]), "criu-rpc")
 	theirs := os.NewFile(uintptr(fds[1]), "criu-rpc-swrk")
 	defer theirs.Close() // CRIU holds its own copy; ours would keep a dead CRIU's socket open
+	cmdEnv, err := Environ()
+	if err != nil {
+		sk.Close()
+		return nil, err
+	}
+	cmdEnv = append(cmdEnv, env...)
 	cmd := exec.Command(path, "swrk", fmt.Sprint(swrkFD))
 	cmd.ExtraFiles = []*os.File{theirs}
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = cmdEnv
 	if terminal {
 		// A shell job's restore hands the job gpucr's terminal, which CRIU finds on its
 		// stdin: given /dev/null, every restore of a job that had a terminal failed

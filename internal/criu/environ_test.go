@@ -1,0 +1,71 @@
+package criu
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// CRIU reads $HOME/.criu/default.conf and $CRIU_CONFIG_FILE before its first step and runs,
+// as root, the action scripts they name: root's gpucr run in a user's environment had CRIU
+// run the user's script (hostile test, HOME=/home/user with .criu/default.conf). The CRIU
+// gpucr starts gets root's own home, and a CRIU_CONFIG_FILE others could change is refused
+// before CRIU starts. A stand-in CRIU records the environment it was given.
+func TestCRIUGetsNoUsersConfiguration(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: the home and the file must be another user's")
+	}
+	userHome := t.TempDir()
+	conf := filepath.Join(userHome, ".criu", "default.conf")
+	if err := os.MkdirAll(filepath.Dir(conf), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(conf, []byte("action-script /bin/true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{userHome, filepath.Dir(conf), conf} {
+		if err := os.Chown(p, 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	seen := filepath.Join(dir, "env")
+	fake := filepath.Join(dir, "criu")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\nenv > "+seen+"\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("HOME", userHome)
+	s, err := startSwrk(fake, nil, false, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = s.cmd.Wait()
+	s.sk.Close()
+	env, err := os.ReadFile(seen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(env), "HOME="+userHome+"\n") {
+		t.Fatalf("CRIU was given the user's home %s", userHome)
+	}
+	t.Setenv("CRIU_CONFIG_FILE", conf)
+	done := make(chan error, 1)
+	go func() {
+		s, err := startSwrk(fake, nil, false, false)
+		if err == nil {
+			_ = s.cmd.Wait()
+			s.sk.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "CRIU_CONFIG_FILE") {
+			t.Fatalf("CRIU started with a CRIU_CONFIG_FILE of a user's: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("startSwrk did not return")
+	}
+}
