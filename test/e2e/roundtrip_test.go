@@ -468,7 +468,10 @@ func TestOutputGrownSinceTheCheckpointSaysHowToRestore(t *testing.T) {
 	if b, err := exec.Command("truncate", "-s", m[1], m[2]).CombinedOutput(); err != nil {
 		t.Fatalf("truncate as told: %v: %s", err, b)
 	}
-	testutil.Reap() // the task CRIU forked and killed, left to this test, a subreaper
+	// The task CRIU forked at the image's PID and killed is left to this test, a subreaper,
+	// and may die only after gpucr returns: reaped once at once, it held the PID for the
+	// next restore (a hostile tester's run under load, 1 of 15).
+	testutil.WaitReaped(t, w.pid)
 	// The killed counter left its count past at+3: only the restored one's may count.
 	os.Remove(filepath.Join(w.dir, "count"))
 	pid := restore(t, dir)
