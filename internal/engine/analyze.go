@@ -17,8 +17,9 @@ type Analysis struct {
 }
 
 // Analyze runs the checks a checkpoint runs before it locks anything, and reports every
-// finding instead of stopping at the first: nothing is locked, frozen or written.
-func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips) (*Analysis, error) {
+// finding instead of stopping at the first: nothing is locked, frozen or written. Checks
+// that apply only to a tree left running run when leaveRunning is set.
+func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips, leaveRunning bool) (*Analysis, error) {
 	tree, err := target.Open(ctx)
 	if err != nil {
 		return nil, err
@@ -36,6 +37,6 @@ func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips)
 	for _, snap := range found.Snapshots {
 		a.GPUProcesses = append(a.GPUProcesses, snap.Processes...)
 	}
-	a.Findings = append(a.Findings, safety.Analyze(snap, found.GPUs.safetyView(), skipsFor(target, skips))...)
+	a.Findings = append(a.Findings, safety.Analyze(snap, found.GPUs.safetyView(), skipsFor(target, skips, leaveRunning))...)
 	return a, nil
 }

@@ -79,7 +79,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, err
 	}
 	defer op.End()
-	found, err := Inspect(ctx, e.Backends, e.Off, proctree.Snap("/proc", tree), skipsFor(target, r.SkipChecks))
+	found, err := Inspect(ctx, e.Backends, e.Off, proctree.Snap("/proc", tree), skipsFor(target, r.SkipChecks, r.LeaveRunning))
 	if err != nil {
 		return nil, err
 	}
@@ -337,16 +337,21 @@ func (e *Engine) resumeAndCommit(ctx context.Context, op *Op, t *Timer, undo *Un
 
 // skipsFor is skips, with the checks that do not apply to target off: where a runtime
 // gives the restored processes their standard descriptors again (a container's), their
-// pipes to the runtime are no outer pipes.
-func skipsFor(target Target, skips safety.Skips) safety.Skips {
-	if !target.RuntimeStdio() {
-		return skips
-	}
+// pipes to the runtime are no outer pipes, and the files it maps shared are in its own
+// /dev/shm, a tmpfs of its mount namespace that CRIU saves whole; and a file a process
+// tree maps shared changes after its checkpoint only if the tree is left running.
+func skipsFor(target Target, skips safety.Skips, leaveRunning bool) safety.Skips {
 	out := maps.Clone(skips)
 	if out == nil {
 		out = safety.Skips{}
 	}
-	out[safety.CheckOuterPipe] = true
+	if target.RuntimeStdio() {
+		out[safety.CheckOuterPipe] = true
+		out[safety.CheckSharedFile] = true
+	}
+	if !leaveRunning {
+		out[safety.CheckSharedFile] = true
+	}
 	return out
 }
 

@@ -1,6 +1,7 @@
 package proctree
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -207,4 +208,49 @@ func (s *Snapshot) CommandOf(pid int) string {
 		return "?"
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// Held is a file a process holds under a path, through a descriptor or a mapping of its
+// memory, and what stat says of the file itself (followed through procfs's link to it).
+type Held struct {
+	Path   string // as procfs shows it, " (deleted)" and all
+	FD     int    // the descriptor; -1 for a mapping
+	Shared bool   // a mapping the process may write, shared with the file (rw-s)
+	Info   os.FileInfo
+}
+
+// HeldFiles lists the regular files pid holds open or maps under a path (not anonymous
+// memory, sockets or devices) for which want is true, each with its file's stat; one that
+// cannot be read (the process or its descriptor gone) is left out. want sees a file before
+// its stat is read: a process maps each library several times over. Reading a mapping's
+// file needs root, as gpucr's checks run.
+func (s *Snapshot) HeldFiles(pid int, want func(Held) bool) []Held {
+	dir := filepath.Join(s.root, strconv.Itoa(pid))
+	var out []Held
+	add := func(link, path string, h Held) {
+		h.Path = path
+		if !want(h) {
+			return
+		}
+		if info, err := os.Stat(link); err == nil && info.Mode().IsRegular() {
+			h.Info = info
+			out = append(out, h)
+		}
+	}
+	fds, _ := os.ReadDir(filepath.Join(dir, "fd"))
+	for _, f := range fds {
+		fd, err := strconv.Atoi(f.Name())
+		link := filepath.Join(dir, "fd", f.Name())
+		if path, lerr := os.Readlink(link); err == nil && lerr == nil && strings.HasPrefix(path, "/") {
+			add(link, path, Held{FD: fd})
+		}
+	}
+	mappings, _ := ParseMaps(s.Maps(pid))
+	for _, m := range mappings {
+		if strings.HasPrefix(m.Path, "/") {
+			link := filepath.Join(dir, "map_files", fmt.Sprintf("%x-%x", m.Start, m.End))
+			add(link, m.Path, Held{FD: -1, Shared: !m.Private() && m.Writable()})
+		}
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -17,7 +18,8 @@ import (
 // ErrUnsafe marks a tree gpucr refuses to checkpoint.
 var ErrUnsafe = errors.New("cannot checkpoint safely")
 
-// Names of the checks. The first three, and outer-pipe, can be switched off (--skip-check NAME).
+// Names of the checks. The first three, outer-pipe and shared-file can be switched off
+// (--skip-check NAME).
 const (
 	CheckNCCL        = "nccl-transports"
 	CheckCUDAIPC     = "cuda-ipc"
@@ -25,6 +27,9 @@ const (
 	CheckIOURing     = "io-uring"
 	CheckNoCUDAState = "no-cuda-state"
 	CheckOuterPipe   = "outer-pipe"
+	// CheckSharedFile applies to a tree left running only; a checkpoint that ends the
+	// tree switches it off (the engine's skipsFor).
+	CheckSharedFile = "shared-file"
 )
 
 // Rule is one check of the analysis and what it is about, for --skip-check's help.
@@ -41,6 +46,7 @@ var rules = []Rule{
 	{CheckIOURing, "a process holding an io_uring instance", false},
 	{CheckNoCUDAState, "a process holding NVIDIA device files without CUDA state of its own", false},
 	{CheckOuterPipe, "a pipe between the tree and a process outside it (a `| tee` of the job's output)", true},
+	{CheckSharedFile, "with --leave-running: a file mapped shared and writable, which the job running on changes after the checkpoint", true},
 }
 
 // Rules lists the analysis's checks.
@@ -159,6 +165,9 @@ func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) []Finding {
 				"send the job's output to a file (> job.log 2>&1), or checkpoint a tree that holds both ends; "+
 					"--skip-check "+CheckOuterPipe+" if it never uses that pipe again")
 		}
+	}
+	for _, f := range heldFileFindings(tree, procs) {
+		add(f.Check, f.p, f.Reason, f.Fix)
 	}
 	// The checks' order, then the tree's: the first finding is the one to fix first (a
 	// job under gpucr run fixes its NCCL transports and its launcher's io_uring at once).
@@ -285,3 +294,63 @@ func missingEnv(env []byte, want []string) []string {
 	}
 	return out
 }
+
+// heldFinding is a finding on process p, before the check's switch is read.
+type heldFinding struct {
+	p *proc
+	Finding
+}
+
+// heldFileFindings finds the files the processes hold that CRIU dumps only by path, where
+// the restore would find them other than they were (hostile test, 2026-11-28):
+//   - With --leave-running, a file mapped shared and writable (multiprocessing's
+//     shared_memory in /dev/shm, a numpy memmap r+): CRIU saves its path, not its bytes,
+//     and the job running on changed it, so the restored job found its shared counter
+//     ahead of its own state and failed, after a restore that said it succeeded.
+func heldFileFindings(tree *proctree.Snapshot, procs []*proc) []heldFinding {
+	var out []heldFinding
+	add := func(check string, p *proc, reason, fix string) {
+		out = append(out, heldFinding{p, Finding{Check: check, Reason: reason, Fix: fix}})
+	}
+	for _, p := range procs {
+		shared := sharedFiles(tree, p.PID)
+		if len(shared) > 0 {
+			add(CheckSharedFile, p, "maps "+heldList(shared)+" shared and writable: CRIU saves a file's path, not its bytes, "+
+				"and the job left running changes it, so a restore would give the job the file as it was later, not at "+
+				"the checkpoint",
+				"checkpoint without --leave-running (the job stops once saved and runs on when restored), or --skip-check "+
+					CheckSharedFile+" if the job no longer writes the file")
+		}
+	}
+	return out
+}
+
+// sharedFiles returns the files pid maps shared and writable under their own path (one
+// deleted from every name is saved in the image, bytes and all).
+func sharedFiles(tree *proctree.Snapshot, pid int) []proctree.Held {
+	want := func(h proctree.Held) bool { return h.Shared && !strings.HasSuffix(h.Path, deleted) }
+	var shared []proctree.Held
+	for _, h := range tree.HeldFiles(pid, want) {
+		if !slices.ContainsFunc(shared, func(o proctree.Held) bool { return o.Path == h.Path }) {
+			shared = append(shared, h)
+		}
+	}
+	return shared
+}
+
+// heldList names the first of files, its descriptor if it is held through one, and how
+// many more there are: "/dev/shm/sem.x and 2 more", "/data/x (fd 3)".
+func heldList(files []proctree.Held) string {
+	h := files[0]
+	s := strings.TrimSuffix(h.Path, deleted)
+	if h.FD >= 0 {
+		s += " (fd " + strconv.Itoa(h.FD) + ")"
+	}
+	if len(files) > 1 {
+		s += fmt.Sprintf(" and %d more", len(files)-1)
+	}
+	return s
+}
+
+// deleted is what procfs puts after the path of a file deleted from it.
+const deleted = " (deleted)"

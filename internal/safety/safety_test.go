@@ -223,3 +223,71 @@ func TestMissingEnv(t *testing.T) {
 		t.Fatalf("missingEnv = %v, want none", got)
 	}
 }
+
+// selfAnalyzed runs the analysis on this test process alone, outer pipes aside (its output
+// is a pipe to go test), with the checks in skip off too.
+func selfAnalyzed(t *testing.T, skip Skips) []string {
+	t.Helper()
+	self, err := proctree.Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := Skips{CheckOuterPipe: true}
+	for k := range skip {
+		all[k] = true
+	}
+	var out []string
+	for _, f := range Analyze(proctree.Snap("/proc", []proctree.Process{self}), nil, all) {
+		out = append(out, f.Check)
+	}
+	return out
+}
+
+// mapShared maps the file at path shared and writable, for the test's length.
+func mapShared(t *testing.T, path string) *os.File {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := f.Truncate(4096); err != nil {
+		t.Fatal(err)
+	}
+	b, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+	return f
+}
+
+// The real /proc: a file mapped shared and writable is a finding of shared-file (which the
+// engine switches off unless the tree is left running); one mapped privately is none.
+func TestSharedFileMapping(t *testing.T) {
+	needRoot(t)
+	before := selfAnalyzed(t, nil)
+	f := mapShared(t, filepath.Join(t.TempDir(), "psm_1"))
+	if got := selfAnalyzed(t, nil); !slices.Equal(got, append(before, CheckSharedFile)) {
+		t.Fatalf("findings %v, want %v and %s", got, before, CheckSharedFile)
+	}
+	if got := selfAnalyzed(t, Skips{CheckSharedFile: true}); !slices.Equal(got, before) {
+		t.Fatalf("findings %v with the check off, want %v", got, before)
+	}
+	b, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(b) //nolint:errcheck // the test's own mapping
+	if got := selfAnalyzed(t, nil); !slices.Equal(got, append(before, CheckSharedFile)) {
+		t.Fatalf("findings %v with a private mapping too", got)
+	}
+}
+
+// needRoot skips a test that reads /proc/PID/map_files, which only root may.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "reading map_files needs root")
+	}
+}

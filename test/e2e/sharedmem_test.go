@@ -1,0 +1,99 @@
+package e2e
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/gpucr/gpucr/internal/testutil"
+)
+
+// Jobs that share memory the way Python's multiprocessing does (hostile test, 2026-11-28).
+// Each script counts into DIR/count, as the counter does, and keeps part of its state in
+// the shared memory under test: a count that goes on after a restore proves that state
+// came back as it was.
+
+// startPython starts script with python3 in a session of its own, arguments dir and then
+// args, and waits for its first count; the test's end kills its whole process group (a
+// restored tree keeps the group).
+func startPython(t *testing.T, script string, args ...string) *workload {
+	t.Helper()
+	w := &workload{dir: t.TempDir()}
+	w.cmd = exec.Command("python3", append([]string{"-c", script, w.dir}, args...)...)
+	w.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := w.cmd.Start(); err != nil {
+		testutil.SkipOrFail(t, "python3: "+err.Error())
+	}
+	w.pid = w.cmd.Process.Pid
+	go w.cmd.Wait() //nolint:errcheck // reaps the original when CRIU kills it
+	t.Cleanup(func() { _ = syscall.Kill(-w.pid, syscall.SIGKILL); testutil.KillAndReap(w.pid) })
+	w.waitCount(t, 1)
+	return w
+}
+
+// countLoop is the scripts' common end: each step checks the job's state (check), moves it
+// on (step), and writes the step's number; a state found wrong ends the job.
+const countLoop = `
+def count(check, step):
+    i = 0
+    while True:
+        if not check(i):
+            open(os.path.join(d, "broken"), "w").write("state wrong at %d\n" % i)
+            sys.exit(1)
+        i += 1
+        step(i)
+        with open(os.path.join(d, "count.tmp"), "w") as f:
+            f.write("%d\n" % i)
+        os.rename(os.path.join(d, "count.tmp"), os.path.join(d, "count"))
+        time.sleep(0.02)
+`
+
+// A job keeping its state in a file it maps shared (multiprocessing.shared_memory in
+// /dev/shm, a numpy memmap) checkpointed with --leave-running: CRIU saves the file's path,
+// not its bytes, the job ran on and changed it, and the restored job found its shared
+// counter ahead of its own and failed, after a checkpoint and a restore that both said
+// they succeeded (hostile test). Refused now, naming the file; a checkpoint that ends the
+// job keeps the file as it was, and restores.
+func TestSharedMemoryOfAJobLeftRunningIsRefused(t *testing.T) {
+	needCRIU(t)
+	name := "gpucr-e2e-" + strconv.Itoa(os.Getpid())
+	t.Cleanup(func() { os.Remove("/dev/shm/" + name) })
+	w := startPython(t, `import os, sys, time
+from multiprocessing import shared_memory
+d = sys.argv[1]
+shm = shared_memory.SharedMemory(name=sys.argv[2], create=True, size=8)
+`+countLoop+`
+def step(i):
+    shm.buf[0] = i % 256
+count(lambda i: shm.buf[0] == i % 256, step)
+`, name)
+	img := filepath.Join(t.TempDir(), "img")
+	out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img, "--leave-running")
+	if code != exitFailed || !oneLineWith(out, "/dev/shm/"+name) || !strings.Contains(out, "(check shared-file)") {
+		t.Fatalf("checkpoint --leave-running: exit %d, want %d and one line naming the file and the check:\n%s", code, exitFailed, out)
+	}
+	w.checkCountsOn(t, "the refusal")
+	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img)
+	testutil.WaitGone(t, w.pid)
+	at := w.read(t, "count")
+	w.pid = restore(t, img)
+	w.waitCount(t, at+5)
+	w.checkCountsOn(t, "the restore")
+}
+
+// checkCountsOn fails t unless the script w runs, after what, is alive, counts on, and has
+// not found its state wrong.
+func (w *workload) checkCountsOn(t *testing.T, what string) {
+	t.Helper()
+	if !testutil.Alive(w.pid) {
+		t.Fatalf("the job died after %s", what)
+	}
+	w.waitCount(t, w.read(t, "count")+3)
+	if b, err := os.ReadFile(filepath.Join(w.dir, "broken")); err == nil {
+		t.Fatalf("after %s the job found: %s", what, b)
+	}
+}
