@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // Snapshot is a set of processes and what the checks of one operation read of each: open
@@ -217,6 +218,14 @@ type Held struct {
 	FD     int    // the descriptor; -1 for a mapping
 	Shared bool   // a mapping the process may write, shared with the file (rw-s)
 	Info   os.FileInfo
+}
+
+// Links is the held file's link count: how many names it has left; 0 where unknown.
+func (h Held) Links() uint64 {
+	if st, ok := h.Info.Sys().(*syscall.Stat_t); ok {
+		return uint64(st.Nlink)
+	}
+	return 0
 }
 
 // HeldFiles lists the regular files pid holds open or maps under a path (not anonymous

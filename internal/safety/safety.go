@@ -27,6 +27,7 @@ const (
 	CheckIOURing     = "io-uring"
 	CheckNoCUDAState = "no-cuda-state"
 	CheckOuterPipe   = "outer-pipe"
+	CheckLinkedAway  = "deleted-but-linked"
 	// CheckSharedFile applies to a tree left running only; a checkpoint that ends the
 	// tree switches it off (the engine's skipsFor).
 	CheckSharedFile = "shared-file"
@@ -46,6 +47,7 @@ var rules = []Rule{
 	{CheckIOURing, "a process holding an io_uring instance", false},
 	{CheckNoCUDAState, "a process holding NVIDIA device files without CUDA state of its own", false},
 	{CheckOuterPipe, "a pipe between the tree and a process outside it (a `| tee` of the job's output)", true},
+	{CheckLinkedAway, "a file held under a path it was deleted from while it has another name (a POSIX semaphore sem_open made)", false},
 	{CheckSharedFile, "with --leave-running: a file mapped shared and writable, which the job running on changes after the checkpoint", true},
 }
 
@@ -301,8 +303,16 @@ type heldFinding struct {
 	Finding
 }
 
-// heldFileFindings finds the files the processes hold that CRIU dumps only by path, where
-// the restore would find them other than they were (hostile test, 2026-11-28):
+// heldFileFindings finds the files and shared memory the processes hold that CRIU cannot
+// dump, or dumps only by path. Each was a checkpoint that failed on a message of CRIU's
+// after the analysis said nothing (hostile test, 2026-11-28), or a restore that ran on
+// the wrong data:
+//   - A file held under a path it was deleted from while it has another name: sem_open
+//     makes a semaphore's file under a temporary name, links it to the semaphore's and
+//     unlinks the first, so every Python multiprocessing Lock, Queue or Pool under the spawn
+//     and forkserver start methods failed "Can't create link remap ... Use link-remap
+//     option", an option gpucr does not have: CRIU's link would stay in the file system,
+//     outside the image, and its first restore removes it.
 //   - With --leave-running, a file mapped shared and writable (multiprocessing's
 //     shared_memory in /dev/shm, a numpy memmap r+): CRIU saves its path, not its bytes,
 //     and the job running on changed it, so the restored job found its shared counter
@@ -313,7 +323,15 @@ func heldFileFindings(tree *proctree.Snapshot, procs []*proc) []heldFinding {
 		out = append(out, heldFinding{p, Finding{Check: check, Reason: reason, Fix: fix}})
 	}
 	for _, p := range procs {
-		shared := sharedFiles(tree, p.PID)
+		linkedAway, shared := heldFiles(tree, p.PID)
+		if len(linkedAway) > 0 {
+			add(CheckLinkedAway, p, fmt.Sprintf("holds %s, deleted from that path while the file has another name, as "+
+				"sem_open leaves a POSIX semaphore (Python's multiprocessing does under its spawn and forkserver start "+
+				"methods); CRIU checkpoints that only through a link it leaves beside the image, which the first restore "+
+				"removes", heldList(linkedAway)),
+				"let the program unlink the file's other name first (multiprocessing does so under the fork start method), "+
+					"or checkpoint it once the file is closed")
+		}
 		if len(shared) > 0 {
 			add(CheckSharedFile, p, "maps "+heldList(shared)+" shared and writable: CRIU saves a file's path, not its bytes, "+
 				"and the job left running changes it, so a restore would give the job the file as it was later, not at "+
@@ -325,17 +343,22 @@ func heldFileFindings(tree *proctree.Snapshot, procs []*proc) []heldFinding {
 	return out
 }
 
-// sharedFiles returns the files pid maps shared and writable under their own path (one
+// heldFiles returns the files pid holds under a path they were deleted from while they
+// have another name, and those it maps shared and writable under their own path (one
 // deleted from every name is saved in the image, bytes and all).
-func sharedFiles(tree *proctree.Snapshot, pid int) []proctree.Held {
-	want := func(h proctree.Held) bool { return h.Shared && !strings.HasSuffix(h.Path, deleted) }
-	var shared []proctree.Held
+func heldFiles(tree *proctree.Snapshot, pid int) (linkedAway, shared []proctree.Held) {
+	want := func(h proctree.Held) bool { return strings.HasSuffix(h.Path, deleted) || h.Shared }
 	for _, h := range tree.HeldFiles(pid, want) {
-		if !slices.ContainsFunc(shared, func(o proctree.Held) bool { return o.Path == h.Path }) {
+		switch {
+		case strings.HasSuffix(h.Path, deleted):
+			if h.Links() > 0 {
+				linkedAway = append(linkedAway, h)
+			}
+		case !slices.ContainsFunc(shared, func(o proctree.Held) bool { return o.Path == h.Path }):
 			shared = append(shared, h)
 		}
 	}
-	return shared
+	return linkedAway, shared
 }
 
 // heldList names the first of files, its descriptor if it is held through one, and how

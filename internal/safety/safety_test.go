@@ -262,6 +262,31 @@ func mapShared(t *testing.T, path string) *os.File {
 	return f
 }
 
+// The real /proc: a file this process maps and holds open, deleted from its path while it
+// has another name, as sem_open leaves a semaphore's file; once its last name is gone too,
+// CRIU saves it in the image, and it is no finding.
+func TestFileDeletedButLinkedIsRefused(t *testing.T) {
+	needRoot(t)
+	dir := t.TempDir()
+	tmp, name := filepath.Join(dir, "sem.Xy12ab"), filepath.Join(dir, "sem.mp-lock")
+	mapShared(t, tmp)
+	if err := os.Link(tmp, name); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(tmp); err != nil {
+		t.Fatal(err)
+	}
+	if got := selfAnalyzed(t, Skips{CheckSharedFile: true}); !slices.Equal(got, []string{CheckLinkedAway}) {
+		t.Fatalf("findings %v, want %s", got, CheckLinkedAway)
+	}
+	if err := os.Remove(name); err != nil {
+		t.Fatal(err)
+	}
+	if got := selfAnalyzed(t, Skips{CheckSharedFile: true}); len(got) != 0 {
+		t.Fatalf("findings %v for a file deleted from every name", got)
+	}
+}
+
 // The real /proc: a file mapped shared and writable is a finding of shared-file (which the
 // engine switches off unless the tree is left running); one mapped privately is none.
 func TestSharedFileMapping(t *testing.T) {

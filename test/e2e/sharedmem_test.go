@@ -52,6 +52,34 @@ def count(check, step):
         time.sleep(0.02)
 `
 
+// glibc's sem_open makes a semaphore's file under a temporary name in /dev/shm, links it to
+// the semaphore's name and unlinks the first, so its creator maps a file deleted from its
+// path that still has a name. Python's multiprocessing leaves its Locks, Queues and Pools
+// so under the spawn and forkserver start methods, and every checkpoint of such a job
+// failed on CRIU's "Can't create link remap ... Use link-remap option", an option gpucr
+// does not have, after a --dry-run that found nothing (hostile test). Both now name the
+// check, and the job runs on.
+func TestSemaphoreOfSpawnedMultiprocessingIsRefusedUpFront(t *testing.T) {
+	needCRIU(t)
+	w := startPython(t, `import multiprocessing as mp, os, sys, time
+d = sys.argv[1]
+`+countLoop+`
+if __name__ == "__main__":
+    mp.set_start_method("spawn")
+    lock = mp.Lock()
+    count(lambda i: lock.acquire(timeout=5), lambda i: lock.release())
+`)
+	out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "--dry-run")
+	if code != exitFailed || !strings.Contains(out, "deleted-but-linked:") || !strings.Contains(out, "/dev/shm/sem.") {
+		t.Errorf("dry run: exit %d, want %d naming the semaphore's file:\n%s", code, exitFailed, out)
+	}
+	out, code = gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "img"))
+	if code != exitFailed || !oneLineWith(out, "(check deleted-but-linked)") {
+		t.Errorf("checkpoint: exit %d, want %d and one line naming the check:\n%s", code, exitFailed, out)
+	}
+	w.checkCountsOn(t, "the refusal")
+}
+
 // A job keeping its state in a file it maps shared (multiprocessing.shared_memory in
 // /dev/shm, a numpy memmap) checkpointed with --leave-running: CRIU saves the file's path,
 // not its bytes, the job ran on and changed it, and the restored job found its shared
