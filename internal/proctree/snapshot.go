@@ -263,3 +263,12 @@ func (s *Snapshot) HeldFiles(pid int, want func(Held) bool) []Held {
 	}
 	return out
 }
+
+// SharesNamespace says whether pid is in the namespace of kind ("ipc", ...) that the
+// process reading the snapshot's procfs is in (its "self"); a namespace that cannot be
+// read counts as shared.
+func (s *Snapshot) SharesNamespace(pid int, kind string) bool {
+	theirs, err1 := os.Readlink(filepath.Join(s.root, strconv.Itoa(pid), "ns", kind))
+	ours, err2 := os.Readlink(filepath.Join(s.root, "self", "ns", kind))
+	return err1 != nil || err2 != nil || theirs == ours
+}

@@ -27,6 +27,7 @@ const (
 	CheckIOURing     = "io-uring"
 	CheckNoCUDAState = "no-cuda-state"
 	CheckOuterPipe   = "outer-pipe"
+	CheckSysVShm     = "sysv-shm"
 	CheckLinkedAway  = "deleted-but-linked"
 	// CheckSharedFile applies to a tree left running only; a checkpoint that ends the
 	// tree switches it off (the engine's skipsFor).
@@ -47,6 +48,7 @@ var rules = []Rule{
 	{CheckIOURing, "a process holding an io_uring instance", false},
 	{CheckNoCUDAState, "a process holding NVIDIA device files without CUDA state of its own", false},
 	{CheckOuterPipe, "a pipe between the tree and a process outside it (a `| tee` of the job's output)", true},
+	{CheckSysVShm, "System V shared memory in the host's IPC namespace", false},
 	{CheckLinkedAway, "a file held under a path it was deleted from while it has another name (a POSIX semaphore sem_open made)", false},
 	{CheckSharedFile, "with --leave-running: a file mapped shared and writable, which the job running on changes after the checkpoint", true},
 }
@@ -307,6 +309,9 @@ type heldFinding struct {
 // dump, or dumps only by path. Each was a checkpoint that failed on a message of CRIU's
 // after the analysis said nothing (hostile test, 2026-11-28), or a restore that ran on
 // the wrong data:
+//   - System V shared memory attached in the host's IPC namespace (a job of ctypes'
+//     shmget/shmat): CRIU dumps segments only with an IPC namespace of the tree's own, and
+//     fails "Task N with SysVIPC shmem map doesn't live in IPC ns".
 //   - A file held under a path it was deleted from while it has another name: sem_open
 //     makes a semaphore's file under a temporary name, links it to the semaphore's and
 //     unlinks the first, so every Python multiprocessing Lock, Queue or Pool under the spawn
@@ -322,7 +327,13 @@ func heldFileFindings(tree *proctree.Snapshot, procs []*proc) []heldFinding {
 	add := func(check string, p *proc, reason, fix string) {
 		out = append(out, heldFinding{p, Finding{Check: check, Reason: reason, Fix: fix}})
 	}
+	ownIPC := len(procs) > 0 && !tree.SharesNamespace(procs[0].PID, "ipc")
 	for _, p := range procs {
+		if seg := sysvSegment(p.maps); seg != "" && !ownIPC {
+			add(CheckSysVShm, p, "attaches System V shared memory ("+seg+") in the host's IPC namespace, which CRIU "+
+				"checkpoints only in an IPC namespace of the job's own",
+				"start the job in an IPC namespace of its own (unshare --ipc CMD); CRIU then saves its segments with it")
+		}
 		linkedAway, shared := heldFiles(tree, p.PID)
 		if len(linkedAway) > 0 {
 			add(CheckLinkedAway, p, fmt.Sprintf("holds %s, deleted from that path while the file has another name, as "+
@@ -377,3 +388,14 @@ func heldList(files []proctree.Held) string {
 
 // deleted is what procfs puts after the path of a file deleted from it.
 const deleted = " (deleted)"
+
+// sysvSegment returns the path of the first System V shared memory segment maps (a
+// /proc/PID/maps) attaches, "/SYSV" and its key in hex, or "".
+func sysvSegment(maps []byte) string {
+	for line := range strings.Lines(string(maps)) {
+		if m, ok := proctree.ParseMapping(strings.TrimSuffix(line, "\n")); ok && strings.HasPrefix(m.Path, "/SYSV") {
+			return strings.TrimSuffix(m.Path, deleted)
+		}
+	}
+	return ""
+}

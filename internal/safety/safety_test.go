@@ -309,6 +309,28 @@ func TestSharedFileMapping(t *testing.T) {
 	}
 }
 
+// System V shared memory is a finding only where the tree's root shares the IPC namespace
+// of gpucr (procfs's self), which CRIU then does not dump.
+func TestSysVShmOutsideAnIPCNamespaceOfItsOwn(t *testing.T) {
+	for _, c := range []struct {
+		ipc  string
+		want []string
+	}{{"ipc:[1]", []string{"sysv-shm:10"}}, {"ipc:[2]", nil}} {
+		root, tree := fixture(t, fake{pid: 10, maps: []string{"/SYSV00000000 (deleted)"}})
+		for pid, ns := range map[string]string{"self": "ipc:[1]", "10": c.ipc} {
+			if err := os.MkdirAll(filepath.Join(root, pid, "ns"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(ns, filepath.Join(root, pid, "ns", "ipc")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := checksOf(Analyze(proctree.Snap(root, tree), nil, nil)); !slices.Equal(got, c.want) {
+			t.Errorf("root in %s, gpucr in ipc:[1]: findings %v, want %v", c.ipc, got, c.want)
+		}
+	}
+}
+
 // needRoot skips a test that reads /proc/PID/map_files, which only root may.
 func needRoot(t *testing.T) {
 	t.Helper()
