@@ -218,6 +218,7 @@ type Held struct {
 	FD     int    // the descriptor; -1 for a mapping
 	Shared bool   // a mapping the process may write, shared with the file (rw-s)
 	Info   os.FileInfo
+	FSType int64 // the magic number of the file's file system (statfs)
 }
 
 // Links is the held file's link count: how many names it has left; 0 where unknown.
@@ -241,8 +242,9 @@ func (s *Snapshot) HeldFiles(pid int, want func(Held) bool) []Held {
 		if !want(h) {
 			return
 		}
-		if info, err := os.Stat(link); err == nil && info.Mode().IsRegular() {
-			h.Info = info
+		var fs syscall.Statfs_t
+		if info, err := os.Stat(link); err == nil && info.Mode().IsRegular() && syscall.Statfs(link, &fs) == nil {
+			h.Info, h.FSType = info, fs.Type
 			out = append(out, h)
 		}
 	}

@@ -29,6 +29,7 @@ const (
 	CheckOuterPipe   = "outer-pipe"
 	CheckSysVShm     = "sysv-shm"
 	CheckLinkedAway  = "deleted-but-linked"
+	CheckMQueue      = "posix-mqueue"
 	// CheckSharedFile applies to a tree left running only; a checkpoint that ends the
 	// tree switches it off (the engine's skipsFor).
 	CheckSharedFile = "shared-file"
@@ -50,6 +51,7 @@ var rules = []Rule{
 	{CheckOuterPipe, "a pipe between the tree and a process outside it (a `| tee` of the job's output)", true},
 	{CheckSysVShm, "System V shared memory in the host's IPC namespace", false},
 	{CheckLinkedAway, "a file held under a path it was deleted from while it has another name (a POSIX semaphore sem_open made)", false},
+	{CheckMQueue, "a POSIX message queue held open", false},
 	{CheckSharedFile, "with --leave-running: a file mapped shared and writable, which the job running on changes after the checkpoint", true},
 }
 
@@ -318,6 +320,8 @@ type heldFinding struct {
 //     and forkserver start methods failed "Can't create link remap ... Use link-remap
 //     option", an option gpucr does not have: CRIU's link would stay in the file system,
 //     outside the image, and its first restore removes it.
+//   - A POSIX message queue (mq_open): CRIU does not dump the mqueue file system, and
+//     failed "Can't lookup mount=N for fd=3 path=/NAME", in or out of an IPC namespace.
 //   - With --leave-running, a file mapped shared and writable (multiprocessing's
 //     shared_memory in /dev/shm, a numpy memmap r+): CRIU saves its path, not its bytes,
 //     and the job running on changed it, so the restored job found its shared counter
@@ -334,7 +338,7 @@ func heldFileFindings(tree *proctree.Snapshot, procs []*proc) []heldFinding {
 				"checkpoints only in an IPC namespace of the job's own",
 				"start the job in an IPC namespace of its own (unshare --ipc CMD); CRIU then saves its segments with it")
 		}
-		linkedAway, shared := heldFiles(tree, p.PID)
+		linkedAway, queues, shared := heldFiles(tree, p.PID)
 		if len(linkedAway) > 0 {
 			add(CheckLinkedAway, p, fmt.Sprintf("holds %s, deleted from that path while the file has another name, as "+
 				"sem_open leaves a POSIX semaphore (Python's multiprocessing does under its spawn and forkserver start "+
@@ -342,6 +346,10 @@ func heldFileFindings(tree *proctree.Snapshot, procs []*proc) []heldFinding {
 				"removes", heldList(linkedAway)),
 				"let the program unlink the file's other name first (multiprocessing does so under the fork start method), "+
 					"or checkpoint it once the file is closed")
+		}
+		if len(queues) > 0 {
+			add(CheckMQueue, p, "holds the POSIX message queue "+heldList(queues)+", which CRIU cannot checkpoint",
+				"pass the job's messages through a pipe, a socket or a file instead (Python's multiprocessing.Queue is a pipe)")
 		}
 		if len(shared) > 0 {
 			add(CheckSharedFile, p, "maps "+heldList(shared)+" shared and writable: CRIU saves a file's path, not its bytes, "+
@@ -355,22 +363,29 @@ func heldFileFindings(tree *proctree.Snapshot, procs []*proc) []heldFinding {
 }
 
 // heldFiles returns the files pid holds under a path they were deleted from while they
-// have another name, and those it maps shared and writable under their own path (one
-// deleted from every name is saved in the image, bytes and all).
-func heldFiles(tree *proctree.Snapshot, pid int) (linkedAway, shared []proctree.Held) {
-	want := func(h proctree.Held) bool { return strings.HasSuffix(h.Path, deleted) || h.Shared }
+// have another name, the POSIX message queues it holds open, and the files it maps shared
+// and writable under their own path (one deleted from every name is saved in the image,
+// bytes and all).
+func heldFiles(tree *proctree.Snapshot, pid int) (linkedAway, queues, shared []proctree.Held) {
+	want := func(h proctree.Held) bool { return h.FD >= 0 || strings.HasSuffix(h.Path, deleted) || h.Shared }
 	for _, h := range tree.HeldFiles(pid, want) {
 		switch {
+		case h.FD >= 0 && h.FSType == mqueueMagic:
+			queues = append(queues, h)
 		case strings.HasSuffix(h.Path, deleted):
 			if h.Links() > 0 {
 				linkedAway = append(linkedAway, h)
 			}
-		case !slices.ContainsFunc(shared, func(o proctree.Held) bool { return o.Path == h.Path }):
+		case h.Shared && !slices.ContainsFunc(shared, func(o proctree.Held) bool { return o.Path == h.Path }):
 			shared = append(shared, h)
 		}
 	}
-	return linkedAway, shared
+	return linkedAway, queues, shared
 }
+
+// mqueueMagic is the mqueue file system's magic number (statfs), where a descriptor of
+// mq_open points.
+const mqueueMagic = 0x19800202
 
 // heldList names the first of files, its descriptor if it is held through one, and how
 // many more there are: "/dev/shm/sem.x and 2 more", "/data/x (fd 3)".

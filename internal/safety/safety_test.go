@@ -338,3 +338,22 @@ func needRoot(t *testing.T) {
 		testutil.SkipOrFail(t, "reading map_files needs root")
 	}
 }
+
+// The real /proc: a POSIX message queue this process holds open, which CRIU cannot dump.
+func TestPOSIXMessageQueueIsRefused(t *testing.T) {
+	needRoot(t)
+	before := selfAnalyzed(t, nil)
+	name, err := unix.BytePtrFromString("gpucr-safety-test-" + strconv.Itoa(os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, _, errno := unix.Syscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(name)), unix.O_RDWR|unix.O_CREAT|unix.O_CLOEXEC, 0o600, 0, 0, 0)
+	if errno != 0 {
+		t.Skipf("mq_open: %v", errno)
+	}
+	defer syscall.Close(int(fd))
+	defer unix.Syscall(unix.SYS_MQ_UNLINK, uintptr(unsafe.Pointer(name)), 0, 0) //nolint:errcheck // the test's own queue
+	if got := selfAnalyzed(t, nil); !slices.Equal(got, append(before, CheckMQueue)) {
+		t.Fatalf("findings %v, want %v and %s", got, before, CheckMQueue)
+	}
+}

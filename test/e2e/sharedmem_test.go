@@ -13,10 +13,10 @@ import (
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
-// Jobs that share memory the way Python's multiprocessing does (hostile test, 2026-11-28).
-// Each script counts into DIR/count, as the counter does, and keeps part of its state in
-// the shared memory under test: a count that goes on after a restore proves that state
-// came back as it was.
+// Jobs that share memory or pass messages the way Python's multiprocessing and other IPC
+// do (hostile test, 2026-11-28). Each script counts into DIR/count, as the counter does,
+// and keeps part of its state in what is under test: a count that goes on after a restore
+// proves that state came back as it was.
 
 // startPython starts script with python3 in a session of its own, arguments dir and then
 // args, and waits for its first count; the test's end kills its whole process group (a
@@ -156,6 +156,31 @@ count(lambda i: cell.value == i, step)
 	w.pid = restore(t, img)
 	w.waitCount(t, at+5)
 	w.checkCountsOn(t, "the restore")
+}
+
+// A POSIX message queue (mq_open): CRIU does not dump the mqueue file system, and the
+// checkpoint failed on "Can't lookup mount=N for fd=3 path=/NAME", which says nothing a
+// user can act on, after a --dry-run that found nothing (hostile test). Refused now, naming
+// the queue.
+func TestPOSIXMessageQueueIsRefusedUpFront(t *testing.T) {
+	needCRIU(t)
+	name := "/gpucr-e2e-" + strconv.Itoa(os.Getpid())
+	w := startPython(t, `import ctypes, os, sys, time
+d = sys.argv[1]
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+q = rt.mq_open(sys.argv[2].encode(), os.O_CREAT | os.O_RDWR, 0o600, None)
+rt.mq_unlink(sys.argv[2].encode())  # gone with the job, even if it is killed
+buf = ctypes.create_string_buffer(8192)
+`+countLoop+`
+def check(i):
+    return i == 0 or rt.mq_receive(q, buf, 8192, None) == len(str(i)) and buf.value == str(i).encode()
+count(check, lambda i: rt.mq_send(q, str(i).encode(), len(str(i)), 0))
+`, name)
+	out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "img"))
+	if code != exitFailed || !oneLineWith(out, "POSIX message queue "+name) || !strings.Contains(out, "(check posix-mqueue)") {
+		t.Errorf("checkpoint: exit %d, want %d and one line naming the queue:\n%s", code, exitFailed, out)
+	}
+	w.checkCountsOn(t, "the refusal")
 }
 
 // checkCountsOn fails t unless the script w runs, after what, is alive, counts on, and has
