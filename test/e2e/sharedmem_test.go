@@ -75,8 +75,13 @@ d = sys.argv[1]
 if __name__ == "__main__":
     mp.set_start_method("spawn")
     lock = mp.Lock()
+    open(os.path.join(d, "semaphore"), "w").write(lock._semlock.name)
     count(lambda i: lock.acquire(timeout=5), lambda i: lock.release())
 `)
+	// Killed, the job leaves its semaphore's file in /dev/shm ("sem." and its name).
+	if name, err := os.ReadFile(filepath.Join(w.dir, "semaphore")); err == nil {
+		t.Cleanup(func() { os.Remove("/dev/shm/sem." + strings.TrimPrefix(string(name), "/")) })
+	}
 	out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "--dry-run")
 	if code != exitFailed || !strings.Contains(out, "deleted-but-linked:") || !strings.Contains(out, "/dev/shm/sem.") {
 		t.Errorf("dry run: exit %d, want %d naming the semaphore's file:\n%s", code, exitFailed, out)
