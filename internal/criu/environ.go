@@ -9,15 +9,20 @@ import (
 	"github.com/gpucr/gpucr/internal/rootonly"
 )
 
-// configEnv names a configuration file CRIU reads, beside $HOME/.criu/default.conf, before
-// its first step.
-const configEnv = "CRIU_CONFIG_FILE"
+// rootOnlyEnv are the variables of CRIU's environment that name what CRIU runs as root,
+// and why a path in them must be root's alone: a configuration file read before its first
+// step, whose action scripts it runs, and the directory it loads every plugin from.
+var rootOnlyEnv = map[string]string{
+	"CRIU_CONFIG_FILE": "CRIU runs the action scripts it names as root; unset it, or name a file only root can change",
+	"CRIU_LIBS_DIR":    "CRIU loads every plugin in it as root; unset it, or name a directory only root can change",
+}
 
 // Environ is gpucr's environment as a CRIU it starts, or a runtime that starts one, is to
 // have it. CRIU reads $HOME/.criu/default.conf and $CRIU_CONFIG_FILE before its first step,
 // and an action script such a file names runs as root: root's gpucr run in a user's
-// environment (sudo -E, a job's) had CRIU run the user's script as root (hostile test). So,
-// run as root, CRIU gets root's own home, and a CRIU_CONFIG_FILE that anyone but root could
+// environment (sudo -E, a job's) had CRIU run the user's script as root (hostile test); it
+// loads the plugins in $CRIU_LIBS_DIR alike, where gpucr names none. So, run as root, CRIU
+// gets root's own home, and a CRIU_CONFIG_FILE or CRIU_LIBS_DIR that anyone but root could
 // change, or the way to it, is refused.
 func Environ() ([]string, error) {
 	env := os.Environ()
@@ -31,12 +36,12 @@ func Environ() ([]string, error) {
 	out := make([]string, 0, len(env)+1)
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
-		switch k {
-		case "HOME":
+		if k == "HOME" {
 			continue
-		case configEnv:
+		}
+		if why, ok := rootOnlyEnv[k]; ok {
 			if err := rootonly.Strict(v); err != nil {
-				return nil, fmt.Errorf("%s %s: %w: CRIU runs the action scripts it names as root; unset it, or name a file only root can change", configEnv, v, err)
+				return nil, fmt.Errorf("%s %s: %w: %s", k, v, err, why)
 			}
 		}
 		out = append(out, kv)

@@ -3,9 +3,12 @@ package criu
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // CRIU reads $HOME/.criu/default.conf and $CRIU_CONFIG_FILE before its first step and runs,
@@ -67,5 +70,40 @@ func TestCRIUGetsNoUsersConfiguration(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("startSwrk did not return")
+	}
+}
+
+// CRIU loads every plugin in $CRIU_LIBS_DIR, as root, where gpucr names no plugin
+// directory (runc's CRIU, a checkpoint without GPU plugins): a user's directory there, in
+// the environment of root's gpucr, had CRIU load that user's library as it does a user's
+// configuration file's action script. Both are refused; root's own are kept.
+func TestCRIUGetsNoUsersPaths(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "needs root: the paths must be another user's")
+	}
+	users, roots := t.TempDir(), t.TempDir()
+	for _, p := range []string{filepath.Join(users, "default.conf"), filepath.Join(roots, "default.conf")} {
+		if err := os.WriteFile(p, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range []string{users, filepath.Join(users, "default.conf")} {
+		if err := os.Chown(p, 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tt := range []struct{ name, users, roots string }{
+		{"CRIU_CONFIG_FILE", filepath.Join(users, "default.conf"), filepath.Join(roots, "default.conf")},
+		{"CRIU_LIBS_DIR", users, roots},
+	} {
+		t.Setenv(tt.name, tt.users)
+		if _, err := Environ(); err == nil || !strings.Contains(err.Error(), tt.name) {
+			t.Errorf("%s=%s, a user's: %v; want it refused", tt.name, tt.users, err)
+		}
+		t.Setenv(tt.name, tt.roots)
+		if env, err := Environ(); err != nil || !slices.Contains(env, tt.name+"="+tt.roots) {
+			t.Errorf("%s=%s, root's: %v; want it kept", tt.name, tt.roots, err)
+		}
+		_ = os.Unsetenv(tt.name)
 	}
 }
