@@ -12,13 +12,11 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/archive"
-	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
-	"github.com/gpucr/gpucr/internal/rootonly"
 	"github.com/gpucr/gpucr/internal/signing"
 )
 
@@ -128,7 +126,7 @@ func exportOf(dir, runtime string, m *image.Manifest) (archive.Export, error) {
 		return archive.Export{}, fmt.Errorf("%s does not hold a container: %w", dir, err)
 	}
 	specPath := filepath.Join(info.Bundle, "config.json")
-	spec, err := readSpec(info.Bundle)
+	spec, err := container.ReadSpec(info.Bundle)
 	if err != nil {
 		return archive.Export{}, fmt.Errorf("read the container's OCI spec: %w", err)
 	}
@@ -140,29 +138,6 @@ func exportOf(dir, runtime string, m *image.Manifest) (archive.Export, error) {
 		Spec:   spec,
 	}, nil
 }
-
-// readSpec reads the OCI spec in bundle, which may be a user's, the container gone by now:
-// beneath the bundle, regular and bounded, and only where no symlink of a user's leads to
-// the bundle. A config.json its owner replaced with a FIFO held root's gpucr in open(2) for
-// good, deaf to SIGINT and SIGTERM; a symlink in its place, or a bundle path its owner
-// pointed elsewhere (at /root/.docker, say), had root's archive carry a root-only JSON file
-// (hostile tests).
-func readSpec(bundle string) ([]byte, error) {
-	if os.Geteuid() == 0 {
-		abs, err := filepath.Abs(bundle)
-		if err == nil {
-			err = rootonly.Symlinks(abs)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("bundle %s: %w", bundle, err)
-		}
-	}
-	return beneath.ReadFile(bundle, "config.json", maxSpec)
-}
-
-// maxSpec bounds the OCI spec an export copies: a spec with a seccomp profile and many
-// mounts is some tens of KiB.
-const maxSpec = 16 << 20
 
 func printExport(w io.Writer, out *exportOutput) {
 	fmt.Fprintf(w, "  export  %s (%s, %s) in %.2fs\n", out.File, out.Compression, bytesHuman(uint64(out.Bytes)), out.Seconds)

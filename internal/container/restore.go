@@ -99,10 +99,10 @@ func (ri *runcImage) Check() error {
 
 // inHostPIDNamespace says whether bundle's spec leaves its container in the host's PID
 // namespace, where the image's PIDs are the host's: one that joins another container's
-// (a namespace path) numbers them as that one does, and they were taken for the host's
-// kernel threads.
+// (a namespace path) numbers them as that one does, and a host process of the same number
+// is in no restore's way (a hostile test's was refused for a kernel thread's).
 func inHostPIDNamespace(bundle string) (bool, error) {
-	b, err := beneath.ReadFile(bundle, "config.json", maxSpec)
+	b, err := ReadSpec(bundle)
 	if err != nil {
 		return false, fmt.Errorf("read the bundle's spec: %w", err)
 	}
@@ -120,6 +120,25 @@ func inHostPIDNamespace(bundle string) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// ReadSpec reads the OCI spec in bundle, which may be a user's, its container gone by now:
+// beneath the bundle, regular and bounded, and, to gpucr running as root, only where no
+// symlink of a user's leads to the bundle. A config.json its owner replaced with a FIFO
+// held root's gpucr in open(2) for good, deaf to SIGINT and SIGTERM; a symlink in its place,
+// or a bundle path its owner pointed elsewhere (at /root/.docker, say), had root's export
+// carry a root-only JSON file (hostile tests).
+func ReadSpec(bundle string) ([]byte, error) {
+	if os.Geteuid() == 0 {
+		abs, err := filepath.Abs(bundle)
+		if err == nil {
+			err = rootonly.Symlinks(abs)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("bundle %s: %w", bundle, err)
+		}
+	}
+	return beneath.ReadFile(bundle, "config.json", maxSpec)
 }
 
 // maxSpec bounds a bundle's OCI spec: one with a seccomp profile and many mounts is some
