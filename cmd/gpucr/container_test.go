@@ -15,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr/internal/archive"
 	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/testutil"
 )
 
 // A container ID becomes a runtime's state directory and a lock that a failed restore
@@ -133,7 +134,7 @@ func TestContainerOutputLinesOfferNoHostCommand(t *testing.T) {
 // A bundle reached through a user's symlink is refused.
 func TestExportFollowsNoUsersSymlinkToTheBundle(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: the symlink must be another user's")
+		testutil.SkipOrFail(t, "needs root: the symlink must be another user's")
 	}
 	secret, home := t.TempDir(), t.TempDir()
 	if err := os.WriteFile(filepath.Join(secret, "config.json"), []byte(`{"auths":"root's"}`), 0o600); err != nil {
@@ -167,7 +168,7 @@ func TestRuncRootAndBinaryAreAbsolute(t *testing.T) {
 	t.Chdir(dir)
 	runc, err := exec.LookPath("runc")
 	if err != nil {
-		t.Skip("no runc")
+		testutil.SkipOrFail(t, "no runc")
 	}
 	if err := os.Symlink(runc, filepath.Join(dir, "myrunc")); err != nil {
 		t.Fatal(err)

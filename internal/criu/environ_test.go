@@ -18,7 +18,7 @@ import (
 // before CRIU starts. A stand-in CRIU records the environment it was given.
 func TestCRIUGetsNoUsersConfiguration(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root: the home and the file must be another user's")
+		testutil.SkipOrFail(t, "needs root: the home and the file must be another user's")
 	}
 	userHome := t.TempDir()
 	conf := filepath.Join(userHome, ".criu", "default.conf")
