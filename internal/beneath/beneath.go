@@ -99,6 +99,17 @@ func ReadFile(dir, rel string, limit int64) ([]byte, error) {
 	return readLimited(f, limit)
 }
 
+// ReadFileAt is ReadFile in the directory held open as dirfd, named dir in errors: for a
+// directory reached by a walk that checked each step as it went (rootonly.OpenDir).
+func ReadFileAt(dirfd int, dir, rel string, limit int64) ([]byte, error) {
+	f, err := openRegular(dirfd, dir, rel)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return readLimited(f, limit)
+}
+
 // readLimited reads all of f, a regular file, unless it is larger than limit bytes.
 func readLimited(f *os.File, limit int64) ([]byte, error) {
 	fi, err := f.Stat()

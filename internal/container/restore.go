@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/image"
@@ -129,16 +131,21 @@ func inHostPIDNamespace(bundle string) (bool, error) {
 // or a bundle path its owner pointed elsewhere (at /root/.docker, say), had root's export
 // carry a root-only JSON file (hostile tests).
 func ReadSpec(bundle string) ([]byte, error) {
-	if os.Geteuid() == 0 {
-		abs, err := filepath.Abs(bundle)
-		if err == nil {
-			err = rootonly.Symlinks(abs)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("bundle %s: %w", bundle, err)
-		}
+	if os.Geteuid() != 0 {
+		return beneath.ReadFile(bundle, "config.json", maxSpec)
 	}
-	return beneath.ReadFile(bundle, "config.json", maxSpec)
+	abs, err := filepath.Abs(bundle)
+	if err != nil {
+		return nil, fmt.Errorf("bundle %s: %w", bundle, err)
+	}
+	// Checked and opened in one walk: the owner may swap the bundle's path for a symlink of
+	// theirs and back between a check and an open by name (review).
+	fd, err := rootonly.OpenDir(abs)
+	if err != nil {
+		return nil, fmt.Errorf("bundle %s: %w", bundle, err)
+	}
+	defer unix.Close(fd)
+	return beneath.ReadFileAt(fd, bundle, "config.json", maxSpec)
 }
 
 // maxSpec bounds a bundle's OCI spec: one with a seccomp profile and many mounts is some

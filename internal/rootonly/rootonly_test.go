@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/testutil"
@@ -80,5 +81,64 @@ func TestWalk(t *testing.T) {
 		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
 			t.Errorf("Walk(%s) = %v, want an error naming %q", c.path, err, c.want)
 		}
+	}
+}
+
+// OpenDir reaches a directory as the kernel does, through root's symlinks (relative, with
+// "..", or absolute), and refuses a user's symlink on the way or a path that ends in a file.
+func TestOpenDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		testutil.SkipOrFail(t, "needs root: the symlinks must be root's and another user's")
+	}
+	dir := t.TempDir()
+	target := filepath.Join(dir, "a", "target")
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(target, "file"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for link, to := range map[string]string{"rel": "a/b/../target", "abs": target, "users": target} {
+		if err := os.Symlink(to, filepath.Join(dir, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "a", "b"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(filepath.Join(dir, "users"), nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	var want syscall.Stat_t
+	if err := syscall.Stat(target, &want); err != nil {
+		t.Fatal(err)
+	}
+	for path, refused := range map[string]string{
+		target:                           "",
+		filepath.Join(dir, "rel"):        "",
+		filepath.Join(dir, "abs", "."):   "",
+		filepath.Join(dir, "users"):      "symlink not owned by root",
+		filepath.Join(target, "file"):    "not a directory",
+		filepath.Join(dir, "no", "such"): "no such file",
+	} {
+		fd, err := OpenDir(path)
+		if refused != "" {
+			if err == nil || !strings.Contains(err.Error(), refused) {
+				t.Errorf("%s: %v, want %q", path, err, refused)
+			}
+			if err == nil {
+				syscall.Close(fd)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+			continue
+		}
+		var got syscall.Stat_t
+		if err := syscall.Fstat(fd, &got); err != nil || got.Ino != want.Ino || got.Dev != want.Dev {
+			t.Errorf("%s opened another directory (%v)", path, err)
+		}
+		syscall.Close(fd)
 	}
 }
