@@ -328,9 +328,6 @@ func TestRestoreAsANamespacesFirstProcessIsRefused(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != exitNotReady || !oneLineWith(string(out), "gpucr is PID 1 of its PID namespace") {
 		t.Fatalf("restore as a namespace's first process: %v:\n%s", err, out)
 	}
-	if testutil.Alive(w.pid) {
-		t.Fatal("the refused restore made the process")
-	}
 	restore(t, dir)
 }
 
