@@ -203,13 +203,13 @@ func outOfRoom(err error) bool {
 }
 
 // diskFull is the one line for a destination that ran out of room, as every verb words
-// it: "WHERE is full[: how much was needed]: TODO; AFTER (WHY)". where names the
+// it: "WHERE is full[: how much was needed]: REMEDY; AFTER (WHY)". where names the
 // destination as the user gave it, why is what of the refusal is worth showing: the
 // file system's own error names the file gpucr was writing, a temporary one or a chunk,
 // none of the user's (UX review), so push and fold give only its reason (noRoomReason).
 // err stays underneath for errors.Is.
-func diskFull(where, todo, after, why string, err error) error {
-	msg := where + " is full" + roomNeeded(err) + ": " + todo + "; " + after
+func diskFull(where, remedy, after, why string, err error) error {
+	msg := where + " is full" + roomNeeded(err) + ": " + remedy + "; " + after
 	if why != "" {
 		msg += " (" + why + ")"
 	}
