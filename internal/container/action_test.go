@@ -1001,3 +1001,15 @@ func TestCRIUConfigurationNamesOnlyPathsItCanParse(t *testing.T) {
 		t.Fatalf("post-restore hook in %q: %v %v, want one line refusing it", work, env, err)
 	}
 }
+
+// CRIU splits a configuration line at C's white space, ASCII only: a path with a no-break
+// space (U+00A0, bytes CRIU reads as any other) was refused, its refusal naming half a
+// character ("\xc2"). It is taken; an ASCII one is still refused, named whole.
+func TestCRIUConfigurationPathsRefuseOnlyCRIUsSpaces(t *testing.T) {
+	if err := checkCRIUConfigPath("/srv/lib\u00a0dir/criu-action"); err != nil {
+		t.Errorf("a path with a no-break space: %v, want it taken", err)
+	}
+	if err := checkCRIUConfigPath("/srv/lib\tdir/criu-action"); err == nil || !strings.Contains(err.Error(), `no "\t"`) {
+		t.Errorf("a path with a tab: %v, want it refused, naming the tab", err)
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unicode"
 
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/rootonly"
@@ -110,13 +109,18 @@ func (in Integration) Install() error {
 // CRIU takes an unquoted value only without a space (a line with one is an error that stops
 // CRIU, and runc with it, before its first step), cuts any value at a '#', and reads quotes
 // and backslashes as its own: a TMPDIR with a space had every container restore fail with
-// runc's "CRIU version check failed" and nothing more (hostile test).
+// runc's "CRIU version check failed" and nothing more (hostile test). Its spaces are C's,
+// ASCII only: a path with a no-break space is CRIU's to take.
 func checkCRIUConfigPath(p string) error {
-	if i := strings.IndexFunc(p, func(r rune) bool { return unicode.IsSpace(r) || strings.ContainsRune("#\"\\", r) }); i >= 0 {
+	if i := strings.IndexAny(p, criuConfigSpecial); i >= 0 {
 		return fmt.Errorf("%q cannot be named in CRIU's configuration file: CRIU takes no %q in a value there", p, p[i:i+1])
 	}
 	return nil
 }
+
+// criuConfigSpecial are the bytes a value in a CRIU configuration file cannot hold as they
+// are: C's white space, and the comment, quote and escape characters.
+const criuConfigSpecial = " \t\n\v\f\r#\"\\"
 
 // recordPath lists, beside the script, every configuration file an install put it into:
 // another install's --config may name the same script, and removing it through one must
