@@ -218,7 +218,7 @@ func TestKilledRestoreLeavesNothingOrAWholeWorkload(t *testing.T) {
 			if !testutil.Alive(w.pid) {
 				// Nothing running: the image restores as if nothing had happened, once the
 				// killed tasks are reaped (by us: the subreaper they were left to).
-				testutil.WaitGone(t, w.pid)
+				testutil.WaitReaped(t, w.pid)
 				mustGpucrEnv(t, drv.env, append([]string{"restore", "-D", dir}, host.flags()...)...)
 			}
 			untraced(t, w.pid)
@@ -625,7 +625,7 @@ func TestKilledRestoreFromAPrivateCopyLeavesNoCopy(t *testing.T) {
 				t.Fatalf("the private copy outlived the killed restore: %v", left)
 			}
 			if !testutil.Alive(w.pid) {
-				testutil.WaitGone(t, w.pid)
+				testutil.WaitReaped(t, w.pid)
 				mustGpucrEnv(t, env, append([]string{"restore", "-D", dir}, host.flags()...)...)
 			}
 			if v := w.verify(t, w.pid); v != "ok" {

@@ -237,7 +237,7 @@ func TestKilledStreamedRestoreLeavesNothing(t *testing.T) {
 			noStaging(t, tmp)
 			t.Cleanup(func() { testutil.KillAndReap(w.pid) })
 			if !testutil.Alive(w.pid) {
-				testutil.WaitGone(t, w.pid)
+				testutil.WaitReaped(t, w.pid)
 				restoreStreamed(t, env, loc, host.flags()...)
 			}
 			untraced(t, w.pid)
