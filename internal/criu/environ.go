@@ -40,6 +40,9 @@ func Environ() ([]string, error) {
 			continue
 		}
 		if why, ok := rootOnlyEnv[k]; ok {
+			if v == "" {
+				continue // names nothing; left out rather than refused as a path (review)
+			}
 			if err := rootonly.Strict(v); err != nil {
 				return nil, fmt.Errorf("%s %s: %w: %s", k, v, err, why)
 			}

@@ -104,6 +104,10 @@ func TestCRIUGetsNoUsersPaths(t *testing.T) {
 		if env, err := Environ(); err != nil || !slices.Contains(env, tt.name+"="+tt.roots) {
 			t.Errorf("%s=%s, root's: %v; want it kept", tt.name, tt.roots, err)
 		}
+		t.Setenv(tt.name, "")
+		if env, err := Environ(); err != nil || slices.ContainsFunc(env, func(kv string) bool { return strings.HasPrefix(kv, tt.name+"=") }) {
+			t.Errorf("%s set empty: %v; want it left out, not refused", tt.name, err)
+		}
 		_ = os.Unsetenv(tt.name)
 	}
 }
