@@ -57,9 +57,6 @@ func (a *app) restoreCmd() *cobra.Command {
 			if err := localDir("-D", r.Dir, "to restore from a store, give that location to --from"); err != nil {
 				return err
 			}
-			if err := engine.CanRestoreHere(); err != nil {
-				return classify(err) // before anything is fetched
-			}
 			var err error
 			if r.Skips, err = gpu.SkipsFrom(gpu.Vendors(), skips, os.Getenv); err != nil {
 				return usageError{err}
@@ -72,6 +69,9 @@ func (a *app) restoreCmd() *cobra.Command {
 			}
 			if imported != "" && from != "" {
 				return usageError{fmt.Errorf("--import and --from cannot be combined")}
+			}
+			if err := engine.CanRestoreHere(); err != nil {
+				return classify(err) // after the request's own mistakes, before anything is fetched
 			}
 			if from != "" && r.Dir == "" {
 				ctx, stop := interrupt.Context(cmd.Context())

@@ -271,6 +271,14 @@ func TestNotRootIsRefused(t *testing.T) {
 	if !testutil.Alive(w.pid) {
 		t.Fatal("workload died")
 	}
+	// A request that is wrong whoever makes it is told so first (review: "must run as
+	// root" hid the missing -D).
+	cmd = exec.Command(bin.gpucr, "restore")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err = cmd.CombinedOutput()
+	if !errors.As(err, &ee) || ee.ExitCode() != exitUsage || !strings.Contains(string(out), "restore needs") {
+		t.Fatalf("restore with no image, as nobody: %v: %s", err, out)
+	}
 }
 
 // counterCopy copies the counter program to a file of its own, and returns it with its
