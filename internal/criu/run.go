@@ -244,7 +244,7 @@ func (d *Driver) run(ctx context.Context, typ rpc.CriuReqType, imagesDir, workDi
 	}
 	if runErr != nil {
 		logPath := filepath.Join(workDir, opts.GetLogFile())
-		return nil, &Error{Op: op, LogPath: logPath, Lines: errorLines(logPath), Err: runErr}
+		return nil, newError(op, logPath, runErr)
 	}
 	return resp, nil
 }
@@ -252,7 +252,39 @@ func (d *Driver) run(ctx context.Context, typ rpc.CriuReqType, imagesDir, workDi
 // LogError is err, the failure of a CRIU that another program ran (runc), as an Error that
 // quotes the first error line of its log at path.
 func LogError(op, path string, err error) *Error {
-	return &Error{Op: op, LogPath: path, Lines: errorLines(path), Err: err}
+	return newError(op, path, err)
+}
+
+// newError is err, a CRIU run's failure, with the error lines of its log at path and what
+// to do about the first where gpucr knows more than CRIU says.
+func newError(op, path string, err error) *Error {
+	e := &Error{Op: op, LogPath: path, Lines: errorLines(path), Err: err}
+	if len(e.Lines) > 0 {
+		e.Hint = hintFor(e.Lines[0])
+	}
+	return e
+}
+
+// halfConnection matches CRIU's refusal to dump a unix stream socket connected to one that
+// no process of the tree holds, and the peer's name ("(null)" for an unnamed one).
+var halfConnection = regexp.MustCompile(`Can't dump half of stream unix connection\. name: .*; peer name: (.*)$`)
+
+// hintFor is what to do about CRIU's error line, "" where gpucr knows no more than CRIU:
+// a job talking to a supervisor's unix socket was refused with CRIU's "half of stream unix
+// connection" alone, which --ext-unix-sk, the option CRIU's other socket errors name,
+// does not help (hostile test).
+func hintFor(line string) string {
+	m := halfConnection.FindStringSubmatch(line)
+	if m == nil {
+		return ""
+	}
+	peer := "a unix socket"
+	if m[1] != "(null)" {
+		peer = m[1]
+	}
+	return "the tree is connected through a unix stream socket to " + peer + ", which a process outside it holds (a supervisor, " +
+		"an agent); CRIU cannot checkpoint one end of a connection, --ext-unix-sk or not: checkpoint a tree that holds both ends, " +
+		"or have the job connect once it runs"
 }
 
 // errorLines returns the first few "Error" lines of a CRIU log: the first names the cause,

@@ -200,3 +200,42 @@ func (w *workload) checkCountsOn(t *testing.T, what string) {
 		t.Fatalf("after %s the job found: %s", what, b)
 	}
 }
+
+// A job connected through a unix stream socket to a supervisor outside its tree cannot be
+// checkpointed (CRIU dumps no half of a connection, --ext-unix-sk or not); the refusal said
+// only CRIU's "Can't dump half of stream unix connection" (hostile test). It now names the
+// supervisor's socket and what to do, in one line, and the job runs on.
+func TestUnixConnectionToASupervisorSaysWhatToDo(t *testing.T) {
+	needCRIU(t)
+	sock := filepath.Join(t.TempDir(), "supervisor.sock")
+	sup := startPython(t, `import os, socket, sys, threading, time
+d = sys.argv[1]
+`+countLoop+`
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[2]); s.listen(1)
+def serve():
+    c, _ = s.accept()
+    while c.recv(64):
+        c.sendall(b"ok")
+threading.Thread(target=serve, daemon=True).start()
+count(lambda i: True, lambda i: None)
+`, sock)
+	job := startPython(t, `import os, socket, sys, time
+d = sys.argv[1]
+`+countLoop+`
+c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+c.connect(sys.argv[2])
+def step(i):
+    c.sendall(b"x")
+    c.recv(64)
+count(lambda i: True, step)
+`, sock)
+	out, code := gpucr(t, "checkpoint", strconv.Itoa(job.pid), "-D", filepath.Join(t.TempDir(), "img"), "--ext-unix-sk")
+	if code != 1 || !oneLineWith(out, "connected through a unix stream socket to "+sock) || !strings.Contains(out, "checkpoint a tree that holds both ends") {
+		t.Fatalf("checkpoint of a job connected to a supervisor: exit %d:\n%s", code, out)
+	}
+	job.waitCount(t, job.read(t, "count")+3) // it runs on, talking to its supervisor
+	if !testutil.Alive(sup.pid) {
+		t.Fatal("the supervisor died")
+	}
+}
