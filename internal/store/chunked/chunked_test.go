@@ -629,6 +629,22 @@ func TestPullRefusesAPlaceTheImageCannotTake(t *testing.T) {
 	}
 }
 
+// A pull into a directory whose parent is missing is refused as checkpoint -D refuses one,
+// naming the parent and what to do, before anything is fetched.
+func TestPullRefusesAMissingParentAsCheckpointDoes(t *testing.T) {
+	ctx := context.Background()
+	st := store.NewDir(t.TempDir())
+	if _, _, err := chunked.Push(ctx, st, "x", testImage(t, 0), chunked.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	parent := filepath.Join(t.TempDir(), "nope")
+	var fetched int64
+	_, _, err := chunked.Pull(ctx, st, "x", filepath.Join(parent, "img"), chunked.Options{Progress: func(done, _ int64) { fetched = done }})
+	if !errors.Is(err, image.ErrParentMissing) || !strings.Contains(err.Error(), parent+" of image directory") || !strings.Contains(err.Error(), "create it") || fetched != 0 {
+		t.Errorf("pull under a missing parent: %v after %d bytes, want image.ErrParentMissing naming %s and what to do", err, fetched, parent)
+	}
+}
+
 // A push of an image missing a file it lists says so as the image's own check does, though
 // the push opens the files before it verifies them (review).
 func TestPushNamesAMissingFile(t *testing.T) {

@@ -193,10 +193,12 @@ func pulled(p string, trusted bool) bool {
 }
 
 // checkDest accepts a destination that is absent or an empty directory, in an existing
-// parent, before anything is downloaded.
+// parent, before anything is downloaded. A missing parent is refused as checkpoint -D
+// refuses one (image.ErrParentMissing, exit 2, saying what to do): a pull said only that
+// it "does not exist or is not a directory", and exited 1 (documentation walk).
 func checkDest(dir string) error {
-	if fi, err := os.Stat(filepath.Dir(dir)); err != nil || !fi.IsDir() {
-		return fmt.Errorf("parent directory of %s does not exist or is not a directory", dir)
+	if err := image.ParentExists("image directory", dir); err != nil {
+		return err
 	}
 	// A symlink or a mount point cannot take the rename that puts the pulled image in
 	// place: refused before anything is fetched (a pull into a mount point fetched and
