@@ -244,7 +244,7 @@ func TestBeginRejects(t *testing.T) {
 		sentinel    error
 		msg         string
 	}{
-		{"non-empty dir", nonEmpty, ErrNotEmpty, "image directory " + nonEmpty + " is not empty"},
+		{"non-empty dir", nonEmpty, ErrNotEmpty, "image directory " + nonEmpty + " is not empty: give a new or empty directory"},
 		{"final is a file", file, nil, "is not a directory"},
 		{"parent missing", filepath.Join(tmp, "no", "img"), ErrParentMissing, filepath.Join(tmp, "no") + " of image directory"},
 		{"parent is a file", filepath.Join(file, "img"), nil, "parent " + file + " is not a directory"},

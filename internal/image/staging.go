@@ -219,11 +219,17 @@ func checkFinal(final string) error {
 	defer f.Close()
 	// One name is enough to know; a huge directory is not listed.
 	if _, err := f.Readdirnames(1); err == nil {
-		return sentinelf(ErrNotEmpty, "image directory %s is not empty", final)
+		return notEmpty(final)
 	} else if err != io.EOF {
 		return fmt.Errorf("read image directory %s: %w", final, err)
 	}
 	return nil
+}
+
+// notEmpty refuses final for holding something, saying what to do: the bare "is not empty"
+// left a user to guess whether gpucr wanted it emptied or a new path (documentation walk).
+func notEmpty(final string) error {
+	return sentinelf(ErrNotEmpty, "image directory %s is not empty: give a new or empty directory (gpucr never writes over what is there)", final)
 }
 
 // Dir is the staging directory.
@@ -251,7 +257,7 @@ func (s *Staging) CommitWith(m *Manifest, known []File) error {
 	// and fails on a non-empty one, with no window in which final is missing or overwritten.
 	if err := syscall.Rename(s.dir, s.final); err != nil {
 		if errors.Is(err, syscall.ENOTEMPTY) || errors.Is(err, syscall.EEXIST) {
-			return sentinelf(ErrNotEmpty, "image directory %s is not empty", s.final)
+			return notEmpty(s.final)
 		}
 		return fmt.Errorf("commit image to %s: rename %s: %w", s.final, s.dir, err)
 	}

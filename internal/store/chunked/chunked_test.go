@@ -202,11 +202,12 @@ func TestRoundTrip(t *testing.T) {
 			if _, _, err := chunked.Pull(ctx, st, "jobs/ckpt-1", empty, chunked.Options{}); err != nil {
 				t.Fatal(err)
 			}
-			if _, _, err := chunked.Pull(ctx, st, "jobs/ckpt-1", dst, chunked.Options{}); !errors.Is(err, chunked.ErrNotEmpty) {
-				t.Errorf("pull over an image = %v, want ErrNotEmpty", err)
+			// Each refusal says what to do, not only what is wrong.
+			if _, _, err := chunked.Pull(ctx, st, "jobs/ckpt-1", dst, chunked.Options{}); !errors.Is(err, chunked.ErrNotEmpty) || !strings.Contains(fmt.Sprint(err), "give a new or empty directory") {
+				t.Errorf("pull over an image = %v, want ErrNotEmpty saying what to do", err)
 			}
-			if _, _, err := chunked.Push(ctx, st, "jobs/ckpt-1", src, chunked.Options{}); !errors.Is(err, chunked.ErrExists) {
-				t.Errorf("second push to one prefix = %v, want ErrExists", err)
+			if _, _, err := chunked.Push(ctx, st, "jobs/ckpt-1", src, chunked.Options{}); !errors.Is(err, chunked.ErrExists) || !strings.Contains(fmt.Sprint(err), "gpucr rm") {
+				t.Errorf("second push to one prefix = %v, want ErrExists saying what to do", err)
 			}
 		})
 	}

@@ -65,7 +65,8 @@ var (
 	// or a push was interrupted before its manifest object was written.
 	ErrNoCheckpoint = errors.New("no complete checkpoint")
 	// ErrExists means a push found a checkpoint at its prefix already; pushes never replace one.
-	ErrExists = errors.New("a checkpoint already exists")
+	// Its text says what to do, as a bare "already exists" did not (documentation walk).
+	ErrExists = errors.New("a checkpoint already exists: give a new location, or delete that one first with gpucr rm")
 	// ErrBadManifest means a manifest object cannot be used.
 	ErrBadManifest = errors.New("invalid checkpoint manifest")
 	// ErrNewerFormat means a manifest object was written by a newer gpucr.

@@ -30,7 +30,8 @@ import (
 const maxStored = ChunkSize + ChunkSize/8
 
 // ErrNotEmpty means a pull's destination already holds something: pulls never overwrite.
-var ErrNotEmpty = errors.New("destination is not empty")
+// Its text says what to do, as a bare "is not empty" did not (documentation walk).
+var ErrNotEmpty = errors.New("destination is not empty: give a new or empty directory (a pull never writes over what is there)")
 
 // Pull fetches the checkpoint at prefix into dir, which must be absent or empty. Every
 // chunk is checked as it arrives (checkChunk) and a bad or missing one is named; zero chunks
