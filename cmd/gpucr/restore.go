@@ -35,6 +35,23 @@ type restoreOutput struct {
 	ContainerPID int `json:"containerPid,omitempty"`
 }
 
+// checkImport refuses an --import the restore could not finish, before the archive is
+// unpacked. Without -D there is nowhere to unpack it, and the refusal named only -D and
+// --from; without --container the archive was unpacked into DIR and only then refused as a
+// process tree, exit 1, leaving DIR full for the retry to trip over (documentation walk).
+// An archive always holds a container: checkpoint --export needs --container.
+func checkImport(imported, dir, ctr string) error {
+	switch {
+	case imported == "":
+		return nil
+	case dir == "":
+		return usageError{fmt.Errorf("--import %s needs -D DIR, the directory to unpack the archive into", imported)}
+	case ctr == "":
+		return usageError{fmt.Errorf("--import %s needs --container ID: an archive holds a container (gpucr restore --container ID --import FILE -D DIR)", imported)}
+	}
+	return nil
+}
+
 func (a *app) restoreCmd() *cobra.Command {
 	var r engine.RestoreRequest
 	var skips []string
@@ -64,11 +81,14 @@ func (a *app) restoreCmd() *cobra.Command {
 			if r.Trust, err = a.trusted(trust); err != nil {
 				return err
 			}
-			if from == "" && r.Dir == "" {
-				return usageError{fmt.Errorf("restore needs --images-dir DIR, or --from LOCATION")}
-			}
 			if imported != "" && from != "" {
 				return usageError{fmt.Errorf("--import and --from cannot be combined")}
+			}
+			if err := checkImport(imported, r.Dir, ctr); err != nil {
+				return err
+			}
+			if from == "" && r.Dir == "" {
+				return usageError{fmt.Errorf("restore needs --images-dir DIR, or --from LOCATION")}
 			}
 			if err := engine.CanRestoreHere(); err != nil {
 				return classify(err) // after the request's own mistakes, before anything is fetched

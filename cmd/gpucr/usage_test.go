@@ -78,3 +78,31 @@ func TestLocalStoreWithoutItsParentIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// An --import without -D was told only "restore needs --images-dir DIR, or --from
+// LOCATION", and one without --container unpacked the archive into DIR, then failed (exit
+// 1) as a process tree's restore, leaving DIR full (documentation walk). Both are refused
+// first, exit 2, and nothing is unpacked.
+func TestImportWithoutItsDirectoryOrContainerIsRefusedFirst(t *testing.T) {
+	archive := filepath.Join(t.TempDir(), "trainer.tar.zst")
+	if err := os.WriteFile(archive, []byte("not read"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "img")
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"restore", "--container", "c", "--import", archive}, "needs -D DIR"},
+		{[]string{"restore", "--import", archive, "-D", dir}, "needs --container ID"},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(tt.args, &stdout, &stderr)
+		if msg := stderr.String(); code != exitUsage || strings.Count(msg, "\n") != 1 || !strings.Contains(msg, tt.want) {
+			t.Errorf("gpucr %s: exit %d, want %d and one line with %q:\n%s", strings.Join(tt.args, " "), code, exitUsage, tt.want, msg)
+		}
+		if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("gpucr %s made %s (%v)", strings.Join(tt.args, " "), dir, err)
+		}
+	}
+}
