@@ -53,6 +53,22 @@ func findRunc(f *runcFlags) (string, error) {
 	return path, nil
 }
 
+// containerOnly are the flags only a container's checkpoint or restore reads.
+var containerOnly = []string{"runc", "runc-root", "new-id", "bundle"}
+
+// refuseContainerOnly refuses, without --container, a flag that only a container's
+// checkpoint or restore reads: `checkpoint PID -D DIR --runc-root R` passed over it and
+// checkpointed the tree, which then stopped, though the user meant a container
+// (documentation walk).
+func refuseContainerOnly(cmd *cobra.Command) error {
+	for _, name := range containerOnly {
+		if f := cmd.Flags().Lookup(name); f != nil && f.Changed {
+			return usageError{fmt.Errorf("--%s needs --container ID: it is read only for a container", name)}
+		}
+	}
+	return nil
+}
+
 // refuseRuncUnpassed refuses the CRIU options runc does not pass on.
 func refuseRuncUnpassed(cmd *cobra.Command) error {
 	for _, name := range []string{"network-lock", "criu-log-level"} {
@@ -67,6 +83,9 @@ func refuseRuncUnpassed(cmd *cobra.Command) error {
 // in args, or the runc container ctr; it is built once the engine is.
 func (a *app) checkpointTarget(cmd *cobra.Command, args []string, ctr string, rf runcFlags, o criu.Options) (func(*engine.Engine) engine.Target, error) {
 	if ctr == "" {
+		if err := refuseContainerOnly(cmd); err != nil {
+			return nil, err
+		}
 		if len(args) == 0 {
 			return nil, usageError{fmt.Errorf("give the PID of the tree to checkpoint, or --container ID")}
 		}
@@ -96,9 +115,6 @@ func (a *app) checkpointTarget(cmd *cobra.Command, args []string, ctr string, rf
 // holds, or, with --container ctr, the container (under newID and from bundle when given).
 func (a *app) restoreTarget(cmd *cobra.Command, rf runcFlags, dir, ctr, newID, bundle string) (func(*engine.Engine) engine.RestoreTarget, error) {
 	if ctr == "" {
-		if newID != "" || bundle != "" {
-			return nil, usageError{fmt.Errorf("--new-id and --bundle need --container")}
-		}
 		return func(e *engine.Engine) engine.RestoreTarget { return e.TreeImage() }, nil
 	}
 	for _, f := range []struct{ flag, id string }{{"--container", ctr}, {"--new-id", newID}} {

@@ -87,6 +87,12 @@ func (a *app) restoreCmd() *cobra.Command {
 			if err := checkImport(imported, r.Dir, ctr); err != nil {
 				return err
 			}
+			if ctr == "" {
+				// Before anything is pulled or unpacked for a restore that would refuse.
+				if err := refuseContainerOnly(cmd); err != nil {
+					return err
+				}
+			}
 			if from == "" && r.Dir == "" {
 				return usageError{fmt.Errorf("restore needs --images-dir DIR, or --from LOCATION")}
 			}

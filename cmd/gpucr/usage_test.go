@@ -106,3 +106,28 @@ func TestImportWithoutItsDirectoryOrContainerIsRefusedFirst(t *testing.T) {
 		}
 	}
 }
+
+// A flag only a container's checkpoint or restore reads, given without --container, was
+// passed over: `checkpoint PID -D DIR --runc-root R` checkpointed the tree, which stopped
+// (documentation walk). It is refused, exit 2, naming the flag, before anything is done.
+func TestContainerFlagsWithoutAContainerAreRefused(t *testing.T) {
+	noPID := "4194305" // above any pid_max: were the flag passed over, no process is checkpointed
+	dir := filepath.Join(t.TempDir(), "img")
+	for _, tt := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"checkpoint", noPID, "-D", dir, "--runc-root", t.TempDir()}, "--runc-root"},
+		{[]string{"checkpoint", noPID, "-D", dir, "--runc", "/usr/sbin/runc"}, "--runc"},
+		{[]string{"restore", "-D", dir, "--runc-root", t.TempDir()}, "--runc-root"},
+		{[]string{"restore", "-D", dir, "--new-id", "c2"}, "--new-id"},
+		{[]string{"restore", "-D", dir, "--bundle", t.TempDir()}, "--bundle"},
+	} {
+		var stdout, stderr strings.Builder
+		code := run(tt.args, &stdout, &stderr)
+		want := tt.flag + " needs --container ID"
+		if msg := stderr.String(); code != exitUsage || strings.Count(msg, "\n") != 1 || !strings.Contains(msg, want) {
+			t.Errorf("gpucr %s: exit %d, want %d and one line with %q:\n%s", strings.Join(tt.args, " "), code, exitUsage, want, msg)
+		}
+	}
+}
