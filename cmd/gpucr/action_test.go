@@ -27,7 +27,7 @@ func TestInstallIntegrationJSON(t *testing.T) {
 	}
 	var removed container.Removal
 	decodeOne(t, append(flags, "--remove"), &removed)
-	if len(removed.Removed) != 2 {
+	if len(removed.Removed) != 3 || removed.Removed[0] != filepath.Join(dir, "runc.conf") { // the configuration file, the script, gpucr's copy
 		t.Errorf("install --remove --json: %+v", removed)
 	}
 }

@@ -425,7 +425,7 @@ func TestRemoveKeepsWhatAnotherInstallUses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !exists(a.Script) || !exists(a.Binary()) || len(r.Removed) != 0 || len(r.Kept) != 1 || !strings.Contains(r.Kept[0], "still named by "+a.Config) {
+	if !exists(a.Script) || !exists(a.Binary()) || !slices.Equal(r.Removed, []string{b.Config}) || len(r.Kept) != 1 || !strings.Contains(r.Kept[0], "still named by "+a.Config) {
 		t.Errorf("remove through the second configuration file: %+v; the script there: %v", r, exists(a.Script))
 	}
 	if conf, _ := os.ReadFile(b.Config); strings.Contains(string(conf), a.Script) {
@@ -435,7 +435,7 @@ func TestRemoveKeepsWhatAnotherInstallUses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if exists(a.Script) || exists(a.Binary()) || len(r.Kept) != 0 {
+	if exists(a.Script) || exists(a.Binary()) || len(r.Kept) != 0 || !slices.Equal(r.Removed, []string{a.Config, a.Script, a.Binary()}) {
 		t.Errorf("the last remove: %+v", r)
 	}
 	if left, _ := os.ReadDir(filepath.Dir(a.Script)); len(left) != 0 {

@@ -300,13 +300,18 @@ func (in Integration) Remove() (*Removal, error) {
 	} else if !host {
 		return nil, errors.New("gpucr runs in a PID namespace of its own and cannot see the CRIUs that may be using the script: run --remove in the host's PID namespace (hostPID: true in a pod); nothing was removed")
 	}
+	// "removed": [], not null, in --json. A configuration file left empty is deleted, and
+	// said to be: the list named only the script and gpucr's copy (documentation walk).
+	r := &Removal{Removed: []string{}}
 	for _, conf := range in.Configs() {
 		lines, _, err := in.otherLines(conf)
 		if err != nil {
 			return nil, err
 		}
 		if len(lines) == 0 && conf == in.Config {
-			err = os.Remove(conf)
+			if err = os.Remove(conf); err == nil {
+				r.Removed = append(r.Removed, conf)
+			}
 		} else {
 			err = writeAtomic(conf, []byte(strings.Join(lines, "\n")+"\n"), 0o644)
 		}
@@ -326,7 +331,6 @@ func (in Integration) Remove() (*Removal, error) {
 			naming = append(naming, conf)
 		}
 	}
-	r := &Removal{Removed: []string{}} // "removed": [], not null, in --json
 	if len(naming) > 0 {
 		if err := in.record(naming); err != nil {
 			return nil, err
