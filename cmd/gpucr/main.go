@@ -259,12 +259,23 @@ func usageErrors(root *cobra.Command) {
 // invalid syntax` says that "abc" is not a number.
 func plainFlagError(err error) string {
 	msg := err.Error()
-	for parser, want := range map[string]string{": strconv.Parse": "a number", ": time: invalid duration": "a duration (as 90s or 5m)"} {
-		if head, _, ok := strings.Cut(msg, parser); ok {
-			return head + ": not " + want
+	for _, p := range flagParsers {
+		if head, _, ok := strings.Cut(msg, p.says); ok {
+			return head + ": not " + p.want
 		}
 	}
 	return msg
+}
+
+// flagParsers are the parsers' words in pflag's refusals and what the value should have
+// been, the first that matches counting: a bool flag's ParseBool, which matched the
+// numbers' ": strconv.Parse", told `--json=maybe` it was "not a number", a list of PIDs'
+// strconv.Atoi matched nothing and was quoted, and so was a duration without its unit,
+// "time: missing unit in duration" (documentation walk).
+var flagParsers = []struct{ says, want string }{
+	{": strconv.ParseBool", "true or false"},
+	{": strconv.", "a number"},
+	{": time: ", "a duration (as 90s or 5m)"},
 }
 
 // plainCommandError is cobra's refusal of an unknown verb or a missing flag on one line,

@@ -42,6 +42,9 @@ func TestCommandLineRefusalsSayHowTheVerbIsUsed(t *testing.T) {
 		{[]string{"pull"}, "(usage: gpucr pull s3://BUCKET/PREFIX|PATH DIR"},
 		{[]string{"run", "--nproc-per-node", "abc", "--", "true"}, `"--nproc-per-node" flag: not a number (see gpucr run --help)`},
 		{[]string{"checkpoint", "1", "--lock-timeout", "banana"}, "not a duration"},
+		{[]string{"checkpoint", "1", "--lock-timeout", "5"}, `"--lock-timeout" flag: not a duration (as 90s or 5m)`},
+		{[]string{"check", "--json=maybe"}, `"--json" flag: not true or false`},
+		{[]string{"recover", "--pid", "1,abc"}, `"--pid" flag: not a number`},
 		{[]string{"chekpoint"}, `unknown command "chekpoint" for "gpucr": did you mean checkpoint? (see gpucr --help)`},
 	} {
 		var stdout, stderr strings.Builder
