@@ -48,7 +48,9 @@ func (a *app) dryRun(cmd *cobra.Command, target func(*engine.Engine) engine.Targ
 		return err
 	}
 	if len(res.Findings) > 0 {
-		return fmt.Errorf("a checkpoint would be refused: %d finding(s)", len(res.Findings))
+		// The document printed holds the findings: --json printed the error's after it, two
+		// documents where json.md promises one (documentation walk).
+		return inOutput{fmt.Errorf("a checkpoint would be refused: %d finding(s)", len(res.Findings))}
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
@@ -406,6 +407,15 @@ func TestTreeWithAPipeToTheOutsideIsRefused(t *testing.T) {
 	out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img)
 	if code == 0 || !oneLineWith(out, "shares a pipe") || !strings.Contains(out, "(cat), outside the tree") {
 		t.Fatalf("checkpoint of a job piped to cat: exit %d\n%s", code, out)
+	}
+	// --dry-run --json prints its findings as the one document on stdout: it was followed by
+	// a second, the error's, which a machine reading one document cannot parse (documentation
+	// walk).
+	stdout, _, code := gpucrEnv(t, nil, "checkpoint", strconv.Itoa(w.pid), "--dry-run", "--json")
+	var a engine.Analysis
+	dec := json.NewDecoder(strings.NewReader(stdout))
+	if err := dec.Decode(&a); err != nil || code != exitFailed || len(a.Findings) != 1 || a.Findings[0].Check != "outer-pipe" || dec.More() {
+		t.Errorf("dry run --json: exit %d, want %d and one document holding the finding (%v):\n%s", code, exitFailed, err, stdout)
 	}
 	w.waitCount(t, w.read(t, "count")+2)
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img, "--leave-running", "--shell-job", "--skip-check", "outer-pipe")
