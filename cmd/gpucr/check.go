@@ -173,12 +173,16 @@ func (a *app) checkOperations(ctx context.Context, backends []gpu.Backend) ([]tx
 	return ops, out, nil
 }
 
+// notReadyReason is the one line that says why the host is not ready, its root cause
+// first: run by a user, CRIU's check fails too, and the line was CRIU's advice to setcap
+// its binary, which does not make a host ready for gpucr, which every verb refuses to run
+// but as root (documentation walk: gpucr check as nobody).
 func notReadyReason(r checkReport) string {
 	switch {
+	case !r.Root:
+		return "gpucr must run as root (CRIU needs it)"
 	case !r.CRIU.OK:
 		return r.CRIU.Error
-	case !r.Root:
-		return "not running as root"
 	}
 	return r.JournalError
 }
