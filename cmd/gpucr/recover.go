@@ -99,6 +99,9 @@ func printRecover(a *app, out recoverOutput) {
 // it, under the process's lock: a process a live checkpoint has locked or checkpointed is
 // that checkpoint's, and was restored and unlocked under it (review).
 func resumeStranded(ctx context.Context, e *engine.Engine, pid int) error {
+	if _, err := proctree.Read(pid); err != nil {
+		return classify(err) // "not stranded" said nothing of a PID that is gone (doc walk)
+	}
 	if e.JournalRoot != "" {
 		l, err := txn.LockTarget(e.JournalRoot, engine.PIDLock(pid), fmt.Sprintf("gpucr PID %d is recovering PID %d", os.Getpid(), pid))
 		if errors.Is(err, txn.ErrBusy) {

@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io/fs"
+	"os/exec"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -35,6 +37,15 @@ Checkpoint the whole job by the PID of gpucr run, with --tcp-established.`,
 			}
 			if nproc < 1 {
 				return usageError{fmt.Errorf("--nproc-per-node %d: a job has at least one rank", nproc)}
+			}
+			// A program that cannot be started is the request's mistake, said as one: it was
+			// "launch rank 0: fork/exec PATH: ..." with the code of a failed job (doc walk).
+			if _, err := exec.LookPath(args[0]); err != nil {
+				why := errors.Unwrap(err)
+				if pe, ok := errors.AsType[*fs.PathError](why); ok {
+					why = pe.Err
+				}
+				return usageError{fmt.Errorf("cannot run %s: %w", args[0], why)}
 			}
 			return launch.Run(cmd.Context(), launch.Job{NProc: nproc, Command: args, Stdout: a.stdout, Stderr: a.stderr})
 		},

@@ -552,6 +552,20 @@ func TestRunRefusesJSON(t *testing.T) {
 	}
 }
 
+// A program gpucr run cannot start, and a PID recover cannot find, are the request's
+// mistakes, said in words: they were "launch rank 0: fork/exec ..." with a failed job's
+// exit code, and "not stranded on a GPU" for a process that does not exist (doc walk).
+func TestRunAndRecoverNameWhatIsMissing(t *testing.T) {
+	out, code := gpucr(t, "run", "--", "/nonexistent/job")
+	if code != exitUsage || !oneLineWith(out, "cannot run /nonexistent/job: no such file or directory") {
+		t.Errorf("run of a missing program: exit %d:\n%s", code, out)
+	}
+	out, code = gpucr(t, "recover", "--pid", "4194305") // above the kernel's largest pid_max
+	if code != exitUsage || !oneLineWith(out, "process 4194305: no such process") {
+		t.Errorf("recover of a PID that does not exist: exit %d:\n%s", code, out)
+	}
+}
+
 // A --gpu-map for an image with no GPU state had nothing to read it, and a mistyped map of
 // a job thought to be a GPU's restored without a word (hostile test): refused, exit 2.
 func TestGPUMapOfAnImageWithoutGPUsIsRefused(t *testing.T) {
