@@ -393,6 +393,12 @@ func TestLoadRejects(t *testing.T) {
 		{name: "GPU process not in tree", edit: func(m map[string]any) {
 			m["gpus"] = []any{map[string]any{"backend": "nvidia", "processes": []any{map[string]any{"pid": 1}}}}
 		}, sentinel: ErrCorrupt, msg: "GPU process 1 is not among the image's processes"},
+		// A restore planned each backend from its first snapshot: the process of a second
+		// came back with its GPU state left checkpointed, and the restore said it succeeded.
+		{name: "GPU backend twice", edit: func(m map[string]any) {
+			m["gpus"] = []any{map[string]any{"backend": "nvidia"},
+				map[string]any{"backend": "nvidia", "processes": []any{map[string]any{"pid": 42}}}}
+		}, sentinel: ErrCorrupt, msg: `GPU backend "nvidia" is listed twice`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

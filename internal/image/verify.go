@@ -264,7 +264,20 @@ func (m *Manifest) processProblem() string {
 	if !pids[m.RootPID] {
 		return fmt.Sprintf("root PID %d is not among the image's processes", m.RootPID)
 	}
+	return m.gpuProblem(pids)
+}
+
+// gpuProblem checks the image's GPU snapshots against its processes (pids): each backend
+// is named once, and each GPU process is one of the image's. A restore plans a backend
+// from its first snapshot only, so the processes of a second came back with their device
+// state left checkpointed while the restore said it had succeeded (hostile test).
+func (m *Manifest) gpuProblem(pids map[int]bool) string {
+	backends := make(map[string]bool, len(m.GPUs))
 	for _, s := range m.GPUs {
+		if backends[s.Backend] {
+			return fmt.Sprintf("GPU backend %q is listed twice", s.Backend)
+		}
+		backends[s.Backend] = true
 		for _, p := range s.Processes {
 			if !pids[p.PID] {
 				return fmt.Sprintf("GPU process %d is not among the image's processes", p.PID)
