@@ -399,6 +399,10 @@ func TestLoadRejects(t *testing.T) {
 			m["gpus"] = []any{map[string]any{"backend": "nvidia"},
 				map[string]any{"backend": "nvidia", "processes": []any{map[string]any{"pid": 42}}}}
 		}, sentinel: ErrCorrupt, msg: `GPU backend "nvidia" is listed twice`},
+		// Two driver restores ran on it at once, the second failing after CRIU's restore.
+		{name: "GPU process twice", edit: func(m map[string]any) {
+			m["gpus"] = []any{map[string]any{"backend": "nvidia", "processes": []any{map[string]any{"pid": 42}, map[string]any{"pid": 42}}}}
+		}, sentinel: ErrCorrupt, msg: "GPU process 42 is listed twice"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -268,9 +268,11 @@ func (m *Manifest) processProblem() string {
 }
 
 // gpuProblem checks the image's GPU snapshots against its processes (pids): each backend
-// is named once, and each GPU process is one of the image's. A restore plans a backend
-// from its first snapshot only, so the processes of a second came back with their device
-// state left checkpointed while the restore said it had succeeded (hostile test).
+// is named once, and each GPU process is one of the image's, named once by its backend. A
+// restore plans a backend from its first snapshot only, so the processes of a second came
+// back with their device state left checkpointed while the restore said it had succeeded;
+// and a process named twice had two driver restores run on it at once, the second failing
+// only once CRIU had restored the tree (hostile tests).
 func (m *Manifest) gpuProblem(pids map[int]bool) string {
 	backends := make(map[string]bool, len(m.GPUs))
 	for _, s := range m.GPUs {
@@ -278,10 +280,15 @@ func (m *Manifest) gpuProblem(pids map[int]bool) string {
 			return fmt.Sprintf("GPU backend %q is listed twice", s.Backend)
 		}
 		backends[s.Backend] = true
+		held := make(map[int]bool, len(s.Processes))
 		for _, p := range s.Processes {
-			if !pids[p.PID] {
+			switch {
+			case !pids[p.PID]:
 				return fmt.Sprintf("GPU process %d is not among the image's processes", p.PID)
+			case held[p.PID]:
+				return fmt.Sprintf("GPU process %d is listed twice", p.PID)
 			}
+			held[p.PID] = true
 		}
 	}
 	return ""
