@@ -403,6 +403,15 @@ func TestLoadRejects(t *testing.T) {
 		{name: "GPU process twice", edit: func(m map[string]any) {
 			m["gpus"] = []any{map[string]any{"backend": "nvidia", "processes": []any{map[string]any{"pid": 42}, map[string]any{"pid": 42}}}}
 		}, sentinel: ErrCorrupt, msg: "GPU process 42 is listed twice"},
+		// One of the two was lost to the mapping, or compared with the other as its host GPU.
+		{name: "GPU UUID twice", edit: func(m map[string]any) {
+			m["gpus"] = []any{map[string]any{"backend": "nvidia", "devices": []any{
+				map[string]any{"index": 0, "uuid": "GPU-a"}, map[string]any{"index": 1, "uuid": "GPU-a"}}}}
+		}, sentinel: ErrCorrupt, msg: `GPU "GPU-a" is listed twice`},
+		{name: "GPU index twice", edit: func(m map[string]any) {
+			m["gpus"] = []any{map[string]any{"backend": "nvidia", "devices": []any{
+				map[string]any{"index": 0, "uuid": "GPU-a"}, map[string]any{"index": 0, "uuid": "GPU-b"}}}}
+		}, sentinel: ErrCorrupt, msg: "two GPUs have index 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

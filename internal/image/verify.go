@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/crashpoint"
+	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/signing"
 )
 
@@ -280,6 +281,9 @@ func (m *Manifest) gpuProblem(pids map[int]bool) string {
 			return fmt.Sprintf("GPU backend %q is listed twice", s.Backend)
 		}
 		backends[s.Backend] = true
+		if reason := deviceProblem(s.Devices); reason != "" {
+			return reason
+		}
 		held := make(map[int]bool, len(s.Processes))
 		for _, p := range s.Processes {
 			switch {
@@ -290,6 +294,25 @@ func (m *Manifest) gpuProblem(pids map[int]bool) string {
 			}
 			held[p.PID] = true
 		}
+	}
+	return ""
+}
+
+// deviceProblem checks that each GPU of a backend's record is named once, by UUID and by
+// index: a restore maps devices by them, and a crafted record giving two GPUs one UUID was
+// restored with one of them lost to the mapping, or refused as a model mismatch of the
+// GPU with itself (hostile test).
+func deviceProblem(devices []gpu.Device) string {
+	uuids := make(map[string]bool, len(devices))
+	indices := make(map[int]bool, len(devices))
+	for _, d := range devices {
+		switch {
+		case uuids[d.UUID]:
+			return fmt.Sprintf("GPU %q is listed twice", d.UUID)
+		case indices[d.Index]:
+			return fmt.Sprintf("two GPUs have index %d", d.Index)
+		}
+		uuids[d.UUID], indices[d.Index] = true, true
 	}
 	return ""
 }
