@@ -59,6 +59,7 @@ func (b *Backend) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Pl
 	if err != nil {
 		return nil, fmt.Errorf("describe GPUs: %w", err)
 	}
+	all := host
 	if in.Root != "" {
 		if host, err = b.reachable(host, in.Root); err != nil {
 			return nil, err
@@ -72,7 +73,24 @@ func (b *Backend) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Pl
 	if err != nil {
 		return nil, err
 	}
+	// What Restore will give the driver is checked now, before anything is restored: an
+	// image GPU's UUID not in NVML's form was refused only once CRIU had restored the tree
+	// (hostile test).
+	if len(remap) > 0 {
+		if _, err := driverPairs(remap, uuidsOf(all)); err != nil {
+			return nil, fmt.Errorf("the image's GPUs cannot move onto this host's: %w", err)
+		}
+	}
 	return &gpu.Plan{Remap: remap}, nil
+}
+
+// uuidsOf lists the UUIDs of h's GPUs in index order, as Restore reads them from NVML.
+func uuidsOf(h gpu.Host) []string {
+	out := make([]string, len(h.Devices))
+	for i, d := range byIndex(h.Devices) {
+		out[i] = d.UUID
+	}
+	return out
 }
 
 func gpuName(d gpu.Device) string { return fmt.Sprintf("GPU %d (%s)", d.Index, d.UUID) }

@@ -360,20 +360,8 @@ func (b *Backend) Restore(_ context.Context, pid int, remap map[string]string) e
 		if err != nil {
 			return err
 		}
-		perm, err := permutation(remap, uuids)
-		if err != nil {
-			return fmt.Errorf("GPU remap: %w", err)
-		}
-		for _, p := range perm {
-			old, err := cuda.ParseUUID(p[0])
-			if err != nil {
-				return fmt.Errorf("GPU remap: %w", err)
-			}
-			dst, err := cuda.ParseUUID(p[1])
-			if err != nil {
-				return fmt.Errorf("GPU remap: %w", err)
-			}
-			pairs = append(pairs, cuda.GPUPair{Old: old, New: dst})
+		if pairs, err = driverPairs(remap, uuids); err != nil {
+			return err
 		}
 	}
 	// The driver restores only with persistence mode on or CUDA initialized in the calling
@@ -386,6 +374,29 @@ func (b *Backend) Restore(_ context.Context, pid int, remap map[string]string) e
 		return err
 	}
 	return nil
+}
+
+// driverPairs turns moves (image GPU UUID -> host GPU UUID) into the pairs the driver's
+// restore takes, over this host's GPUs (host, in index order): their permutation, each
+// UUID in the driver's binary form.
+func driverPairs(moves map[string]string, host []string) ([]cuda.GPUPair, error) {
+	perm, err := permutation(moves, host)
+	if err != nil {
+		return nil, fmt.Errorf("GPU remap: %w", err)
+	}
+	pairs := make([]cuda.GPUPair, 0, len(perm))
+	for _, p := range perm {
+		old, err := cuda.ParseUUID(p[0])
+		if err != nil {
+			return nil, fmt.Errorf("GPU remap: %w", err)
+		}
+		dst, err := cuda.ParseUUID(p[1])
+		if err != nil {
+			return nil, fmt.Errorf("GPU remap: %w", err)
+		}
+		pairs = append(pairs, cuda.GPUPair{Old: old, New: dst})
+	}
+	return pairs, nil
 }
 
 // uuids lists this host's GPU UUIDs in index order.

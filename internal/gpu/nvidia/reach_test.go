@@ -152,3 +152,14 @@ func TestPlanRestoreRefusesASymlinkedDev(t *testing.T) {
 		t.Fatalf("PlanRestore = %+v, %v; want the symlinked /dev refused", plan, err)
 	}
 }
+
+// An image GPU whose UUID is not in NVML's form cannot be given to the driver: the plan
+// refuses it, before anything is restored, rather than the driver's restore after CRIU's.
+func TestPlanRestoreRefusesAMoveTheDriverCannotTake(t *testing.T) {
+	bad := "GPU-../../etc/passwd"
+	img := image([]string{bad}, h100(0, bad, 0))
+	plan, err := newBackend(twoGPUs(), &fakeDriver{}).PlanRestore(context.Background(), gpu.RestoreInput{Snapshot: &img})
+	if err == nil || !strings.Contains(err.Error(), `bad GPU UUID "GPU-../../etc/passwd"`) {
+		t.Fatalf("PlanRestore = %+v, %v; want the image's UUID refused", plan, err)
+	}
+}
