@@ -19,6 +19,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/diskroom"
 	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/proctree"
 	"github.com/gpucr/gpucr/internal/store"
@@ -254,7 +255,8 @@ func classify(err error) error {
 	case errors.Is(err, engine.ErrNotRoot), errors.Is(err, engine.ErrNamespaceInit), errors.Is(err, criu.ErrNotFound), errors.Is(err, criu.ErrTooOld), errors.Is(err, txn.ErrUntrusted):
 		return notReadyError{reason: err.Error()}
 	case errors.Is(err, engine.ErrBadTarget), errors.Is(err, engine.ErrBadRequest), errors.Is(err, proctree.ErrNoProcess), errors.Is(err, image.ErrNotEmpty),
-		errors.Is(err, image.ErrNotAPlace), errors.Is(err, image.ErrParentMissing), errors.Is(err, engine.ErrNameTooLong):
+		errors.Is(err, image.ErrNotAPlace), errors.Is(err, image.ErrParentMissing), errors.Is(err, engine.ErrNameTooLong),
+		errors.Is(err, gpu.ErrBadGPUMap):
 		return usageError{err}
 	}
 	return err

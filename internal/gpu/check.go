@@ -82,6 +82,12 @@ func CheckNames(vendors []Vendor) []string {
 	return out
 }
 
+// ErrBadGPUMap means the user's --gpu-map cannot be followed: a pair that is not OLD=NEW,
+// a GPU the image or this host does not have, two GPUs on one. It is the request's mistake
+// (exit 2), as the same map of an image without GPU state is; its text is the flag's name,
+// which the errors wrapping it begin with.
+var ErrBadGPUMap = errors.New("--gpu-map")
+
 // ErrIncompatible means this host's GPUs cannot take an image's device state; every
 // *IncompatibleError matches it with errors.Is.
 var ErrIncompatible = errors.New("incompatible GPU")

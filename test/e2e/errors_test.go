@@ -580,3 +580,30 @@ func TestGPUMapOfAnImageWithoutGPUsIsRefused(t *testing.T) {
 	}
 	restore(t, dir)
 }
+
+// The same mistyped --gpu-map of a GPU image was a failure (exit 1) where the image had
+// GPU state, a wrong request (exit 2) where it had none (hostile test with the fake
+// driver): each mistake is a usage error, one line, nothing restored, and the image
+// restores once the map is right.
+func TestMistypedGPUMapIsAUsageError(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	w := startCounter(t, "-gpu-state", drv.dir)
+	drv.claim(t, w.pid)
+	dir := filepath.Join(t.TempDir(), "img")
+	mustGpucrEnv(t, drv.env, "checkpoint", strconv.Itoa(w.pid), "-D", dir)
+	testutil.WaitGone(t, w.pid)
+	for spec, want := range map[string]string{
+		"0": "want OLD=NEW pairs", "0=": "want OLD=NEW pairs", "0=5": `this host has no GPU "5"`,
+		"5=0": `the image has no GPU "5"`, "0=0,0=1": "twice", "0=0,1=0": "both on host GPU 0",
+	} {
+		out, errOut, code := gpucrEnv(t, drv.env, "restore", "-D", dir, "--gpu-map", spec)
+		if code != exitUsage || out != "" || !oneLineWith(errOut, want) {
+			t.Fatalf("--gpu-map %q: exit %d, want %d and one line naming %q:\n%s%s", spec, code, exitUsage, want, out, errOut)
+		}
+		if testutil.Alive(w.pid) {
+			t.Fatalf("--gpu-map %q: restored all the same", spec)
+		}
+	}
+	mustGpucrEnv(t, drv.env, "restore", "-D", dir, "--gpu-map", "0=0")
+}

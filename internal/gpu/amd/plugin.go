@@ -149,7 +149,7 @@ func (b *Backend) PlanRestore(_ context.Context, in gpu.RestoreInput) (*gpu.Plan
 		return nil, err
 	}
 	if strings.TrimSpace(in.GPUMap) != "" {
-		return nil, errors.New("--gpu-map does not apply to AMD GPU state: CRIU's amdgpu plugin places GPUs by topology")
+		return nil, fmt.Errorf("%w does not apply to AMD GPU state: CRIU's amdgpu plugin places GPUs by topology", gpu.ErrBadGPUMap)
 	}
 	skips := placement.Skips(in.Skips.For(Name))
 	maps, err := checkRestore(imgs, b.topology, skips)

@@ -171,7 +171,7 @@ func compareVersions(a, b string) int {
 
 // ParseGPUMap reads a --gpu-map spec: comma-separated OLD=NEW pairs, where OLD is an
 // image GPU and NEW a host GPU, each given by index or UUID. It returns image UUID -> host
-// UUID; an empty spec gives nil.
+// UUID; an empty spec gives nil. Its errors match gpu.ErrBadGPUMap.
 func ParseGPUMap(spec string, image, host gpu.Host) (map[string]string, error) {
 	if strings.TrimSpace(spec) == "" {
 		return nil, nil
@@ -180,22 +180,22 @@ func ParseGPUMap(spec string, image, host gpu.Host) (map[string]string, error) {
 	onto := map[string]gpu.Device{} // host UUID -> the image GPU mapped onto it
 	for _, pair := range strings.Split(spec, ",") {
 		oldRef, newRef, ok := strings.Cut(pair, "=")
-		if !ok {
-			return nil, fmt.Errorf("--gpu-map %q: want OLD=NEW pairs such as 0=1 or GPU-…=GPU-…", strings.TrimSpace(pair))
+		if !ok || strings.TrimSpace(oldRef) == "" || strings.TrimSpace(newRef) == "" {
+			return nil, fmt.Errorf("%w %q: want OLD=NEW pairs such as 0=1 or GPU-…=GPU-…", gpu.ErrBadGPUMap, strings.TrimSpace(pair))
 		}
 		old, err := findDevice(image, oldRef)
 		if err != nil {
-			return nil, fmt.Errorf("--gpu-map: the image has %w", err)
+			return nil, fmt.Errorf("%w: the image has %w", gpu.ErrBadGPUMap, err)
 		}
 		dst, err := findDevice(host, newRef)
 		if err != nil {
-			return nil, fmt.Errorf("--gpu-map: this host has %w", err)
+			return nil, fmt.Errorf("%w: this host has %w", gpu.ErrBadGPUMap, err)
 		}
 		if _, dup := out[old.UUID]; dup {
-			return nil, fmt.Errorf("--gpu-map maps image %s twice", gpuName(old))
+			return nil, fmt.Errorf("%w maps image %s twice", gpu.ErrBadGPUMap, gpuName(old))
 		}
 		if prev, dup := onto[dst.UUID]; dup {
-			return nil, fmt.Errorf("--gpu-map puts image GPUs %d and %d both on host %s", prev.Index, old.Index, gpuName(dst))
+			return nil, fmt.Errorf("%w puts image GPUs %d and %d both on host %s", gpu.ErrBadGPUMap, prev.Index, old.Index, gpuName(dst))
 		}
 		out[old.UUID], onto[dst.UUID] = dst.UUID, old
 	}

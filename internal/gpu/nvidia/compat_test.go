@@ -178,13 +178,15 @@ func TestParseGPUMap(t *testing.T) {
 		{"0=1,GPU-a=2", nil, "maps image GPU 0 (GPU-a) twice"},
 		{"0:1", nil, `--gpu-map "0:1": want OLD=NEW pairs`},
 		{"0=1,", nil, "want OLD=NEW pairs"},
+		{"0=", nil, `--gpu-map "0=": want OLD=NEW pairs`},
+		{" =1", nil, `--gpu-map "=1": want OLD=NEW pairs`},
 	}
 	for _, c := range cases {
 		t.Run(c.spec, func(t *testing.T) {
 			got, err := ParseGPUMap(c.spec, img, here)
 			if c.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), c.wantErr) {
-					t.Fatalf("err = %v, want %q", err, c.wantErr)
+				if err == nil || !strings.Contains(err.Error(), c.wantErr) || !errors.Is(err, gpu.ErrBadGPUMap) {
+					t.Fatalf("err = %v, want %q, a bad --gpu-map", err, c.wantErr)
 				}
 				return
 			}
