@@ -58,6 +58,11 @@ func ReadRecord(dir string) (*Record, error) {
 	if err := json.Unmarshal(b, &r); err != nil {
 		return nil, fmt.Errorf("read %s: %w", filepath.Join(dir, RecordName), err)
 	}
+	// Checked as an image's GPU snapshots are: a record that repeats a backend had its
+	// second snapshot's processes resumed with their GPU state left checkpointed.
+	if reason := gpu.Problem(r.GPUs); reason != "" {
+		return nil, fmt.Errorf("read %s: %s", filepath.Join(dir, RecordName), reason)
+	}
 	return &r, nil
 }
 

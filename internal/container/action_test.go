@@ -687,6 +687,18 @@ func TestReadRecordReadsOnlyARegularFileInTheImage(t *testing.T) {
 	}
 }
 
+// A GPU record from an image anyone may have made is checked as an image's GPU snapshots
+// are: one that listed the nvidia backend twice had the GPU process of its second
+// snapshot resumed with its GPU state left checkpointed (hostile test).
+func TestReadRecordRefusesABackendListedTwice(t *testing.T) {
+	img := t.TempDir()
+	testutil.WriteFile(t, filepath.Join(img, RecordName),
+		[]byte(`{"gpus":[{"backend":"nvidia"},{"backend":"nvidia","processes":[{"pid":7}]}]}`))
+	if _, err := ReadRecord(img); err == nil || !strings.Contains(err.Error(), `GPU backend "nvidia" is listed twice`) {
+		t.Fatalf("ReadRecord = %v, want the record refused", err)
+	}
+}
+
 // A restore takes its bundle from the image, which anyone may have made, and runc runs the
 // bundle's hooks as root: a bundle, or its config.json, that others can change is refused.
 func TestCheckBundleRefusesWhatOthersCanChange(t *testing.T) {

@@ -5,6 +5,7 @@ package gpu
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/gpucr/gpucr/internal/proctree"
@@ -115,4 +116,49 @@ type Process struct {
 type Snapshot struct {
 	Host
 	Processes []Process `json:"processes"`
+}
+
+// Problem says what makes snaps, the GPU snapshots an image or a container's GPU record
+// carries, unusable, or "" if nothing does: each backend is listed once, and in its
+// snapshot each GPU, by UUID and by index, and each process. A restore plans a backend
+// from its first snapshot and keys GPUs and processes by these names, so crafted
+// snapshots that repeated them had (hostile tests): a process of a second snapshot
+// restored with its device state left checkpointed, the restore saying it succeeded; two
+// driver restores run on one process at once, the second failing only once CRIU had
+// restored the tree; a GPU lost from the mapping, or compared with its twin as its host GPU.
+func Problem(snaps []Snapshot) string {
+	backends := make(map[string]bool, len(snaps))
+	for _, s := range snaps {
+		if backends[s.Backend] {
+			return fmt.Sprintf("GPU backend %q is listed twice", s.Backend)
+		}
+		backends[s.Backend] = true
+		if reason := deviceProblem(s.Devices); reason != "" {
+			return reason
+		}
+		held := make(map[int]bool, len(s.Processes))
+		for _, p := range s.Processes {
+			if held[p.PID] {
+				return fmt.Sprintf("GPU process %d is listed twice", p.PID)
+			}
+			held[p.PID] = true
+		}
+	}
+	return ""
+}
+
+// deviceProblem says which GPU of devices is named twice, by UUID or by index, if one is.
+func deviceProblem(devices []Device) string {
+	uuids := make(map[string]bool, len(devices))
+	indices := make(map[int]bool, len(devices))
+	for _, d := range devices {
+		switch {
+		case uuids[d.UUID]:
+			return fmt.Sprintf("GPU %q is listed twice", d.UUID)
+		case indices[d.Index]:
+			return fmt.Sprintf("two GPUs have index %d", d.Index)
+		}
+		uuids[d.UUID], indices[d.Index] = true, true
+	}
+	return ""
 }

@@ -268,51 +268,18 @@ func (m *Manifest) processProblem() string {
 	return m.gpuProblem(pids)
 }
 
-// gpuProblem checks the image's GPU snapshots against its processes (pids): each backend
-// is named once, and each GPU process is one of the image's, named once by its backend. A
-// restore plans a backend from its first snapshot only, so the processes of a second came
-// back with their device state left checkpointed while the restore said it had succeeded;
-// and a process named twice had two driver restores run on it at once, the second failing
-// only once CRIU had restored the tree (hostile tests).
+// gpuProblem checks the image's GPU snapshots (gpu.Problem) and that each GPU process is
+// one of the image's processes (pids).
 func (m *Manifest) gpuProblem(pids map[int]bool) string {
-	backends := make(map[string]bool, len(m.GPUs))
-	for _, s := range m.GPUs {
-		if backends[s.Backend] {
-			return fmt.Sprintf("GPU backend %q is listed twice", s.Backend)
-		}
-		backends[s.Backend] = true
-		if reason := deviceProblem(s.Devices); reason != "" {
-			return reason
-		}
-		held := make(map[int]bool, len(s.Processes))
-		for _, p := range s.Processes {
-			switch {
-			case !pids[p.PID]:
-				return fmt.Sprintf("GPU process %d is not among the image's processes", p.PID)
-			case held[p.PID]:
-				return fmt.Sprintf("GPU process %d is listed twice", p.PID)
-			}
-			held[p.PID] = true
-		}
+	if reason := gpu.Problem(m.GPUs); reason != "" {
+		return reason
 	}
-	return ""
-}
-
-// deviceProblem checks that each GPU of a backend's record is named once, by UUID and by
-// index: a restore maps devices by them, and a crafted record giving two GPUs one UUID was
-// restored with one of them lost to the mapping, or refused as a model mismatch of the
-// GPU with itself (hostile test).
-func deviceProblem(devices []gpu.Device) string {
-	uuids := make(map[string]bool, len(devices))
-	indices := make(map[int]bool, len(devices))
-	for _, d := range devices {
-		switch {
-		case uuids[d.UUID]:
-			return fmt.Sprintf("GPU %q is listed twice", d.UUID)
-		case indices[d.Index]:
-			return fmt.Sprintf("two GPUs have index %d", d.Index)
+	for _, s := range m.GPUs {
+		for _, p := range s.Processes {
+			if !pids[p.PID] {
+				return fmt.Sprintf("GPU process %d is not among the image's processes", p.PID)
+			}
 		}
-		uuids[d.UUID], indices[d.Index] = true, true
 	}
 	return ""
 }
