@@ -28,7 +28,7 @@ func TestRecoverJSONIsOneDocument(t *testing.T) {
 	if dec.More() {
 		t.Fatalf("stdout holds more than one document:\n%s", stdout.String())
 	}
-	if code == 0 || out.ExitCode != code || !strings.Contains(out.Error, "not stranded") {
+	if code == 0 || out.ExitCode != code || !strings.Contains(out.Error, "no such process") {
 		t.Fatalf("exit %d, document %+v", code, out)
 	}
 }
