@@ -118,12 +118,7 @@ count(lambda i: shm.buf[0] == i % 256, step)
 		t.Fatalf("checkpoint --leave-running: exit %d, want %d and one line naming the file and the check:\n%s", code, exitFailed, out)
 	}
 	w.checkCountsOn(t, "the refusal")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img)
-	testutil.WaitGone(t, w.pid)
-	at := w.read(t, "count")
-	w.pid = restore(t, img)
-	w.waitCount(t, at+5)
-	w.checkCountsOn(t, "the restore")
+	restoresCountingOn(t, w)
 }
 
 // System V shared memory attached in the host's IPC namespace: CRIU saves segments only
@@ -153,7 +148,13 @@ count(lambda i: cell.value == i, step)
 	}
 	w.checkCountsOn(t, "the refusal")
 
-	w = startPythonUnder(t, []string{"unshare", "--ipc"}, script)
+	restoresCountingOn(t, startPythonUnder(t, []string{"unshare", "--ipc"}, script))
+}
+
+// restoresCountingOn checkpoints w's job, which stops it, restores it, and checks that it
+// counts on with its state as it was.
+func restoresCountingOn(t *testing.T, w *workload) {
+	t.Helper()
 	img := filepath.Join(t.TempDir(), "img")
 	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img)
 	testutil.WaitGone(t, w.pid)
