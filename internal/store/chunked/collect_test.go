@@ -158,15 +158,19 @@ func TestCollectRemovesNothingBesideAnUnreadableManifest(t *testing.T) {
 // A push that has to wait for a collection to stop says so once, naming it, before it
 // waits: it showed nothing but "0 B" for the minute it waited (hostile test).
 func TestPushWaitingForACollectionSaysSo(t *testing.T) {
-	chunked.SetLeaseTiming(t.Cleanup, 50*time.Millisecond, 300*time.Millisecond)
+	// The collection's lease goes stale after a second with nothing renewing it: the push
+	// must meet it live, so the image is made first (under CI's load, making it after the
+	// lease took longer than the 300 ms the lease once had, and the push met it stale).
+	chunked.SetLeaseTiming(t.Cleanup, 50*time.Millisecond, time.Second)
 	ctx := context.Background()
 	st := store.NewDir(t.TempDir())
+	img := testImage(t, 0)
 	key := "job/" + chunked.LeasesDir + "/" + chunked.LeaseName("collect", "there", "otherboot.1", 77, 1)
 	if err := st.Put(ctx, key, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	var heard []string
-	_, _, err := chunked.Push(ctx, st, "job/1", testImage(t, 0), chunked.Options{Waiting: func(what string) { heard = append(heard, what) }})
+	_, _, err := chunked.Push(ctx, st, "job/1", img, chunked.Options{Waiting: func(what string) { heard = append(heard, what) }})
 	if len(heard) != 1 || !strings.Contains(heard[0], "a collection by gpucr 77 on there") {
 		t.Errorf("a push waiting for a collection said %q (and ended %v), want one notice naming it", heard, err)
 	}
