@@ -38,7 +38,7 @@ func skippableChecks() string {
 func (a *app) dryRun(cmd *cobra.Command, target func(*engine.Engine) engine.Target, r engine.CheckpointRequest) error {
 	var res *engine.Analysis
 	err := a.withEngine(cmd, r.Options, func(ctx context.Context, e *engine.Engine) (err error) {
-		res, err = e.Analyze(ctx, target(e), r.SkipChecks, r.LeaveRunning)
+		res, err = e.Analyze(ctx, target(e), r)
 		return err
 	})
 	if err != nil {

@@ -131,9 +131,9 @@ func (a *Action) findGPUs(ctx context.Context, root int) (engine.Found, []txn.GP
 		return engine.Found{}, nil, nil, err
 	}
 	// runc gives a restored container its standard descriptors again: its pipes to the
-	// runtime are no outer pipes; and the files it maps shared are in its own /dev/shm,
-	// which CRIU saves with it.
-	skips := safety.Skips{safety.CheckOuterPipe: true, safety.CheckSharedFile: true}
+	// runtime are no outer pipes; the files it maps shared are in its own /dev/shm, which
+	// CRIU saves with it; and whether CRIU takes TCP connections is runc's to say.
+	skips := safety.Skips{safety.CheckOuterPipe: true, safety.CheckSharedFile: true, safety.CheckTCP: true}
 	found, err := engine.Inspect(ctx, a.Backends, nil, proctree.Snap("/proc", tree), skips)
 	if err != nil {
 		return engine.Found{}, nil, nil, err

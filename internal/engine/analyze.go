@@ -17,9 +17,9 @@ type Analysis struct {
 }
 
 // Analyze runs the checks a checkpoint runs before it locks anything, and reports every
-// finding instead of stopping at the first: nothing is locked, frozen or written. Checks
-// that apply only to a tree left running run when leaveRunning is set.
-func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips, leaveRunning bool) (*Analysis, error) {
+// finding instead of stopping at the first: nothing is locked, frozen or written. The
+// checks are those r's checkpoint would run (skipsFor).
+func (e *Engine) Analyze(ctx context.Context, target Target, r CheckpointRequest) (*Analysis, error) {
 	tree, err := target.Open(ctx)
 	if err != nil {
 		return nil, err
@@ -37,6 +37,6 @@ func (e *Engine) Analyze(ctx context.Context, target Target, skips safety.Skips,
 	for _, snap := range found.Snapshots {
 		a.GPUProcesses = append(a.GPUProcesses, snap.Processes...)
 	}
-	a.Findings = append(a.Findings, safety.Analyze(snap, found.GPUs.safetyView(), skipsFor(target, skips, leaveRunning))...)
+	a.Findings = append(a.Findings, safety.Analyze(snap, found.GPUs.safetyView(), skipsFor(target, r))...)
 	return a, nil
 }

@@ -79,7 +79,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, err
 	}
 	defer op.End()
-	found, err := Inspect(ctx, e.Backends, e.Off, proctree.Snap("/proc", tree), skipsFor(target, r.SkipChecks, r.LeaveRunning))
+	found, err := Inspect(ctx, e.Backends, e.Off, proctree.Snap("/proc", tree), skipsFor(target, r))
 	if err != nil {
 		return nil, err
 	}
@@ -335,13 +335,14 @@ func (e *Engine) resumeAndCommit(ctx context.Context, op *Op, t *Timer, undo *Un
 	return res, nil
 }
 
-// skipsFor is skips, with the checks that do not apply to target off: where a runtime
-// gives the restored processes their standard descriptors again (a container's), their
-// pipes to the runtime are no outer pipes, and the files it maps shared are in its own
-// /dev/shm, a tmpfs of its mount namespace that CRIU saves whole; and a file a process
-// tree maps shared changes after its checkpoint only if the tree is left running.
-func skipsFor(target Target, skips safety.Skips, leaveRunning bool) safety.Skips {
-	out := maps.Clone(skips)
+// skipsFor is r's skipped checks, with those that do not apply to target or to r off:
+// where a runtime gives the restored processes their standard descriptors again (a
+// container's), their pipes to the runtime are no outer pipes, and the files it maps shared
+// are in its own /dev/shm, a tmpfs of its mount namespace that CRIU saves whole; a file a
+// process tree maps shared changes after its checkpoint only if the tree is left running;
+// and an established TCP connection is CRIU's to checkpoint once --tcp-established says so.
+func skipsFor(target Target, r CheckpointRequest) safety.Skips {
+	out := maps.Clone(r.SkipChecks)
 	if out == nil {
 		out = safety.Skips{}
 	}
@@ -349,8 +350,11 @@ func skipsFor(target Target, skips safety.Skips, leaveRunning bool) safety.Skips
 		out[safety.CheckOuterPipe] = true
 		out[safety.CheckSharedFile] = true
 	}
-	if !leaveRunning {
+	if !r.LeaveRunning {
 		out[safety.CheckSharedFile] = true
+	}
+	if r.TCPEstablished {
+		out[safety.CheckTCP] = true
 	}
 	return out
 }

@@ -1,13 +1,11 @@
 package pageserver
 
 import (
-	"bufio"
-	"encoding/binary"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
-	"strings"
 
 	"github.com/gpucr/gpucr/internal/proctree"
 )
@@ -37,42 +35,25 @@ func fromOwnTree(c net.Conn) (bool, error) {
 	return slices.ContainsFunc(tree, func(p proctree.Process) bool { return holds(p.PID, want) }), nil
 }
 
-// tcpEstablished is the state /proc/net/tcp gives an established connection.
-const tcpEstablished = "01"
-
 // socketInode is the inode of the root-owned, established IPv4 TCP socket whose own end is
 // from and whose other end is to, or "" if there is none.
 func socketInode(from, to *net.TCPAddr) (string, error) {
-	local, remote := procAddr(from), procAddr(to)
-	if local == "" || remote == "" {
+	if from.IP.To4() == nil || to.IP.To4() == nil {
 		return "", nil
 	}
-	f, err := os.Open("/proc/net/tcp")
+	local, remote := from.AddrPort(), to.AddrPort()
+	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
+	remote = netip.AddrPortFrom(remote.Addr().Unmap(), remote.Port())
+	b, err := os.ReadFile("/proc/net/tcp")
 	if err != nil {
 		return "", fmt.Errorf("page server: read the connection's owner: %w", err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Scan() // the header
-	for sc.Scan() {
-		// sl local rem st queues timer retrnsmt uid timeout inode
-		fl := strings.Fields(sc.Text())
-		if len(fl) >= 10 && fl[1] == local && fl[2] == remote && fl[3] == tcpEstablished && fl[7] == "0" {
-			return fl[9], nil
+	for _, e := range proctree.ParseTCPTable(b) {
+		if e.Local == local && e.Remote == remote && e.State == proctree.TCPEstablished && e.UID == "0" {
+			return e.Inode, nil
 		}
 	}
-	return "", sc.Err()
-}
-
-// procAddr is an IPv4 address and port as /proc/net/tcp writes them: the address's four
-// bytes read as one number in the host's byte order, then the port, in hex ("0100007F:1F90"
-// on x86); "" for an address that is not IPv4.
-func procAddr(a *net.TCPAddr) string {
-	ip := a.IP.To4()
-	if ip == nil {
-		return ""
-	}
-	return fmt.Sprintf("%08X:%04X", binary.NativeEndian.Uint32(ip), a.Port)
+	return "", nil
 }
 
 // holds says whether process pid has a descriptor on link, "socket:[INODE]".

@@ -30,6 +30,9 @@ const (
 	CheckSysVShm     = "sysv-shm"
 	CheckLinkedAway  = "deleted-but-linked"
 	CheckMQueue      = "posix-mqueue"
+	// CheckTCP is off where the checkpoint is asked to take established connections
+	// (--tcp-established: the engine's skipsFor).
+	CheckTCP = "tcp-established"
 	// CheckSharedFile applies to a tree left running only; a checkpoint that ends the
 	// tree switches it off (the engine's skipsFor).
 	CheckSharedFile = "shared-file"
@@ -52,6 +55,7 @@ var rules = []Rule{
 	{CheckSysVShm, "System V shared memory in the host's IPC namespace", false},
 	{CheckLinkedAway, "a file held under a path it was deleted from while it has another name (a POSIX semaphore sem_open made)", false},
 	{CheckMQueue, "a POSIX message queue held open", false},
+	{CheckTCP, "an established TCP connection, which CRIU checkpoints only with --tcp-established", false},
 	{CheckSharedFile, "with --leave-running: a file mapped shared and writable, which the job running on changes after the checkpoint", true},
 }
 
@@ -174,6 +178,15 @@ func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) []Finding {
 	}
 	for _, f := range heldFileFindings(tree, procs) {
 		add(f.Check, f.p, f.Reason, f.Fix)
+	}
+	if !skip[CheckTCP] {
+		for _, p := range procs {
+			if conns := tree.TCPConnections(p.PID); len(conns) > 0 {
+				add(CheckTCP, p, "holds "+tcpList(conns)+", which CRIU checkpoints only with --tcp-established",
+					"checkpoint with --tcp-established (the restore then needs the same addresses and the peer still "+
+						"connected), or close the connection first")
+			}
+		}
 	}
 	// The checks' order, then the tree's: the first finding is the one to fix first (a
 	// job under gpucr run fixes its NCCL transports and its launcher's io_uring at once).
@@ -413,4 +426,15 @@ func sysvSegment(maps []byte) string {
 		}
 	}
 	return ""
+}
+
+// tcpList names the first of conns and how many more there are: a client connected to a
+// server checkpointed without --tcp-established failed in CRIU, after the GPU was locked
+// and checkpointed, and --dry-run had found nothing (hostile test).
+func tcpList(conns []proctree.TCPEntry) string {
+	s := "an established TCP connection (" + conns[0].Local.String() + " to " + conns[0].Remote.String() + ")"
+	if len(conns) > 1 {
+		s += fmt.Sprintf(" and %d more", len(conns)-1)
+	}
+	return s
 }

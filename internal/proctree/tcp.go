@@ -1,0 +1,87 @@
+package proctree
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/hex"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// TCPEntry is one socket of a /proc/net/tcp{,6} table.
+type TCPEntry struct {
+	Local, Remote netip.AddrPort
+	State         string // hex, as the table writes it: TCPEstablished
+	UID, Inode    string
+}
+
+// TCPEstablished is the state /proc/net/tcp gives an established connection.
+const TCPEstablished = "01"
+
+// ParseTCPTable reads a /proc/net/tcp or tcp6 table; lines it cannot read are left out.
+func ParseTCPTable(table []byte) []TCPEntry {
+	var out []TCPEntry
+	sc := bufio.NewScanner(bytes.NewReader(table))
+	for sc.Scan() {
+		// sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid timeout inode
+		f := strings.Fields(sc.Text())
+		if len(f) < 10 {
+			continue
+		}
+		local, ok1 := parseProcAddr(f[1])
+		remote, ok2 := parseProcAddr(f[2])
+		if ok1 && ok2 {
+			out = append(out, TCPEntry{Local: local, Remote: remote, State: f[3], UID: f[7], Inode: f[9]})
+		}
+	}
+	return out
+}
+
+// parseProcAddr reads an address and port as /proc/net/tcp{,6} writes them: the address in
+// hex, each 32-bit word in the host's order (little-endian on the machines gpucr runs on),
+// then the port in hex. An IPv4 address mapped into IPv6 is given as IPv4.
+func parseProcAddr(s string) (netip.AddrPort, bool) {
+	addr, port, ok := strings.Cut(s, ":")
+	p, err := strconv.ParseUint(port, 16, 16)
+	if !ok || err != nil {
+		return netip.AddrPort{}, false
+	}
+	b, err := hex.DecodeString(addr)
+	if err != nil || (len(b) != 4 && len(b) != 16) {
+		return netip.AddrPort{}, false
+	}
+	for i := 0; i < len(b); i += 4 {
+		b[i], b[i+1], b[i+2], b[i+3] = b[i+3], b[i+2], b[i+1], b[i]
+	}
+	ip, _ := netip.AddrFromSlice(b)
+	return netip.AddrPortFrom(ip.Unmap(), uint16(p)), true
+}
+
+// TCPConnections lists the established TCP connections pid holds a descriptor on, from the
+// tables of its own network namespace (/proc/PID/net/tcp and tcp6). A process that is gone
+// or unreadable holds none.
+func (s *Snapshot) TCPConnections(pid int) []TCPEntry {
+	files, _ := s.Files(pid)
+	inodes := map[string]bool{}
+	for _, f := range files {
+		if ino, ok := strings.CutPrefix(f, "socket:["); ok {
+			inodes[strings.TrimSuffix(ino, "]")] = true
+		}
+	}
+	if len(inodes) == 0 {
+		return nil
+	}
+	var out []TCPEntry
+	for _, table := range []string{"tcp", "tcp6"} {
+		b, _ := os.ReadFile(filepath.Join(s.root, strconv.Itoa(pid), "net", table))
+		for _, e := range ParseTCPTable(b) {
+			if e.State == TCPEstablished && inodes[e.Inode] {
+				out = append(out, e)
+			}
+		}
+	}
+	return out
+}
