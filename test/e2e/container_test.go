@@ -862,6 +862,31 @@ func TestContainerRestoreInTheHostPIDNamespaceSparesItsOriginal(t *testing.T) {
 	waitContainerCount(t, bundle, count(t, bundle)+3)
 }
 
+// execdOutsideInit waits, at most 10 s, for a process named comm in container id's cgroup
+// that is not below its init, as runc exec --detach leaves one: runc returns before its
+// init has exec'd the command (under CI's load the test looked while the process was still
+// runc's, named otherwise).
+func execdOutsideInit(t *testing.T, runc, id, comm string) int {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		tree, err := proctree.Tree(runcInitPID(t, runc, id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		below := map[int]bool{}
+		for _, p := range tree {
+			below[p.PID] = true
+		}
+		for _, pid := range inCgroupOf(id) {
+			if !below[pid] && commOf(pid) == comm {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("no %s outside container %s's init's tree", comm, id)
+	return 0
+}
+
 // A process started in a container with runc exec -d is in its cgroup and PID namespace but
 // not below its init (its parent was runc's, on the host): CRIU dumps the init's tree only,
 // so a checkpoint said it had saved the container, two processes, and its removal killed
@@ -870,23 +895,7 @@ func TestContainerRestoreInTheHostPIDNamespaceSparesItsOriginal(t *testing.T) {
 func TestContainerWithAnExecdProcessIsRefused(t *testing.T) {
 	runc, bundle, id, _ := counterContainer(t, "exec")
 	mustRunc(t, runc, "exec", "--detach", id, "sleep", "1000")
-	tree, err := proctree.Tree(runcInitPID(t, runc, id))
-	if err != nil {
-		t.Fatal(err)
-	}
-	below := map[int]bool{}
-	for _, p := range tree {
-		below[p.PID] = true
-	}
-	var execd int
-	for _, pid := range inCgroupOf(id) {
-		if !below[pid] && commOf(pid) == "sleep" {
-			execd = pid
-		}
-	}
-	if execd == 0 {
-		t.Fatal("the exec'd sleep is not found outside the container's init's tree")
-	}
+	execd := execdOutsideInit(t, runc, id, "sleep")
 	// Gone before the container's removal: its parent is this test (a subreaper), and runc's
 	// delete waited for good on an init that waited for it to be reaped.
 	t.Cleanup(func() {
