@@ -298,18 +298,23 @@ func (r *Runc) run(ctx context.Context, logDir string, env []string, started fun
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if args[0] == "restore" {
 		cmd = exec.CommandContext(ctx, r.Path, append(global, args...)...)
-		// runc dies with gpucr, so that a killed gpucr's rollback never races a restore
-		// still creating the container. The signal follows the thread that started runc:
-		// it is kept until runc exits.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
 		// An interrupted restore kills what runc started too: runc gives its CRIU no
 		// death signal, and a CRIU hung in its restore would outlive runc.
 		cmd.Cancel = func() error {
 			killTree(cmd.Process.Pid)
 			return nil
 		}
+	}
+	if args[0] == "restore" || args[0] == "pause" {
+		// runc dies with gpucr, so that a killed gpucr's rollback never races a restore
+		// still creating the container, or a pause still freezing it: the guardian's
+		// resume found a container not yet frozen running, and the pause then froze it
+		// for good, the rollback done (crash test). The signal follows the thread that
+		// started runc: it is kept until runc exits.
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
 	}
 	base, err := criu.Environ() // runc's CRIU reads the configuration files its environment names
 	if err != nil {

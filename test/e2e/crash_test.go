@@ -403,6 +403,37 @@ func TestKilledContainerCheckpointRollsBack(t *testing.T) {
 	}
 }
 
+// gpucr killed while its runc pause starts: the guardian's resume found the container not
+// yet frozen, running, and said it was rolled back; the pause then froze it for good (crash
+// test: 1 of 16 kills a few milliseconds after the GPU checkpoint). runc pause dies with
+// gpucr. Here runc is slow between opening its log (through gpucr's descriptor, at its
+// start) and freezing: a wrapper opens the log and waits before it runs runc.
+func TestContainerCheckpointKilledInItsPauseRunsOn(t *testing.T) {
+	runc, _ := needRunc(t)
+	drv := newFakeDriver(t)
+	host := newCrashHost(t)
+	_, bundle, id, _ := counterContainer(t, "pausekill")
+	pid := runcInitPID(t, runc, id)
+	drv.claim(t, pid)
+	wrapper := filepath.Join(t.TempDir(), "runc")
+	script := fmt.Sprintf("#!/bin/sh\ncase \" $* \" in *\" pause \"*) exec 9>>\"$2\"; shift 2; sleep 2; exec %s --log /proc/self/fd/9 \"$@\" ;; esac\nexec %s \"$@\"\n", runc, runc)
+	if err := os.WriteFile(wrapper, []byte(script), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "img")
+	killedAt(t, "end gpu-checkpoint+500ms", drv.env, append([]string{"checkpoint", "--container", id, "-D", dir, "--runc", wrapper}, host.flags()...)...)
+	host.checkClean(t)
+	time.Sleep(2 * time.Second) // the wrapper's pause, had it outlived gpucr, has frozen it
+	if st, _ := hwbreak.Command(runc, "state", id).Output(); !strings.Contains(string(st), `"status": "running"`) {
+		t.Fatalf("container not running after the rollback:\n%s", st)
+	}
+	if st := drv.state(pid); st != "0" {
+		t.Fatalf("GPU state %s after the rollback, want 0 (running)", st)
+	}
+	waitContainerCount(t, bundle, count(t, bundle)+3)
+	onlyImages(t, dir)
+}
+
 // runc killed on its own (the OOM killer, an admin; gpucr alive) while its CRIU dumps the
 // paused container: the CRIU it leaves fails at its next word to runc and then puts the
 // freezer back as it found it, frozen. gpucr's rollback had resumed the container before
