@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/guardian"
@@ -76,8 +77,8 @@ func printRecover(a *app, out recoverOutput) {
 	}
 	for _, r := range out.Recovered {
 		if r.Op == txn.OpStaging && r.Image != "" && r.Committed {
-			fmt.Fprintf(a.stdout, "kept the complete checkpoint at %s: gpucr PID %d died before its %s was whole; restore it with gpucr restore --container -D %s\n",
-				printable(r.Image), r.Owner.PID, printable(r.Target), printable(r.Image))
+			fmt.Fprintf(a.stdout, "kept the complete checkpoint at %s: gpucr PID %d died before its %s was whole; restore it with %s\n",
+				printable(r.Image), r.Owner.PID, printable(r.Target), printable(keptExportRestore(r.Image)))
 			continue
 		}
 		if r.Op == txn.OpCheckpoint && r.Committed {
@@ -93,6 +94,18 @@ func printRecover(a *app, out recoverOutput) {
 	for _, pid := range out.Resumed {
 		fmt.Fprintf(a.stdout, "PID %d runs on its GPU again\n", pid)
 	}
+}
+
+// keptExportRestore is the command that restores the image a killed export kept at dir,
+// the container's ID read from it. The advice named no ID, and the container may run still,
+// its checkpoint rolled back before runc removed it: a user following it was refused, or
+// removed the running container to restore an older copy (crash test).
+func keptExportRestore(dir string) string {
+	id := "ID"
+	if info, err := container.ReadInfo(dir); err == nil && info.ID != "" {
+		id = engine.ShellWord(info.ID)
+	}
+	return fmt.Sprintf("gpucr restore --container %s -D %s, with --new-id NEWID while container %s runs", id, engine.ShellWord(dir), id)
 }
 
 // resumeStranded restores and unlocks one process's device state, whichever backend holds

@@ -3,10 +3,12 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr/internal/container"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/testutil"
 	"github.com/gpucr/gpucr/internal/txn"
@@ -92,5 +94,21 @@ func TestRecoverPIDLeavesAProcessARestoreHolds(t *testing.T) {
 	code := run([]string{"--run-dir", root, "recover", "--pid", strconv.Itoa(pid)}, &stdout, &stderr)
 	if code != 2 || !strings.Contains(stdout.String()+stderr.String(), "the restore of container web holds it") {
 		t.Fatalf("exit %d:\n%s%s", code, stdout.String(), stderr.String())
+	}
+}
+
+// The image a killed export kept is restored by a command naming its container's ID, with
+// --new-id for a container its rolled-back checkpoint left running: the advice was
+// `restore --container -D DIR`, no ID, whatever ran (crash test).
+func TestRecoverSaysHowToRestoreAKeptExport(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, container.InfoName), []byte(`{"id": "trainer-1", "bundle": "/b"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	kept := txn.Record{Op: txn.OpStaging, Target: "export of container trainer-1", Image: dir, Committed: true}
+	printRecover(&app{stdout: &out}, recoverOutput{Recovered: []txn.Record{kept}})
+	if want := "gpucr restore --container trainer-1 -D " + dir + ", with --new-id NEWID while container trainer-1 runs"; !strings.Contains(out.String(), want) {
+		t.Fatalf("recover said:\n%s\nwant %q", out.String(), want)
 	}
 }

@@ -90,7 +90,7 @@ func (e *Engine) Recover(ctx context.Context, j *txn.Journal) error {
 		// Its path, below; and an export's image directory only while it is empty.
 		if rec.Image != "" {
 			if _, err := image.Load(rec.Image); err == nil {
-				log.Warn("the checkpoint is complete and kept: gpucr died before its archive was whole; restore it with gpucr restore --container -D DIR", "dir", rec.Image)
+				log.Warn("the checkpoint is complete and kept: gpucr died before its archive was whole; restore it with gpucr restore --container ID -D DIR (under --new-id while the container runs)", "dir", rec.Image)
 			} else if err := os.Remove(rec.Image); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				log.Warn("an export's image directory holds something other than an image: kept", "dir", rec.Image, "err", err)
 			}
