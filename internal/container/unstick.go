@@ -68,18 +68,11 @@ func exitedCRIU(runc int) bool {
 // the container with CRIU, and the restored root CRIU forked (runc's child, named criu),
 // unreaped (review: a 4 s poststop hook was killed and CRIU's own error replaced).
 func holdsCRIUSocket(runc int) bool {
-	fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", runc))
+	files, err := proctree.OpenFiles("/proc", runc)
 	if err != nil {
 		return false
 	}
-	held := map[string]bool{}
-	for _, fd := range fds {
-		if l, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", runc, fd.Name())); err == nil {
-			if ino, ok := strings.CutPrefix(l, "socket:["); ok {
-				held[strings.TrimSuffix(ino, "]")] = true
-			}
-		}
-	}
+	held := proctree.SocketInodes(files)
 	if len(held) == 0 {
 		return false
 	}

@@ -58,15 +58,6 @@ func socketInode(from, to *net.TCPAddr) (string, error) {
 
 // holds says whether process pid has a descriptor on link, "socket:[INODE]".
 func holds(pid int, link string) bool {
-	dir := fmt.Sprintf("/proc/%d/fd", pid)
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return false
-	}
-	for _, e := range entries {
-		if l, err := os.Readlink(dir + "/" + e.Name()); err == nil && l == link {
-			return true
-		}
-	}
-	return false
+	files, err := proctree.OpenFiles("/proc", pid)
+	return err == nil && slices.Contains(files, link)
 }

@@ -65,12 +65,7 @@ func parseProcAddr(s string) (netip.AddrPort, bool) {
 // or unreadable holds none.
 func (s *Snapshot) TCPConnections(pid int) []TCPEntry {
 	files, _ := s.Files(pid)
-	inodes := map[string]bool{}
-	for _, f := range files {
-		if ino, ok := strings.CutPrefix(f, "socket:["); ok {
-			inodes[strings.TrimSuffix(ino, "]")] = true
-		}
-	}
+	inodes := SocketInodes(files)
 	if len(inodes) == 0 {
 		return nil
 	}
@@ -84,4 +79,16 @@ func (s *Snapshot) TCPConnections(pid int) []TCPEntry {
 		}
 	}
 	return out
+}
+
+// SocketInodes are the inodes of the sockets among files, the targets of a process's
+// descriptors (OpenFiles: "socket:[INODE]"), as /proc/PID/net's tables name them.
+func SocketInodes(files []string) map[string]bool {
+	inodes := map[string]bool{}
+	for _, f := range files {
+		if ino, ok := strings.CutPrefix(f, "socket:["); ok {
+			inodes[strings.TrimSuffix(ino, "]")] = true
+		}
+	}
+	return inodes
 }
