@@ -29,7 +29,9 @@ func HintGrownFile(err error, criuDir string, inContainer bool) {
 	case criuimg.OwnMounts(criuDir):
 		where = " in the tree's own mount namespace"
 	}
-	ce.Hint = grownFileHint(ce.Lines[0], criuDir, where)
+	if hint := grownFileHint(ce.Lines[0], criuDir, where); hint != "" {
+		ce.Hint = hint // over none: the CRIU run's own (criu.Error) stands where this says nothing
+	}
 }
 
 // grownFileHint is what to do about CRIU's error line, "" if it is not about a file whose
