@@ -408,10 +408,15 @@ func heldList(files []proctree.Held) string {
 	if h.FD >= 0 {
 		s += " (fd " + strconv.Itoa(h.FD) + ")"
 	}
-	if len(files) > 1 {
-		s += fmt.Sprintf(" and %d more", len(files)-1)
+	return andMore(s, len(files)-1)
+}
+
+// andMore is first, the first of a list, and how many more there are, if any.
+func andMore(first string, more int) string {
+	if more > 0 {
+		first += fmt.Sprintf(" and %d more", more)
 	}
-	return s
+	return first
 }
 
 // deleted is what procfs puts after the path of a file deleted from it.
@@ -432,9 +437,5 @@ func sysvSegment(maps []byte) string {
 // server checkpointed without --tcp-established failed in CRIU, after the GPU was locked
 // and checkpointed, and --dry-run had found nothing (hostile test).
 func tcpList(conns []proctree.TCPEntry) string {
-	s := "an established TCP connection (" + conns[0].Local.String() + " to " + conns[0].Remote.String() + ")"
-	if len(conns) > 1 {
-		s += fmt.Sprintf(" and %d more", len(conns)-1)
-	}
-	return s
+	return andMore("an established TCP connection ("+conns[0].Local.String()+" to "+conns[0].Remote.String()+")", len(conns)-1)
 }
