@@ -109,6 +109,9 @@ type Process struct {
 	PID         int      `json:"pid"`
 	Devices     []string `json:"devices"` // device UUIDs
 	MemoryBytes uint64   `json:"memoryBytes"`
+	// DeviceMemory is MemoryBytes by device UUID: what a restore must find free on the GPU
+	// that takes each. Images before it have only the sum.
+	DeviceMemory map[string]uint64 `json:"deviceMemoryBytes,omitempty"`
 }
 
 // Snapshot is what an image records about GPUs: the host's devices at checkpoint time and

@@ -2,7 +2,8 @@
 # The GPU test plan, run on the device machine from the bundle directory as root:
 #   bash plan.sh [TEST...]   (default: 1 2 3 4 5, one GPU; test 6 needs two GPUs; 7 streams;
 #   8, 9: a GPU process with a forked, a spawned child; 10: an image others could change;
-#   11: signed images, restored under --trust from a directory and streamed from a store)
+#   11: signed images, restored under --trust from a directory and streamed from a store;
+#   12: a restore onto a GPU too busy to take the job)
 # Prints PASS/FAIL per test and writes JSON outputs to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -200,6 +201,27 @@ holder 4 sig || bad "11 start"
   phases "$OUTD/streamrst-signed.json" restore && r=$(verify_holder "$HP" "$HD") &&
   case "$r" in *same=True*kernel=True*) ok "11 signed streamed image restored --from under --trust: $r";; *) bad "11 streamed $r";; esac || bad "11 signed streamed image"
 kill -9 "$HP"; rm -rf "$W/imgsig" "$W/sigstore"
+fi
+if has 12; then
+echo "== 12. a GPU too busy for the job: refused before anything is restored; the driver's own failure rolled back; restores once freed"
+holder 8 busy || bad "12 start"
+"$G" checkpoint "$HP" -D "$W/imgbusy" >/dev/null && sleep 0.5 && gone "$HP" || bad "12 checkpoint"
+# hog takes all but 4 GiB of GPU 0 and holds it until its stdin closes.
+coproc HOG { python3 -c 'import sys, torch
+free, _ = torch.cuda.mem_get_info(0); x = torch.empty(free - (4 << 30), dtype=torch.uint8, device="cuda:0")
+print(free >> 20, flush=True); sys.stdin.read()'; }
+read -r hogfree <&"${HOG[0]}"; echo "hog took $((hogfree - 4096)) MiB of $hogfree MiB free"
+nvidia-smi --query-gpu=index,memory.used,memory.free --format=csv,noheader -i 0
+out=$("$G" restore -D "$W/imgbusy" 2>&1); rc=$?; echo "rc $rc: $out"
+[ $rc -ne 0 ] && echo "$out" | grep -q "not enough free memory" && gone "$HP" && "$G" verify "$W/imgbusy" >/dev/null &&
+  ok "12 refused up front, nothing restored, image intact" || bad "12 not refused up front"
+out=$("$G" restore -D "$W/imgbusy" --skip-check memory 2>&1); rc=$?; echo "rc $rc: $out"
+[ $rc -ne 0 ] && gone "$HP" && "$G" verify "$W/imgbusy" >/dev/null &&
+  ok "12 the driver's failure rolled back, image intact" || bad "12 driver failure: rc $rc, pid $HP gone: $(gone "$HP" && echo yes || echo no)"
+exec {HOG[1]}>&-; wait "$HOG_PID"
+"$G" restore -D "$W/imgbusy" >/dev/null && r=$(verify_holder "$HP" "$HD") &&
+  case "$r" in *same=True*kernel=True*) ok "12 restored once the GPU was freed: $r";; *) bad "12 $r";; esac || bad "12 restore once freed"
+kill -9 "$HP" 2>/dev/null; rm -rf "$W/imgbusy"
 fi
 echo "== $pass passed, $fail failed"
 [ $fail -eq 0 ]

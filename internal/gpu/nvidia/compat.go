@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,7 +26,7 @@ const (
 var checks = []gpu.Check{
 	{Name: checkDriver, Env: "NV_DRIVER_VER_CHECK", Doc: "the host's driver is at least as new as the image's"},
 	{Name: checkCompute, Env: "NV_COMPUTE_CAP_CHECK", Doc: "each GPU has the compute capability of the image GPU it takes"},
-	{Name: checkMemory, Env: "NV_MEMORY_CHECK", Doc: "each GPU has at least as much memory as its image GPU had in use"},
+	{Name: checkMemory, Env: "NV_MEMORY_CHECK", Doc: "each GPU has free as much memory as the image's processes held on its image GPU"},
 	{Name: checkModel, Env: "NV_MODEL_CHECK", Doc: "each GPU is the same model as its image GPU"},
 	{Name: checkL2, Env: "NV_L2_CHECK", Doc: "each GPU has the L2 cache size of its image GPU"},
 	{Name: checkNUMA, Env: "NV_NUMA_CHECK", Doc: "GPUs that shared a NUMA node still do, and GPUs that did not still do not"},
@@ -105,19 +106,49 @@ func placement(img, host gpu.Device) string {
 
 // deviceChecks runs the enabled per-device checks of img going to host, in Checks order.
 // An L2 size of 0 is unknown (the backend could not read it) and not compared.
-func deviceChecks(img, host gpu.Device, skips Skips) error {
-	where := placement(img, host)
+func (p *planner) deviceChecks(img, host gpu.Device) error {
+	where, skips := placement(img, host), p.skips
+	need, free := p.need[img.UUID], freeMemory(host)
 	switch {
 	case !skips[checkCompute] && img.Properties[propCompute] != host.Properties[propCompute]:
 		return incompatible(checkCompute, where, "compute capability differs", img.Properties[propCompute], host.Properties[propCompute])
-	case !skips[checkMemory] && host.MemoryTotal < img.MemoryUsed:
-		return incompatible(checkMemory, where, "not enough memory", gib(img.MemoryUsed)+" in use", gib(host.MemoryTotal)+" in all")
+	case !skips[checkMemory] && need > free:
+		return incompatible(checkMemory, where, "not enough free memory (free some there, or move it with --gpu-map)",
+			gib(need)+" held by its processes", gib(free)+" free of "+gib(host.MemoryTotal))
 	case !skips[checkModel] && img.Name != host.Name:
 		return incompatible(checkModel, where, "model differs", img.Name, host.Name)
 	case !skips[checkL2] && l2(img) != 0 && l2(host) != 0 && l2(img) != l2(host):
 		return incompatible(checkL2, where, "L2 cache size differs", mib(l2(img)), mib(l2(host)))
 	}
 	return nil
+}
+
+// freeMemory is what d has free now: its total less what every process on it uses.
+func freeMemory(d gpu.Device) uint64 { return d.MemoryTotal - min(d.MemoryUsed, d.MemoryTotal) }
+
+// memoryNeeds sums, by image GPU, the device memory the image's processes held there:
+// what the driver's restore allocates again. Images before the per-GPU record have only
+// each process's sum, split evenly here over the GPUs it used. Sums saturate, so a crafted
+// image cannot wrap them small.
+func memoryNeeds(procs []gpu.Process) map[string]uint64 {
+	need := map[string]uint64{}
+	add := func(uuid string, b uint64) {
+		if need[uuid] > math.MaxUint64-b {
+			need[uuid] = math.MaxUint64
+			return
+		}
+		need[uuid] += b
+	}
+	for _, proc := range procs {
+		for _, u := range proc.Devices {
+			if proc.DeviceMemory != nil {
+				add(u, proc.DeviceMemory[u])
+			} else {
+				add(u, proc.MemoryBytes/uint64(len(proc.Devices)))
+			}
+		}
+	}
+	return need
 }
 
 func l2(d gpu.Device) uint64 { return d.Properties.Uint(propL2) }
@@ -260,6 +291,7 @@ func PlanMapping(image gpu.Snapshot, host gpu.Host, explicit map[string]string, 
 type planner struct {
 	image, host []gpu.Device
 	used        map[string]bool       // image UUIDs the processes used
+	need        map[string]uint64     // image UUID -> device memory its processes held there
 	plan        map[string]gpu.Device // image UUID -> host device
 	taken       map[string]bool       // host UUIDs in plan
 	missing     []gpu.Device          // used image devices still without a host device
@@ -270,6 +302,7 @@ func newPlanner(image gpu.Snapshot, host gpu.Host, explicit map[string]string, s
 	p := &planner{
 		image: byIndex(image.Devices), host: byIndex(host.Devices),
 		used: map[string]bool{}, plan: map[string]gpu.Device{}, taken: map[string]bool{}, skips: skips,
+		need: memoryNeeds(image.Processes),
 	}
 	imageUUIDs := map[string]bool{}
 	for _, d := range p.image {
@@ -344,7 +377,7 @@ func (p *planner) checkPlaced() error {
 	var placed []gpu.Device
 	for _, d := range p.image {
 		if h, ok := p.plan[d.UUID]; ok && p.used[d.UUID] {
-			if err := deviceChecks(d, h, p.skips); err != nil {
+			if err := p.deviceChecks(d, h); err != nil {
 				return err
 			}
 			placed = append(placed, d)
@@ -374,7 +407,7 @@ func (p *planner) placeMissing() error {
 			if p.taken[h.UUID] {
 				continue
 			}
-			err := deviceChecks(d, h, p.skips)
+			err := p.deviceChecks(d, h)
 			if err == nil {
 				refusal = nil
 				break
@@ -417,8 +450,8 @@ func (p *planner) search(i int) bool {
 	d := p.missing[i]
 	tried := map[string]bool{}
 	for _, h := range p.host {
-		twin := fmt.Sprintf("%q %q %d %d %d", h.Name, h.Properties[propCompute], h.MemoryTotal, l2(h), h.NUMANode)
-		if p.taken[h.UUID] || tried[twin] || deviceChecks(d, h, p.skips) != nil || p.numaConflicts(d, h) {
+		twin := fmt.Sprintf("%q %q %d %d %d", h.Name, h.Properties[propCompute], freeMemory(h), l2(h), h.NUMANode)
+		if p.taken[h.UUID] || tried[twin] || p.deviceChecks(d, h) != nil || p.numaConflicts(d, h) {
 			continue
 		}
 		tried[twin] = true

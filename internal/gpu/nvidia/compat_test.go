@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"maps"
+	"math"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,6 +22,17 @@ func image(used []string, devs ...gpu.Device) gpu.Snapshot {
 		Host:      gpu.Host{Backend: "nvidia", DriverVersion: "580.159.04", Devices: devs},
 		Processes: []gpu.Process{{PID: 100, Devices: used}},
 	}
+}
+
+// holding gives img's one process b bytes of device memory on each GPU it used.
+func holding(b uint64, img gpu.Snapshot) gpu.Snapshot {
+	p := &img.Processes[0]
+	p.DeviceMemory = map[string]uint64{}
+	for _, u := range p.Devices {
+		p.DeviceMemory[u] = b
+		p.MemoryBytes += b
+	}
+	return img
 }
 
 func host(devs ...gpu.Device) gpu.Host {
@@ -81,9 +93,9 @@ func TestEachCheckFailsAndSkips(t *testing.T) {
 		{"compute-capability", "NV_COMPUTE_CAP_CHECK", image([]string{"GPU-a"}, a),
 			func(h *gpu.Host) { h.Devices[0].Properties = withProp(h.Devices[0], propCompute, "8.0") },
 			"GPU 0 (GPU-a): compute capability differs: image 9.0, host 8.0 (skip with --skip-check compute-capability or NV_COMPUTE_CAP_CHECK=0)"},
-		{"memory", "NV_MEMORY_CHECK", image([]string{"GPU-a"}, a),
-			func(h *gpu.Host) { h.Devices[0].MemoryTotal = 16 << 30 },
-			"GPU 0 (GPU-a): not enough memory: image 17.0 GiB in use, host 16.0 GiB in all (skip with --skip-check memory or NV_MEMORY_CHECK=0)"},
+		{"memory", "NV_MEMORY_CHECK", holding(20<<30, image([]string{"GPU-a"}, a)),
+			func(h *gpu.Host) { h.Devices[0].MemoryUsed = 70 << 30 },
+			"GPU 0 (GPU-a): not enough free memory (free some there, or move it with --gpu-map): image 20.0 GiB held by its processes, host 10.0 GiB free of 80.0 GiB (skip with --skip-check memory or NV_MEMORY_CHECK=0)"},
 		{"model", "NV_MODEL_CHECK", image([]string{"GPU-a"}, a),
 			func(h *gpu.Host) { h.Devices[0].Name = "NVIDIA H100 PCIe" },
 			"GPU 0 (GPU-a): model differs: image NVIDIA H100 80GB HBM3, host NVIDIA H100 PCIe (skip with --skip-check model or NV_MODEL_CHECK=0)"},
@@ -358,5 +370,47 @@ func TestCompareVersions(t *testing.T) {
 		if got := compareVersions(c.a, c.b); got != c.want {
 			t.Errorf("compareVersions(%q, %q) = %d, want %d", c.a, c.b, got, c.want)
 		}
+	}
+}
+
+// The memory check weighs what the image's own processes held against what the host GPU
+// has free now. It compared the image GPU's memory in use by every process at checkpoint
+// time with the host GPU's total: a restore onto a GPU too busy to take the job went on,
+// CRIU restored the tree and the driver's restore then failed; a restore onto a smaller
+// GPU was refused for memory other jobs had held.
+func TestMemoryCheckWeighsTheJobAgainstFreeMemory(t *testing.T) {
+	a, b := h100(0, "GPU-a", 0), h100(1, "GPU-b", 0)
+	busy := a
+	busy.MemoryUsed = 75 << 30
+	if _, err := PlanMapping(holding(8<<30, image([]string{"GPU-a"}, a)), host(busy, b), nil, Skips{}); !errors.Is(err, gpu.ErrIncompatible) {
+		t.Fatalf("8 GiB onto a GPU with 5 GiB free: err = %v, want refused", err)
+	}
+	small := a
+	small.UUID, small.MemoryTotal, small.MemoryUsed = "GPU-small", 40<<30, 1<<30
+	crowded := holding(8<<30, image([]string{"GPU-a"}, a))
+	crowded.Devices[0].MemoryUsed = 79 << 30 // other jobs' memory at checkpoint time
+	got, err := PlanMapping(crowded, host(small), nil, Skips{checkModel: true})
+	if err != nil || got["GPU-a"] != "GPU-small" {
+		t.Fatalf("8 GiB onto a 40 GiB GPU with 39 free: got %v, %v; want moved there", got, err)
+	}
+	// An image GPU this host lacks goes to a GPU with room for it, though an earlier one
+	// is alike in every other way.
+	x := h100(0, "GPU-x", 0)
+	got, err = PlanMapping(holding(8<<30, image([]string{"GPU-x"}, x)), host(busy, b), nil, Skips{})
+	if err != nil || got["GPU-x"] != "GPU-b" {
+		t.Fatalf("got %v, %v; want GPU-x on GPU-b, the one with room", got, err)
+	}
+}
+
+func TestMemoryNeeds(t *testing.T) {
+	got := memoryNeeds([]gpu.Process{
+		{PID: 1, Devices: []string{"GPU-a", "GPU-b"}, MemoryBytes: 5, DeviceMemory: map[string]uint64{"GPU-a": 1, "GPU-b": 4, "GPU-c": 9}},
+		{PID: 2, Devices: []string{"GPU-a", "GPU-b"}, MemoryBytes: 6}, // an image before the per-GPU record
+		{PID: 3, Devices: []string{"GPU-c"}, DeviceMemory: map[string]uint64{"GPU-c": math.MaxUint64 - 1}},
+		{PID: 4, Devices: []string{"GPU-c"}, DeviceMemory: map[string]uint64{"GPU-c": 7}},
+	})
+	want := map[string]uint64{"GPU-a": 4, "GPU-b": 7, "GPU-c": math.MaxUint64}
+	if !maps.Equal(got, want) {
+		t.Fatalf("memoryNeeds = %v, want %v", got, want)
 	}
 }

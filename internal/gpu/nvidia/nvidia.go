@@ -286,6 +286,10 @@ func (b *Backend) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.P
 			}
 			if p.UsedGpuMemory != ^uint64(0) { // NVML_VALUE_NOT_AVAILABLE, e.g. without permission
 				gp.MemoryBytes += p.UsedGpuMemory
+				if gp.DeviceMemory == nil {
+					gp.DeviceMemory = map[string]uint64{}
+				}
+				gp.DeviceMemory[uuid] += p.UsedGpuMemory
 			}
 		}
 	}

@@ -234,7 +234,7 @@ func TestProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []gpu.Process{
-		{PID: 10, Devices: []string{uuidA, uuidB}, MemoryBytes: 4 << 30},
+		{PID: 10, Devices: []string{uuidA, uuidB}, MemoryBytes: 4 << 30, DeviceMemory: map[string]uint64{uuidA: 1 << 30, uuidB: 3 << 30}},
 		{PID: 11, Devices: []string{uuidA}},
 		{PID: 12},
 		{PID: 13},
