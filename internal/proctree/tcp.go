@@ -21,6 +21,32 @@ type TCPEntry struct {
 // TCPEstablished is the state /proc/net/tcp gives an established connection.
 const TCPEstablished = "01"
 
+// tcpConnected names the states /proc/net/tcp gives a socket with a peer: established,
+// connecting, or closing with a descriptor still on it. CRIU dumps a socket in any of them
+// only with --tcp-established; one whose peer had closed (CLOSE_WAIT, a client's idle
+// keep-alive connection a server dropped) passed as no connection, and the dump failed
+// "Connected TCP socket, consider using --tcp-established" (review). A listening or
+// unconnected socket (TCP_CLOSE) it dumps as it is; TIME_WAIT and SYN_RECV are the
+// kernel's alone, on no descriptor.
+var tcpConnected = map[string]string{
+	TCPEstablished: "ESTABLISHED",
+	"02":           "SYN_SENT",
+	"04":           "FIN_WAIT1",
+	"05":           "FIN_WAIT2",
+	"08":           "CLOSE_WAIT",
+	"09":           "LAST_ACK",
+	"0B":           "CLOSING",
+}
+
+// StateName is e's state as the kernel names it where it is a connection's
+// (tcpConnected), else its number in hex.
+func (e TCPEntry) StateName() string {
+	if n, ok := tcpConnected[e.State]; ok {
+		return n
+	}
+	return e.State
+}
+
 // ParseTCPTable reads a /proc/net/tcp or tcp6 table; lines it cannot read are left out.
 func ParseTCPTable(table []byte) []TCPEntry {
 	var out []TCPEntry
@@ -60,9 +86,9 @@ func parseProcAddr(s string) (netip.AddrPort, bool) {
 	return netip.AddrPortFrom(ip.Unmap(), uint16(p)), true
 }
 
-// TCPConnections lists the established TCP connections pid holds a descriptor on, from the
-// tables of its own network namespace (/proc/PID/net/tcp and tcp6). A process that is gone
-// or unreadable holds none.
+// TCPConnections lists the TCP connections pid holds a descriptor on, established or in
+// another state with a peer (tcpConnected), from the tables of its own network namespace
+// (/proc/PID/net/tcp and tcp6). A process that is gone or unreadable holds none.
 func (s *Snapshot) TCPConnections(pid int) []TCPEntry {
 	files, _ := s.Files(pid)
 	inodes := SocketInodes(files)
@@ -73,7 +99,7 @@ func (s *Snapshot) TCPConnections(pid int) []TCPEntry {
 	for _, table := range []string{"tcp", "tcp6"} {
 		b, _ := os.ReadFile(filepath.Join(s.root, strconv.Itoa(pid), "net", table))
 		for _, e := range ParseTCPTable(b) {
-			if e.State == TCPEstablished && inodes[e.Inode] {
+			if _, ok := tcpConnected[e.State]; ok && inodes[e.Inode] {
 				out = append(out, e)
 			}
 		}

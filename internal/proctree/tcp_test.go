@@ -1,10 +1,12 @@
 package proctree
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // The tables' own form: IPv4 words and IPv6's four words each in the host's order, an IPv4
@@ -52,4 +54,56 @@ func TestTCPConnectionsOfThisProcess(t *testing.T) {
 		}
 	}
 	t.Fatalf("connection %s to %s not among %+v (pid %s)", want, l.Addr(), conns, strconv.Itoa(os.Getpid()))
+}
+
+// A connection whose peer has closed its end (CLOSE_WAIT) and one this end has shut down
+// for writing (FIN_WAIT2) are connections too: CRIU refuses either without
+// --tcp-established, as it does an established one, and the check found neither.
+func TestTCPConnectionsClosingAreConnections(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Skip("no loopback TCP here: " + err.Error())
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// c's end half closed: c goes to FIN_WAIT2 and s, its peer gone, to CLOSE_WAIT.
+	if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	self, err := Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each end by its own address, then its peer's.
+	want := map[string]string{
+		c.LocalAddr().String() + " " + s.LocalAddr().String(): "FIN_WAIT2",
+		s.LocalAddr().String() + " " + c.LocalAddr().String(): "CLOSE_WAIT",
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		found := map[string]string{}
+		for _, e := range Snap("/proc", []Process{self}).TCPConnections(os.Getpid()) {
+			found[e.Local.String()+" "+e.Remote.String()] = e.StateName()
+		}
+		missing := ""
+		for k, v := range want {
+			if found[k] != v {
+				missing += fmt.Sprintf(" %s %s (found %q)", k, v, found[k])
+			}
+		}
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not among the connections:%s", missing)
+		}
+	}
 }

@@ -55,7 +55,7 @@ var rules = []Rule{
 	{CheckSysVShm, "System V shared memory in the host's IPC namespace", false},
 	{CheckLinkedAway, "a file held under a path it was deleted from while it has another name (a POSIX semaphore sem_open made)", false},
 	{CheckMQueue, "a POSIX message queue held open", false},
-	{CheckTCP, "an established TCP connection, which CRIU checkpoints only with --tcp-established", false},
+	{CheckTCP, "an established TCP connection (or one connecting or closing), which CRIU checkpoints only with --tcp-established", false},
 	{CheckSharedFile, "with --leave-running: a file mapped shared and writable, which the job running on changes after the checkpoint", true},
 }
 
@@ -436,6 +436,12 @@ func sysvSegment(maps []byte) string {
 // tcpList names the first of conns and how many more there are: a client connected to a
 // server checkpointed without --tcp-established failed in CRIU, after the GPU was locked
 // and checkpointed, and --dry-run had found nothing (hostile test).
+// A connection connecting or closing is named with its state (CLOSE_WAIT: its peer closed).
 func tcpList(conns []proctree.TCPEntry) string {
-	return andMore("an established TCP connection ("+conns[0].Local.String()+" to "+conns[0].Remote.String()+")", len(conns)-1)
+	c := conns[0]
+	what := "an established TCP connection"
+	if c.State != proctree.TCPEstablished {
+		what = "a TCP connection in " + c.StateName()
+	}
+	return andMore(what+" ("+c.Local.String()+" to "+c.Remote.String()+")", len(conns)-1)
 }
