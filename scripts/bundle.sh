@@ -24,6 +24,9 @@ SH
   chmod +x "$out/$1/$1"
 }
 wrap criu "$criu"
+# gpucr's NVIDIA CRIU plugin, where gpucr looks for it beside a CRIU at $out/criu/criu.
+plugin=$(dirname "$(dirname "$criu")")/lib/nvidia/gpucr_nvidia.so
+[ -f "$plugin" ] && install -D -m 0644 "$plugin" "$out/lib/nvidia/gpucr_nvidia.so"
 wrap runc "$runc" # for the container plan (runc 1.1.5, needs libseccomp)
 cp test/gpu/*.py test/gpu/*.sh "$out/"
 cp scripts/bench-stream.sh scripts/subreaper.py "$out/" # the streamed image benchmark (issue 18)

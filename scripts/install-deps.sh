@@ -54,10 +54,13 @@ if command -v criu >/dev/null && version_ok "$(command -v criu)"; then
   log "system criu is new enough: $(command -v criu)"
   exit 0
 fi
-# gpucr's own fixes to CRIU (scripts/criu-patches); a change to them rebuilds CRIU.
+# gpucr's own fixes to CRIU (scripts/criu-patches) and its CRIU plugin for the NVIDIA device
+# files of processes without CUDA state; a change to either rebuilds them.
 patches=$(cd "$(dirname "$0")" && pwd)/criu-patches
-stamp=$(cat "$patches"/*.patch | sha256sum | cut -c1-16)
+nvplugin=$(cd "$(dirname "$0")/.." && pwd)/internal/gpu/nvidia/criuplugin/gpucr_nvidia.c
+stamp=$(cat "$patches"/*.patch "$nvplugin" | sha256sum | cut -c1-16)
 if [ -x "$PREFIX/sbin/criu" ] && version_ok "$PREFIX/sbin/criu" && [ -f "$PREFIX/lib/amdgpu/amdgpu_plugin.so" ] &&
+  [ -f "$PREFIX/lib/nvidia/gpucr_nvidia.so" ] &&
   [ "$(cat "$PREFIX/PATCHES" 2>/dev/null)" = "$stamp" ]; then
   log "criu $CRIU_VERSION already built: $PREFIX/sbin/criu"
   exit 0
@@ -107,10 +110,15 @@ if [ ! -x "$srcdir/criu/criu" ] || [ ! -f "$srcdir/plugins/amdgpu/amdgpu_plugin.
   log "building criu $CRIU_VERSION (about half a minute on 2 cores)"
   make -C "$srcdir" -j"$(nproc)" criu amdgpu_plugin >"$WORK/build.log" 2>&1 || { tail -20 "$WORK/build.log" >&2; die "criu build failed; full log: $WORK/build.log"; }
 fi
+# -iquote: CRIU's include directory has headers named as the C library's.
+gcc -Wall -Werror -O2 -shared -fPIC -iquote "$srcdir/criu/include" -o "$WORK/gpucr_nvidia.so" "$nvplugin" ||
+  die "gpucr's NVIDIA CRIU plugin did not build"
 install -D -m 0755 "$srcdir/criu/criu" "$PREFIX/sbin/criu"
 # The amdgpu plugin stays out of CRIU's default plugin directory: gpucr points CRIU at it
 # (CRIU_LIBS_DIR) only for processes and images with AMD GPU state.
 install -D -m 0644 "$srcdir/plugins/amdgpu/amdgpu_plugin.so" "$PREFIX/lib/amdgpu/amdgpu_plugin.so"
+# gpucr's NVIDIA plugin likewise, for trees with processes that inherited NVIDIA device files.
+install -D -m 0644 "$WORK/gpucr_nvidia.so" "$PREFIX/lib/nvidia/gpucr_nvidia.so"
 echo "$stamp" > "$PREFIX/PATCHES"
 version_ok "$PREFIX/sbin/criu" || die "built criu does not report version >= 4.1"
 log "installed $PREFIX/sbin/criu"

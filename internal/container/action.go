@@ -404,7 +404,7 @@ func (a *Action) preRestore(ctx context.Context, log *slog.Logger) error {
 		return err
 	}
 	if plan.PluginDir != "" {
-		return errors.New("the image holds GPU state that CRIU's plugin restores: containers with such GPUs are not supported yet")
+		return errors.New("the image holds GPU state or device files that a CRIU plugin restores: containers with such GPUs are not supported yet")
 	}
 	log.Info("GPU state can be restored here", "backends", len(rec.GPUs))
 	a.sweep(log)

@@ -87,11 +87,14 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	if len(found.Frozen) > 0 {
 		return nil, found.Frozen[0]
 	}
-	if len(found.Plugins) > 0 {
-		if p := found.Plugins[0]; !target.CRIUPlugins() {
-			return nil, fmt.Errorf("process %d of %s holds %s GPU state, which CRIU's plugin saves: not supported there yet", p.PID, target.What(), p.Backend.Name())
+	if len(found.Plugins) > 0 || len(found.Carriers) > 0 {
+		if p := found.Plugins; len(p) > 0 && !target.CRIUPlugins() {
+			return nil, fmt.Errorf("process %d of %s holds %s GPU state, which CRIU's plugin saves: not supported there yet", p[0].PID, target.What(), p[0].Backend.Name())
 		}
-		// The plugins save their device state within CRIU's dump.
+		if c := found.Carriers; len(c) > 0 && !target.CRIUPlugins() {
+			return nil, fmt.Errorf("process %d of %s holds %s device files without device state (a child forked after its parent started using the GPU), which gpucr's CRIU plugin carries: not supported there yet", c[0].PID, target.What(), c[0].Backend.Name())
+		}
+		// The plugins save device state, or carry device files, within CRIU's dump.
 		if r.PluginDir, err = found.PluginDir(); err != nil {
 			return nil, err
 		}
@@ -111,8 +114,9 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		}
 	}
 	t := e.NewTimer(op)
-	// gpucr saves the large runs of memory itself (below) unless CRIU is to write them all.
-	selfSave := !r.CRIUWritesPages && !r.CRIUCompatible && r.PluginDir == ""
+	// gpucr saves the large runs of memory itself (below) unless CRIU is to write them all,
+	// or a plugin saves device state within CRIU's dump (one carrying device files saves none).
+	selfSave := !r.CRIUWritesPages && !r.CRIUCompatible && len(found.Plugins) == 0
 	var reserve *memfill.Reserve
 	if selfSave && r.Stream == nil && len(gpus) > 0 {
 		// While the driver stages device memory, the memory its image will take is allocated.

@@ -34,6 +34,9 @@ type Found struct {
 	// Plugins are the backends whose CRIU plugin carries device state of some process,
 	// with the first such process.
 	Plugins []PluginUse
+	// Carriers are the backends whose CRIU plugin carries device files of processes
+	// without device state, with the first such process.
+	Carriers []CarrierUse
 	// Frozen are the cgroups that freeze GPU processes (Inspect fills it): the driver
 	// cannot lock those until they are thawed.
 	Frozen []*FrozenError
@@ -45,11 +48,24 @@ type PluginUse struct {
 	PID     int
 }
 
+// CarrierUse is a backend whose CRIU plugin carries the device files of a process.
+type CarrierUse struct {
+	Backend gpu.FileCarrier
+	PID     int
+}
+
 // PluginDir is the one directory CRIU must load plugins from for found ("" for none).
 func (f Found) PluginDir() (string, error) {
 	dir := ""
+	var dirs []string
 	for _, p := range f.Plugins {
-		switch d := p.Backend.PluginDir(); {
+		dirs = append(dirs, p.Backend.PluginDir())
+	}
+	for _, c := range f.Carriers {
+		dirs = append(dirs, c.Backend.FilePluginDir())
+	}
+	for _, d := range dirs {
+		switch {
 		case dir == "":
 			dir = d
 		case d != dir:
@@ -72,7 +88,16 @@ func FindGPUProcs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tr
 		if err != nil {
 			return Found{}, fmt.Errorf("%s: find GPU processes: %w", b.Name(), err)
 		}
-		if len(procs) == 0 {
+		var holders []int
+		if c, ok := b.(gpu.FileCarrier); ok {
+			if holders, err = c.Holders(ctx, tree); err != nil {
+				return Found{}, fmt.Errorf("%s: find processes holding device files: %w", b.Name(), err)
+			}
+			if len(holders) > 0 {
+				f.Carriers = append(f.Carriers, CarrierUse{Backend: c, PID: holders[0]})
+			}
+		}
+		if len(procs) == 0 && len(holders) == 0 {
 			continue
 		}
 		host, err := b.Host(ctx)
@@ -80,14 +105,16 @@ func FindGPUProcs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tr
 			return Found{}, fmt.Errorf("%s: describe GPUs: %w", b.Name(), err)
 		}
 		host.Backend = b.Name()
-		f.Snapshots = append(f.Snapshots, gpu.Snapshot{Host: host, Processes: procs})
+		f.Snapshots = append(f.Snapshots, gpu.Snapshot{Host: host, Processes: procs, FileHolders: holders})
 		switch b := b.(type) {
 		case gpu.Checkpointer:
 			for _, p := range procs {
 				f.GPUs = append(f.GPUs, GPUProc{Backend: b, Process: p})
 			}
 		case gpu.CRIUPlugin:
-			f.Plugins = append(f.Plugins, PluginUse{Backend: b, PID: procs[0].PID})
+			if len(procs) > 0 {
+				f.Plugins = append(f.Plugins, PluginUse{Backend: b, PID: procs[0].PID})
+			}
 		default:
 			return Found{}, fmt.Errorf("%s: the backend neither checkpoints device state nor has a CRIU plugin", b.Name())
 		}

@@ -143,7 +143,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	plan.LogMoves(e.Logger())
 	if plan.PluginDir != "" {
 		if !target.CRIUPlugins() {
-			return nil, fmt.Errorf("the image holds GPU state that CRIU's plugin restores: restoring it into %s is not supported yet", target.What())
+			return nil, fmt.Errorf("the image holds GPU state or device files that a CRIU plugin restores: restoring it into %s is not supported yet", target.What())
 		}
 		r.PluginDir, r.Env = plan.PluginDir, append(slices.Clip(r.Env), plan.Env...)
 	}
@@ -183,7 +183,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	// holds state a CRIU plugin restores (the plugin may restore memory of its own).
 	var split []int
 	switch {
-	case r.CRIURestoresPages || opts.PluginDir != "":
+	case r.CRIURestoresPages || plan.PluginMemory:
 	case !r.Streamed.splitFits(m, work):
 		e.Logger().Info("CRIU restores the memory in its files itself: splitting them would copy them beyond the streamed restore's local disk bound, or the room its file system keeps")
 	default:
@@ -443,6 +443,18 @@ type RestorePlan struct {
 	// Env their settings.
 	PluginDir string
 	Env       []string
+	// PluginMemory says a plugin restores device state within CRIU's restore, and may
+	// restore memory of its own: CRIU then restores every page itself.
+	PluginMemory bool
+}
+
+// usePluginDir makes dir the plan's plugin directory, CRIU loading plugins from one only.
+func (p *RestorePlan) usePluginDir(dir string) error {
+	if p.PluginDir != "" && p.PluginDir != dir {
+		return fmt.Errorf("the image needs CRIU plugins from two directories (%s, %s): CRIU loads plugins from one", p.PluginDir, dir)
+	}
+	p.PluginDir = dir
+	return nil
 }
 
 // LogMoves logs each image device that goes to another host device, in a stable order.
@@ -499,6 +511,11 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps 
 			plan.Remap[b.Name()] = p.Remap
 		}
 		plan.Env = append(plan.Env, p.Env...)
+		if p.PluginDir != "" {
+			if err := plan.usePluginDir(p.PluginDir); err != nil {
+				return nil, err
+			}
+		}
 		switch b := b.(type) {
 		case gpu.Checkpointer:
 			if in.Snapshot != nil {
@@ -507,10 +524,10 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps 
 				}
 			}
 		case gpu.CRIUPlugin:
-			if plan.PluginDir != "" && plan.PluginDir != b.PluginDir() {
-				return nil, fmt.Errorf("the image needs CRIU plugins from two directories (%s, %s): CRIU loads plugins from one", plan.PluginDir, b.PluginDir())
+			if err := plan.usePluginDir(b.PluginDir()); err != nil {
+				return nil, err
 			}
-			plan.PluginDir = b.PluginDir()
+			plan.PluginMemory = true
 		}
 	}
 	return plan, nil

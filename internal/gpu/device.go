@@ -47,7 +47,7 @@ func (h *Host) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
-	legacy, err := legacyProperties(b, "backend", "driverVersion", "properties", "devices", "processes")
+	legacy, err := legacyProperties(b, "backend", "driverVersion", "properties", "devices", "processes", "deviceFileHolders")
 	if err != nil {
 		return err
 	}
@@ -64,12 +64,13 @@ func (s *Snapshot) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	var p struct {
-		Processes []Process `json:"processes"`
+		Processes   []Process `json:"processes"`
+		FileHolders []int     `json:"deviceFileHolders"`
 	}
 	if err := json.Unmarshal(b, &p); err != nil {
 		return err
 	}
-	s.Host, s.Processes = h, p.Processes
+	s.Host, s.Processes, s.FileHolders = h, p.Processes, p.FileHolders
 	return nil
 }
 

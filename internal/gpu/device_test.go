@@ -39,3 +39,22 @@ func TestSnapshotReadsTheOlderLayout(t *testing.T) {
 		t.Fatal("an object where a property belongs must be refused")
 	}
 }
+
+// The processes holding device files without device state read back as written: a
+// snapshot read without them would restore those processes without the plugin that opens
+// their files, and CRIU would fail on them.
+func TestSnapshotKeepsItsFileHolders(t *testing.T) {
+	want := Snapshot{Host: Host{Backend: "nvidia", DriverVersion: "580.159.04", Devices: []Device{}},
+		Processes: []Process{{PID: 7, Devices: []string{"GPU-a"}}}, FileHolders: []int{8, 9}}
+	b, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Snapshot
+	if err := json.Unmarshal(b, &got); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("round trip of %s: %+v, %v", b, got, err)
+	}
+	if p := Problem([]Snapshot{{Host: Host{Backend: "nvidia"}, Processes: []Process{{PID: 7}}, FileHolders: []int{7}}}); p == "" {
+		t.Fatal("a process both a GPU process and a file holder must be a problem")
+	}
+}

@@ -54,6 +54,18 @@ type CRIUPlugin interface {
 	PluginDir() string
 }
 
+// FileCarrier is a backend whose device files, held by processes without device state (a
+// child forked after its parent started using the GPU inherits them), a CRIU plugin of
+// gpucr's carries through a checkpoint and opens again on restore.
+type FileCarrier interface {
+	Backend
+	// Holders lists the processes of tree holding the backend's device files without
+	// device state, where the plugin is installed; where it is not, Processes refuses them.
+	Holders(ctx context.Context, tree *proctree.Snapshot) ([]int, error)
+	// FilePluginDir is the directory CRIU loads the plugin from.
+	FilePluginDir() string
+}
+
 // RestoreInput is what a backend plans a restore from.
 type RestoreInput struct {
 	// Snapshot is the image's record of this backend's devices and processes; nil when
@@ -77,6 +89,9 @@ type Plan struct {
 	Remap map[string]string
 	// Env holds settings for CRIU's run (a plugin's switches).
 	Env []string
+	// PluginDir is where CRIU loads a plugin the image's device files need (a FileCarrier's);
+	// "" for none.
+	PluginDir string
 }
 
 // State is a process's position in the backend's checkpoint cycle.
@@ -119,6 +134,9 @@ type Process struct {
 type Snapshot struct {
 	Host
 	Processes []Process `json:"processes"`
+	// FileHolders are the processes that held the backend's device files without device
+	// state, whose files the backend's CRIU plugin carries (FileCarrier).
+	FileHolders []int `json:"deviceFileHolders,omitempty"`
 }
 
 // Problem says what makes snaps, the GPU snapshots an image or a container's GPU record
@@ -145,6 +163,12 @@ func Problem(snaps []Snapshot) string {
 				return fmt.Sprintf("GPU process %d is listed twice", p.PID)
 			}
 			held[p.PID] = true
+		}
+		for _, pid := range s.FileHolders {
+			if held[pid] {
+				return fmt.Sprintf("process %d is listed twice among the GPU processes and those holding device files", pid)
+			}
+			held[pid] = true
 		}
 	}
 	return ""

@@ -82,7 +82,16 @@ func (b *Backend) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Pl
 			return nil, fmt.Errorf("the image's GPUs cannot move onto this host's: %w", err)
 		}
 	}
-	return &gpu.Plan{Remap: remap}, nil
+	plan := &gpu.Plan{Remap: remap}
+	if len(in.Snapshot.FileHolders) > 0 {
+		// CRIU opens those processes' device files again only through gpucr's plugin.
+		if b.filePlugin == "" {
+			return nil, fmt.Errorf("%w: the image's process %d held NVIDIA device files without CUDA state, which only gpucr's CRIU plugin (%s) opens again, and it is not installed beside this CRIU: install it with scripts/install-deps.sh",
+				gpu.ErrIncompatible, in.Snapshot.FileHolders[0], FilePluginFile)
+		}
+		plan.PluginDir = b.filePlugin
+	}
+	return plan, nil
 }
 
 // uuidsOf lists the UUIDs of h's GPUs in index order, as Restore reads them from NVML.

@@ -55,11 +55,14 @@ type driver interface {
 	Unlock(pid int) error
 }
 
-// Backend is the NVIDIA implementation of gpu.Checkpointer.
+// Backend is the NVIDIA implementation of gpu.Checkpointer and gpu.FileCarrier.
 type Backend struct {
 	nvml nvml.Interface
 	cuda driver
 	sys  string // sysfs mount, where PCI devices' NUMA nodes show
+	// filePlugin is the directory of gpucr's CRIU plugin for the device files of processes
+	// without CUDA state ("" where it is not installed).
+	filePlugin string
 
 	l2Once sync.Once
 	l2     map[string]uint64 // by UUID; read once, since it initializes CUDA in gpucr
@@ -81,8 +84,31 @@ func Open(cfg gpu.Config) (gpu.Backend, error) {
 		_ = lib.Shutdown() // NVML is of no use without libcuda; its own error adds nothing
 		return nil, fmt.Errorf("%w; NVIDIA GPU support is off", err)
 	}
-	return newBackend(lib, d), nil
+	b := newBackend(lib, d)
+	b.filePlugin = FindFilePlugin(cfg.CRIU)
+	return b, nil
 }
+
+// FilePluginFile is gpucr's CRIU plugin for NVIDIA device files held without CUDA state
+// (internal/gpu/nvidia/criuplugin), as the install script names it.
+const FilePluginFile = "gpucr_nvidia.so"
+
+// FindFilePlugin returns the directory holding FilePluginFile for the CRIU at criuPath,
+// PREFIX/lib/nvidia beside PREFIX/sbin/criu as the install script puts it, or "". It is
+// kept out of CRIU's default directory, so CRIU loads it only for trees that need it.
+func FindFilePlugin(criuPath string) string {
+	if criuPath == "" {
+		return ""
+	}
+	dir := filepath.Join(filepath.Dir(filepath.Dir(criuPath)), "lib", "nvidia")
+	if _, err := os.Stat(filepath.Join(dir, FilePluginFile)); err != nil {
+		return ""
+	}
+	return dir
+}
+
+// FilePluginDir implements gpu.FileCarrier.
+func (b *Backend) FilePluginDir() string { return b.filePlugin }
 
 func newBackend(lib nvml.Interface, d driver) *Backend {
 	return &Backend{nvml: lib, cuda: d, sys: "/sys"}
@@ -246,8 +272,46 @@ func readNUMANode(path string) int {
 
 // Processes implements gpu.Backend. A process holds NVIDIA state if NVML lists it as a
 // compute process or it has a GPU device file open, which a CUDA context always does
-// (NVML cannot see every process, e.g. across some PID namespaces).
+// (NVML cannot see every process, e.g. across some PID namespaces). One holding the files
+// without CUDA state is refused unless gpucr's CRIU plugin is here to carry them (Holders).
 func (b *Backend) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.Process, error) {
+	procs, holders, err := b.find(tree)
+	if err != nil {
+		return nil, err
+	}
+	if len(holders) > 0 && b.filePlugin == "" {
+		return nil, holders[0].refusal
+	}
+	return procs, nil
+}
+
+// Holders implements gpu.FileCarrier: the processes of tree holding NVIDIA device files
+// without CUDA state, which the CRIU plugin carries; none where it is not installed.
+func (b *Backend) Holders(_ context.Context, tree *proctree.Snapshot) ([]int, error) {
+	if b.filePlugin == "" {
+		return nil, nil
+	}
+	_, holders, err := b.find(tree)
+	if err != nil {
+		return nil, err
+	}
+	pids := make([]int, len(holders))
+	for i, h := range holders {
+		pids[i] = h.pid
+	}
+	return pids, nil
+}
+
+// holder is a process holding NVIDIA device files without CUDA state, and the refusal of
+// it where gpucr's CRIU plugin is not installed.
+type holder struct {
+	pid     int
+	refusal error
+}
+
+// find sorts the processes of tree that NVML lists or that hold NVIDIA device files into
+// those with CUDA state and those without.
+func (b *Backend) find(tree *proctree.Snapshot) ([]gpu.Process, []holder, error) {
 	pids := tree.PIDs()
 	wanted := map[int]bool{}
 	for _, pid := range pids {
@@ -256,20 +320,20 @@ func (b *Backend) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.P
 	found := map[int]*gpu.Process{}
 	n, r := b.nvml.DeviceGetCount()
 	if r != nvml.SUCCESS {
-		return nil, nvmlError("device count", r)
+		return nil, nil, nvmlError("device count", r)
 	}
 	for i := range n {
 		dev, r := b.nvml.DeviceGetHandleByIndex(i)
 		if r != nvml.SUCCESS {
-			return nil, nvmlError(fmt.Sprintf("GPU %d handle", i), r)
+			return nil, nil, nvmlError(fmt.Sprintf("GPU %d handle", i), r)
 		}
 		uuid, r := dev.GetUUID()
 		if r != nvml.SUCCESS {
-			return nil, nvmlError(fmt.Sprintf("GPU %d UUID", i), r)
+			return nil, nil, nvmlError(fmt.Sprintf("GPU %d UUID", i), r)
 		}
 		procs, r := dev.GetComputeRunningProcesses()
 		if r != nvml.SUCCESS {
-			return nil, nvmlError(fmt.Sprintf("GPU %d compute processes", i), r)
+			return nil, nil, nvmlError(fmt.Sprintf("GPU %d compute processes", i), r)
 		}
 		for _, p := range procs {
 			pid := int(p.Pid)
@@ -294,6 +358,7 @@ func (b *Backend) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.P
 		}
 	}
 	var out []gpu.Process
+	var holders []holder
 	for _, pid := range pids {
 		if gp := found[pid]; gp != nil {
 			out = append(out, *gp)
@@ -302,19 +367,20 @@ func (b *Backend) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.P
 		}
 		holds, err := holdsDeviceFiles(tree, pid)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if !holds {
 			continue
 		}
 		// Not listed by NVML: the driver must still know it, or it is a process that only
-		// inherited the files, which neither the driver nor CRIU can checkpoint.
+		// inherited the files, which the driver cannot checkpoint.
 		if _, err := b.cuda.State(pid); err != nil {
-			return nil, noCUDAState(tree.Command(pid), pid, err)
+			holders = append(holders, holder{pid: pid, refusal: noCUDAState(tree.Command(pid), pid, err)})
+			continue
 		}
 		out = append(out, gpu.Process{PID: pid})
 	}
-	return out, nil
+	return out, holders, nil
 }
 
 // noCUDAState is the refusal of a process that holds NVIDIA device files without CUDA state
@@ -323,9 +389,8 @@ func (b *Backend) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.P
 func noCUDAState(command string, pid int, cause error) error {
 	return &safety.Finding{
 		Check: safety.CheckNoCUDAState, PID: pid, Command: command,
-		Reason: fmt.Sprintf("holds NVIDIA device files but has no CUDA state the driver can checkpoint (%v), and CRIU cannot dump those files", cause),
-		Fix: "a child forked after its parent started CUDA is such a process, as PyTorch DataLoader workers are by default: " +
-			"start them with the spawn or forkserver method (multiprocessing_context=\"spawn\")",
+		Reason: fmt.Sprintf("holds NVIDIA device files but has no CUDA state the driver can checkpoint (%v), and CRIU dumps those files only with gpucr's CRIU plugin (%s), not installed beside this CRIU", cause, FilePluginFile),
+		Fix:    "install it with scripts/install-deps.sh (a child forked after its parent started CUDA, as PyTorch DataLoader workers are by default, is such a process)",
 	}
 }
 

@@ -257,8 +257,37 @@ func TestProcessesRefusesDeviceFilesWithoutCUDAState(t *testing.T) {
 	}
 	tree := proctree.Snap(proc, []proctree.Process{{PID: 21, Command: "pt_data_worker"}})
 	_, err := b.Processes(context.Background(), tree)
-	if !errors.Is(err, safety.ErrUnsafe) || !strings.Contains(err.Error(), "process 21 (pt_data_worker)") || !strings.Contains(err.Error(), "spawn") {
-		t.Fatalf("Processes() error = %v, want a refusal naming process 21 and the spawn method", err)
+	if !errors.Is(err, safety.ErrUnsafe) || !strings.Contains(err.Error(), "process 21 (pt_data_worker)") || !strings.Contains(err.Error(), "install-deps") {
+		t.Fatalf("Processes() error = %v, want a refusal naming process 21 and the plugin's install", err)
+	}
+	if holders, err := b.Holders(context.Background(), tree); err != nil || len(holders) != 0 {
+		t.Fatalf("Holders() without the plugin = %v, %v; want none", holders, err)
+	}
+
+	// With the plugin installed the process is a holder whose files it carries, not refused.
+	b.filePlugin = t.TempDir()
+	procs, err := b.Processes(context.Background(), tree)
+	if err != nil || len(procs) != 0 {
+		t.Fatalf("Processes() with the plugin = %v, %v; want no GPU process and no error", procs, err)
+	}
+	if holders, err := b.Holders(context.Background(), tree); err != nil || !slices.Equal(holders, []int{21}) {
+		t.Fatalf("Holders() with the plugin = %v, %v; want [21]", holders, err)
+	}
+}
+
+// The plugin is found beside the CRIU the install script builds, and only there.
+func TestFindFilePlugin(t *testing.T) {
+	prefix := t.TempDir()
+	criu := filepath.Join(prefix, "sbin", "criu")
+	if got := FindFilePlugin(criu); got != "" {
+		t.Fatalf("FindFilePlugin without the plugin = %q, want none", got)
+	}
+	writeFile(t, prefix, "lib/nvidia/"+FilePluginFile, "")
+	if got, want := FindFilePlugin(criu), filepath.Join(prefix, "lib", "nvidia"); got != want {
+		t.Fatalf("FindFilePlugin = %q, want %q", got, want)
+	}
+	if got := FindFilePlugin(""); got != "" {
+		t.Fatalf("FindFilePlugin of no CRIU = %q, want none", got)
 	}
 }
 
