@@ -364,6 +364,14 @@ func TestLoadRejects(t *testing.T) {
 			sentinel: ErrCorrupt, msg: `file path "/etc/passwd" is not inside the image`},
 		{name: "unclean path", edit: func(m map[string]any) { setPath(m, "criu/./pages-1.img") },
 			sentinel: ErrCorrupt, msg: `file path "criu/./pages-1.img" is not inside the image`},
+		// Sign replaces or removes these, and then the image no longer verified; a pull and
+		// fold take them as they take a manifest's own files and logs, not as listed ones.
+		{name: "signature listed", edit: func(m map[string]any) { setPath(m, SigName) },
+			sentinel: ErrCorrupt, msg: "file manifest.sig is listed, but a manifest never lists"},
+		{name: "interrupted sign's file listed", edit: func(m map[string]any) { setPath(m, ManifestName+".new") },
+			sentinel: ErrCorrupt, msg: "file manifest.json.new is listed"},
+		{name: "log listed", edit: func(m map[string]any) { setPath(m, LogsDir+"/dump.log") },
+			sentinel: ErrCorrupt, msg: "file logs/dump.log is listed"},
 		{name: "edited, seal not", raw: "-", sentinel: ErrCorrupt, msg: "image file manifest.json: does not match manifest.sha256"},
 		{name: "seal missing", raw: "no seal", sentinel: ErrCorrupt, msg: "image file manifest.sha256: missing"},
 		{name: "bad checksum field", edit: func(m map[string]any) { m["files"].([]any)[0].(map[string]any)["xxh64"] = "zz" },

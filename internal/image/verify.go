@@ -222,6 +222,8 @@ func (m *Manifest) problem() string {
 			return fmt.Sprintf("file %s has an invalid size or checksum", f.Path)
 		case seen[f.Path]:
 			return fmt.Sprintf("file %s is listed twice", f.Path)
+		case neverListed(f.Path):
+			return fmt.Sprintf("file %s is listed, but a manifest never lists its own files or CRIU's logs", f.Path)
 		case f.Size > MaxImageBytes-total:
 			return fmt.Sprintf("files listed up to %s hold more than %d TiB, more than any image gpucr writes", f.Path, MaxImageBytes>>40)
 		}
@@ -306,15 +308,21 @@ func CheckListed(dir string, m *Manifest) error {
 			return nil
 		case !d.Type().IsRegular():
 			return &CorruptError{rel, "not a regular file: an image holds only regular files and directories"}
-		case rel == ManifestName || rel == SealName || rel == SigName || listed[rel]:
+		case listed[rel] || neverListed(rel):
 			return nil
-		case rel == ManifestName+beneath.ReplaceSuffix || rel == SealName+beneath.ReplaceSuffix || rel == SigName+beneath.ReplaceSuffix:
-			return nil // an interrupted Sign's: never read, removed by the next one
-		case path.Dir(rel) == LogsDir:
-			return nil // CRIU's logs: for people, never read by a restore
 		}
 		return &CorruptError{rel, "not listed in the manifest: the image was changed after its checkpoint"}
 	})
+}
+
+// neverListed says whether p names a file an image holds that its manifest never lists:
+// the manifest, its seal and its signatures, what an interrupted Sign left of them (never
+// read, removed by the next one), and CRIU's logs (for people, never read by a restore).
+// Listed in a crafted manifest, such a file passed verify, and then Sign removed or
+// replaced it, leaving an image that no longer verified (hostile test).
+func neverListed(p string) bool {
+	name := strings.TrimSuffix(p, beneath.ReplaceSuffix)
+	return name == ManifestName || name == SealName || name == SigName || path.Dir(p) == LogsDir
 }
 
 // Verify checks every file of m in dir and returns a *CorruptError for the first wrong one
