@@ -17,11 +17,13 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 
 	"github.com/gpucr/gpucr/internal/rootonly"
 )
@@ -151,7 +153,7 @@ func LoadPrivate(path string) (ed25519.PrivateKey, error) {
 	if err := rootsOwn(path); err != nil {
 		return nil, fmt.Errorf("signing key %s: %w", path, err)
 	}
-	b, err := os.ReadFile(path)
+	b, err := readKey(path)
 	if err != nil {
 		return nil, fmt.Errorf("signing key: %w", err)
 	}
@@ -225,7 +227,7 @@ func LoadTrusted(paths []string) (Keys, error) {
 
 // LoadPublic reads one ed25519 public key.
 func LoadPublic(path string) (ed25519.PublicKey, error) {
-	b, err := os.ReadFile(path)
+	b, err := readKey(path)
 	if err != nil {
 		return nil, fmt.Errorf("trusted key: %w", err)
 	}
@@ -238,6 +240,30 @@ func LoadPublic(path string) (ed25519.PublicKey, error) {
 		return nil, fmt.Errorf("trusted key %s is not an ed25519 key", path)
 	}
 	return pub, nil
+}
+
+// maxKeyFile is the most a key file may hold: an ed25519 key in PEM is about 120 bytes.
+const maxKeyFile = 64 << 10
+
+// readKey reads the key file at path, a regular file of at most maxKeyFile bytes, opened
+// without blocking: a FIFO as a key (one *.pub of a trusted directory) hung verify, sign,
+// pull and restore, and a key file of 3 GiB was read whole into memory (hostile test).
+func readKey(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	switch {
+	case err != nil:
+		return nil, err
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	case fi.Size() > maxKeyFile:
+		return nil, fmt.Errorf("%s holds %d bytes, more than a key's %d", path, fi.Size(), maxKeyFile)
+	}
+	return io.ReadAll(io.LimitReader(f, maxKeyFile+1))
 }
 
 func parsePEM(b []byte, typ string, parse func([]byte) (any, error)) (any, error) {

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestSignAndCheck(t *testing.T) {
@@ -177,5 +178,45 @@ func TestKeygenKilledLeavesNoKeyBehind(t *testing.T) {
 	}
 	if _, err := LoadPrivate(path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A key that is no key file is refused at once: a FIFO among a trusted directory's *.pub
+// (or as the signing key) hung verify, sign, pull and restore in open(2), and a key file of
+// gigabytes was read whole into memory (hostile test).
+func TestKeyFilesThatAreNoKeysAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo.pub")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // lets a reader blocked in open(2) go, where the test failed
+		if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+	})
+	huge := filepath.Join(dir, "huge.pub")
+	if err := os.WriteFile(huge, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(huge, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	for name, load := range map[string]func() error{
+		"FIFO trusted":          func() error { _, err := LoadTrusted([]string{fifo}); return err },
+		"FIFO in a trusted dir": func() error { _, err := LoadTrusted([]string{dir}); return err },
+		"FIFO signing key":      func() error { _, err := LoadPrivate(fifo); return err },
+		"huge trusted":          func() error { _, err := LoadTrusted([]string{huge}); return err },
+	} {
+		done := make(chan error, 1)
+		go func() { done <- load() }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "not a regular file") && !strings.Contains(err.Error(), "more than a key's") {
+				t.Errorf("%s: %v, want it refused as no key file", name, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s: still loading after 5s", name)
+		}
 	}
 }
