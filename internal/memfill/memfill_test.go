@@ -555,6 +555,30 @@ func TestFillRefusesWhatTheImageDoesNotOwn(t *testing.T) {
 	}
 }
 
+// Runs gpucr saved are whole pages, each page in one: a crafted image's run moved by a byte,
+// or a page into the run before it, was filled so, and the restore said it succeeded.
+func TestSavedRunsAreWholePagesOnce(t *testing.T) {
+	m := &image.Manifest{Processes: []image.Process{{PID: 7}}}
+	file := func(name string, size int64) image.File {
+		return image.File{Path: criuimg.MemDir + "/" + name, Size: size}
+	}
+	for name, files := range map[string][]image.File{
+		"unaligned start":      {file("7-100001.img", 1<<20)},
+		"part of a page":       {file("7-100000.img", 4097)},
+		"overlapping runs":     {file("7-100000.img", 1<<20), file("7-1ff000.img", 1<<20)},
+		"one run listed twice": {file("7-100000.img", 1<<20), file("7-0100000.img", 1<<20)},
+	} {
+		m.Files = files
+		if _, err := savedRuns(m, Dir(t.TempDir())); !errors.Is(err, image.ErrCorrupt) {
+			t.Errorf("%s: savedRuns = %v, want the image refused as corrupt", name, err)
+		}
+	}
+	m.Files = []image.File{file("7-100000.img", 1<<20), file("7-200000.img", 1<<20)}
+	if runs, err := savedRuns(m, Dir(t.TempDir())); err != nil || len(runs) != 2 {
+		t.Fatalf("two runs side by side: %+v, %v", runs, err)
+	}
+}
+
 // A pagemap listing so many pages that their byte count wraps around to exactly 2^64 —
 // and so matches an empty pages file — is refused, not summed: 2^20 entries of 2^32-1
 // pages and one of 2^20 pages make 2^64 bytes.

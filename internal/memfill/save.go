@@ -3,6 +3,7 @@ package memfill
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -443,8 +444,25 @@ func savedRuns(m *image.Manifest, src Source) ([]run, error) {
 			return nil, &image.CorruptError{Path: f.Path, Reason: fmt.Sprintf("names process %d, which is not in the image's tree", pid)}
 		case start+uint64(f.Size) < start:
 			return nil, &image.CorruptError{Path: f.Path, Reason: "range past the end of the address space"}
+		case start%criuimg.PageSize != 0 || f.Size%criuimg.PageSize != 0:
+			return nil, &image.CorruptError{Path: f.Path, Reason: "not a run of whole pages"}
 		}
 		out = append(out, run{pid: pid, addr: start, size: f.Size, src: src, file: f.Path})
 	}
-	return out, nil
+	return out, overlap(out)
+}
+
+// overlap refuses runs of which two write the same memory of a process: gpucr saves each
+// page once, and the fill writes runs at once, so which one's bytes stayed was chance. A
+// crafted image's run moved a byte, or a page, over another was restored so and said
+// restored, where fold refused it (hostile test).
+func overlap(runs []run) error {
+	sorted := slices.Clone(runs)
+	slices.SortFunc(sorted, func(a, b run) int { return cmp.Or(cmp.Compare(a.pid, b.pid), cmp.Compare(a.addr, b.addr)) })
+	for i := 1; i < len(sorted); i++ {
+		if prev, r := sorted[i-1], sorted[i]; prev.pid == r.pid && prev.addr+uint64(prev.size) > r.addr {
+			return &image.CorruptError{Path: r.file, Reason: fmt.Sprintf("overlaps %s: both fill process %d at %#x", prev.file, r.pid, r.addr)}
+		}
+	}
+	return nil
 }
