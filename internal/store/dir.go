@@ -146,8 +146,11 @@ func (d *Dir) Get(_ context.Context, key string) (io.ReadCloser, error) {
 	}
 	defer hd.Close()
 	f, err := hd.Open(name)
-	if notObject(err) {
+	if missing(err) {
 		return nil, fmt.Errorf("%s: %w", d.URL(key), ErrNotFound)
+	}
+	if notRegular(err) {
+		return nil, fmt.Errorf("%s: %w", d.URL(key), ErrNotObject)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", d.URL(key), err)
@@ -155,11 +158,14 @@ func (d *Dir) Get(_ context.Context, key string) (io.ReadCloser, error) {
 	return f, nil
 }
 
-// notObject says whether err means that a name is not an object: missing, or not a regular
-// file (a symlink, refused by O_NOFOLLOW, included).
-func notObject(err error) bool {
-	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) || errors.Is(err, beneath.ErrNotRegular) ||
-		errors.Is(err, syscall.ELOOP)
+// missing says whether err means that a name is not there; notRegular, that it is there
+// but no regular file (a symlink, refused by O_NOFOLLOW, included).
+func missing(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR)
+}
+
+func notRegular(err error) bool {
+	return errors.Is(err, beneath.ErrNotRegular) || errors.Is(err, syscall.ELOOP)
 }
 
 func (d *Dir) Stat(_ context.Context, key string) (int64, error) {
@@ -172,8 +178,11 @@ func (d *Dir) Stat(_ context.Context, key string) (int64, error) {
 	}
 	defer hd.Close()
 	fi, err := hd.Lstat(name)
-	if notObject(err) || (err == nil && !fi.Mode().IsRegular()) {
+	if missing(err) {
 		return 0, fmt.Errorf("%s: %w", d.URL(key), ErrNotFound)
+	}
+	if notRegular(err) || (err == nil && !fi.Mode().IsRegular()) {
+		return 0, fmt.Errorf("%s: %w", d.URL(key), ErrNotObject)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("stat %s: %w", d.URL(key), err)
@@ -223,6 +232,10 @@ func (d *Dir) List(_ context.Context, dir string) ([]Entry, error) {
 			out = append(out, Entry{Key: key, Dir: true})
 		case fi.Mode().IsRegular():
 			out = append(out, Entry{Key: key, Size: fi.Size(), Modified: fi.ModTime()})
+		default:
+			// Passed over, a checkpoint moved behind a symbolic link was no checkpoint to a
+			// collection, which removed its chunks (hostile test).
+			return nil, fmt.Errorf("list %s: %s is %w: move what it names into the store, or remove it", d.URL(dir), name, ErrNotObject)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })

@@ -17,12 +17,23 @@ import (
 // Errors callers act on; every backend returns them wrapped with the key.
 var (
 	ErrNotFound = errors.New("object not found")
+	// ErrNotObject is a local store's name that is there but no object gpucr reads (a
+	// symbolic link, a device): read as not found, yet not absent, which a collection must
+	// not take it for.
+	ErrNotObject error = notObject{}
 	// ErrExists is Create finding the key taken: a concurrent writer got there first.
 	ErrExists = errors.New("object already exists")
 	// ErrFull is a service refusing a write for want of room; a local directory's is the
 	// file system's ENOSPC or EDQUOT instead (Full tells either).
 	ErrFull = errors.New("the store is full")
 )
+
+type notObject struct{}
+
+func (notObject) Error() string { return "not a regular file (gpucr follows no symbolic link)" }
+
+// Is makes a name that is no object read as one not found, to those who only read.
+func (notObject) Is(target error) bool { return target == ErrNotFound }
 
 // Full reports whether err is a store refusing a write for want of room.
 func Full(err error) bool {

@@ -684,3 +684,38 @@ func TestCollectOnAFullStore(t *testing.T) {
 		}
 	})
 }
+
+// A checkpoint moved elsewhere and put back as a symbolic link, or whose manifest object is
+// one, is no interrupted push: the collection removes nothing, where it took such a
+// checkpoint's chunks for unreferenced and removed them (hostile test).
+func TestCollectRemovesNothingBesideACheckpointBehindASymlink(t *testing.T) {
+	for _, linked := range []string{"checkpoint", "manifest"} {
+		t.Run(linked, func(t *testing.T) {
+			ctx := context.Background()
+			root, elsewhere := t.TempDir(), t.TempDir()
+			st := store.NewDir(root)
+			if _, _, err := chunked.Push(ctx, st, "job/1", testImage(t, 0), chunked.Options{}); err != nil {
+				t.Fatal(err)
+			}
+			from, to := filepath.Join(root, "job", "1"), filepath.Join(elsewhere, "1")
+			if linked == "manifest" {
+				from, to = filepath.Join(from, chunked.ManifestObject), filepath.Join(elsewhere, chunked.ManifestObject)
+			}
+			if err := os.Rename(from, to); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink(to, from); err != nil {
+				t.Fatal(err)
+			}
+			before := chunkNames(t, st, "job")
+			for _, dry := range []bool{true, false} {
+				if c, err := chunked.Collect(ctx, st, "job", dry); err == nil {
+					t.Fatalf("collect (dry run %v) = %+v, want a refusal", dry, c)
+				}
+			}
+			if after := chunkNames(t, st, "job"); !sameNames(before, after) {
+				t.Fatalf("chunks removed: %d of %d left", len(after), len(before))
+			}
+		})
+	}
+}

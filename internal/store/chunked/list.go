@@ -39,6 +39,9 @@ func Load(ctx context.Context, st store.Store, prefix string) (*Manifest, error)
 		b, err = io.ReadAll(io.LimitReader(r, maxManifest+1))
 		r.Close()
 	}
+	if errors.Is(err, store.ErrNotObject) { // there, but no object: not an interrupted push
+		return nil, fmt.Errorf("read %s: %w", st.URL(key), err)
+	}
 	if errors.Is(err, store.ErrNotFound) { // never there, or deleted while read
 		return nil, fmt.Errorf("%s: %w (no %s: nothing was pushed there, or a push was interrupted)",
 			st.URL(prefix), ErrNoCheckpoint, ManifestObject)
