@@ -20,7 +20,7 @@ command -v apt-get >/dev/null || die "apt-get not found: this script supports De
 BUILD_DEPS=(build-essential pkg-config git ca-certificates xz-utils
   libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler python3-protobuf
   libnl-3-dev libnet1-dev libcap-dev libbsd-dev libgnutls28-dev libnftables-dev libaio-dev
-  uuid-dev libdrm-dev iproute2 busybox-static patch runc crun)
+  uuid-dev libdrm-dev iproute2 busybox-static patch runc crun nftables)
 
 missing=()
 for p in "${BUILD_DEPS[@]}"; do
