@@ -16,10 +16,18 @@ type TCPEntry struct {
 	Local, Remote netip.AddrPort
 	State         string // hex, as the table writes it: TCPEstablished
 	UID, Inode    string
+	// RxQueue is the table's rx_queue: bytes received and not read on a connection; on a
+	// listening socket, the connections the kernel has completed and the process has not
+	// accepted (its accept backlog, as CRIU's socket diagnostics report it too).
+	RxQueue uint64
 }
 
-// TCPEstablished is the state /proc/net/tcp gives an established connection.
-const TCPEstablished = "01"
+const (
+	// TCPEstablished is the state /proc/net/tcp gives an established connection.
+	TCPEstablished = "01"
+	// TCPListen is the state /proc/net/tcp gives a listening socket.
+	TCPListen = "0A"
+)
 
 // tcpConnected names the states /proc/net/tcp gives a socket with a peer: established,
 // connecting, or closing with a descriptor still on it. CRIU dumps a socket in any of them
@@ -60,7 +68,11 @@ func ParseTCPTable(table []byte) []TCPEntry {
 		local, ok1 := parseProcAddr(f[1])
 		remote, ok2 := parseProcAddr(f[2])
 		if ok1 && ok2 {
-			out = append(out, TCPEntry{Local: local, Remote: remote, State: f[3], UID: f[7], Inode: f[9]})
+			e := TCPEntry{Local: local, Remote: remote, State: f[3], UID: f[7], Inode: f[9]}
+			if _, rx, ok := strings.Cut(f[4], ":"); ok {
+				e.RxQueue, _ = strconv.ParseUint(rx, 16, 64)
+			}
+			out = append(out, e)
 		}
 	}
 	return out
@@ -90,6 +102,24 @@ func parseProcAddr(s string) (netip.AddrPort, bool) {
 // another state with a peer (tcpConnected), from the tables of its own network namespace
 // (/proc/PID/net/tcp and tcp6). A process that is gone or unreadable holds none.
 func (s *Snapshot) TCPConnections(pid int) []TCPEntry {
+	return s.tcpSockets(pid, func(e TCPEntry) bool {
+		_, ok := tcpConnected[e.State]
+		return ok
+	})
+}
+
+// TCPPendingListeners lists the listening TCP sockets pid holds a descriptor on that have
+// connections the kernel has completed and pid has not accepted yet (RxQueue above 0), from
+// the tables of its own network namespace. CRIU refuses to dump such a socket, with
+// --tcp-established or without ("In-flight connection (l)"); one with none it dumps as it
+// is. The connections themselves are on no descriptor (inode 0) until accepted.
+func (s *Snapshot) TCPPendingListeners(pid int) []TCPEntry {
+	return s.tcpSockets(pid, func(e TCPEntry) bool { return e.State == TCPListen && e.RxQueue > 0 })
+}
+
+// tcpSockets lists the sockets of pid's network namespace's tcp and tcp6 tables that pid
+// holds a descriptor on and keep accepts. A process that is gone or unreadable holds none.
+func (s *Snapshot) tcpSockets(pid int, keep func(TCPEntry) bool) []TCPEntry {
 	files, _ := s.Files(pid)
 	inodes := SocketInodes(files)
 	if len(inodes) == 0 {
@@ -99,7 +129,7 @@ func (s *Snapshot) TCPConnections(pid int) []TCPEntry {
 	for _, table := range []string{"tcp", "tcp6"} {
 		b, _ := os.ReadFile(filepath.Join(s.root, strconv.Itoa(pid), "net", table))
 		for _, e := range ParseTCPTable(b) {
-			if _, ok := tcpConnected[e.State]; ok && inodes[e.Inode] {
+			if inodes[e.Inode] && keep(e) {
 				out = append(out, e)
 			}
 		}

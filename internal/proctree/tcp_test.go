@@ -14,7 +14,7 @@ import (
 func TestParseTCPTable(t *testing.T) {
 	table := []byte(`  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
    0: 0100007F:B7D3 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 4242 1 0 20 4 30 10 -1
-   1: 00000000000000000000000001000000:0050 0000000000000000FFFF00000100007F:C350 01 00000000:00000000 00:00000000 00000000  1000        0 77 1
+   1: 00000000000000000000000001000000:0050 0000000000000000FFFF00000100007F:C350 01 00000010:0000001A 00:00000000 00000000  1000        0 77 1
    2: short line
 `)
 	got := ParseTCPTable(table)
@@ -24,7 +24,7 @@ func TestParseTCPTable(t *testing.T) {
 	if e := got[0]; e.Local.String() != "127.0.0.1:47059" || e.Remote.String() != "127.0.0.1:8080" || e.State != TCPEstablished || e.UID != "0" || e.Inode != "4242" {
 		t.Errorf("IPv4 entry %+v", e)
 	}
-	if e := got[1]; e.Local.String() != "[::1]:80" || e.Remote.String() != "127.0.0.1:50000" || e.UID != "1000" || e.Inode != "77" {
+	if e := got[1]; e.Local.String() != "[::1]:80" || e.Remote.String() != "127.0.0.1:50000" || e.UID != "1000" || e.Inode != "77" || e.RxQueue != 26 {
 		t.Errorf("IPv6 entry %+v", e)
 	}
 }
@@ -105,5 +105,41 @@ func TestTCPConnectionsClosingAreConnections(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("not among the connections:%s", missing)
 		}
+	}
+}
+
+// The real /proc: a listener this test holds, connected to and not accepting, has the
+// connection in its backlog; once it accepts, it has none. (CRIU refuses the first.)
+func TestTCPPendingListenersOfThisProcess(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Skip("no loopback TCP here: " + err.Error())
+	}
+	defer l.Close()
+	self, err := Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := func() []TCPEntry { return Snap("/proc", []Process{self}).TCPPendingListeners(os.Getpid()) }
+	if p := pending(); len(p) != 0 {
+		t.Fatalf("pending listeners %+v before any connection", p)
+	}
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// The handshake is the kernel's: over loopback it is done when Dial returns.
+	p := pending()
+	if len(p) != 1 || p[0].Local.String() != l.Addr().String() || p[0].RxQueue != 1 || p[0].State != TCPListen {
+		t.Fatalf("pending listeners %+v, want %s with 1 connection", p, l.Addr())
+	}
+	s, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if p := pending(); len(p) != 0 {
+		t.Fatalf("pending listeners %+v after the accept", p)
 	}
 }

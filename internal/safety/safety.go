@@ -33,6 +33,9 @@ const (
 	// CheckTCP is off where the checkpoint is asked to take established connections
 	// (--tcp-established: the engine's skipsFor).
 	CheckTCP = "tcp-established"
+	// CheckTCPPending is on with --tcp-established too: CRIU refuses a listening socket
+	// with connections not yet accepted either way.
+	CheckTCPPending = "tcp-pending"
 	// CheckSharedFile applies to a tree left running only; a checkpoint that ends the
 	// tree switches it off (the engine's skipsFor).
 	CheckSharedFile = "shared-file"
@@ -56,6 +59,7 @@ var rules = []Rule{
 	{CheckLinkedAway, "a file held under a path it was deleted from while it has another name (a POSIX semaphore sem_open made)", false},
 	{CheckMQueue, "a POSIX message queue held open", false},
 	{CheckTCP, "an established TCP connection (or one connecting or closing), which CRIU checkpoints only with --tcp-established", false},
+	{CheckTCPPending, "a listening TCP socket with connections not yet accepted, which CRIU cannot checkpoint", false},
 	{CheckSharedFile, "with --leave-running: a file mapped shared and writable, which the job running on changes after the checkpoint", true},
 }
 
@@ -185,6 +189,22 @@ func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) []Finding {
 				add(CheckTCP, p, "holds "+tcpList(conns)+", which CRIU checkpoints only with --tcp-established",
 					"checkpoint with --tcp-established (the restore then needs the same addresses and the peer still "+
 						"connected), or close the connection first")
+			}
+		}
+	}
+	if !skip[CheckTCPPending] {
+		named := map[string]bool{} // a listener a server's forked workers share, at the first
+		for _, p := range procs {
+			for _, l := range tree.TCPPendingListeners(p.PID) {
+				if named[l.Inode] {
+					continue
+				}
+				named[l.Inode] = true
+				add(CheckTCPPending, p, fmt.Sprintf("listens on %s with %d connection(s) the kernel has completed and it "+
+					"has not accepted yet, which CRIU refuses to checkpoint, with --tcp-established or without "+
+					"(\"In-flight connection\")", l.Local, l.RxQueue),
+					"let the job accept its pending connections (a server that stopped accepting), "+
+						"or retry the checkpoint in a moment")
 			}
 		}
 	}

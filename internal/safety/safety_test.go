@@ -26,8 +26,9 @@ type fake struct {
 	maps    []string
 	env     []string
 	threads []string
-	outside bool   // a process of the host, not of the tree
-	modes   string // per descriptor, how it was opened: r, w; none or blank: both
+	outside bool     // a process of the host, not of the tree
+	modes   string   // per descriptor, how it was opened: r, w; none or blank: both
+	tcp     []string // lines of its network namespace's /proc/PID/net/tcp, below the header
 }
 
 const (
@@ -64,6 +65,10 @@ func fixture(t *testing.T, procs ...fake) (string, []proctree.Process) {
 			testutil.WriteFile(t, filepath.Join(dir, "task", strconv.Itoa(p.pid+i), "comm"), []byte(th+"\n"))
 		}
 		testutil.WriteFile(t, filepath.Join(dir, "comm"), []byte("python3\n"))
+		if p.tcp != nil {
+			table := "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+			testutil.WriteFile(t, filepath.Join(dir, "net", "tcp"), []byte(table+strings.Join(p.tcp, "\n")+"\n"))
+		}
 		if !p.outside {
 			tree = append(tree, proctree.Process{PID: p.pid, Command: "python3"})
 		}
@@ -84,6 +89,19 @@ func TestAnalyzeFixtures(t *testing.T) {
 	sockets := []string{"NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1"}
 	worker := func(pid int, threads ...string) fake {
 		return fake{pid: pid, files: []string{"/dev/nvidiactl", "/dev/nvidia0"}, maps: []string{torch, nccl}, threads: threads}
+	}
+	// A python3 listener on 127.0.0.1:34287 (socket 5000) and a client connected to it that it
+	// has not accepted, as the kernel's table showed them: the listener's rx_queue (its
+	// accept backlog) 1, the connection completed for it on no descriptor yet (inode 0), the
+	// client's end (inode 5001) held outside the tree.
+	const (
+		pendingListener = "   1: 0100007F:85EF 00000000:0000 0A 00000000:00000001 00:00000000 00000000     0        0 5000 2 0 100 0 0 10 0"
+		idleListener    = "   1: 0100007F:85EF 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5000 1 0 100 0 0 10 0"
+		unaccepted      = "  14: 0100007F:85EF 0100007F:EB9E 01 00000000:00000000 00:00000000 00000000     0        0 0 1 0 20 0 0 10 -1"
+		clientEnd       = "  15: 0100007F:EB9E 0100007F:85EF 01 00000000:00000000 00:00000000 00000000     0        0 5001 2 0 20 0 0 10 -1"
+	)
+	listening := func(pid int, table ...string) fake {
+		return fake{pid: pid, files: []string{"/dev/null", "/dev/null", "/dev/null", "socket:[5000]"}, tcp: table}
 	}
 	cases := []struct {
 		name  string
@@ -132,6 +150,15 @@ func TestAnalyzeFixtures(t *testing.T) {
 		// A script fed to bash on its stdin, its writer gone: bash and the job only read.
 		{"a stdin pipe only read, inside and outside", []fake{{pid: 10, files: []string{"pipe:[83]"}, modes: "r"},
 			{pid: 20, files: []string{"pipe:[83]"}, modes: "r", outside: true}}, nil, nil, nil},
+		{"a listener with a connection not accepted", []fake{listening(10, pendingListener, unaccepted, clientEnd)},
+			nil, nil, []string{"tcp-pending:10"}},
+		{"a listener with a connection not accepted, with --tcp-established", []fake{listening(10, pendingListener, unaccepted, clientEnd)},
+			nil, Skips{CheckTCP: true}, []string{"tcp-pending:10"}},
+		{"a listener with nothing to accept", []fake{listening(10, idleListener)}, nil, nil, nil},
+		{"a listener a server's workers share, named once", []fake{listening(10, pendingListener), listening(11, pendingListener)},
+			nil, nil, []string{"tcp-pending:10"}},
+		{"the client waiting to be accepted: its connection only", []fake{{pid: 10, files: []string{"socket:[5001]"},
+			tcp: []string{pendingListener, unaccepted, clientEnd}}}, nil, nil, []string{"tcp-established:10"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -177,6 +204,23 @@ func TestOuterFIFOIsTheSameFileOnly(t *testing.T) {
 	}
 	if got := checksOf(Analyze(proctree.Snap(root, tree), nil, nil)); len(got) != 0 {
 		t.Fatalf("findings %v, want none: the process outside holds another FIFO at the path", got)
+	}
+}
+
+// A listener with connections it has not accepted passed the analysis, and CRIU's dump then
+// failed "In-flight connection (l)", --tcp-established or not, after a GPU job's device
+// state was locked and checkpointed (review). The finding names the socket and the backlog,
+// and cannot be switched off: gpucr has CRIU drop no pending connection.
+func TestListenerWithPendingConnectionsIsRefused(t *testing.T) {
+	root, tree := fixture(t, fake{pid: 10, files: []string{"socket:[5000]"}, tcp: []string{
+		"   0: 0100007F:85EF 00000000:0000 0A 00000000:00000003 00:00000000 00000000     0        0 5000 2 0 100 0 0 10 0"}})
+	got := Analyze(proctree.Snap(root, tree), nil, Skips{CheckTCP: true})
+	if len(got) != 1 || got[0].Check != CheckTCPPending || !strings.Contains(got[0].Reason, "listens on 127.0.0.1:34287 with 3 connection(s)") ||
+		!strings.Contains(got[0].Fix, "accept") {
+		t.Fatalf("findings %+v, want one naming the listener and its 3 pending connections", got)
+	}
+	if _, _, err := SkipsFrom([]string{CheckTCPPending}); err == nil {
+		t.Fatal("tcp-pending was switched off: CRIU refuses the socket anyway")
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -318,6 +319,73 @@ func TestEstablishedTCPConnectionSurvives(t *testing.T) {
 	at := w.read(t, "count")
 	restore(t, dir)       // the restore repeats --tcp-established from the image
 	w.waitCount(t, at+10) // each count went through the restored connection
+}
+
+// A listener with a connection the kernel has completed and the job has not accepted
+// passed --dry-run, and CRIU's dump then failed "In-flight connection (l)", with
+// --tcp-established or without, for a GPU job after its device state was locked and
+// checkpointed (review). It is refused up front now, and once the job has accepted, the
+// same listener is checkpointed and restored, and listens again.
+func TestListenerWithAConnectionNotAcceptedIsRefused(t *testing.T) {
+	needCRIU(t)
+	w := startPython(t, `import os, socket, sys, time
+d = sys.argv[1]
+s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+s.bind(("127.0.0.1", 0)); s.listen(8); s.setblocking(False)
+with open(os.path.join(d, "port.tmp"), "w") as f:
+    f.write("%d\n" % s.getsockname()[1])
+os.rename(os.path.join(d, "port.tmp"), os.path.join(d, "port"))
+`+countLoop+`
+def accept(i):
+    if os.path.exists(os.path.join(d, "accept")):
+        try:
+            s.accept()[0].close()
+        except BlockingIOError:
+            pass
+count(lambda i: True, accept)
+`)
+	addr := "127.0.0.1:" + strconv.Itoa(w.read(t, "port"))
+	pid := strconv.Itoa(w.pid)
+	if out, code := gpucr(t, "checkpoint", pid, "--dry-run"); code != 0 {
+		t.Fatalf("dry run of a listener with nothing to accept: exit %d: %s", code, out)
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, flags := range [][]string{nil, {"--tcp-established"}} {
+		if out, code := gpucr(t, append([]string{"checkpoint", pid, "--dry-run"}, flags...)...); code != exitFailed ||
+			!strings.Contains(out, "tcp-pending: process") || !strings.Contains(out, "listens on "+addr+" with 1 connection(s)") {
+			t.Errorf("dry run %v of a listener with a connection not accepted: exit %d: %s", flags, code, out)
+		}
+	}
+	if out, code := gpucr(t, "checkpoint", pid, "--tcp-established", "-D", filepath.Join(t.TempDir(), "refused")); code != exitFailed || !oneLineWith(out, "(check tcp-pending)") {
+		t.Fatalf("checkpoint of a listener with a connection not accepted: exit %d, want %d and one line: %s", code, exitFailed, out)
+	}
+	w.checkCountsOn(t, "the refusal")
+	// The client closes first, then the job accepts and closes: the connection's TIME_WAIT is
+	// the client's, on its own port, not on the one the restored listener binds again.
+	c.Close()
+	testutil.WriteFile(t, filepath.Join(w.dir, "accept"), nil)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		out, code := gpucr(t, "checkpoint", pid, "--dry-run")
+		if code == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job accepted, and a dry run still finds: %s", out)
+		}
+	}
+	dir := checkpointGone(t, w)
+	at := w.read(t, "count")
+	restore(t, dir)
+	w.waitCount(t, at+5)
+	again, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatalf("the restored job does not listen on %s: %v", addr, err)
+	}
+	again.Close()
 }
 
 // An image whose criu/ anyone may write in is restored from a private copy of CRIU's files
