@@ -559,6 +559,13 @@ func newManifest(e *Engine, tree []proctree.Process, ids map[int]int, snaps []gp
 		for i := range m.GPUs[s].Processes {
 			m.GPUs[s].Processes[i].PID = ids[m.GPUs[s].Processes[i].PID]
 		}
+		// The processes holding device files are numbered as the image too: in a PID
+		// namespace of the tree's own they kept their host PIDs, which named none of the
+		// image's, and one equal to a GPU process's had the image refused (listed twice).
+		m.GPUs[s].FileHolders = slices.Clone(m.GPUs[s].FileHolders)
+		for i, pid := range m.GPUs[s].FileHolders {
+			m.GPUs[s].FileHolders[i] = ids[pid]
+		}
 	}
 	return m
 }
