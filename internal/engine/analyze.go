@@ -34,6 +34,12 @@ func (e *Engine) Analyze(ctx context.Context, target Target, r CheckpointRequest
 	case err != nil:
 		return nil, err
 	}
+	switch err := found.refuseUnloadable(target, snap); {
+	case errors.As(err, &refused):
+		a.Findings = append(a.Findings, *refused)
+	case err != nil:
+		return nil, err
+	}
 	for _, snap := range found.Snapshots {
 		a.GPUProcesses = append(a.GPUProcesses, snap.Processes...)
 	}

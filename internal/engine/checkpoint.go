@@ -79,7 +79,8 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		return nil, err
 	}
 	defer op.End()
-	found, err := Inspect(ctx, e.Backends, e.Off, proctree.Snap("/proc", tree), skipsFor(target, r))
+	snap := proctree.Snap("/proc", tree)
+	found, err := Inspect(ctx, e.Backends, e.Off, snap, skipsFor(target, r))
 	if err != nil {
 		return nil, err
 	}
@@ -87,13 +88,10 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	if len(found.Frozen) > 0 {
 		return nil, found.Frozen[0]
 	}
+	if err := found.refuseUnloadable(target, snap); err != nil {
+		return nil, err
+	}
 	if len(found.Plugins) > 0 || len(found.Carriers) > 0 {
-		if p := found.Plugins; len(p) > 0 && !target.CRIUPlugins() {
-			return nil, fmt.Errorf("process %d of %s holds %s GPU state, which CRIU's plugin saves: not supported there yet", p[0].PID, target.What(), p[0].Backend.Name())
-		}
-		if c := found.Carriers; len(c) > 0 && !target.CRIUPlugins() {
-			return nil, fmt.Errorf("process %d of %s holds %s device files without device state (a child forked after its parent started using the GPU), which gpucr's CRIU plugin carries: not supported there yet", c[0].PID, target.What(), c[0].Backend.Name())
-		}
 		// The plugins save device state, or carry device files, within CRIU's dump.
 		if r.PluginDir, err = found.PluginDir(); err != nil {
 			return nil, err

@@ -1,0 +1,61 @@
+package engine
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/safety"
+	"github.com/gpucr/gpucr/internal/testutil"
+)
+
+// carrierGPU is fakeGPU whose CRIU plugin carries the device files of holder, a process
+// without device state (a DataLoader worker, to the NVIDIA backend).
+type carrierGPU struct {
+	*fakeGPU
+	holder int
+}
+
+func (c *carrierGPU) Holders(_ context.Context, tree *proctree.Snapshot) ([]int, error) {
+	if slices.Contains(tree.PIDs(), c.holder) {
+		return []int{c.holder}, nil
+	}
+	return nil, nil
+}
+
+func (c *carrierGPU) FilePluginDir() string { return "/plugins" }
+
+// noPlugins is a target CRIU loads no plugin for, as a container is.
+type noPlugins struct{ Target }
+
+func (noPlugins) CRIUPlugins() bool { return false }
+
+// A dry run of a target that loads no CRIU plugin (a container) finds the process whose
+// device files only the plugin carries, as the checkpoint refuses it: with the plugin
+// installed the backend no longer refused such a process itself, and a container's dry run
+// with a DataLoader worker found nothing where its checkpoint was refused.
+func TestDryRunFindsFilesNoPluginCarries(t *testing.T) {
+	holder := testutil.StartSleeper(t).Process.Pid
+	e := &Engine{Backends: []gpu.Backend{&carrierGPU{fakeGPU: &fakeGPU{}, holder: holder}}}
+	r := CheckpointRequest{LockTimeout: time.Second}
+
+	a, err := e.Analyze(context.Background(), noPlugins{e.Tree(holder)}, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(a.Findings, func(f safety.Finding) bool { return f.Check == safety.CheckNoCUDAState })
+	if i < 0 || a.Findings[i].PID != holder || a.Findings[i].Command != "sleep" {
+		t.Fatalf("findings of a container's holder = %+v, want %s naming process %d (sleep)", a.Findings, safety.CheckNoCUDAState, holder)
+	}
+	// A process tree loads the plugin: nothing to find.
+	a, err = e.Analyze(context.Background(), e.Tree(holder), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(a.Findings, func(f safety.Finding) bool { return f.Check == safety.CheckNoCUDAState }) {
+		t.Fatalf("findings of a process tree's holder = %+v, want none of %s", a.Findings, safety.CheckNoCUDAState)
+	}
+}
