@@ -374,13 +374,39 @@ func (b *Backend) find(tree *proctree.Snapshot) ([]gpu.Process, []holder, error)
 		}
 		// Not listed by NVML: the driver must still know it, or it is a process that only
 		// inherited the files, which the driver cannot checkpoint.
-		if _, err := b.cuda.State(pid); err != nil {
+		_, err = b.cuda.State(pid)
+		switch {
+		case noContext(err):
 			holders = append(holders, holder{pid: pid, refusal: noCUDAState(tree.Command(pid), pid, err)})
 			continue
+		case err != nil:
+			return nil, nil, unknownCUDAState(tree.Command(pid), pid, err)
 		}
 		out = append(out, gpu.Process{PID: pid})
 	}
 	return out, holders, nil
+}
+
+// noContext says whether the driver's answer to asking pid's state is that pid has no CUDA
+// context: CUDA_ERROR_NOT_INITIALIZED, what it answers for a child forked after its parent
+// started CUDA (device run 12, driver 580). Any other failure leaves it unknown whether the
+// process holds device state, which carrying its files as stateless would lose.
+func noContext(err error) bool {
+	var ce *cuda.Error
+	return errors.As(err, &ce) && ce.Code == cudaErrorNotInitialized
+}
+
+// cudaErrorNotInitialized is CUDA_ERROR_NOT_INITIALIZED.
+const cudaErrorNotInitialized = 3
+
+// unknownCUDAState is the refusal of a process holding NVIDIA device files whose CUDA state
+// the driver could not tell: it may hold a context the driver would not checkpoint.
+func unknownCUDAState(command string, pid int, cause error) error {
+	return &safety.Finding{
+		Check: safety.CheckNoCUDAState, PID: pid, Command: command,
+		Reason: fmt.Sprintf("holds NVIDIA device files, NVML does not list it, and the driver could not tell its CUDA state (%v): device state it may hold would not be checkpointed", cause),
+		Fix:    "checkpoint once the driver answers for it (a process NVML lists, or a child forked after its parent started CUDA, is checkpointed)",
+	}
 }
 
 // noCUDAState is the refusal of a process that holds NVIDIA device files without CUDA state

@@ -247,7 +247,9 @@ func TestProcesses(t *testing.T) {
 // A process that holds a device file the driver knows nothing of (a child forked after its
 // parent started CUDA) is refused, named, with what to do.
 func TestProcessesRefusesDeviceFilesWithoutCUDAState(t *testing.T) {
-	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), &fakeDriver{stateErr: errors.New("CUDA_ERROR_NOT_FOUND")})
+	// What the driver answers for a child forked after CUDA started (device run 12).
+	notInit := &cuda.Error{Call: "cuCheckpointProcessGetState", Code: 3, Name: "CUDA_ERROR_NOT_INITIALIZED"}
+	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), &fakeDriver{stateErr: notInit})
 	proc := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(proc, "21", "fd"), 0o755); err != nil {
 		t.Fatal(err)
@@ -272,6 +274,31 @@ func TestProcessesRefusesDeviceFilesWithoutCUDAState(t *testing.T) {
 	}
 	if holders, err := b.Holders(context.Background(), tree); err != nil || !slices.Equal(holders, []int{21}) {
 		t.Fatalf("Holders() with the plugin = %v, %v; want [21]", holders, err)
+	}
+}
+
+// A process NVML does not list whose CUDA state the driver could not read for another reason
+// than its having none (CUDA_ERROR_NOT_INITIALIZED) may hold a CUDA context: it is refused,
+// plugin or not. It was taken for a child without CUDA state, its device files carried by
+// the plugin and its mappings of driver memory restored as zeros: a job whose state the
+// driver never checkpointed, restored as if whole.
+func TestProcessesRefusesAStateTheDriverCannotRead(t *testing.T) {
+	unsupported := &cuda.Error{Call: "cuCheckpointProcessGetState", Code: 801, Name: "CUDA_ERROR_NOT_SUPPORTED"}
+	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), &fakeDriver{stateErr: unsupported})
+	b.filePlugin = t.TempDir()
+	proc := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, "21", "fd"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/nvidia0", filepath.Join(proc, "21", "fd", "9")); err != nil {
+		t.Fatal(err)
+	}
+	tree := proctree.Snap(proc, []proctree.Process{{PID: 21, Command: "python3"}})
+	if _, err := b.Processes(context.Background(), tree); !errors.Is(err, safety.ErrUnsafe) || !strings.Contains(err.Error(), "CUDA_ERROR_NOT_SUPPORTED") {
+		t.Fatalf("Processes() error = %v, want a refusal naming the driver's answer", err)
+	}
+	if holders, err := b.Holders(context.Background(), tree); err == nil || len(holders) != 0 {
+		t.Fatalf("Holders() = %v, %v; want none carried, and the refusal", holders, err)
 	}
 }
 
