@@ -4,7 +4,7 @@
 #   8, 9: a GPU process with a forked, a spawned child; 10: an image others could change;
 #   11: signed images, restored under --trust from a directory and streamed from a store;
 #   12: a restore onto a GPU too busy to take the job; 13: training fed by DataLoader workers
-#   forked after CUDA started)
+#   forked after CUDA started; 14: a GPU process whose child opened NVML itself)
 # Prints PASS/FAIL per test and writes JSON outputs to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -219,6 +219,23 @@ if wait_file "$W/dl/paused"; then
       wait_file "$W/dl/done" && { if cmp "$W/dlref/losses" "$W/dl/losses"; then ok "13 losses of steps 11-30 bit-identical"; else bad "13 losses differ"; diff "$W/dlref/losses" "$W/dl/losses" | head; fi; }
     } || { bad "13 checkpoint/restore of training with DataLoader workers"; tail -3 "$W/dl/err"; }
 else bad "13 training did not reach step 10: $(tail -3 "$W/dl/err")"; fi
+fi
+if has 14; then
+echo "== 14. a GPU process with a child that opened NVML itself: refused up front, the workload runs on"
+mkdir -p "$W/nvml"
+setsid python3 -c 'import subprocess, sys, time, torch
+x = torch.ones(1 << 28, device="cuda"); torch.cuda.synchronize()
+c = subprocess.Popen([sys.executable, "-c", "import ctypes, time; n = ctypes.CDLL(\"libnvidia-ml.so.1\"); assert n.nvmlInit_v2() == 0; print(1, flush=True); time.sleep(600)"], stdout=subprocess.PIPE)
+c.stdout.readline(); open(sys.argv[1] + "/ready", "w").write("ready")
+while True:
+    time.sleep(0.2); assert float(x.sum()) == float(1 << 28)' "$W/nvml" </dev/null >/dev/null 2>"$W/nvml/err" &
+NP=$!
+if wait_file "$W/nvml/ready"; then
+  out=$("$G" checkpoint "$NP" -D "$W/imgnvml" 2>&1); rc=$?; echo "rc $rc: $out"
+  [ $rc -ne 0 ] && echo "$out" | grep -q "opened by itself" && ! [ -e "$W/imgnvml" ] && sleep 1 && ! gone "$NP" &&
+    ok "14 refused, the child named, no image, the workload runs on" || bad "14 rc $rc"
+else bad "14 did not start: $(tail -3 "$W/nvml/err")"; fi
+pkill -9 -P "$NP"; kill -9 "$NP"
 fi
 if has 12; then
 echo "== 12. a GPU too busy for the job: refused before anything is restored; the driver's own failure rolled back; restores once freed"

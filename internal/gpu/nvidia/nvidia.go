@@ -63,6 +63,8 @@ type Backend struct {
 	// filePlugin is the directory of gpucr's CRIU plugin for the device files of processes
 	// without CUDA state ("" where it is not installed).
 	filePlugin string
+	// sameFile compares two processes' descriptors (proctree.SameFile; a fake in tests).
+	sameFile func(pid, fd, pid2, fd2 int) (bool, error)
 
 	l2Once sync.Once
 	l2     map[string]uint64 // by UUID; read once, since it initializes CUDA in gpucr
@@ -111,7 +113,7 @@ func FindFilePlugin(criuPath string) string {
 func (b *Backend) FilePluginDir() string { return b.filePlugin }
 
 func newBackend(lib nvml.Interface, d driver) *Backend {
-	return &Backend{nvml: lib, cuda: d, sys: "/sys"}
+	return &Backend{nvml: lib, cuda: d, sys: "/sys", sameFile: proctree.SameFile}
 }
 
 // initError words NVML's refusal to start so a user can tell a host without a driver from
@@ -279,6 +281,11 @@ func (b *Backend) Processes(_ context.Context, tree *proctree.Snapshot) ([]gpu.P
 	if err != nil {
 		return nil, err
 	}
+	for _, h := range holders {
+		if h.own != nil {
+			return nil, h.own
+		}
+	}
 	if len(holders) > 0 && b.filePlugin == "" {
 		return nil, holders[0].refusal
 	}
@@ -297,6 +304,9 @@ func (b *Backend) Holders(_ context.Context, tree *proctree.Snapshot) ([]int, er
 	}
 	pids := make([]int, len(holders))
 	for i, h := range holders {
+		if h.own != nil {
+			return nil, h.own
+		}
 		pids[i] = h.pid
 	}
 	return pids, nil
@@ -307,6 +317,10 @@ func (b *Backend) Holders(_ context.Context, tree *proctree.Snapshot) ([]int, er
 type holder struct {
 	pid     int
 	refusal error
+	// own refuses it whether the plugin is here or not: some of its files are not its GPU
+	// parent's, which a process opens itself to use them (NVML does), and reopened bare
+	// they would fail it after a restore.
+	own error
 }
 
 // find sorts the processes of tree that NVML lists or that hold NVIDIA device files into
@@ -384,7 +398,56 @@ func (b *Backend) find(tree *proctree.Snapshot) ([]gpu.Process, []holder, error)
 		}
 		out = append(out, gpu.Process{PID: pid})
 	}
+	for i, h := range holders {
+		holders[i].own = b.inherited(tree, h.pid, out)
+	}
 	return out, holders, nil
+}
+
+// nvidiaFile matches every NVIDIA device file, as the CRIU plugin carries them.
+func nvidiaFile(path string) bool { return strings.HasPrefix(path, "/dev/nvidia") }
+
+// inherited refuses holder unless each of its NVIDIA descriptors is an open file one of
+// gpus (the tree's processes with CUDA state) holds too: what a child forked after its
+// parent started CUDA holds, and never uses. Its own opens of the devices (a monitoring
+// process's NVML) would come back bare from the plugin and fail it after the restore.
+func (b *Backend) inherited(tree *proctree.Snapshot, holder int, gpus []gpu.Process) error {
+	theirs := map[int]map[int]string{}
+	for _, g := range gpus {
+		theirs[g.PID] = tree.Descriptors(g.PID, nvidiaFile)
+	}
+	for fd, path := range tree.Descriptors(holder, nvidiaFile) {
+		if !b.sharedWithAny(holder, fd, path, theirs) {
+			return ownDeviceFile(tree.Command(holder), holder, path)
+		}
+	}
+	return nil
+}
+
+// sharedWithAny says whether descriptor fd (of path) of pid is one of the open files in
+// theirs (by process, then descriptor).
+func (b *Backend) sharedWithAny(pid, fd int, path string, theirs map[int]map[int]string) bool {
+	for other, fds := range theirs {
+		for ofd, opath := range fds {
+			if opath != path {
+				continue
+			}
+			if same, err := b.sameFile(pid, fd, other, ofd); err == nil && same {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// ownDeviceFile is the refusal of a process holding an NVIDIA device file of its own
+// without CUDA state.
+func ownDeviceFile(command string, pid int, path string) error {
+	return &safety.Finding{
+		Check: safety.CheckNoCUDAState, PID: pid, Command: command,
+		Reason: fmt.Sprintf("holds %s, opened by itself and not inherited from a GPU process of the tree (as NVML or a monitoring tool opens it), without CUDA state the driver can checkpoint: restored, it would hold the device again without the driver's state it had", path),
+		Fix:    "leave it out of the tree (checkpoint the GPU process's own subtree), or stop it before the checkpoint and start it again after the restore",
+	}
 }
 
 // noContext says whether the driver's answer to asking pid's state is that pid has no CUDA

@@ -247,17 +247,23 @@ func TestProcesses(t *testing.T) {
 // A process that holds a device file the driver knows nothing of (a child forked after its
 // parent started CUDA) is refused, named, with what to do.
 func TestProcessesRefusesDeviceFilesWithoutCUDAState(t *testing.T) {
+	// Process 20 has a CUDA context (NVML lists it); 21, its forked child, holds its open
+	// file of /dev/nvidiactl without one.
 	// What the driver answers for a child forked after CUDA started (device run 12).
 	notInit := &cuda.Error{Call: "cuCheckpointProcessGetState", Code: 3, Name: "CUDA_ERROR_NOT_INITIALIZED"}
-	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), &fakeDriver{stateErr: notInit})
+	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0", nvml.ProcessInfo{Pid: 20, UsedGpuMemory: 1 << 30})),
+		&fakeDriver{stateErr: notInit})
+	b.sameFile = func(pid, fd, pid2, fd2 int) (bool, error) { return pid == 21 && fd == 9 && pid2 == 20 && fd2 == 9, nil }
 	proc := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(proc, "21", "fd"), 0o755); err != nil {
-		t.Fatal(err)
+	for _, pid := range []string{"20", "21"} {
+		if err := os.MkdirAll(filepath.Join(proc, pid, "fd"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("/dev/nvidiactl", filepath.Join(proc, pid, "fd", "9")); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := os.Symlink("/dev/nvidiactl", filepath.Join(proc, "21", "fd", "9")); err != nil {
-		t.Fatal(err)
-	}
-	tree := proctree.Snap(proc, []proctree.Process{{PID: 21, Command: "pt_data_worker"}})
+	tree := proctree.Snap(proc, []proctree.Process{{PID: 20, Command: "python3"}, {PID: 21, Command: "pt_data_worker"}})
 	_, err := b.Processes(context.Background(), tree)
 	if !errors.Is(err, safety.ErrUnsafe) || !strings.Contains(err.Error(), "process 21 (pt_data_worker)") || !strings.Contains(err.Error(), "install-deps") {
 		t.Fatalf("Processes() error = %v, want a refusal naming process 21 and the plugin's install", err)
@@ -269,36 +275,24 @@ func TestProcessesRefusesDeviceFilesWithoutCUDAState(t *testing.T) {
 	// With the plugin installed the process is a holder whose files it carries, not refused.
 	b.filePlugin = t.TempDir()
 	procs, err := b.Processes(context.Background(), tree)
-	if err != nil || len(procs) != 0 {
-		t.Fatalf("Processes() with the plugin = %v, %v; want no GPU process and no error", procs, err)
+	if err != nil || len(procs) != 1 || procs[0].PID != 20 {
+		t.Fatalf("Processes() with the plugin = %v, %v; want GPU process 20 alone and no error", procs, err)
 	}
 	if holders, err := b.Holders(context.Background(), tree); err != nil || !slices.Equal(holders, []int{21}) {
 		t.Fatalf("Holders() with the plugin = %v, %v; want [21]", holders, err)
 	}
-}
 
-// A process NVML does not list whose CUDA state the driver could not read for another reason
-// than its having none (CUDA_ERROR_NOT_INITIALIZED) may hold a CUDA context: it is refused,
-// plugin or not. It was taken for a child without CUDA state, its device files carried by
-// the plugin and its mappings of driver memory restored as zeros: a job whose state the
-// driver never checkpointed, restored as if whole.
-func TestProcessesRefusesAStateTheDriverCannotRead(t *testing.T) {
-	unsupported := &cuda.Error{Call: "cuCheckpointProcessGetState", Code: 801, Name: "CUDA_ERROR_NOT_SUPPORTED"}
-	b := newBackend(mockNVML(mockH100(uuidA, "00000000:1A:00.0")), &fakeDriver{stateErr: unsupported})
-	b.filePlugin = t.TempDir()
-	proc := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(proc, "21", "fd"), 0o755); err != nil {
+	// A device file the process opened itself (NVML's, say) is not its parent's: the plugin
+	// would give it back bare, so it is refused, plugin or not.
+	if err := os.Symlink("/dev/nvidia0", filepath.Join(proc, "21", "fd", "10")); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Symlink("/dev/nvidia0", filepath.Join(proc, "21", "fd", "9")); err != nil {
-		t.Fatal(err)
+	tree = proctree.Snap(proc, tree.Processes())
+	if _, err := b.Processes(context.Background(), tree); !errors.Is(err, safety.ErrUnsafe) || !strings.Contains(err.Error(), "/dev/nvidia0, opened by itself") {
+		t.Fatalf("Processes() with a device file of its own = %v, want it refused, named", err)
 	}
-	tree := proctree.Snap(proc, []proctree.Process{{PID: 21, Command: "python3"}})
-	if _, err := b.Processes(context.Background(), tree); !errors.Is(err, safety.ErrUnsafe) || !strings.Contains(err.Error(), "CUDA_ERROR_NOT_SUPPORTED") {
-		t.Fatalf("Processes() error = %v, want a refusal naming the driver's answer", err)
-	}
-	if holders, err := b.Holders(context.Background(), tree); err == nil || len(holders) != 0 {
-		t.Fatalf("Holders() = %v, %v; want none carried, and the refusal", holders, err)
+	if _, err := b.Holders(context.Background(), tree); err == nil {
+		t.Fatal("Holders() with a device file of its own: no error")
 	}
 }
 
