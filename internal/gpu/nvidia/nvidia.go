@@ -318,8 +318,8 @@ type holder struct {
 	pid     int
 	refusal error
 	// own refuses it whether the plugin is here or not: some of its files are not its GPU
-	// parent's, which a process opens itself to use them (NVML does), and reopened bare
-	// they would fail it after a restore.
+	// parent's but its own, which it may use, and reopened bare they would fail it after a
+	// restore.
 	own error
 }
 
@@ -409,8 +409,8 @@ func nvidiaFile(path string) bool { return strings.HasPrefix(path, "/dev/nvidia"
 
 // inherited refuses holder unless each of its NVIDIA descriptors is an open file one of
 // gpus (the tree's processes with CUDA state) holds too: what a child forked after its
-// parent started CUDA holds, and never uses. Its own opens of the devices (a monitoring
-// process's NVML) would come back bare from the plugin and fail it after the restore.
+// parent started CUDA holds, and never uses. A device it opened itself it may use, and
+// reopened bare by the plugin it would fail the process after the restore.
 func (b *Backend) inherited(tree *proctree.Snapshot, holder int, gpus []gpu.Process) error {
 	theirs := map[int]map[int]string{}
 	for _, g := range gpus {
@@ -445,7 +445,7 @@ func (b *Backend) sharedWithAny(pid, fd int, path string, theirs map[int]map[int
 func ownDeviceFile(command string, pid int, path string) error {
 	return &safety.Finding{
 		Check: safety.CheckNoCUDAState, PID: pid, Command: command,
-		Reason: fmt.Sprintf("holds %s, opened by itself and not inherited from a GPU process of the tree (as NVML or a monitoring tool opens it), without CUDA state the driver can checkpoint: restored, it would hold the device again without the driver's state it had", path),
+		Reason: fmt.Sprintf("holds %s, opened by itself and not inherited from a GPU process of the tree, without CUDA state the driver can checkpoint: restored, it would hold the device again without the driver's state it had", path),
 		Fix:    "leave it out of the tree (checkpoint the GPU process's own subtree), or stop it before the checkpoint and start it again after the restore",
 	}
 }
