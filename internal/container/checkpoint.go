@@ -81,8 +81,11 @@ type runcTarget struct {
 	inside map[int]bool
 }
 
-func (t *runcTarget) What() string       { return "container " + t.id }
-func (t *runcTarget) CRIUPlugins() bool  { return false }
+func (t *runcTarget) What() string      { return "container " + t.id }
+func (t *runcTarget) CRIUPlugins() bool { return false }
+
+// FilePlugins is true: runc passes its environment, which names the plugin, on to CRIU.
+func (t *runcTarget) FilePlugins() bool  { return true }
 func (t *runcTarget) RuntimeStdio() bool { return true }
 
 func (t *runcTarget) Open(ctx context.Context) ([]proctree.Process, error) {
@@ -217,7 +220,7 @@ func (t *runcTarget) Dump(ctx context.Context, d criu.DumpRequest, h engine.Dump
 	if d.PageServerPort != 0 {
 		pageServer = fmt.Sprintf("127.0.0.1:%d", d.PageServerPort)
 	}
-	if err := t.c.Runc.Checkpoint(ctx, t.id, d.ImagesDir, d.WorkDir, d.Flags, d.Env, pageServer); err != nil {
+	if err := t.c.Runc.Checkpoint(ctx, t.id, d.ImagesDir, d.WorkDir, d.Flags, d.PluginEnv(), pageServer); err != nil {
 		return err
 	}
 	return h.Commit()

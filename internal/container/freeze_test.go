@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/engine"
 	"github.com/gpucr/gpucr/internal/txn"
 )
@@ -64,5 +65,24 @@ func TestFailedPauseIsResumedByTheRollback(t *testing.T) {
 		if got := strings.Fields(string(b)); len(got) < 2 || got[0] != "pause" || got[1] != "resume" {
 			t.Errorf("container %s: runc was run with %q, want pause then resume", status, got)
 		}
+	}
+}
+
+// runc's CRIU is told where the plugins a dump needs are (gpucr's NVIDIA plugin for a
+// DataLoader worker's device files) through runc's environment, which runc passes on.
+func TestRuncDumpNamesThePluginDirectory(t *testing.T) {
+	dir := t.TempDir()
+	seen := filepath.Join(dir, "seen")
+	runc := filepath.Join(dir, "runc")
+	if err := os.WriteFile(runc, []byte("#!/bin/sh\necho \"$CRIU_LIBS_DIR\" > "+seen+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := (&Containers{Engine: &engine.Engine{Version: "test"}, Runc: &Runc{Path: runc}}).Target("web")
+	d := criu.DumpRequest{ImagesDir: t.TempDir(), WorkDir: t.TempDir(), Options: criu.Options{PluginDir: "/opt/gpucr/criu/lib/nvidia"}}
+	if err := target.Dump(context.Background(), d, engine.DumpHooks{Frozen: func() {}, Commit: func() error { return nil }}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(seen); err != nil || strings.TrimSpace(string(b)) != "/opt/gpucr/criu/lib/nvidia" {
+		t.Fatalf("runc's CRIU_LIBS_DIR = %q, %v; want the plugin directory", b, err)
 	}
 }

@@ -82,6 +82,9 @@ func (ri *runcImage) What() string      { return "container " + ri.id }
 func (ri *runcImage) Locks() []string   { return []string{engine.ContainerLock(ri.id)} }
 func (ri *runcImage) CRIUPlugins() bool { return false }
 
+// FilePlugins is true: runc passes its environment, which names the plugin, on to CRIU.
+func (ri *runcImage) FilePlugins() bool { return true }
+
 // Check refuses an ID runc already knows: the restore would fail, and its rollback must
 // never remove a container it did not create. It refuses too, as for a process tree, an
 // image of a container in the host's PID namespace whose PIDs are taken: CRIU fails to give
@@ -173,6 +176,7 @@ func (ri *runcImage) Restore(ctx context.Context, op *engine.Op, s engine.Restor
 	if err != nil {
 		return nil, err
 	}
+	env = append(env, s.PluginEnv()...)
 	// The hook holds the tasks while this process verifies and fills them, as runc and
 	// CRIU restore.
 	stop := make(chan struct{})

@@ -76,7 +76,13 @@ type Options struct {
 // childEnv is what CRIU's process gets on top of gpucr's environment: what this host needs
 // of CRIU first, so that a setting of the caller's can override it.
 func (o Options) childEnv() []string {
-	env := append(hwbreak.CRIUEnv(), o.Env...)
+	return append(hwbreak.CRIUEnv(), o.PluginEnv()...)
+}
+
+// PluginEnv is what CRIU's environment needs for the plugins: their settings, and where
+// they are. A runtime that runs CRIU (runc) passes its own environment on to it.
+func (o Options) PluginEnv() []string {
+	env := slices.Clip(o.Env)
 	if o.PluginDir != "" {
 		env = append(env, "CRIU_LIBS_DIR="+o.PluginDir)
 	}

@@ -32,6 +32,7 @@ func (c *carrierGPU) FilePluginDir() string { return "/plugins" }
 type noPlugins struct{ Target }
 
 func (noPlugins) CRIUPlugins() bool { return false }
+func (noPlugins) FilePlugins() bool { return false }
 
 // A dry run of a target that loads no CRIU plugin (a container) finds the process whose
 // device files only the plugin carries, as the checkpoint refuses it: with the plugin

@@ -80,13 +80,10 @@ func (f Found) PluginDir() (string, error) {
 // is a finding, as the backend's own refusal of it is where the plugin is not installed:
 // --dry-run reports it too, where it found nothing once the plugin was installed.
 func (f Found) refuseUnloadable(target Target, tree *proctree.Snapshot) error {
-	if target.CRIUPlugins() {
-		return nil
-	}
-	if p := f.Plugins; len(p) > 0 {
+	if p := f.Plugins; len(p) > 0 && !target.CRIUPlugins() {
 		return fmt.Errorf("process %d of %s holds %s GPU state, which CRIU's plugin saves: not supported there yet", p[0].PID, target.What(), p[0].Backend.Name())
 	}
-	if c := f.Carriers; len(c) > 0 {
+	if c := f.Carriers; len(c) > 0 && !target.FilePlugins() {
 		return &safety.Finding{
 			Check: safety.CheckNoCUDAState, PID: c[0].PID, Command: tree.Command(c[0].PID),
 			Reason: fmt.Sprintf("holds %s device files without device state (a child forked after its parent started using the GPU), which gpucr's CRIU plugin carries in a process tree, not in %s", c[0].Backend.Name(), target.What()),

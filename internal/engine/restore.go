@@ -142,7 +142,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	gpus, remap := plan.GPUs, plan.Remap
 	plan.LogMoves(e.Logger())
 	if plan.PluginDir != "" {
-		if !target.CRIUPlugins() {
+		if plan.PluginMemory && !target.CRIUPlugins() || !target.FilePlugins() {
 			return nil, fmt.Errorf("the image holds GPU state or device files that a CRIU plugin restores: restoring it into %s is not supported yet", target.What())
 		}
 		r.PluginDir, r.Env = plan.PluginDir, append(slices.Clip(r.Env), plan.Env...)

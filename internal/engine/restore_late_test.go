@@ -25,6 +25,7 @@ func (a *answerLost) What() string                                        { retu
 func (a *answerLost) Locks() []string                                     { return nil }
 func (a *answerLost) Check() error                                        { return nil }
 func (a *answerLost) CRIUPlugins() bool                                   { return false }
+func (a *answerLost) FilePlugins() bool                                   { return false }
 func (a *answerLost) Remove(_ context.Context, cause error) error         { a.removed = true; return cause }
 func (a *answerLost) Restore(_ context.Context, _ *Op, s RestoreSpec) (*Restored, error) {
 	if err := s.Created(map[int]int{a.pid: a.pid}); err != nil {

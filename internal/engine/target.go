@@ -36,6 +36,8 @@ type Target interface {
 	ImagePID(pid int) (int, error)
 	// CRIUPlugins says whether CRIU plugins (a gpu.CRIUPlugin backend's) can be loaded for it.
 	CRIUPlugins() bool
+	// FilePlugins says whether a gpu.FileCarrier's CRIU plugin can be loaded for it.
+	FilePlugins() bool
 	// RuntimeStdio says whether a runtime gives its restored processes their standard
 	// descriptors again (runc a container's, from descriptors.json): their pipes to
 	// processes outside the tree are then no loss.
@@ -81,6 +83,7 @@ type processTree struct {
 func (p *processTree) What() string          { return fmt.Sprintf("PID %d", p.pid) }
 func (p *processTree) Locks() []string       { return treeLocks(proctree.PIDs(p.tree)) }
 func (p *processTree) CRIUPlugins() bool     { return true }
+func (p *processTree) FilePlugins() bool     { return true }
 func (p *processTree) RuntimeStdio() bool    { return false }
 func (p *processTree) Describe(string) error { return nil }
 
@@ -346,6 +349,8 @@ type RestoreTarget interface {
 	Check() error
 	// CRIUPlugins says whether CRIU plugins (a gpu.CRIUPlugin backend's) can be loaded for it.
 	CRIUPlugins() bool
+	// FilePlugins says whether a gpu.FileCarrier's CRIU plugin can be loaded for it.
+	FilePlugins() bool
 	// Restore has CRIU restore s.ImagesDir, holding every task before it resumes until
 	// s.Verified passed and s.Fill is written, then calling s.Whole. It journals in op what
 	// it creates before creating it.
@@ -429,6 +434,7 @@ func (ti *treeImage) Locks() []string {
 	return treeLocks(pids)
 }
 func (ti *treeImage) CRIUPlugins() bool { return true }
+func (ti *treeImage) FilePlugins() bool { return true }
 
 func (ti *treeImage) Check() error {
 	if criuimg.OwnMounts(image.CRIUPath(ti.dir)) {

@@ -5,6 +5,8 @@
 #     `gpucr checkpoint --container`, killed, restored under a new ID: data identical.
 #  B. the same through plain `runc checkpoint` / `runc restore` with the runc integration
 #     (gpucr install-runc-integration, pointed at by the container's org.criu.config).
+#  D. a holder container whose holder has a forked child (a DataLoader worker's way): the
+#     child's NVIDIA device files carried by gpucr's CRIU plugin, which runc's CRIU loads.
 #  C. a 16 GiB holder container through gpucr, with gpucr saving and filling the memory
 #     and with CRIU moving all pages (checkpoint --criu-writes-pages, restore --criu-restores-pages):
 #     data identical after both, times side by side.
@@ -37,18 +39,19 @@ ldconfig -p | grep -E 'libcuda\.so|libnvidia-ml' ; grep -E 'nvidia|cuda|opengl' 
 [ -e /dev/nvidia-uvm ] || python3 -c 'import torch; torch.zeros(1, device="cuda")'
 ls /dev/nvidia*
 
-# bundle DIR [CRIU_CONFIG [GIB]]: an OCI bundle running holder.py GIB (1) with DIR/x as /x.
+# bundle DIR [CRIU_CONFIG [GIB [FLAG]]]: an OCI bundle running holder.py GIB (1) with DIR/x
+# as /x, and holder.py's FLAG (--fork: a forked child).
 bundle() {
   mkdir -p "$1/x" "$1/rootfs"; runc spec --bundle "$1"
-  python3 - "$1" "$B" "${2:-}" "${3:-1}" <<'PY'
+  python3 - "$1" "$B" "${2:-}" "${3:-1}" "${4:-}" <<'PY'
 import json, sys
-b, src, conf, gib = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+b, src, conf, gib, flag = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 sys.path.insert(0, src)
 from hostroot import host_root
 h = host_root(f"{b}/rootfs")
 c = json.load(open(f"{b}/config.json"))
 c["root"] = {"path": "rootfs", "readonly": False}
-c["process"].update(terminal=False, cwd="/x", args=[h["python"], f"{src}/holder.py", gib, "/x"])
+c["process"].update(terminal=False, cwd="/x", args=[h["python"], f"{src}/holder.py", gib, "/x"] + ([flag] if flag else []))
 c["process"]["env"] += h["env"]
 c["linux"]["namespaces"] = [n for n in c["linux"]["namespaces"] if n["type"] != "network"]
 c["linux"]["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
@@ -122,6 +125,21 @@ if [[ "$PARTS" == *" A "* ]]; then
     else bad "A. gpucr checkpoint --container"; fi
   else bad "A. holder did not start in the container"; fi
   runc delete -f gpucr-a >/dev/null 2>&1; runc delete -f gpucr-a2 >/dev/null 2>&1
+fi
+if [[ "$PARTS" == *" D "* ]]; then
+  echo "== D. a container whose holder has a forked child: checkpoint/restore --container"
+  D=$W/d; bundle "$D" "" 1 --fork
+  if start gpucr-d "$D" && wait_for "$D/x/child"; then
+    if "$G" checkpoint --container gpucr-d -D "$W/img-d"; then
+      ls "$W/img-d/criu" | grep -c gpucr-nvidia-file | sed 's/^/device files the plugin recorded: /'
+      if "$G" restore --container gpucr-d -D "$W/img-d" --new-id gpucr-d2; then
+        check "D. restored through gpucr, the child's device files carried" "$D"
+        c=$(cut -d' ' -f2 "$D/x/child"); sleep 1
+        [ "$(cut -d' ' -f2 "$D/x/child")" -gt "$c" ] && ok "D. the child runs on" || bad "D. the child is not running"
+      else bad "D. gpucr restore --container"; diagnose; fi
+    else bad "D. gpucr checkpoint --container"; diagnose; fi
+  else bad "D. holder with a child did not start in the container"; fi
+  runc delete -f gpucr-d >/dev/null 2>&1; runc delete -f gpucr-d2 >/dev/null 2>&1
 fi
 if [[ "$PARTS" == *" B "* ]]; then
   echo "== B. plain runc with the runc integration"

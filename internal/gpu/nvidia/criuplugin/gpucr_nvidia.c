@@ -11,7 +11,8 @@
  * trees it found to hold such processes (the NVIDIA backend's analysis); processes with CUDA
  * state hold no device files by then, the driver having closed them.
  *
- * Each descriptor's device is recorded in the image as gpucr-nvidia-file-ID: its path.
+ * Each descriptor's device is recorded in the image as gpucr-nvidia-file-ID: its path under
+ * /dev, as the driver names it.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,29 +26,36 @@
 
 #define RECORD "gpucr-nvidia-file-%x"
 
-/* is_nvidia_name says whether path names an NVIDIA device node, as the driver makes them. */
-static int is_nvidia_name(const char *path)
+/*
+ * canonical writes to out the path under /dev at which the NVIDIA driver makes the device
+ * whose node path names (by its last element: a container's bind mount of /dev/nvidiactl
+ * may read as /nvidiactl from CRIU's mount namespace), and returns 0; -1 if that is no
+ * NVIDIA device node's name.
+ */
+static int canonical(const char *path, char *out, size_t size)
 {
-	static const char *const fixed[] = { "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools",
-					     "/dev/nvidia-modeset", NULL };
-	const char *p;
+	static const char *const fixed[] = { "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset", NULL };
+	const char *base = strrchr(path, '/'), *p;
 	int i;
 
+	base = base ? base + 1 : path;
 	for (i = 0; fixed[i]; i++)
-		if (!strcmp(path, fixed[i]))
-			return 1;
-	if (!strncmp(path, "/dev/nvidia-caps/nvidia-cap", 27))
-		p = path + 27;
-	else if (!strncmp(path, "/dev/nvidia", 11))
-		p = path + 11;
+		if (!strcmp(base, fixed[i]))
+			return snprintf(out, size, "/dev/%s", base) < (int)size ? 0 : -1;
+	if (!strncmp(base, "nvidia-cap", 10))
+		p = base + 10;
+	else if (!strncmp(base, "nvidia", 6))
+		p = base + 6;
 	else
-		return 0;
-	if (!*p)
-		return 0;
+		return -1;
+	if (!*p || strlen(p) > 4)
+		return -1;
 	for (; *p; p++)
 		if (*p < '0' || *p > '9')
-			return 0;
-	return 1;
+			return -1;
+	if (!strncmp(base, "nvidia-cap", 10))
+		return snprintf(out, size, "/dev/nvidia-caps/%s", base) < (int)size ? 0 : -1;
+	return snprintf(out, size, "/dev/%s", base) < (int)size ? 0 : -1;
 }
 
 /*
@@ -95,7 +103,7 @@ static int fd_path(int fd, char *buf, size_t size)
 
 static int nvidia_dump_file(int fd, int id)
 {
-	char path[256], name[64];
+	char path[256], dev[64], name[64];
 	struct stat st;
 	int out, n, ret;
 
@@ -104,15 +112,15 @@ static int nvidia_dump_file(int fd, int id)
 	ret = fd_path(fd, path, sizeof(path));
 	if (ret)
 		return ret;
-	if (!is_nvidia_name(path)) {
-		fprintf(stderr, "gpucr_nvidia: NVIDIA device at %s, not a path the driver makes\n", path);
+	if (canonical(path, dev, sizeof(dev))) {
+		fprintf(stderr, "gpucr_nvidia: NVIDIA device at %s, not a name the driver gives\n", path);
 		return -EINVAL;
 	}
 	snprintf(name, sizeof(name), RECORD, id);
 	out = openat(criu_get_image_dir(), name, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (out < 0)
 		return -errno;
-	n = dprintf(out, "%s\n", path);
+	n = dprintf(out, "%s\n", dev);
 	ret = n < 0 || fsync(out) ? -EIO : 0;
 	close(out);
 	return ret;
@@ -121,7 +129,7 @@ CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__DUMP_EXT_FILE, nvidia_dump_file)
 
 static int nvidia_restore_file(int id)
 {
-	char path[256], name[64];
+	char path[256], dev[64], name[64];
 	struct stat st;
 	ssize_t n;
 	int in, fd;
@@ -136,7 +144,7 @@ static int nvidia_restore_file(int id)
 		return -EINVAL;
 	path[n - 1] = '\0';
 	/* The image names the device; anything but an NVIDIA device node is refused. */
-	if (!is_nvidia_name(path)) {
+	if (canonical(path, dev, sizeof(dev)) || strcmp(path, dev)) {
 		fprintf(stderr, "gpucr_nvidia: %s names %s, not an NVIDIA device\n", name, path);
 		return -EINVAL;
 	}
@@ -163,11 +171,10 @@ CR_PLUGIN_REGISTER_HOOK(CR_PLUGIN_HOOK__HANDLE_DEVICE_VMA, nvidia_handle_vma)
 static int nvidia_update_vma(const char *path, const uint64_t addr, const uint64_t old_pgoff, uint64_t *new_pgoff,
 			     int *plugin_fd)
 {
-	char abs[256];
+	char dev[64];
 	int fd;
 
-	snprintf(abs, sizeof(abs), "%s%s", path[0] == '/' ? "" : "/", path);
-	if (!is_nvidia_name(abs))
+	if (canonical(path, dev, sizeof(dev)))
 		return -ENOTSUP;
 	fd = open("/dev/zero", O_RDWR | O_CLOEXEC);
 	if (fd < 0)
