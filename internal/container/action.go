@@ -142,6 +142,12 @@ func (a *Action) findGPUs(ctx context.Context, root int) (engine.Found, []txn.GP
 		p := found.Plugins[0]
 		return engine.Found{}, nil, nil, fmt.Errorf("process %d holds %s GPU state, which CRIU's plugin saves: containers with such GPUs are not supported yet", p.PID, p.Backend.Name())
 	}
+	// The runtime's CRIU loads no plugin of gpucr's: it would fail on the device files
+	// only gpucr's plugin carries, once the GPUs were locked and checkpointed.
+	if len(found.Carriers) > 0 {
+		c := found.Carriers[0]
+		return engine.Found{}, nil, nil, fmt.Errorf("process %d holds %s device files without device state (a child forked after its parent started using the GPU, as a PyTorch DataLoader worker is), which gpucr's CRIU plugin carries only through gpucr checkpoint --container, not through the runtime's own checkpoint", c.PID, c.Backend.Name())
+	}
 	found = found.DropExited()
 	held := make([]txn.GPUProc, len(found.GPUs))
 	for i, p := range found.GPUs {
