@@ -4,7 +4,8 @@
 #   8, 9: a GPU process with a forked, a spawned child; 10: an image others could change;
 #   11: signed images, restored under --trust from a directory and streamed from a store;
 #   12: a restore onto a GPU too busy to take the job; 13: training fed by DataLoader workers
-#   forked after CUDA started; 14: a GPU process whose child opened an NVIDIA device itself)
+#   forked after CUDA started; 14: a GPU process whose child opened an NVIDIA device itself;
+#   15: 13's training checkpointed --leave-running, as a periodic checkpoint is)
 # Prints PASS/FAIL per test and writes JSON outputs to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -236,6 +237,29 @@ if wait_file "$W/nvml/ready"; then
     ok "14 refused, the child named, no image, the workload runs on" || bad "14 rc $rc"
 else bad "14 did not start: $(tail -3 "$W/nvml/err")"; fi
 pkill -9 -P "$NP"; kill -9 "$NP"
+fi
+if has 15; then
+echo "== 15. DataLoader training checkpointed --leave-running at step 10: runs on to 30, then the image restores and runs 11-30 again, losses bit-identical both times"
+mkdir -p "$W/dlref2" "$W/dlp"
+python3 "$B/train.py" "$W/dlref2" 30 -1 2 >/dev/null 2>&1 || bad "15 reference run"
+setsid python3 "$B/train.py" "$W/dlp" 30 10 2 </dev/null >/dev/null 2>&1 &
+JP=$!
+if wait_file "$W/dlp/paused"; then
+  TP=$(cat "$W/dlp/paused")
+  if "$G" checkpoint "$TP" -D "$W/imgdlp" --leave-running --json > "$OUTD/ckpt15.json"; then
+    phases "$OUTD/ckpt15.json" checkpoint
+    python3 -c 'import json,sys; print("paused %.2f s of %.2f s" % (json.load(open(sys.argv[1]))["pausedSeconds"], json.load(open(sys.argv[1]))["totalSeconds"]))' "$OUTD/ckpt15.json"
+    touch "$W/dlp/go"
+    wait_file "$W/dlp/done" && cmp -s "$W/dlref2/losses" "$W/dlp/losses" && ok "15 the job left running: losses of steps 11-30 bit-identical" || bad "15 the job left running"
+    wait "$JP" # reaped: a zombie holds its PID, which the restore needs
+    rm -f "$W/dlp/done"
+    if "$G" restore -D "$W/imgdlp" --json > "$OUTD/rst15.json"; then
+      phases "$OUTD/rst15.json" restore
+      wait_file "$W/dlp/done" && [ "$(tail -20 "$W/dlp/losses")" = "$(tail -20 "$W/dlref2/losses")" ] &&
+        ok "15 the image restored: steps 11-30 again, losses bit-identical" || { bad "15 restored run's losses"; tail -3 "$W/dlp/losses"; }
+    else bad "15 restore of the image left running"; fi
+  else bad "15 checkpoint --leave-running"; fi
+else bad "15 training did not reach step 10"; fi
 fi
 if has 12; then
 echo "== 12. a GPU too busy for the job: refused before anything is restored; the driver's own failure rolled back; restores once freed"
