@@ -99,6 +99,10 @@ func (a *app) restoreCmd() *cobra.Command {
 			if err := engine.CanRestoreHere(); err != nil {
 				return classify(err) // after the request's own mistakes, before anything is fetched
 			}
+			if init := engine.StartedByNamespaceInit(); init != "" {
+				a.log.Warn("the restored processes will live in this PID namespace, whose first process (PID 1, " + init +
+					") started gpucr: the kernel kills them when it exits; keep it running, or restore from outside the namespace")
+			}
 			if from != "" && r.Dir == "" {
 				ctx, stop := interrupt.Context(cmd.Context())
 				streamed, err = a.stream(ctx, from, r.Trust, &r)

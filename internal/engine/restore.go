@@ -546,6 +546,33 @@ func CanRestoreHere() error {
 	return nil
 }
 
+// StartedByNamespaceInit returns the command of its PID namespace's first process when that
+// process started this gpucr in a namespace other than the host's (unshare --pid --fork sh
+// -c 'gpucr restore ...'): what gpucr restores lives in that namespace and dies when that
+// process exits, whose lifetime gpucr cannot know; a restore there reported success and
+// the job was gone once the shell ended (review). Empty otherwise.
+func StartedByNamespaceInit() string {
+	if os.Getppid() != 1 || !inChildPIDNamespace() {
+		return ""
+	}
+	comm, err := os.ReadFile("/proc/1/comm")
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(comm))
+}
+
+// inChildPIDNamespace says whether this process's PID namespace is not the host's, whose
+// inode number the kernel fixes (PROC_PID_INIT_INO). A /proc mounted for the namespace
+// shows no PID from above it (NSpid), so that cannot tell.
+func inChildPIDNamespace() bool {
+	ns, err := os.Readlink("/proc/self/ns/pid")
+	return err == nil && ns != initialPIDNamespace
+}
+
+// initialPIDNamespace is the host's PID namespace as /proc/self/ns/pid names it.
+const initialPIDNamespace = "pid:[4026531836]"
+
 // pidWait bounds how long a restore waits for the image's PIDs to be let go by processes
 // that are on their way out: a checkpointed tree's exited children, reparented to an init
 // that reaps slowly, hold their PIDs and their session and group IDs until reaped.

@@ -336,6 +336,14 @@ func TestRestoreAsANamespacesFirstProcessIsRefused(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != exitNotReady || !oneLineWith(string(out), "gpucr is PID 1 of its PID namespace") {
 		t.Fatalf("restore as a namespace's first process: %v:\n%s", err, out)
 	}
+	// Started by a namespace's first process, gpucr cannot know how long that lives: it
+	// restores, and says the tree dies with that process (review: it reported success, and
+	// the job was gone once the shell exited).
+	cmd = exec.Command("unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", bin.gpucr+" restore -D "+dir+"; sleep 0.5")
+	out, err = cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "first process (PID 1, sh) started gpucr: the kernel kills them when it exits") {
+		t.Fatalf("restore started by a namespace's first process: %v:\n%s", err, out)
+	}
 	restore(t, dir)
 }
 
