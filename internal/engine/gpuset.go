@@ -75,10 +75,10 @@ func (f Found) PluginDir() (string, error) {
 	return dir, nil
 }
 
-// refuseUnloadable refuses found's uses of CRIU plugins where target loads none (a
-// container, whose runtime runs CRIU). A process whose device files only a plugin carries
-// is a finding, as the backend's own refusal of it is where the plugin is not installed:
-// --dry-run reports it too, where it found nothing once the plugin was installed.
+// refuseUnloadable refuses found's uses of CRIU plugins where target cannot load them (a
+// container's device-state plugins, whose runtime runs CRIU). A process whose device files
+// only a plugin carries is a finding, as the backend's own refusal of it is where the
+// plugin is not installed: --dry-run reports it too.
 func (f Found) refuseUnloadable(target Target, tree *proctree.Snapshot) error {
 	if p := f.Plugins; len(p) > 0 && !target.CRIUPlugins() {
 		return fmt.Errorf("process %d of %s holds %s GPU state, which CRIU's plugin saves: not supported there yet", p[0].PID, target.What(), p[0].Backend.Name())
@@ -86,9 +86,8 @@ func (f Found) refuseUnloadable(target Target, tree *proctree.Snapshot) error {
 	if c := f.Carriers; len(c) > 0 && !target.FilePlugins() {
 		return &safety.Finding{
 			Check: safety.CheckNoCUDAState, PID: c[0].PID, Command: tree.Command(c[0].PID),
-			Reason: fmt.Sprintf("holds %s device files without device state (a child forked after its parent started using the GPU), which gpucr's CRIU plugin carries in a process tree, not in %s", c[0].Backend.Name(), target.What()),
-			Fix: "a child forked after its parent started CUDA is such a process, as PyTorch DataLoader workers are by default: " +
-				"start them with the spawn or forkserver method (multiprocessing_context=\"spawn\")",
+			Reason: fmt.Sprintf("holds %s device files without device state (a child forked after its parent started using the GPU), which gpucr's CRIU plugin carries, and CRIU cannot load it for %s", c[0].Backend.Name(), target.What()),
+			Fix:    "checkpoint it with gpucr checkpoint PID or gpucr checkpoint --container, whose CRIU loads the plugin",
 		}
 	}
 	return nil
