@@ -401,6 +401,12 @@ func TestLoadRejects(t *testing.T) {
 		{name: "GPU process not in tree", edit: func(m map[string]any) {
 			m["gpus"] = []any{map[string]any{"backend": "nvidia", "processes": []any{map[string]any{"pid": 1}}}}
 		}, sentinel: ErrCorrupt, msg: "GPU process 1 is not among the image's processes"},
+		{name: "device file holder not in tree", edit: func(m map[string]any) {
+			m["gpus"] = []any{map[string]any{"backend": "nvidia", "deviceFileHolders": []any{1}}}
+		}, sentinel: ErrCorrupt, msg: "process 1 holding nvidia device files is not among the image's processes"},
+		{name: "device file holder PID 0", edit: func(m map[string]any) {
+			m["gpus"] = []any{map[string]any{"backend": "nvidia", "deviceFileHolders": []any{0}}}
+		}, sentinel: ErrCorrupt, msg: "process 0 holding nvidia device files is not among the image's processes"},
 		// A restore planned each backend from its first snapshot: the process of a second
 		// came back with its GPU state left checkpointed, and the restore said it succeeded.
 		{name: "GPU backend twice", edit: func(m map[string]any) {

@@ -270,8 +270,11 @@ func (m *Manifest) processProblem() string {
 	return m.gpuProblem(pids)
 }
 
-// gpuProblem checks the image's GPU snapshots (gpu.Problem) and that each GPU process is
-// one of the image's processes (pids).
+// gpuProblem checks the image's GPU snapshots (gpu.Problem) and that each GPU process, and
+// each process holding device files, is one of the image's processes (pids): holders of
+// PID 0, -5 or outside the tree passed verify and restore, a restore then loading CRIU's
+// plugin for no process, or refused on a host without it as needed by "process 0"
+// (hostile test).
 func (m *Manifest) gpuProblem(pids map[int]bool) string {
 	if reason := gpu.Problem(m.GPUs); reason != "" {
 		return reason
@@ -280,6 +283,11 @@ func (m *Manifest) gpuProblem(pids map[int]bool) string {
 		for _, p := range s.Processes {
 			if !pids[p.PID] {
 				return fmt.Sprintf("GPU process %d is not among the image's processes", p.PID)
+			}
+		}
+		for _, pid := range s.FileHolders {
+			if !pids[pid] {
+				return fmt.Sprintf("process %d holding %s device files is not among the image's processes", pid, s.Backend)
 			}
 		}
 	}
