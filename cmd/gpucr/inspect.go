@@ -209,5 +209,10 @@ func printInspect(w io.Writer, o inspectOutput, files bool) {
 		for _, p := range s.Processes {
 			fmt.Fprintf(w, "  pid %d: %s of GPU memory on %s\n", p.PID, bytesHuman(p.MemoryBytes), strings.Join(p.Devices, ", "))
 		}
+		// Shown as the JSON shows them: an image listing only such processes printed no
+		// process under its GPU record, nor that its restore needs gpucr's CRIU plugin.
+		for _, pid := range s.FileHolders {
+			fmt.Fprintf(w, "  pid %d: %s device files without GPU state, which gpucr's CRIU plugin opens again\n", pid, s.Backend)
+		}
 	}
 }

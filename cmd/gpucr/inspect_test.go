@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpucr/gpucr/internal/archive"
 	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/image"
 )
 
@@ -47,6 +48,22 @@ func TestInspectPrintsNoLineOfTheImages(t *testing.T) {
 	}
 	if n := strings.Count(b.String(), "?signed by"); n != 4 {
 		t.Errorf("the crafted text is shown %d times, want 4:\n%s", n, b.String())
+	}
+}
+
+// The processes holding device files without GPU state are shown, as --json shows them:
+// an image of a DataLoader worker and its parent printed the parent alone.
+func TestInspectShowsDeviceFileHolders(t *testing.T) {
+	m := &image.Manifest{FormatVersion: 1, GPUs: []gpu.Snapshot{{
+		Host:        gpu.Host{Backend: "nvidia", DriverVersion: "580"},
+		Processes:   []gpu.Process{{PID: 42, MemoryBytes: 1 << 30, Devices: []string{"GPU-0"}}},
+		FileHolders: []int{43},
+	}}}
+	criu := &criuimg.Summary{Processes: []criuimg.Process{{PID: 42, PPID: 1, Command: "python", Threads: 1}, {PID: 43, PPID: 42, Command: "python", Threads: 1}}}
+	var b bytes.Buffer
+	printInspect(terminalSafe{&b}, inspectOutput{Dir: "/img", Manifest: m, CRIU: criu}, false)
+	if !strings.Contains(b.String(), "pid 43: nvidia device files without GPU state") {
+		t.Fatalf("the process holding device files is not shown:\n%s", b.String())
 	}
 }
 
