@@ -38,9 +38,13 @@ func init() {
 	gpu.Register(gpu.Vendor{
 		Name:        Name,
 		DeviceFiles: []string{"/dev/nvidia*", "/dev/nvidia-caps/*"},
-		Checks:      checks,
-		Settings:    []string{SettingLibCUDA, SettingLibNVML},
-		Open:        Open,
+		// The plugin's records: an image holding them is refused up front where the backend
+		// is off, where CRIU failed midway on the descriptors they stand for ("Unable to
+		// restore 0x4") when the image's GPU record did not name their processes.
+		ImageFiles: []string{FileRecordPattern},
+		Checks:     checks,
+		Settings:   []string{SettingLibCUDA, SettingLibNVML},
+		Open:       Open,
 	})
 }
 
@@ -90,6 +94,10 @@ func Open(cfg gpu.Config) (gpu.Backend, error) {
 	b.filePlugin = FindFilePlugin(cfg.CRIU)
 	return b, nil
 }
+
+// FileRecordPattern matches the records gpucr's CRIU plugin adds to CRIU's images, one for
+// each NVIDIA descriptor it carries (RECORD in criuplugin/gpucr_nvidia.c).
+const FileRecordPattern = "gpucr-nvidia-file-*"
 
 // FilePluginFile is gpucr's CRIU plugin for NVIDIA device files held without CUDA state
 // (internal/gpu/nvidia/criuplugin), as the install script names it.

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/gpu"
 )
 
 // gpucr's CRIU plugin (criuplugin/gpucr_nvidia.c) opens, on restore, only a device node the
@@ -75,4 +77,22 @@ func TestPluginOpensOnlyNVIDIADevices(t *testing.T) {
 	if t.Failed() {
 		t.Logf("harness said:\n%s", out)
 	}
+}
+
+// Where the backend is off, an image holding the plugin's records is refused up front, as an
+// AMD image is (gpu.Vendor.ImageFiles): a crafted one whose GPU record named none of their
+// processes failed in CRIU's restore instead.
+func TestOffBackendKnowsThePluginRecords(t *testing.T) {
+	for _, v := range gpu.Vendors() {
+		if v.Name != Name {
+			continue
+		}
+		for _, p := range v.ImageFiles {
+			if ok, _ := filepath.Match(p, "gpucr-nvidia-file-1f"); ok {
+				return
+			}
+		}
+		t.Fatalf("the NVIDIA vendor's image files %q do not match the plugin's records", v.ImageFiles)
+	}
+	t.Fatal("no NVIDIA vendor registered")
 }
