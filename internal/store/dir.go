@@ -235,7 +235,10 @@ func (d *Dir) List(_ context.Context, dir string) ([]Entry, error) {
 		default:
 			// Passed over, a checkpoint moved behind a symbolic link was no checkpoint to a
 			// collection, which removed its chunks (hostile test).
-			return nil, fmt.Errorf("list %s: %s is %w: move what it names into the store, or remove it", d.URL(dir), name, ErrNotObject)
+			if fi.Mode()&fs.ModeSymlink != 0 {
+				return nil, fmt.Errorf("list %s: %s is a symbolic link, which gpucr does not follow, so it cannot tell what a collection would keep: remove the link, and name a checkpoint by its own path", d.URL(dir), name)
+			}
+			return nil, fmt.Errorf("list %s: %s is %w: remove it, a store holds checkpoints and their chunks only", d.URL(dir), name, ErrNotObject)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
