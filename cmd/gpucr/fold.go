@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -14,6 +15,7 @@ import (
 	"github.com/gpucr/gpucr/internal/criufold"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/engine"
+	"github.com/gpucr/gpucr/internal/gpu/nvidia"
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/interrupt"
 	"github.com/gpucr/gpucr/internal/rootonly"
@@ -73,12 +75,31 @@ func (a *app) foldCmd() *cobra.Command {
 			return a.emit(out, func() {
 				fmt.Fprintf(a.stdout, "folded %d memory run(s), %s, of %s into CRIU's page files: %s in %.2fs\n",
 					out.Runs, bytesHuman(uint64(out.Bytes)), out.From, out.Dir, out.Seconds)
-				fmt.Fprintf(a.stdout, "  criu restore -D %s/criu restores the CPU side; GPU state still needs gpucr\n", out.Dir)
+				fmt.Fprintln(a.stdout, "  "+plainRestoreHint(m, out.Dir, a.criuBinary()))
 			})
 		},
 	}
 	trust.add(cmd)
 	return cmd
+}
+
+// plainRestoreHint says how plain CRIU restores the folded image at dir: with gpucr's CRIU
+// plugin where processes of it held device files only the plugin carries, and with what
+// it leaves to gpucr (GPU state) where it has any.
+func plainRestoreHint(m *image.Manifest, dir, criuPath string) string {
+	cmd := "criu restore -D " + dir + "/criu"
+	state, holders := false, false
+	for _, s := range m.GPUs {
+		state = state || len(s.Processes) > 0
+		holders = holders || len(s.FileHolders) > 0
+	}
+	if holders {
+		cmd = "CRIU_LIBS_DIR=" + cmp.Or(nvidia.FindFilePlugin(criuPath), "<the directory of gpucr's "+nvidia.FilePluginFile+">") + " " + cmd
+	}
+	if state {
+		return cmd + " restores the CPU side; GPU state still needs gpucr"
+	}
+	return cmd + " restores it"
 }
 
 // onlyRootCanChange refuses, to gpucr running as root, an image that others could change:
