@@ -1026,21 +1026,6 @@ func TestCRIUConfigurationPathsRefuseOnlyCRIUsSpaces(t *testing.T) {
 	}
 }
 
-// carrierGPU is fakeGPU whose CRIU plugin would carry the device files of holder, a
-// process without device state (a DataLoader worker, to the NVIDIA backend).
-type carrierGPU struct {
-	*fakeGPU
-	holder int
-}
-
-func (c *carrierGPU) Holders(_ context.Context, tree *proctree.Snapshot) ([]int, error) {
-	if slices.Contains(tree.PIDs(), c.holder) {
-		return []int{c.holder}, nil
-	}
-	return nil, nil
-}
-func (c *carrierGPU) FilePluginDir() string { return "/plugins" }
-
 // A dump through the runtime's own CRIU, which loads no plugin of gpucr's, refuses a
 // process whose device files only gpucr's plugin carries before any GPU is locked: it
 // went on, and the runtime's CRIU would have failed on those files.
@@ -1048,7 +1033,7 @@ func TestPreDumpRefusesFilesOnlyThePluginCarries(t *testing.T) {
 	p := testutil.StartSleeper(t)
 	f := &fakeGPU{pid: -1}
 	a := newAction(t, f, "pre-dump", p.Process.Pid)
-	a.act.Backends = []gpu.Backend{&carrierGPU{fakeGPU: f, holder: p.Process.Pid}}
+	a.act.Backends = []gpu.Backend{&gputest.Carrier{Checkpointer: f, Holder: p.Process.Pid}}
 	err := a.act.Run(context.Background())
 	if err == nil || !strings.Contains(err.Error(), "gpucr checkpoint --container") {
 		t.Fatalf("pre-dump = %v, want a refusal saying how such a container is checkpointed", err)

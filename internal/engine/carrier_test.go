@@ -7,26 +7,10 @@ import (
 	"time"
 
 	"github.com/gpucr/gpucr/internal/gpu"
-	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/gpu/gputest"
 	"github.com/gpucr/gpucr/internal/safety"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
-
-// carrierGPU is fakeGPU whose CRIU plugin carries the device files of holder, a process
-// without device state (a DataLoader worker, to the NVIDIA backend).
-type carrierGPU struct {
-	*fakeGPU
-	holder int
-}
-
-func (c *carrierGPU) Holders(_ context.Context, tree *proctree.Snapshot) ([]int, error) {
-	if slices.Contains(tree.PIDs(), c.holder) {
-		return []int{c.holder}, nil
-	}
-	return nil, nil
-}
-
-func (c *carrierGPU) FilePluginDir() string { return "/plugins" }
 
 // noPlugins is a target CRIU loads no plugin for, as a container is.
 type noPlugins struct{ Target }
@@ -40,7 +24,7 @@ func (noPlugins) FilePlugins() bool { return false }
 // with a DataLoader worker found nothing where its checkpoint was refused.
 func TestDryRunFindsFilesNoPluginCarries(t *testing.T) {
 	holder := testutil.StartSleeper(t).Process.Pid
-	e := &Engine{Backends: []gpu.Backend{&carrierGPU{fakeGPU: &fakeGPU{}, holder: holder}}}
+	e := &Engine{Backends: []gpu.Backend{&gputest.Carrier{Checkpointer: &fakeGPU{}, Holder: holder}}}
 	r := CheckpointRequest{LockTimeout: time.Second}
 
 	a, err := e.Analyze(context.Background(), noPlugins{e.Tree(holder)}, r)

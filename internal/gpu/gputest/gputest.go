@@ -2,9 +2,12 @@
 package gputest
 
 import (
+	"context"
 	"fmt"
+	"slices"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/proctree"
 )
 
 // PlanOnto is the restore plan of a fake backend with one device, uuid: an image without
@@ -44,3 +47,22 @@ func PlanMoved(in gpu.RestoreInput, uuid string) (*gpu.Plan, error) {
 	}
 	return &gpu.Plan{Remap: remap}, nil
 }
+
+// Carrier makes a fake backend a gpu.FileCarrier whose CRIU plugin carries the device
+// files of Holder, a process without device state (a DataLoader worker, to the NVIDIA
+// backend), whenever the tree holds it.
+type Carrier struct {
+	gpu.Checkpointer
+	Holder int
+}
+
+// Holders implements gpu.FileCarrier.
+func (c *Carrier) Holders(_ context.Context, tree *proctree.Snapshot) ([]int, error) {
+	if slices.Contains(tree.PIDs(), c.Holder) {
+		return []int{c.Holder}, nil
+	}
+	return nil, nil
+}
+
+// FilePluginDir implements gpu.FileCarrier.
+func (c *Carrier) FilePluginDir() string { return "/plugins" }
