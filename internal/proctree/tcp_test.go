@@ -32,20 +32,12 @@ func TestParseTCPTable(t *testing.T) {
 // The real /proc: a connection this test holds is found among its own, from its own
 // network namespace's table.
 func TestTCPConnectionsOfThisProcess(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Skip("no loopback TCP here: " + err.Error())
-	}
-	defer l.Close()
+	l, self := listenLoopback(t)
 	c, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	self, err := Read(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
 	conns := Snap("/proc", []Process{self}).TCPConnections(os.Getpid())
 	want := c.LocalAddr().String()
 	for _, e := range conns {
@@ -111,15 +103,7 @@ func TestTCPConnectionsClosingAreConnections(t *testing.T) {
 // The real /proc: a listener this test holds, connected to and not accepting, has the
 // connection in its backlog; once it accepts, it has none. (CRIU refuses the first.)
 func TestTCPPendingListenersOfThisProcess(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Skip("no loopback TCP here: " + err.Error())
-	}
-	defer l.Close()
-	self, err := Read(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, self := listenLoopback(t)
 	pending := func() []TCPEntry { return Snap("/proc", []Process{self}).TCPPendingListeners(os.Getpid()) }
 	if p := pending(); len(p) != 0 {
 		t.Fatalf("pending listeners %+v before any connection", p)
@@ -142,4 +126,20 @@ func TestTCPPendingListenersOfThisProcess(t *testing.T) {
 	if p := pending(); len(p) != 0 {
 		t.Fatalf("pending listeners %+v after the accept", p)
 	}
+}
+
+// listenLoopback listens on a loopback port for the test's length and reads this process
+// as the tree's one process; a host without loopback TCP skips the test.
+func listenLoopback(t *testing.T) (net.Listener, Process) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Skip("no loopback TCP here: " + err.Error())
+	}
+	t.Cleanup(func() { l.Close() })
+	self, err := Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, self
 }
