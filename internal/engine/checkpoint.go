@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/crit"
@@ -687,11 +688,12 @@ func keepLog(err error) error {
 	if rerr != nil {
 		return err
 	}
-	f, ferr := os.CreateTemp("", "gpucr-criu-*.log")
+	f, ferr := os.CreateTemp("", keptLogPattern)
 	if ferr != nil {
 		return err
 	}
 	defer f.Close()
+	pruneKeptLogs(filepath.Dir(f.Name()), keptLogs)
 	if _, werr := f.Write(b); werr != nil {
 		return err
 	}
@@ -704,6 +706,41 @@ func keepLog(err error) error {
 		return &keptLogError{msg: strings.ReplaceAll(msg, old, ce.LogPath), err: err}
 	}
 	return err
+}
+
+// keptLogPattern names the kept copies of failed CRIU runs' logs in TMPDIR.
+const keptLogPattern = "gpucr-criu-*.log"
+
+// keptLogs is how many kept logs a failure leaves in TMPDIR, the newest: every failed run
+// kept one for good, and a host had a thousand (hostile test).
+const keptLogs = 50
+
+// pruneKeptLogs removes from dir all but the newest keep of the kept logs this user owns:
+// another user's are theirs to keep.
+func pruneKeptLogs(dir string, keep int) {
+	paths, _ := filepath.Glob(filepath.Join(dir, keptLogPattern))
+	type kept struct {
+		path string
+		mod  time.Time
+	}
+	var mine []kept
+	for _, p := range paths {
+		fi, err := os.Lstat(p)
+		if err != nil || !fi.Mode().IsRegular() {
+			continue
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != os.Geteuid() {
+			continue
+		}
+		mine = append(mine, kept{p, fi.ModTime()})
+	}
+	if len(mine) <= keep {
+		return
+	}
+	slices.SortFunc(mine, func(a, b kept) int { return b.mod.Compare(a.mod) })
+	for _, k := range mine[keep:] {
+		_ = os.Remove(k.path) // best effort: a log left is no harm
+	}
 }
 
 // keptLogError is an error whose message names the kept copy of CRIU's log.

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpucr/gpucr/internal/criu"
 )
@@ -37,5 +39,53 @@ func TestKeptLogIsNamedThroughAWrappedError(t *testing.T) {
 	var ce *criu.Error
 	if !errors.As(got, &ce) || ce.LogPath != kept[0] {
 		t.Fatalf("the CRIU error is lost or names %v", ce)
+	}
+}
+
+// A failure keeps its CRIU log, and no more than the newest keptLogs of this user's: every
+// failed run kept one for good, and a test host had a thousand (hostile test). Another
+// user's logs stay.
+func TestKeptLogsArePruned(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	old := time.Now().Add(-time.Hour)
+	for i := range keptLogs + 5 {
+		p := filepath.Join(tmp, fmt.Sprintf("gpucr-criu-%03d.log", i))
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, old, old.Add(time.Duration(i)*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	other := filepath.Join(tmp, "gpucr-criu-other.log")
+	if err := os.WriteFile(other, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chown(other, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+	}
+	work := t.TempDir()
+	log := filepath.Join(work, "dump.log")
+	if err := os.WriteFile(log, []byte("(00.1) Error (criu/cr-dump.c:1): boom\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := keepLog(criu.LogError("dump", log, errors.New("criu dump failed")))
+	var ce *criu.Error
+	if !errors.As(err, &ce) {
+		t.Fatal(err)
+	}
+	kept, _ := filepath.Glob(filepath.Join(tmp, "gpucr-criu-*.log"))
+	mine := slices.DeleteFunc(slices.Clone(kept), func(p string) bool { return p == other })
+	if len(mine) != keptLogs || !slices.Contains(mine, ce.LogPath) {
+		t.Fatalf("%d of this user's logs kept (the new %s among them: %v), want %d", len(mine), ce.LogPath, slices.Contains(mine, ce.LogPath), keptLogs)
+	}
+	if os.Geteuid() == 0 && !slices.Contains(kept, other) {
+		t.Fatal("another user's log was removed")
+	}
+	if slices.Contains(kept, filepath.Join(tmp, "gpucr-criu-000.log")) {
+		t.Fatal("the oldest log was kept")
 	}
 }
