@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/criufold"
 	"github.com/gpucr/gpucr/internal/criuimg"
 	"github.com/gpucr/gpucr/internal/engine"
@@ -85,7 +86,9 @@ func (a *app) foldCmd() *cobra.Command {
 
 // plainRestoreHint says how plain CRIU restores the folded image at dir: with gpucr's CRIU
 // plugin where processes of it held device files only the plugin carries, and with what
-// it leaves to gpucr (GPU state) where it has any.
+// it leaves to gpucr (GPU state) where it has any. The plugin is looked for beside the CRIU
+// gpucr finds for criuPath (--criu or $GPUCR_CRIU, most often unset): looked for beside
+// criuPath itself, it was named only where --criu gave a full path.
 func plainRestoreHint(m *image.Manifest, dir, criuPath string) string {
 	cmd := "criu restore -D " + dir + "/criu"
 	state, holders := false, false
@@ -94,6 +97,7 @@ func plainRestoreHint(m *image.Manifest, dir, criuPath string) string {
 		holders = holders || len(s.FileHolders) > 0
 	}
 	if holders {
+		criuPath, _ = criu.Locate(criuPath) // "" where there is none: the hint names the plugin's file
 		cmd = "CRIU_LIBS_DIR=" + cmp.Or(nvidia.FindFilePlugin(criuPath), "<the directory of gpucr's "+nvidia.FilePluginFile+">") + " " + cmd
 	}
 	if state {

@@ -65,7 +65,7 @@ type Driver struct {
 // Find locates CRIU: path if given (the CLI's --criu or $GPUCR_CRIU), else the install
 // script's prefix, else criu on PATH. It fails unless that CRIU is at least MinVersion.
 func Find(path string) (*Driver, error) {
-	path, err := locate(path)
+	path, err := Locate(path)
 	if err != nil {
 		return nil, err
 	}
@@ -83,7 +83,8 @@ func Find(path string) (*Driver, error) {
 	return d, nil
 }
 
-func locate(path string) (string, error) {
+// Locate is the path of the CRIU binary Find would run for path, without running it.
+func Locate(path string) (string, error) {
 	if path != "" {
 		p, err := exec.LookPath(path)
 		if err != nil {
