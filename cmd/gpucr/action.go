@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/gpucr/gpucr/internal/container"
+	"github.com/gpucr/gpucr/internal/criu"
 	"github.com/gpucr/gpucr/internal/gpu"
 	"github.com/gpucr/gpucr/internal/txn"
 )
@@ -56,7 +57,7 @@ func (a *app) criuActionCmd() *cobra.Command {
 			}
 			var backends []gpu.Backend
 			if os.Getenv(container.ActionSkipEnv) != "skip" { // probing the driver costs time
-				backends, _ = gpu.Probe(a.gpuConfig(""))
+				backends, _ = gpu.Probe(a.actionGPUConfig())
 			}
 			exe, err := os.Executable()
 			if err != nil {
@@ -209,3 +210,13 @@ func (a *app) installRuncCmd() *cobra.Command {
 // quote what the image holds (a crafted GPU record's backend name drove the terminal of
 // runc's user), so it is shown as every error gpucr prints is.
 func engineLine(err error) string { return "gpucr: " + printable(oneLine(err)) }
+
+// actionGPUConfig is what the action's backends open with: the CRIU gpucr itself would run,
+// whose plugins lie beside it, not the runtime's. Opened with none, the NVIDIA backend
+// never found gpucr's CRIU plugin, so a runtime's dump of a container with a forked
+// DataLoader worker was refused saying to install the plugin, installed or not, where the
+// action means to say that only gpucr checkpoint --container carries such a process (review).
+func (a *app) actionGPUConfig() gpu.Config {
+	path, _ := criu.Locate(a.criuBinary()) // "": none here, and no plugin beside it
+	return a.gpuConfig(path)
+}

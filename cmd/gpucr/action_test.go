@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/container"
+	"github.com/gpucr/gpucr/internal/gpu/nvidia"
 	"github.com/gpucr/gpucr/internal/testutil"
 )
 
@@ -43,5 +44,25 @@ func decodeOne(t *testing.T, args []string, v any) {
 	dec := json.NewDecoder(strings.NewReader(stdout.String()))
 	if err := dec.Decode(v); err != nil || dec.More() {
 		t.Fatalf("gpucr %s: stdout is not one JSON document (%v):\n%s", strings.Join(args, " "), err, stdout.String())
+	}
+}
+
+// The CRIU action opens the backends with the CRIU gpucr would run, beside which gpucr's
+// CRIU plugin lies: opened with none, the NVIDIA backend never found the plugin, and a
+// runtime's dump of a container with a forked DataLoader worker was refused saying to
+// install it, where the action refuses it saying to checkpoint with gpucr.
+func TestActionFindsTheCRIUPlugin(t *testing.T) {
+	prefix := t.TempDir()
+	for _, f := range []string{filepath.Join("sbin", "criu"), filepath.Join("lib", "nvidia", nvidia.FilePluginFile)} {
+		testutil.WriteFile(t, filepath.Join(prefix, f), nil)
+		if err := os.Chmod(filepath.Join(prefix, f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("PATH", filepath.Join(prefix, "sbin"))
+	a := &app{criuPath: "criu"}
+	cfg := a.actionGPUConfig()
+	if got, want := nvidia.FindFilePlugin(cfg.CRIU), filepath.Join(prefix, "lib", "nvidia"); got != want {
+		t.Fatalf("the action's backends open with CRIU %q, beside which the plugin is %q; want %q", cfg.CRIU, got, want)
 	}
 }
