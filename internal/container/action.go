@@ -409,8 +409,13 @@ func (a *Action) preRestore(ctx context.Context, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	if plan.PluginMemory {
+		return errors.New("the image holds GPU state that a CRIU plugin restores: containers with such GPUs are not supported yet")
+	}
+	// As at pre-dump: gpucr restores those files (a forked DataLoader worker's) in a
+	// container, through its own runc call, which names its plugin to CRIU.
 	if plan.PluginDir != "" {
-		return errors.New("the image holds GPU state or device files that a CRIU plugin restores: containers with such GPUs are not supported yet")
+		return errors.New("the image holds processes whose device files only gpucr's CRIU plugin opens again, which the runtime's own CRIU does not load: restore it with gpucr restore --container")
 	}
 	log.Info("GPU state can be restored here", "backends", len(rec.GPUs))
 	a.sweep(log)

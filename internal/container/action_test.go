@@ -1042,3 +1042,34 @@ func TestPreDumpRefusesFilesOnlyThePluginCarries(t *testing.T) {
 		t.Fatalf("GPU calls %v, want none", got)
 	}
 }
+
+// planPlugin is fakeGPU whose restore of device files held without device state needs its
+// CRIU plugin, as the NVIDIA backend's does once gpucr's plugin is installed.
+type planPlugin struct{ *fakeGPU }
+
+func (p planPlugin) PlanRestore(_ context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
+	if in.Snapshot == nil || len(in.Snapshot.FileHolders) == 0 {
+		return nil, nil
+	}
+	return &gpu.Plan{PluginDir: "/plugins"}, nil
+}
+
+// A restore through the runtime's own CRIU of an image with processes whose device files
+// only gpucr's plugin opens again says to restore it with gpucr, which does so in a
+// container: it said containers with such GPUs were not supported.
+func TestPreRestoreSaysHowFilesOnlyThePluginOpensAreRestored(t *testing.T) {
+	f := &fakeGPU{pid: -1}
+	a := newAction(t, f, "pre-restore", 0)
+	a.env[envInitPID] = ""
+	a.act.Backends = []gpu.Backend{planPlugin{f}}
+	rec := Record{GpucrVersion: "test", GPUs: []gpu.Snapshot{{Host: gpu.Host{Backend: f.Name()}, Processes: []gpu.Process{{PID: 7}}, FileHolders: []int{8}}}}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WriteFile(t, filepath.Join(a.env[envImageDir], RecordName), b)
+	err = a.act.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "gpucr restore --container") {
+		t.Fatalf("pre-restore = %v, want a refusal saying how such an image is restored", err)
+	}
+}
