@@ -101,7 +101,7 @@ func (a *app) restoreCmd() *cobra.Command {
 			}
 			if init := engine.StartedByNamespaceInit(); init != "" {
 				a.log.Warn("the restored processes will live in this PID namespace, whose first process (PID 1, " + init +
-					") started gpucr: the kernel kills them when it exits; keep it running, or restore from outside the namespace")
+					") is gpucr's parent: the kernel kills them when it exits; keep it running, or restore from outside the namespace")
 			}
 			if from != "" && r.Dir == "" {
 				ctx, stop := interrupt.Context(cmd.Context())

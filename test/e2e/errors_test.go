@@ -341,7 +341,7 @@ func TestRestoreAsANamespacesFirstProcessIsRefused(t *testing.T) {
 	// the job was gone once the shell exited).
 	cmd = exec.Command("unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", bin.gpucr+" restore -D "+dir+"; sleep 0.5")
 	out, err = cmd.CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "first process (PID 1, sh) started gpucr: the kernel kills them when it exits") {
+	if err != nil || !strings.Contains(string(out), "first process (PID 1, sh) is gpucr's parent: the kernel kills them when it exits") {
 		t.Fatalf("restore started by a namespace's first process: %v:\n%s", err, out)
 	}
 	restore(t, dir)
