@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/gpucr/gpucr/internal/gpu"
+	gpucrimage "github.com/gpucr/gpucr/internal/image"
 )
 
 // Names of the checks.
@@ -53,6 +55,9 @@ func incompatible(check, device, property, image, host string) *gpu.Incompatible
 // in.Root says) can take the image's NVIDIA state and decides which GPU takes each image
 // GPU: where --gpu-map says, else PlanMapping's choice.
 func (b *Backend) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Plan, error) {
+	if err := unlistedRecords(in); err != nil {
+		return nil, err
+	}
 	if in.Snapshot == nil {
 		return nil, nil
 	}
@@ -92,6 +97,22 @@ func (b *Backend) PlanRestore(ctx context.Context, in gpu.RestoreInput) (*gpu.Pl
 		plan.PluginDir = b.filePlugin
 	}
 	return plan, nil
+}
+
+// unlistedRecords refuses an image whose CRIU files hold records of gpucr's CRIU plugin
+// while its GPU record lists no process whose device files the plugin carries: the restore
+// would not load the plugin, and CRIU would fail on those files midway ("Unable to restore",
+// hostile test). gpucr writes neither without the other.
+func unlistedRecords(in gpu.RestoreInput) error {
+	if in.CRIUDir == "" || (in.Snapshot != nil && len(in.Snapshot.FileHolders) > 0) {
+		return nil
+	}
+	held, _ := filepath.Glob(filepath.Join(in.CRIUDir, FileRecordPattern))
+	if len(held) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: the image's CRIU files hold %s, a record of gpucr's CRIU plugin, and its GPU record lists no process whose device files the plugin carries: the image was changed after its checkpoint",
+		gpucrimage.ErrCorrupt, filepath.Base(held[0]))
 }
 
 // uuidsOf lists the UUIDs of h's GPUs in index order, as Restore reads them from NVML.

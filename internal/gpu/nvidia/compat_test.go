@@ -1,14 +1,19 @@
 package nvidia
 
 import (
+	"context"
 	"errors"
 	"fmt"
-	"github.com/gpucr/gpucr/internal/gpu"
 	"maps"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/gpu"
+	gpucrimage "github.com/gpucr/gpucr/internal/image"
 )
 
 func h100(index int, uuid string, numa int) gpu.Device {
@@ -412,5 +417,21 @@ func TestMemoryNeeds(t *testing.T) {
 	want := map[string]uint64{"GPU-a": 4, "GPU-b": 7, "GPU-c": math.MaxUint64}
 	if !maps.Equal(got, want) {
 		t.Fatalf("memoryNeeds = %v, want %v", got, want)
+	}
+}
+
+// An image whose CRIU files hold the plugin's records while its GPU record lists no process
+// the plugin carries is refused before anything runs: the restore loaded no plugin and
+// CRIU failed on those files midway (hostile test).
+func TestRecordsWithoutHoldersAreRefused(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "gpucr-nvidia-file-4"), []byte("/dev/nvidiactl\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := newBackend(mockNVML(), &fakeDriver{})
+	for _, snap := range []*gpu.Snapshot{nil, {Host: host()}} {
+		if _, err := b.PlanRestore(context.Background(), gpu.RestoreInput{CRIUDir: dir, Snapshot: snap}); !errors.Is(err, gpucrimage.ErrCorrupt) {
+			t.Fatalf("snapshot %v: err = %v, want the image refused as corrupted", snap, err)
+		}
 	}
 }
