@@ -108,6 +108,10 @@ func (a *app) check(ctx context.Context) checkReport {
 		notes[v.Name] = v.Note
 	}
 	for _, b := range ready {
+		if c, ok := b.(gpu.FileCarrier); ok && c.FilePluginDir() == "" {
+			r.Notes = append(r.Notes, b.Name()+": processes forked after the GPU was in use (PyTorch DataLoader workers) cannot be "+
+				"checkpointed here: gpucr's CRIU plugin for their device files is not installed beside CRIU; run scripts/install-deps.sh")
+		}
 		s := gpuStatus{Backend: b.Name(), Available: true, Note: notes[b.Name()]}
 		if h, err := b.Host(ctx); err != nil {
 			s.Available, s.Reason = false, err.Error()

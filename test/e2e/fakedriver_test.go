@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/gpucr/gpucr/internal/criu"
 )
 
 // fakeDriver is the fake NVIDIA driver (fakenvml.c and fakecuda.c, the one hardware edge
@@ -63,4 +65,33 @@ func (d *fakeDriver) state(pid int) string {
 		return "0"
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// gpucr check says when processes forked after the GPU was in use (DataLoader workers)
+// cannot be checkpointed for want of gpucr's CRIU plugin beside the CRIU it runs, and is
+// silent where the plugin is there.
+func TestCheckSaysWhetherForkedChildrenCanBeCheckpointed(t *testing.T) {
+	needCRIU(t)
+	drv := newFakeDriver(t)
+	const note = "PyTorch DataLoader workers) cannot be checkpointed here"
+	out, _, _ := gpucrEnv(t, drv.env, "check")
+	if strings.Contains(out, note) {
+		t.Fatalf("check beside the installed plugin says it is missing:\n%s", out)
+	}
+	// A CRIU with no plugin beside it: a copy, as a system CRIU would be.
+	bare := filepath.Join(t.TempDir(), "sbin", "criu")
+	if err := os.MkdirAll(filepath.Dir(bare), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	found, err := criu.Find(os.Getenv("GPUCR_CRIU"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := exec.Command("cp", found.Path, bare).CombinedOutput(); err != nil {
+		t.Fatalf("copy CRIU: %v %s", err, b)
+	}
+	out, _, _ = gpucrEnv(t, drv.env, "check", "--criu", bare)
+	if !strings.Contains(out, note) {
+		t.Fatalf("check beside a CRIU without the plugin does not say so:\n%s", out)
+	}
 }
