@@ -252,7 +252,7 @@ func (e *fullDiskError) Unwrap() error { return e.err }
 // a host without root or CRIU is not ready.
 func classify(err error) error {
 	switch {
-	case errors.Is(err, engine.ErrNotRoot), errors.Is(err, engine.ErrNamespaceInit), errors.Is(err, criu.ErrNotFound), errors.Is(err, criu.ErrTooOld), errors.Is(err, txn.ErrUntrusted):
+	case errors.Is(err, engine.ErrNotRoot), errors.Is(err, engine.ErrNamespaceInit), errors.Is(err, engine.ErrForeignProc), errors.Is(err, criu.ErrNotFound), errors.Is(err, criu.ErrTooOld), errors.Is(err, txn.ErrUntrusted):
 		return notReadyError{reason: err.Error()}
 	case errors.Is(err, engine.ErrBadTarget), errors.Is(err, engine.ErrBadRequest), errors.Is(err, proctree.ErrNoProcess), errors.Is(err, image.ErrNotEmpty),
 		errors.Is(err, image.ErrNotAPlace), errors.Is(err, image.ErrParentMissing), errors.Is(err, engine.ErrNameTooLong),

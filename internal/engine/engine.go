@@ -24,6 +24,12 @@ var (
 	// test: `unshare --pid --fork gpucr restore`, which the PID-in-use message suggested).
 	ErrNamespaceInit = errors.New("gpucr is PID 1 of its PID namespace, and what it restores would be killed when it exits; " +
 		"run gpucr restore in the namespace the job is to live in (not as the first process of `unshare --pid --fork` or of a container)")
+	// ErrForeignProc is a restore in a PID namespace whose /proc is its parent's (unshare
+	// --pid --fork without --mount-proc): CRIU cannot start there, and the restore failed
+	// in CRIU naming a log it never wrote, after warning of the host's PID 1 as gpucr's
+	// parent (hostile test).
+	ErrForeignProc = errors.New("/proc here is another PID namespace's, and CRIU restores only with its own namespace's /proc; " +
+		"mount one for it (unshare --pid --fork --mount-proc) or restore outside the namespace")
 	ErrBadTarget = errors.New("refusing to checkpoint this process")
 	// ErrBadRequest is a restore asked for what its image cannot give.
 	ErrBadRequest = errors.New("refusing the restore")

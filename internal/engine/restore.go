@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -534,14 +535,18 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps 
 }
 
 // CanRestoreHere says why this gpucr cannot restore anything that would outlive it: it is
-// not root, or it is its PID namespace's first process (ErrNamespaceInit). Asked before
-// anything is fetched or changed.
+// not root, it is its PID namespace's first process (ErrNamespaceInit), or /proc is not its
+// PID namespace's (ErrForeignProc). Asked before anything is fetched or changed.
 func CanRestoreHere() error {
 	if os.Geteuid() != 0 {
 		return ErrNotRoot
 	}
 	if os.Getpid() == 1 {
 		return ErrNamespaceInit
+	}
+	// /proc/self names this process by its PID in the namespace /proc was mounted for.
+	if self, err := os.Readlink("/proc/self"); err == nil && self != strconv.Itoa(os.Getpid()) {
+		return ErrForeignProc
 	}
 	return nil
 }

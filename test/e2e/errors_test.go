@@ -344,6 +344,14 @@ func TestRestoreAsANamespacesFirstProcessIsRefused(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "first process (PID 1, sh) is gpucr's parent: the kernel kills them when it exits") {
 		t.Fatalf("restore started by a namespace's first process: %v:\n%s", err, out)
 	}
+	// In a PID namespace that kept its parent's /proc, CRIU cannot start: the restore ran
+	// into "criu restore failed: operation failed (msg: err:56)" and named a log CRIU never
+	// wrote, after warning of the host's PID 1 as gpucr's parent (hostile test).
+	cmd = exec.Command("unshare", "--pid", "--fork", "sh", "-c", bin.gpucr+" restore -D "+dir)
+	out, err = cmd.CombinedOutput()
+	if !errors.As(err, &ee) || ee.ExitCode() != exitNotReady || !oneLineWith(string(out), "/proc here is another PID namespace's") {
+		t.Fatalf("restore in a PID namespace without its own /proc: %v:\n%s", err, out)
+	}
 	restore(t, dir)
 }
 
