@@ -42,8 +42,10 @@ func (a *app) foldCmd() *cobra.Command {
 		),
 		Long: "fold verifies the image at DIR and writes a new image at NEWDIR (absent or empty) in which the memory\n" +
 			"runs gpucr kept in mem/ are in CRIU's own pagemaps and page files: `criu restore -D NEWDIR/criu` alone\n" +
-			"then restores the processes with all their memory. GPU state is not CRIU's: after a plain CRIU restore\n" +
-			"it still needs gpucr (or cuda-checkpoint). NEWDIR stays a gpucr image, restorable by gpucr as well.",
+			"then restores the processes with all their memory; processes that held GPU device files without GPU state\n" +
+			"(forked DataLoader workers) need gpucr's CRIU plugin loaded too (CRIU_LIBS_DIR, as fold prints). GPU state\n" +
+			"is not CRIU's: after a plain CRIU restore it still needs gpucr (or cuda-checkpoint). NEWDIR stays a gpucr\n" +
+			"image, restorable by gpucr as well.",
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			keys, err := a.trusted(trust)
