@@ -187,8 +187,8 @@ func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) []Finding {
 		for _, p := range procs {
 			if conns := tree.TCPConnections(p.PID); len(conns) > 0 {
 				add(CheckTCP, p, "holds "+tcpList(conns)+", which CRIU checkpoints only with --tcp-established",
-					"checkpoint with --tcp-established (the restore then needs the same addresses and the peer still "+
-						"connected), or close the connection first")
+					"checkpoint with --tcp-established (the restore then needs the same addresses, and the peer's end "+
+						"of the connection as it was), or close the connection first")
 			}
 		}
 	}
