@@ -2,7 +2,9 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,5 +44,23 @@ func TestDryRunFindsFilesNoPluginCarries(t *testing.T) {
 	}
 	if slices.ContainsFunc(a.Findings, func(f safety.Finding) bool { return f.Check == safety.CheckNoCUDAState }) {
 		t.Fatalf("findings of a process tree's holder = %+v, want none of %s", a.Findings, safety.CheckNoCUDAState)
+	}
+}
+
+// An image whose only record of a vendor is its processes holding device files without
+// GPU state says so where that vendor's backend is off: it said the image held GPU state.
+func TestOffBackendNamesWhatTheImageHolds(t *testing.T) {
+	off := []gpu.Off{{Vendor: gpu.Vendor{Name: "nvidia"}, Reason: errors.New("no driver")}}
+	for _, c := range []struct {
+		snap gpu.Snapshot
+		want string
+	}{
+		{gpu.Snapshot{Host: gpu.Host{Backend: "nvidia"}, Processes: []gpu.Process{{PID: 7}}}, "the image holds nvidia GPU state, and"},
+		{gpu.Snapshot{Host: gpu.Host{Backend: "nvidia"}, FileHolders: []int{8}}, "the image holds processes holding nvidia device files without GPU state"},
+	} {
+		_, err := PlanGPUs(context.Background(), nil, off, []gpu.Snapshot{c.snap}, gpu.RestoreInput{})
+		if !errors.Is(err, ErrNoBackend) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want %q", c.snap, err, c.want)
+		}
 	}
 }

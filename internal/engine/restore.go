@@ -479,8 +479,12 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps 
 			if i := slices.IndexFunc(off, func(o gpu.Off) bool { return o.Name == snap.Backend }); i >= 0 {
 				why = off[i].Reason.Error()
 			}
-			return nil, fmt.Errorf("%w: the image holds %s GPU state, and the %s backend is off on this host: %s (see gpucr check)",
-				ErrNoBackend, snap.Backend, snap.Backend, why)
+			what := snap.Backend + " GPU state"
+			if len(snap.Processes) == 0 && len(snap.FileHolders) > 0 {
+				what = "processes holding " + snap.Backend + " device files without GPU state (children forked after the GPU was in use)"
+			}
+			return nil, fmt.Errorf("%w: the image holds %s, and the %s backend is off on this host: %s (see gpucr check)",
+				ErrNoBackend, what, snap.Backend, why)
 		}
 	}
 	for _, o := range off {
