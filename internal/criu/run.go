@@ -145,6 +145,9 @@ func (e *Error) Error() string {
 			msg += ": " + e.Hint
 		}
 	}
+	if e.LogPath == "" {
+		return fmt.Sprintf("criu %s failed: %s (CRIU wrote no log)", e.Op, msg)
+	}
 	return fmt.Sprintf("criu %s failed: %s (log: %s)", e.Op, msg, e.LogPath)
 }
 

@@ -685,6 +685,11 @@ func keepLog(err error) error {
 		return err
 	}
 	b, rerr := os.ReadFile(ce.LogPath)
+	if errors.Is(rerr, fs.ErrNotExist) {
+		// CRIU failed before it wrote a line: the error names no file that is not there
+		// (review: it named a log CRIU never wrote).
+		return forgetLog(err, ce)
+	}
 	if rerr != nil {
 		return err
 	}
@@ -741,6 +746,17 @@ func pruneKeptLogs(dir string, keep int) {
 	for _, k := range mine[keep:] {
 		_ = os.Remove(k.path) // best effort: a log left is no harm
 	}
+}
+
+// forgetLog makes ce, within err, name no log: one written before it was known there was
+// none says so with the path, which is replaced.
+func forgetLog(err error, ce *criu.Error) error {
+	old := ce.LogPath
+	ce.LogPath = ""
+	if msg := err.Error(); old != "" && strings.Contains(msg, "(log: "+old+")") {
+		return &keptLogError{msg: strings.ReplaceAll(msg, "(log: "+old+")", "(CRIU wrote no log)"), err: err}
+	}
+	return err
 }
 
 // keptLogError is an error whose message names the kept copy of CRIU's log.

@@ -89,3 +89,19 @@ func TestKeptLogsArePruned(t *testing.T) {
 		t.Fatal("the oldest log was kept")
 	}
 }
+
+// A CRIU that failed before it wrote its log is named with no log: the error named a path
+// CRIU never wrote (review).
+func TestNoLogIsNamedWhereCRIUWroteNone(t *testing.T) {
+	t.Setenv("TMPDIR", t.TempDir())
+	missing := filepath.Join(t.TempDir(), "restore.log")
+	err := fmt.Errorf("%w; the image is unchanged", criu.LogError("restore", missing, errors.New("operation failed (msg: err:56)")))
+	got := keepLog(err)
+	if msg := got.Error(); strings.Contains(msg, missing) || !strings.Contains(msg, "(CRIU wrote no log)") || !strings.HasSuffix(msg, "the image is unchanged") {
+		t.Fatalf("error %q", msg)
+	}
+	var ce *criu.Error
+	if !errors.As(got, &ce) || ce.LogPath != "" {
+		t.Fatalf("the CRIU error is lost or names %v", ce)
+	}
+}
