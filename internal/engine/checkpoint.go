@@ -67,6 +67,9 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	if os.Geteuid() != 0 {
 		return nil, ErrNotRoot
 	}
+	if err := ownProc(); err != nil {
+		return nil, err
+	}
 	tree, err := target.Open(ctx)
 	if err != nil {
 		return nil, err

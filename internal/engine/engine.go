@@ -28,8 +28,8 @@ var (
 	// --pid --fork without --mount-proc): CRIU cannot start there, and the restore failed
 	// in CRIU naming a log it never wrote, after warning of the host's PID 1 as gpucr's
 	// parent (hostile test).
-	ErrForeignProc = errors.New("/proc here is another PID namespace's, and CRIU restores only with its own namespace's /proc; " +
-		"mount one for it (unshare --pid --fork --mount-proc) or restore outside the namespace")
+	ErrForeignProc = errors.New("/proc here is another PID namespace's, and gpucr and CRIU work only with their own namespace's /proc; " +
+		"mount one for it (unshare --pid --fork --mount-proc) or run gpucr outside the namespace")
 	ErrBadTarget = errors.New("refusing to checkpoint this process")
 	// ErrBadRequest is a restore asked for what its image cannot give.
 	ErrBadRequest = errors.New("refusing the restore")

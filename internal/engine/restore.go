@@ -548,7 +548,14 @@ func CanRestoreHere() error {
 	if os.Getpid() == 1 {
 		return ErrNamespaceInit
 	}
-	// /proc/self names this process by its PID in the namespace /proc was mounted for.
+	return ownProc()
+}
+
+// ownProc fails with ErrForeignProc where /proc is another PID namespace's: /proc/self
+// names this process by its PID in the namespace /proc was mounted for. A checkpoint there
+// read every PID in the wrong namespace and said the target was PID 1 of a namespace of
+// its own (review).
+func ownProc() error {
 	if self, err := os.Readlink("/proc/self"); err == nil && self != strconv.Itoa(os.Getpid()) {
 		return ErrForeignProc
 	}

@@ -352,6 +352,15 @@ func TestRestoreAsANamespacesFirstProcessIsRefused(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != exitNotReady || !oneLineWith(string(out), "/proc here is another PID namespace's") {
 		t.Fatalf("restore in a PID namespace without its own /proc: %v:\n%s", err, out)
 	}
+	// A checkpoint there read the host's PIDs in the wrong namespace and said the target was
+	// PID 1 of a namespace of its own (review): refused alike, the workload untouched.
+	w2 := startCounter(t)
+	cmd = exec.Command("unshare", "--pid", "--fork", "sh", "-c", bin.gpucr+" checkpoint "+strconv.Itoa(w2.pid)+" -D "+filepath.Join(t.TempDir(), "img"))
+	out, err = cmd.CombinedOutput()
+	if !errors.As(err, &ee) || ee.ExitCode() != exitNotReady || !oneLineWith(string(out), "/proc here is another PID namespace's") {
+		t.Fatalf("checkpoint in a PID namespace without its own /proc: %v:\n%s", err, out)
+	}
+	w2.checkRunsOn(t, "a checkpoint refused in a namespace without its own /proc")
 	restore(t, dir)
 }
 
