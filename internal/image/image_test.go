@@ -426,6 +426,28 @@ func TestLoadRejects(t *testing.T) {
 			m["gpus"] = []any{map[string]any{"backend": "nvidia", "devices": []any{
 				map[string]any{"index": 0, "uuid": "GPU-a"}, map[string]any{"index": 0, "uuid": "GPU-b"}}}}
 		}, sentinel: ErrCorrupt, msg: "two GPUs have index 0"},
+		// A restore creates the linked files, as root, in /dev/shm: only semaphores' names
+		// there, CRIU's links beside them, few bytes.
+		{name: "linked file outside /dev/shm", edit: linked("/etc/sem.x", "link_remap.3", ""),
+			sentinel: ErrCorrupt, msg: `linked file "/etc/sem.x" is not a semaphore's file in /dev/shm`},
+		{name: "linked file up and out", edit: linked("/dev/shm/sem./../../etc/passwd", "link_remap.3", ""),
+			sentinel: ErrCorrupt, msg: "is not a semaphore's file in /dev/shm"},
+		{name: "linked file not a semaphore", edit: linked("/dev/shm/other", "link_remap.3", ""),
+			sentinel: ErrCorrupt, msg: "is not a semaphore's file in /dev/shm"},
+		{name: "linked file's link elsewhere", edit: linked("/dev/shm/sem.x", "../link_remap.3", ""),
+			sentinel: ErrCorrupt, msg: `linked file /dev/shm/sem.x has an invalid link name "../link_remap.3"`},
+		{name: "linked file's link not CRIU's", edit: linked("/dev/shm/sem.x", "sem.y", ""),
+			sentinel: ErrCorrupt, msg: "has an invalid link name"},
+		{name: "linked file too large", edit: linked("/dev/shm/sem.x", "link_remap.3", strings.Repeat("A", 8192)),
+			sentinel: ErrCorrupt, msg: "linked file /dev/shm/sem.x holds 6144 bytes, more than 4096"},
+		{name: "linked file setuid", edit: func(m map[string]any) {
+			linked("/dev/shm/sem.x", "link_remap.3", "")(m)
+			m["linkedFiles"].([]any)[0].(map[string]any)["mode"] = 0o4755
+		}, sentinel: ErrCorrupt, msg: "linked file /dev/shm/sem.x has an invalid mode 4755"},
+		{name: "linked file twice", edit: func(m map[string]any) {
+			linked("/dev/shm/sem.x", "link_remap.3", "")(m)
+			linked("/dev/shm/sem.y", "link_remap.3", "")(m)
+		}, sentinel: ErrCorrupt, msg: "linked file /dev/shm/sem.y or its link link_remap.3 is listed twice"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -794,4 +816,27 @@ func TestBeginRefusesAPlaceInsideAnImage(t *testing.T) {
 		t.Fatalf("Begin beside a manifest.json that is no image: %v", err)
 	}
 	abort(t, s)
+}
+
+// linked adds to a manifest a linked file of path, its link remap, and its data in base64
+// as JSON has bytes.
+func linked(path, remap, data string) func(m map[string]any) {
+	return func(m map[string]any) {
+		files, _ := m["linkedFiles"].([]any)
+		m["linkedFiles"] = append(files, map[string]any{"path": path, "remap": remap, "mode": 0o600, "data": data})
+	}
+}
+
+// An image's linked files load as written; one without any (older) loads as before.
+func TestLoadKeepsLinkedFiles(t *testing.T) {
+	dir := commitImage(t)
+	editManifest(t, filepath.Join(dir, ManifestName), linked("/dev/shm/sem.mp-1_x", "link_remap.12", "AAECAw=="))
+	m, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []LinkedFile{{Path: "/dev/shm/sem.mp-1_x", Remap: "link_remap.12", Mode: 0o600, Data: []byte{0, 1, 2, 3}}}
+	if !reflect.DeepEqual(m.LinkedFiles, want) {
+		t.Fatalf("LinkedFiles = %+v, want %+v", m.LinkedFiles, want)
+	}
 }

@@ -57,6 +57,21 @@ type Manifest struct {
 	// checkpointed: a restore refuses one whose owner or kind changed since, which another
 	// user may have put in its place (absent from images made before 2026-11-28).
 	Reopened []HostFile `json:"reopened,omitempty"`
+	// LinkedFiles are the POSIX semaphores the tree mapped under a deleted name, which CRIU
+	// dumps only through a link beside the file that each restore consumes: a restore makes
+	// the file and the link again from these (absent from images made before 2026-11-29).
+	LinkedFiles []LinkedFile `json:"linkedFiles,omitempty"`
+}
+
+// LinkedFile is a small file of /dev/shm that the tree held under a deleted name: its
+// other name, the link CRIU's image expects beside it, its mode, owner and bytes.
+type LinkedFile struct {
+	Path  string `json:"path"`  // absolute: /dev/shm/sem.NAME
+	Remap string `json:"remap"` // link_remap.N, in the same directory
+	Mode  uint32 `json:"mode"`  // permission bits
+	UID   uint32 `json:"uid"`
+	GID   uint32 `json:"gid"`
+	Data  []byte `json:"data"`
 }
 
 // HostFile is a file of the host outside the image: its path, owner and kind.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -210,6 +211,9 @@ func (m *Manifest) problem() string {
 		return "no files listed"
 	}
 	if reason := m.processProblem(); reason != "" {
+		return reason
+	}
+	if reason := m.linkedProblem(); reason != "" {
 		return reason
 	}
 	seen := make(map[string]bool, len(m.Files))
@@ -601,4 +605,36 @@ func replaceManifest(d *beneath.Dir, old, manifest []byte) error {
 	}
 	crashpoint.Hit("sign: manifest replaced")
 	return d.Replace(SealName, []byte(seal(manifest)+"\n"))
+}
+
+// MaxLinkedFile is the most bytes a linked file of the manifest may hold: a semaphore's
+// file is 32.
+const MaxLinkedFile = 4096
+
+// Names a linked file may have: a restore creates them, as root, in /dev/shm.
+var (
+	linkedPath  = regexp.MustCompile(`^/dev/shm/sem\.[A-Za-z0-9._-]{1,200}$`)
+	linkedRemap = regexp.MustCompile(`^link_remap\.[0-9]{1,10}$`)
+)
+
+// linkedProblem checks the linked files, which a restore creates as root: each a
+// semaphore's name in /dev/shm, its link CRIU's, few bytes, nothing named twice.
+func (m *Manifest) linkedProblem() string {
+	seen := map[string]bool{}
+	for _, f := range m.LinkedFiles {
+		switch {
+		case !linkedPath.MatchString(f.Path):
+			return fmt.Sprintf("linked file %q is not a semaphore's file in /dev/shm", f.Path)
+		case !linkedRemap.MatchString(f.Remap):
+			return fmt.Sprintf("linked file %s has an invalid link name %q", f.Path, f.Remap)
+		case len(f.Data) > MaxLinkedFile:
+			return fmt.Sprintf("linked file %s holds %d bytes, more than %d", f.Path, len(f.Data), MaxLinkedFile)
+		case f.Mode&^0o777 != 0:
+			return fmt.Sprintf("linked file %s has an invalid mode %o", f.Path, f.Mode)
+		case seen[f.Path] || seen[f.Remap]:
+			return fmt.Sprintf("linked file %s or its link %s is listed twice", f.Path, f.Remap)
+		}
+		seen[f.Path], seen[f.Remap] = true, true
+	}
+	return ""
 }
