@@ -113,6 +113,9 @@ type DumpRequest struct {
 	// PageServerPort, when set, sends the memory pages to a page server on this loopback
 	// port instead of into ImagesDir.
 	PageServerPort int
+	// LinkRemap lets CRIU dump a file held under a path deleted while it has another name
+	// through a link it leaves beside the file (link_remap.N), which its restore consumes.
+	LinkRemap bool
 	Options
 }
 
@@ -163,6 +166,7 @@ func (d *Driver) Dump(ctx context.Context, r DumpRequest, n Notify) error {
 	opts := r.rpc()
 	opts.Pid = proto.Int32(int32(r.PID))
 	opts.LeaveRunning = proto.Bool(r.LeaveRunning)
+	opts.LinkRemap = proto.Bool(r.LinkRemap)
 	opts.LogFile = proto.String(DumpLog)
 	if r.PageServerPort != 0 {
 		opts.Ps = &rpc.CriuPageServerInfo{Address: proto.String("127.0.0.1"), Port: proto.Int32(int32(r.PageServerPort))}

@@ -585,3 +585,33 @@ func ThreadIDs(dir string) (map[int]int, error) {
 	}
 	return out, nil
 }
+
+// LinkRemaps are the paths of the links CRIU's image at dir restores files through: the
+// links `--link-remap` made beside files held under a path deleted while they had another
+// name (remap-fpath.img's linked remaps), absolute, as this host names them.
+func LinkRemaps(dir string) ([]string, error) {
+	fsys, n := beneath.FS(dir), newBudget()
+	remaps, err := decode(n, fsys, "remap-fpath.img", &remap_file_path.RemapFilePathEntry{})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	entries, err := decode(n, fsys, "files.img", &fdinfo.FileEntry{})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, r := range remaps {
+		if r.GetRemapType() != remap_file_path.RemapType_LINKED {
+			continue
+		}
+		for _, e := range entries {
+			if reg := e.GetReg(); reg != nil && reg.GetId() == r.GetRemapId() {
+				out = append(out, path.Clean("/"+reg.GetName()))
+			}
+		}
+	}
+	return out, nil
+}
