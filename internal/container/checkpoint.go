@@ -88,6 +88,9 @@ func (t *runcTarget) CRIUPlugins() bool { return false }
 func (t *runcTarget) FilePlugins() bool  { return true }
 func (t *runcTarget) RuntimeStdio() bool { return true }
 
+// CarriesSemaphores is false: runc drives CRIU's dump, without link remaps.
+func (t *runcTarget) CarriesSemaphores() bool { return false }
+
 func (t *runcTarget) Open(ctx context.Context) ([]proctree.Process, error) {
 	if err := t.c.Runc.CheckState(t.id); err != nil {
 		return nil, err

@@ -95,6 +95,12 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	if err := found.refuseUnloadable(target, snap); err != nil {
 		return nil, err
 	}
+	var sems []safety.Semaphore // carried in the image: CRIU dumps them through links
+	if target.CarriesSemaphores() {
+		if sems, err = safety.Semaphores(snap); err != nil {
+			return nil, err
+		}
+	}
 	if len(found.Plugins) > 0 || len(found.Carriers) > 0 {
 		// The plugins save device state, or carry device files, within CRIU's dump.
 		if r.PluginDir, err = found.PluginDir(); err != nil {
@@ -175,7 +181,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	}
 	dump := criu.DumpRequest{
 		ImagesDir: stage.CRIUDir(), WorkDir: stage.LogsDir(),
-		LeaveRunning: r.LeaveRunning, Options: r.Options,
+		LeaveRunning: r.LeaveRunning, LinkRemap: len(sems) > 0, Options: r.Options,
 	}
 	var pages *pageserver.Server
 	if !r.CRIUWritesPages || r.Stream != nil {
@@ -223,6 +229,11 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		}
 		if m.Reopened, commitErr = reopenedFiles(stage.CRIUDir(), hostPIDs(ids)); commitErr != nil {
 			return commitErr
+		}
+		if len(sems) > 0 {
+			if m.LinkedFiles, commitErr = linkedFiles(stage.CRIUDir(), proctree.Snap("/proc", tree)); commitErr != nil {
+				return commitErr
+			}
 		}
 		if early {
 			copied, commitErr = saveFrozen(ctx, t, target, stage, pages, save)
@@ -361,6 +372,9 @@ func skipsFor(target Target, r CheckpointRequest) safety.Skips {
 	}
 	if r.TCPEstablished {
 		out[safety.CheckTCP] = true
+	}
+	if target.CarriesSemaphores() {
+		out[safety.CarrySemaphores] = true
 	}
 	return out
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/gpucr/gpucr/internal/image"
 	"github.com/gpucr/gpucr/internal/memfill"
 	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/safety"
 	"github.com/gpucr/gpucr/internal/signing"
 	"github.com/gpucr/gpucr/internal/txn"
 )
@@ -62,7 +63,7 @@ type RestoreResult struct {
 // anything changes, CRIU's files verified before CRIU parses them, the memory verified
 // while CRIU restores and filled before any task resumes, then the device state. A restore
 // that cannot finish is removed: nothing is left half-running.
-func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreRequest) (*RestoreResult, error) {
+func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreRequest) (res *RestoreResult, err error) {
 	if err := CanRestoreHere(); err != nil {
 		return nil, err
 	}
@@ -128,6 +129,21 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	}
 	verify := startVerify(root, r.Dir, memory, time.Since(start))
 	defer func() { _ = verify.wait() }() // never leave it reading the image after we return; its verdict was taken where it mattered
+	// The semaphores CRIU restores through links it left beside them, which each restore
+	// consumes, are made again from the image first: the check below asks for the files.
+	unlink, err := placeLinked(m.LinkedFiles, func(links []string) error {
+		return op.Update(func(rec *txn.Record) { rec.Paths = append(rec.Paths, links...) })
+	})
+	if err != nil {
+		return nil, verify.prefer(err)
+	}
+	defer func() {
+		if res == nil {
+			if err := unlink(); err != nil {
+				e.Logger().Warn("a semaphore's file or link the restore made is left in "+safety.ShmDir, "err", err)
+			}
+		}
+	}()
 	if err := target.Check(); err != nil {
 		return nil, verify.prefer(err)
 	}

@@ -42,6 +42,10 @@ type Target interface {
 	// descriptors again (runc a container's, from descriptors.json): their pipes to
 	// processes outside the tree are then no loss.
 	RuntimeStdio() bool
+	// CarriesSemaphores says whether its checkpoint may carry POSIX semaphores held under a
+	// deleted name (safety.Semaphores): gpucr asks CRIU for their links and records them
+	// in the image, where it drives CRIU's dump itself; a runtime dumps without them.
+	CarriesSemaphores() bool
 	// Freeze stops the tree before its dump where CRIU's own freeze is not enough, pushing
 	// what undoes that, and returns the tree as it stopped (processes may have come and gone
 	// since Open); nil keeps the tree Open returned. Most targets need nothing.
@@ -80,12 +84,13 @@ type processTree struct {
 	ownPIDs bool
 }
 
-func (p *processTree) What() string          { return fmt.Sprintf("PID %d", p.pid) }
-func (p *processTree) Locks() []string       { return treeLocks(proctree.PIDs(p.tree)) }
-func (p *processTree) CRIUPlugins() bool     { return true }
-func (p *processTree) FilePlugins() bool     { return true }
-func (p *processTree) RuntimeStdio() bool    { return false }
-func (p *processTree) Describe(string) error { return nil }
+func (p *processTree) What() string            { return fmt.Sprintf("PID %d", p.pid) }
+func (p *processTree) Locks() []string         { return treeLocks(proctree.PIDs(p.tree)) }
+func (p *processTree) CRIUPlugins() bool       { return true }
+func (p *processTree) FilePlugins() bool       { return true }
+func (p *processTree) RuntimeStdio() bool      { return false }
+func (p *processTree) CarriesSemaphores() bool { return true }
+func (p *processTree) Describe(string) error   { return nil }
 
 func (p *processTree) ImagePID(pid int) (int, error) {
 	if p.ownPIDs {

@@ -305,3 +305,54 @@ func (s *Snapshot) SharesNamespace(pid int, kind string) bool {
 	ours, err2 := os.Readlink(filepath.Join(s.root, "self", "ns", kind))
 	return err1 != nil || err2 != nil || theirs == ours
 }
+
+// HolderOutside finds, among the processes under the snapshot's procfs that are not its
+// own, one holding or mapping any of files, all of them under dir: a file shared with a
+// process outside the tree that its checkpoint would carry as its own. It returns the
+// file's index in files and the holder, or -1 and 0. Only descriptors and mappings whose
+// path is in dir are looked at, so a host of many processes is read quickly.
+func (s *Snapshot) HolderOutside(dir string, files []os.FileInfo) (int, int) {
+	own := map[int]bool{}
+	for _, p := range s.procs {
+		own[p.PID] = true
+	}
+	match := func(link string) int {
+		info, err := os.Stat(link)
+		if err != nil {
+			return -1
+		}
+		for i, f := range files {
+			if os.SameFile(f, info) {
+				return i
+			}
+		}
+		return -1
+	}
+	entries, _ := os.ReadDir(s.root)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || own[pid] {
+			continue
+		}
+		proc := filepath.Join(s.root, e.Name())
+		fds, _ := os.ReadDir(filepath.Join(proc, "fd"))
+		for _, f := range fds {
+			link := filepath.Join(proc, "fd", f.Name())
+			if t, err := os.Readlink(link); err == nil && strings.HasPrefix(t, dir+"/") {
+				if i := match(link); i >= 0 {
+					return i, pid
+				}
+			}
+		}
+		b, _ := os.ReadFile(filepath.Join(proc, "maps"))
+		mappings, _ := ParseMaps(b)
+		for _, m := range mappings {
+			if strings.HasPrefix(m.Path, dir+"/") {
+				if i := match(filepath.Join(proc, "map_files", fmt.Sprintf("%x-%x", m.Start, m.End))); i >= 0 {
+					return i, pid
+				}
+			}
+		}
+	}
+	return -1, 0
+}

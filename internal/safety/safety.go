@@ -8,6 +8,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -180,7 +182,8 @@ func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) []Finding {
 					"--skip-check "+CheckOuterPipe+" if it never uses that pipe again")
 		}
 	}
-	for _, f := range heldFileFindings(tree, procs) {
+	found, _ := heldFileFindings(tree, procs, skip[CarrySemaphores])
+	for _, f := range found {
 		add(f.Check, f.p, f.Reason, f.Fix)
 	}
 	if !skip[CheckTCP] {
@@ -351,34 +354,57 @@ type heldFinding struct {
 //     makes a semaphore's file under a temporary name, links it to the semaphore's and
 //     unlinks the first, so every Python multiprocessing Lock, Queue or Pool under the spawn
 //     and forkserver start methods failed "Can't create link remap ... Use link-remap
-//     option", an option gpucr does not have: CRIU's link would stay in the file system,
-//     outside the image, and its first restore removes it.
+//     option": CRIU's link stays in the file system, outside the image, and its first
+//     restore removes it. A process tree's checkpoint carries such semaphores (carry).
 //   - A POSIX message queue (mq_open): CRIU does not dump the mqueue file system, and
 //     failed "Can't lookup mount=N for fd=3 path=/NAME", in or out of an IPC namespace.
 //   - With --leave-running, a file mapped shared and writable (multiprocessing's
 //     shared_memory in /dev/shm, a numpy memmap r+): CRIU saves its path, not its bytes,
 //     and the job running on changed it, so the restored job found its shared counter
 //     ahead of its own state and failed, after a restore that said it succeeded.
-func heldFileFindings(tree *proctree.Snapshot, procs []*proc) []heldFinding {
+//
+// With carry, the semaphores a process tree's checkpoint carries in its image (semaphores)
+// are no finding, and are returned.
+func heldFileFindings(tree *proctree.Snapshot, procs []*proc, carry bool) ([]heldFinding, []Semaphore) {
 	var out []heldFinding
 	add := func(check string, p *proc, reason, fix string) {
 		out = append(out, heldFinding{p, Finding{Check: check, Reason: reason, Fix: fix}})
 	}
+	linked := make([][]proctree.Held, len(procs))
+	queues := make([][]proctree.Held, len(procs))
+	shared := make([][]proctree.Held, len(procs))
+	for i, p := range procs {
+		linked[i], queues[i], shared[i] = heldFiles(tree, p.PID)
+	}
+	var carried []Semaphore
+	if carry {
+		// A carried semaphore's bytes are in the image, as they were: mapped by its other
+		// name too (a spawned child's), it is no shared file of --leave-running's either.
+		carried = semaphores(tree, slices.Concat(linked...))
+		isCarried := func(h proctree.Held) bool {
+			return slices.ContainsFunc(carried, func(s Semaphore) bool { return os.SameFile(s.Info, h.Info) })
+		}
+		for i := range linked {
+			linked[i] = slices.DeleteFunc(linked[i], isCarried)
+			shared[i] = slices.DeleteFunc(shared[i], isCarried)
+		}
+	}
 	ownIPC := len(procs) > 0 && !tree.SharesNamespace(procs[0].PID, "ipc")
-	for _, p := range procs {
+	for i, p := range procs {
 		if seg := sysvSegment(p.maps); seg != "" && !ownIPC {
 			add(CheckSysVShm, p, "attaches System V shared memory ("+seg+") in the host's IPC namespace, which CRIU "+
 				"checkpoints only in an IPC namespace of the job's own",
 				"start the job in an IPC namespace of its own (unshare --ipc CMD); CRIU then saves its segments with it")
 		}
-		linkedAway, queues, shared := heldFiles(tree, p.PID)
+		linkedAway, queues, shared := linked[i], queues[i], shared[i]
 		if len(linkedAway) > 0 {
 			add(CheckLinkedAway, p, fmt.Sprintf("holds %s, deleted from that path while the file has another name, as "+
 				"sem_open leaves a POSIX semaphore (Python's multiprocessing does under its spawn and forkserver start "+
 				"methods); CRIU checkpoints that only through a link it leaves beside the image, which the first restore "+
 				"removes", heldList(linkedAway)),
 				"let the program unlink the file's other name first (multiprocessing does so under the fork start method), "+
-					"or checkpoint it once the file is closed")
+					"or checkpoint it once the file is closed; a process tree's semaphores in "+ShmDir+" are checkpointed "+
+					"where no process outside the tree holds them too")
 		}
 		if len(queues) > 0 {
 			add(CheckMQueue, p, "holds the POSIX message queue "+heldList(queues)+", which CRIU cannot checkpoint",
@@ -390,6 +416,96 @@ func heldFileFindings(tree *proctree.Snapshot, procs []*proc) []heldFinding {
 				"the checkpoint",
 				"checkpoint without --leave-running (the job stops once saved and runs on when restored), or --skip-check "+
 					CheckSharedFile+" if the job no longer writes the file")
+		}
+	}
+	return out, carried
+}
+
+// CarrySemaphores, among the skips the engine gives a target whose dump gpucr asks of
+// CRIU itself (a process tree), has deleted-but-linked pass the semaphores that the
+// checkpoint carries in its image (Semaphores); a container's runtime dumps without them.
+const CarrySemaphores = "carry-semaphores"
+
+// ShmDir is where sem_open makes a semaphore's file, and MaxSemaphore the most bytes a
+// carried one may hold (glibc's are 32).
+const (
+	ShmDir       = "/dev/shm"
+	MaxSemaphore = 4096
+)
+
+// Semaphore is a POSIX semaphore's file that a process of the tree maps under the
+// temporary name sem_open made it with, since deleted, while the file has the semaphore's
+// name too (Path). CRIU dumps such a file through a link it leaves in ShmDir
+// (--link-remap), which its restore consumes; a process tree's checkpoint carries the
+// file's bytes in its image and makes the link again before each restore.
+type Semaphore struct {
+	Path string      // its other name, in ShmDir
+	Info os.FileInfo // the file, as the tree holds it
+}
+
+// Semaphores returns the semaphores the processes of tree hold that its checkpoint carries,
+// or the finding on a file deleted but linked that it cannot carry.
+func Semaphores(tree *proctree.Snapshot) ([]Semaphore, error) {
+	procs := make([]*proc, 0, len(tree.Processes()))
+	for _, p := range tree.Processes() {
+		procs = append(procs, &proc{Process: p})
+	}
+	found, carried := heldFileFindings(tree, procs, true)
+	for _, f := range found {
+		if f.Check == CheckLinkedAway {
+			f.PID, f.Command = f.p.PID, f.p.Command
+			return nil, &f.Finding
+		}
+	}
+	return carried, nil
+}
+
+// semaphores are the files of linked (held under a path deleted while they have another
+// name) that a process tree's checkpoint carries, once each: a file of at most
+// MaxSemaphore bytes deleted from ShmDir/sem.*, whose other name is ShmDir/sem.* too, and
+// which no process outside the tree holds or maps (its restore would not share the file
+// with that process again). Anything else stays refused.
+func semaphores(tree *proctree.Snapshot, linked []proctree.Held) []Semaphore {
+	var out []Semaphore
+	var names []os.FileInfo // ShmDir's semaphores, read once if any file may be one
+	for _, h := range linked {
+		p := strings.TrimSuffix(h.Path, deleted)
+		if filepath.Dir(p) != ShmDir || !strings.HasPrefix(filepath.Base(p), "sem.") || h.Info.Size() > MaxSemaphore ||
+			slices.ContainsFunc(out, func(s Semaphore) bool { return os.SameFile(s.Info, h.Info) }) {
+			continue
+		}
+		if names == nil {
+			names = shmSemaphores()
+		}
+		if i := slices.IndexFunc(names, func(n os.FileInfo) bool { return os.SameFile(n, h.Info) }); i >= 0 {
+			out = append(out, Semaphore{Path: filepath.Join(ShmDir, names[i].Name()), Info: h.Info})
+		}
+	}
+	for len(out) > 0 {
+		infos := make([]os.FileInfo, len(out))
+		for i, s := range out {
+			infos[i] = s.Info
+		}
+		i, _ := tree.HolderOutside(ShmDir, infos)
+		if i < 0 {
+			break
+		}
+		out = slices.Delete(out, i, i+1)
+	}
+	return out
+}
+
+// shmSemaphores are the regular files named sem.* in ShmDir, as lstat describes them; an
+// empty, not nil, list where there are none.
+func shmSemaphores() []os.FileInfo {
+	out := []os.FileInfo{}
+	entries, _ := os.ReadDir(ShmDir)
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), "sem.") || !e.Type().IsRegular() {
+			continue
+		}
+		if fi, err := os.Lstat(filepath.Join(ShmDir, e.Name())); err == nil && fi.Mode().IsRegular() {
+			out = append(out, fi)
 		}
 	}
 	return out

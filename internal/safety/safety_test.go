@@ -2,7 +2,9 @@ package safety
 
 import (
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -399,5 +401,52 @@ func TestPOSIXMessageQueueIsRefused(t *testing.T) {
 	defer unix.Syscall(unix.SYS_MQ_UNLINK, uintptr(unsafe.Pointer(name)), 0, 0) //nolint:errcheck // the test's own queue
 	if got := selfAnalyzed(t, nil); !slices.Equal(got, append(before, CheckMQueue)) {
 		t.Fatalf("findings %v, want %v and %s", got, before, CheckMQueue)
+	}
+}
+
+// The real /proc and /dev/shm: this process maps a file as sem_open leaves a semaphore's
+// creator, under a deleted name while the file has another. A process tree's checkpoint
+// carries it (CarrySemaphores); a container's does not, nor any checkpoint while a process
+// outside the tree holds the file too.
+func TestSemaphoreIsCarriedForATreeOnly(t *testing.T) {
+	name := fmt.Sprintf("sem.gpucr-test-%d", os.Getpid())
+	tmp := filepath.Join(ShmDir, name+".tmp")
+	mapShared(t, tmp)
+	sem := filepath.Join(ShmDir, name)
+	if err := os.Link(tmp, sem); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(sem) })
+	if err := os.Remove(tmp); err != nil {
+		t.Fatal(err)
+	}
+	if got := selfAnalyzed(t, nil); !slices.Contains(got, CheckLinkedAway) {
+		t.Errorf("without carry: %v, want %s", got, CheckLinkedAway)
+	}
+	if got := selfAnalyzed(t, Skips{CarrySemaphores: true}); slices.Contains(got, CheckLinkedAway) {
+		t.Errorf("carried: %v, want no %s", got, CheckLinkedAway)
+	}
+	self, err := proctree.Read(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sems, err := Semaphores(proctree.Snap("/proc", []proctree.Process{self}))
+	if err != nil || len(sems) != 1 || sems[0].Path != sem {
+		t.Fatalf("Semaphores = %+v, %v; want %s", sems, err, sem)
+	}
+
+	f, err := os.Open(sem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	outside := exec.Command("sleep", "60")
+	outside.ExtraFiles = []*os.File{f}
+	if err := outside.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = outside.Process.Kill(); _ = outside.Wait() })
+	if got := selfAnalyzed(t, Skips{CarrySemaphores: true}); !slices.Contains(got, CheckLinkedAway) {
+		t.Errorf("held outside the tree too: %v, want %s", got, CheckLinkedAway)
 	}
 }

@@ -1,0 +1,197 @@
+package engine
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+
+	"github.com/gpucr/gpucr/internal/beneath"
+	"github.com/gpucr/gpucr/internal/criuimg"
+	"github.com/gpucr/gpucr/internal/image"
+	"github.com/gpucr/gpucr/internal/proctree"
+	"github.com/gpucr/gpucr/internal/safety"
+)
+
+// CRIU dumps a POSIX semaphore that a process maps under the temporary name sem_open made
+// it with (Python's multiprocessing under spawn and forkserver) only through a hard link it
+// leaves beside the file, /dev/shm/link_remap.N, and its restore consumes the link: a
+// second restore from the image failed, and one on another host could not start. A
+// checkpoint records each such file in the image and removes CRIU's link; each restore
+// makes the file (if gone) and the link again before CRIU runs.
+
+// linkedFiles records the semaphores CRIU dumped through links from the frozen tree's
+// image in criuDir, and removes CRIU's links. The tree is analysed again, frozen: a file it
+// held deleted but linked since the analysis, which CRIU dumped through a link too, fails
+// the checkpoint rather than leave the image depending on a link outside it.
+func linkedFiles(criuDir string, tree *proctree.Snapshot) ([]image.LinkedFile, error) {
+	sems, err := safety.Semaphores(tree)
+	if err != nil {
+		return nil, err
+	}
+	remaps, err := criuimg.LinkRemaps(criuDir)
+	if err != nil {
+		return nil, fmt.Errorf("read the image's link remaps: %w", err)
+	}
+	dir, err := beneath.OpenDir(safety.ShmDir)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	out := make([]image.LinkedFile, 0, len(remaps))
+	for _, r := range remaps {
+		if filepath.Dir(r) != safety.ShmDir {
+			return nil, fmt.Errorf("CRIU dumped a file through a link outside %s (%s), which gpucr does not carry", safety.ShmDir, r)
+		}
+		f, err := linkedFile(dir, filepath.Base(r), sems)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	for _, f := range out {
+		if err := dir.Remove(f.Remap); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// linkedFile records the semaphore of sems that CRIU's link remap, in dir, links to.
+func linkedFile(dir *beneath.Dir, remap string, sems []safety.Semaphore) (image.LinkedFile, error) {
+	f, err := dir.Open(remap)
+	if err != nil {
+		return image.LinkedFile{}, fmt.Errorf("open CRIU's link: %w", err)
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return image.LinkedFile{}, err
+	}
+	i := slices.IndexFunc(sems, func(s safety.Semaphore) bool { return os.SameFile(s.Info, info) })
+	if i < 0 {
+		return image.LinkedFile{}, fmt.Errorf("CRIU dumped %s through a link to a file that is none of the tree's semaphores", f.Name())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, image.MaxLinkedFile+1))
+	if err != nil {
+		return image.LinkedFile{}, fmt.Errorf("read %s: %w", sems[i].Path, err)
+	}
+	if len(data) > image.MaxLinkedFile {
+		return image.LinkedFile{}, fmt.Errorf("%s has grown beyond %d bytes", sems[i].Path, image.MaxLinkedFile)
+	}
+	st := info.Sys().(*syscall.Stat_t)
+	return image.LinkedFile{Path: sems[i].Path, Remap: remap, Mode: uint32(info.Mode().Perm()), UID: st.Uid, GID: st.Gid, Data: data}, nil
+}
+
+// ErrLinkedFileChanged means a semaphore's file of the image is on this host with other
+// bytes than the image's: the job, or an earlier restore of it, ran on and changed it.
+var ErrLinkedFileChanged = errors.New("a semaphore of the image changed since the checkpoint")
+
+// placeLinked makes, before CRIU restores the image, the files and links CRIU restores its
+// semaphores through: a file gone is made with the image's bytes, mode and owner, and one
+// present must hold the image's bytes. The links are journaled first (journal), for a
+// rollback to remove. It returns what undoes what it made, for a restore that fails (CRIU
+// removes the links of one that succeeds).
+func placeLinked(files []image.LinkedFile, journal func(paths []string) error) (func() error, error) {
+	undo := func() error { return nil }
+	if len(files) == 0 {
+		return undo, nil
+	}
+	var links []string
+	for _, f := range files {
+		links = append(links, filepath.Join(safety.ShmDir, f.Remap))
+	}
+	if err := journal(links); err != nil {
+		return nil, err
+	}
+	dir, err := beneath.OpenDir(safety.ShmDir)
+	if err != nil {
+		return nil, err
+	}
+	defer dir.Close()
+	var made []string
+	undo = func() error {
+		d, err := beneath.OpenDir(safety.ShmDir)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		var errs []error
+		for _, name := range slices.Backward(made) {
+			errs = append(errs, d.Remove(name))
+		}
+		return errors.Join(errs...)
+	}
+	for _, f := range files {
+		name := filepath.Base(f.Path)
+		created, err := placeFile(dir, name, f)
+		if created {
+			made = append(made, name)
+		}
+		if err == nil {
+			err = dir.Link(name, f.Remap)
+			switch {
+			case err == nil:
+				made = append(made, f.Remap)
+			case errors.Is(err, fs.ErrExist) && sameEntry(dir, name, f.Remap):
+				err = nil // a link an earlier restore made and left
+			case errors.Is(err, fs.ErrExist):
+				err = fmt.Errorf("%w: %s/%s, which the restore links to %s, is another file: remove it if no process uses it, and restore again",
+					ErrLinkedFileChanged, safety.ShmDir, f.Remap, f.Path)
+			}
+		}
+		if err != nil {
+			return nil, errors.Join(err, undo())
+		}
+	}
+	return undo, nil
+}
+
+// placeFile makes the semaphore's file name in dir with f's bytes, mode and owner, written
+// aside and linked into place so that no name is ever followed or replaced, or checks that
+// the file there holds f's bytes. It says whether it made the file.
+func placeFile(dir *beneath.Dir, name string, f image.LinkedFile) (bool, error) {
+	tmp, tmpName, err := dir.CreateTemp(".gpucr-" + name + ".")
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = dir.Remove(tmpName) }() // linked into place, or not wanted
+	_, err = tmp.Write(f.Data)
+	if err == nil {
+		err = tmp.Chown(int(f.UID), int(f.GID))
+	}
+	if err == nil {
+		err = tmp.Chmod(fs.FileMode(f.Mode))
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return false, fmt.Errorf("make %s: %w", f.Path, err)
+	}
+	err = dir.Link(tmpName, name)
+	if !errors.Is(err, fs.ErrExist) {
+		return err == nil, err
+	}
+	now, err := dir.ReadFile(name, image.MaxLinkedFile+1)
+	if err != nil {
+		return false, fmt.Errorf("%w: %s: %v", ErrLinkedFileChanged, f.Path, err)
+	}
+	if !bytes.Equal(now, f.Data) {
+		return false, fmt.Errorf("%w: %s holds other bytes than at the checkpoint (the job, or an earlier restore of it, ran on); "+
+			"remove it if no process uses it (fuser %s), and restore again", ErrLinkedFileChanged, f.Path, f.Path)
+	}
+	return false, nil
+}
+
+// sameEntry says whether names a and b of dir are one file.
+func sameEntry(dir *beneath.Dir, a, b string) bool {
+	fa, err1 := dir.Lstat(a)
+	fb, err2 := dir.Lstat(b)
+	return err1 == nil && err2 == nil && os.SameFile(fa, fb)
+}
