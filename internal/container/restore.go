@@ -85,6 +85,10 @@ func (ri *runcImage) CRIUPlugins() bool { return false }
 // FilePlugins is true: runc passes its environment, which names the plugin, on to CRIU.
 func (ri *runcImage) FilePlugins() bool { return true }
 
+// CarriesSemaphores is false: a container checkpoint records none, and a crafted image's
+// would be made in the host's /dev/shm, not the container's.
+func (ri *runcImage) CarriesSemaphores() bool { return false }
+
 // Check refuses an ID runc already knows: the restore would fail, and its rollback must
 // never remove a container it did not create. It refuses too, as for a process tree, an
 // image of a container in the host's PID namespace whose PIDs are taken: CRIU fails to give

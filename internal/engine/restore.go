@@ -131,6 +131,9 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	defer func() { _ = verify.wait() }() // never leave it reading the image after we return; its verdict was taken where it mattered
 	// The semaphores CRIU restores through links it left beside them, which each restore
 	// consumes, are made again from the image first: the check below asks for the files.
+	if len(m.LinkedFiles) > 0 && !target.CarriesSemaphores() {
+		return nil, verify.prefer(fmt.Errorf("%w: the image lists semaphores a process tree's checkpoint carries (linkedFiles), which %s does not make", image.ErrCorrupt, target.What()))
+	}
 	unlink, err := placeLinked(m.LinkedFiles, func(links []string) error {
 		return op.Update(func(rec *txn.Record) { rec.Paths = append(rec.Paths, links...) })
 	})

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
+	"os"
+	"strconv"
 	"testing"
 
 	"github.com/gpucr/gpucr/internal/criu"
@@ -26,6 +28,7 @@ func (a *answerLost) Locks() []string                                     { retu
 func (a *answerLost) Check() error                                        { return nil }
 func (a *answerLost) CRIUPlugins() bool                                   { return false }
 func (a *answerLost) FilePlugins() bool                                   { return false }
+func (a *answerLost) CarriesSemaphores() bool                             { return false }
 func (a *answerLost) Remove(_ context.Context, cause error) error         { a.removed = true; return cause }
 func (a *answerLost) Restore(_ context.Context, _ *Op, s RestoreSpec) (*Restored, error) {
 	if err := s.Created(map[int]int{a.pid: a.pid}); err != nil {
@@ -60,5 +63,28 @@ func TestRestoreFailingAfterTheTasksWentRemovesThem(t *testing.T) {
 	}
 	if !target.removed {
 		t.Fatalf("restore failed (%v) and left the tasks it had let go", err)
+	}
+}
+
+// A target that makes no semaphore files (a container's runtime) refuses an image listing
+// some before anything is made: a crafted container image's would have been made in the
+// host's /dev/shm.
+func TestRestoreRefusesSemaphoresTheTargetDoesNotMake(t *testing.T) {
+	pid := testutil.StartSleeper(t).Process.Pid
+	name := "sem.gpucr-test-" + strconv.Itoa(pid)
+	m := &image.Manifest{
+		RootPID:     pid,
+		Processes:   []image.Process{{PID: pid, PPID: 1, Command: "sleep"}},
+		LinkedFiles: []image.LinkedFile{{Path: "/dev/shm/" + name, Remap: "link_remap.7", Mode: 0o600, Data: make([]byte, 32)}},
+	}
+	dir := imagetest.Commit(t, map[string][]byte{"criu/inventory.img": []byte("x")}, m, nil)
+	e := newEngine(t, &fakeGPU{})
+	_, err := e.Restore(context.Background(), &answerLost{pid: pid}, RestoreRequest{Dir: dir})
+	if !errors.Is(err, image.ErrCorrupt) {
+		t.Fatalf("restore = %v, want the image refused", err)
+	}
+	if _, serr := os.Lstat("/dev/shm/" + name); serr == nil {
+		os.Remove("/dev/shm/" + name)
+		t.Fatal("the restore made the semaphore's file")
 	}
 }

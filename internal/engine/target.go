@@ -356,6 +356,9 @@ type RestoreTarget interface {
 	CRIUPlugins() bool
 	// FilePlugins says whether a gpu.FileCarrier's CRIU plugin can be loaded for it.
 	FilePlugins() bool
+	// CarriesSemaphores says whether an image's linkedFiles (the semaphores a process-tree
+	// checkpoint carries) may be made on this host for it: a runtime's restore has none.
+	CarriesSemaphores() bool
 	// Restore has CRIU restore s.ImagesDir, holding every task before it resumes until
 	// s.Verified passed and s.Fill is written, then calling s.Whole. It journals in op what
 	// it creates before creating it.
@@ -440,6 +443,8 @@ func (ti *treeImage) Locks() []string {
 }
 func (ti *treeImage) CRIUPlugins() bool { return true }
 func (ti *treeImage) FilePlugins() bool { return true }
+
+func (ti *treeImage) CarriesSemaphores() bool { return true }
 
 func (ti *treeImage) Check() error {
 	if criuimg.OwnMounts(image.CRIUPath(ti.dir)) {
