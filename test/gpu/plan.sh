@@ -5,7 +5,8 @@
 #   11: signed images, restored under --trust from a directory and streamed from a store;
 #   12: a restore onto a GPU too busy to take the job; 13: training fed by DataLoader workers
 #   forked after CUDA started; 14: a GPU process whose child opened an NVIDIA device itself;
-#   15: 13's training checkpointed --leave-running, as a periodic checkpoint is)
+#   15: 13's training checkpointed --leave-running, as a periodic checkpoint is; 16: 13's
+#   training with workers started by spawn, their queues' semaphores carried in the image)
 # Prints PASS/FAIL per test and writes JSON outputs to $OUT when set.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -260,6 +261,31 @@ if wait_file "$W/dlp/paused"; then
     else bad "15 restore of the image left running"; fi
   else bad "15 checkpoint --leave-running"; fi
 else bad "15 training did not reach step 10"; fi
+fi
+if has 16; then
+echo "== 16. training fed by 2 DataLoader workers started by spawn: checkpoint at step 10 of 30, restore twice, losses bit-identical"
+mkdir -p "$W/spref" "$W/sp"
+python3 "$B/train.py" "$W/spref" 30 -1 2 spawn >/dev/null 2>&1 || bad "16 reference run"
+setsid python3 "$B/train.py" "$W/sp" 30 10 2 spawn </dev/null >/dev/null 2>&1 &
+JP=$!
+if wait_file "$W/sp/paused"; then
+  TP=$(cat "$W/sp/paused")
+  if "$G" checkpoint "$TP" -D "$W/imgsp" --json > "$OUTD/ckpt16.json"; then
+    phases "$OUTD/ckpt16.json" checkpoint
+    python3 -c 'import json,sys; print("semaphores carried:", len(json.load(open(sys.argv[1])).get("linkedFiles") or []))' "$W/imgsp/manifest.json"
+    wait "$JP"
+    touch "$W/sp/go"
+    for round in 1 2; do
+      rm -f "$W/sp/done"; cp "$W/sp/losses" "$W/sp/losses.before"
+      if "$G" restore -D "$W/imgsp" --json > "$OUTD/rst16-$round.json"; then
+        phases "$OUTD/rst16-$round.json" restore
+        wait_file "$W/sp/done" && [ "$(tail -20 "$W/sp/losses")" = "$(tail -20 "$W/spref/losses")" ] &&
+          ok "16 restore $round: steps 11-30 bit-identical" || { bad "16 restore $round losses"; tail -3 "$W/sp/losses"; }
+        for _ in $(seq 100); do [ -e "/proc/$TP" ] || break; sleep 0.1; done
+      else bad "16 restore $round"; fi
+    done
+  else bad "16 checkpoint of spawn workers"; fi
+else bad "16 training did not reach step 10"; fi
 fi
 if has 12; then
 echo "== 12. a GPU too busy for the job: refused before anything is restored; the driver's own failure rolled back; restores once freed"
