@@ -70,8 +70,12 @@ def count(check, step):
 // before each restore: the job restores from one image again and again, its semaphore's
 // file there or gone.
 func TestSemaphoreOfSpawnedMultiprocessingRestoresAgain(t *testing.T) {
-	needCRIU(t)
-	w := startPython(t, `import multiprocessing as mp, os, sys, time
+	// forkserver is Linux's default start method since Python 3.14: its server process,
+	// in the tree, forks the children.
+	for _, method := range []string{"spawn", "forkserver"} {
+		t.Run(method, func(t *testing.T) {
+			needCRIU(t)
+			w := startPython(t, `import multiprocessing as mp, os, sys, time
 d = sys.argv[1]
 open(os.path.join(d, "child.py"), "w").write("""import time
 def run(lock):
@@ -84,58 +88,60 @@ sys.path.insert(0, d)
 import child
 `+countLoop+`
 if __name__ == "__main__":
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("`+method+`")
     lock = ctx.Lock()
     open(os.path.join(d, "semaphore"), "w").write(lock._semlock.name)
     p = ctx.Process(target=child.run, args=(lock,), daemon=True)
     p.start()
     count(lambda i: lock.acquire(timeout=5), lambda i: lock.release())
 `)
-	name, err := os.ReadFile(filepath.Join(w.dir, "semaphore"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Killed, the job leaves its semaphore's file in /dev/shm ("sem." and its name).
-	sem := "/dev/shm/sem." + strings.TrimPrefix(string(name), "/")
-	t.Cleanup(func() { os.Remove(sem) })
-	if out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "--dry-run"); code != 0 || strings.Contains(out, "deleted-but-linked") {
-		t.Errorf("dry run: exit %d, want 0 and no finding:\n%s", code, out)
-	}
-	noLinksLeft := func(what string) {
-		if left, _ := filepath.Glob("/dev/shm/link_remap.*"); len(left) > 0 {
-			t.Errorf("%s left CRIU's links %v outside the image", what, left)
-		}
-	}
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "running"), "--leave-running")
-	noLinksLeft("the checkpoint --leave-running")
-	w.checkCountsOn(t, "the checkpoint --leave-running")
-	img := filepath.Join(t.TempDir(), "img")
-	mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img)
-	testutil.WaitGone(t, w.pid)
-	noLinksLeft("the checkpoint")
-	at := w.read(t, "count")
-	for _, when := range []string{"first", "second", "semaphore's file removed"} {
-		if when == "semaphore's file removed" {
-			// Changed, as a job run on from the image would leave it: refused, and kept.
-			if err := os.WriteFile(sem, []byte("changed"), 0o600); err != nil {
+			name, err := os.ReadFile(filepath.Join(w.dir, "semaphore"))
+			if err != nil {
 				t.Fatal(err)
 			}
-			if out, code := gpucr(t, "restore", "-D", img); code != exitFailed || !oneLineWith(out, "remove it if no process uses it") {
-				t.Fatalf("restore with the semaphore changed: exit %d, want %d and one line saying what to do:\n%s", code, exitFailed, out)
+			// Killed, the job leaves its semaphore's file in /dev/shm ("sem." and its name).
+			sem := "/dev/shm/sem." + strings.TrimPrefix(string(name), "/")
+			t.Cleanup(func() { os.Remove(sem) })
+			if out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "--dry-run"); code != 0 || strings.Contains(out, "deleted-but-linked") {
+				t.Errorf("dry run: exit %d, want 0 and no finding:\n%s", code, out)
 			}
-			if err := os.Remove(sem); err != nil {
-				t.Fatal(err)
+			noLinksLeft := func(what string) {
+				if left, _ := filepath.Glob("/dev/shm/link_remap.*"); len(left) > 0 {
+					t.Errorf("%s left CRIU's links %v outside the image", what, left)
+				}
 			}
-		}
-		w.pid = restore(t, img)
-		w.waitCount(t, at+5)
-		w.checkCountsOn(t, "the "+when+" restore")
-		// Reaped, root and children: the next restore needs their PIDs.
-		members := groupMembers(w.pid)
-		_ = syscall.Kill(-w.pid, syscall.SIGKILL)
-		for _, pid := range members {
-			testutil.WaitReaped(t, pid)
-		}
+			mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", filepath.Join(t.TempDir(), "running"), "--leave-running")
+			noLinksLeft("the checkpoint --leave-running")
+			w.checkCountsOn(t, "the checkpoint --leave-running")
+			img := filepath.Join(t.TempDir(), "img")
+			mustGpucr(t, "checkpoint", strconv.Itoa(w.pid), "-D", img)
+			testutil.WaitGone(t, w.pid)
+			noLinksLeft("the checkpoint")
+			at := w.read(t, "count")
+			for _, when := range []string{"first", "second", "semaphore's file removed"} {
+				if when == "semaphore's file removed" {
+					// Changed, as a job run on from the image would leave it: refused, and kept.
+					if err := os.WriteFile(sem, []byte("changed"), 0o600); err != nil {
+						t.Fatal(err)
+					}
+					if out, code := gpucr(t, "restore", "-D", img); code != exitFailed || !oneLineWith(out, "remove it if no process uses it") {
+						t.Fatalf("restore with the semaphore changed: exit %d, want %d and one line saying what to do:\n%s", code, exitFailed, out)
+					}
+					if err := os.Remove(sem); err != nil {
+						t.Fatal(err)
+					}
+				}
+				w.pid = restore(t, img)
+				w.waitCount(t, at+5)
+				w.checkCountsOn(t, "the "+when+" restore")
+				// Reaped, root and children: the next restore needs their PIDs.
+				members := groupMembers(w.pid)
+				_ = syscall.Kill(-w.pid, syscall.SIGKILL)
+				for _, pid := range members {
+					testutil.WaitReaped(t, pid)
+				}
+			}
+		})
 	}
 }
 
