@@ -62,10 +62,17 @@ func printAnalysis(w io.Writer, res *engine.Analysis) {
 	fmt.Fprintf(w, "%d processes, %d with GPU state: ", res.Processes, len(res.GPUProcesses))
 	if len(res.Findings) == 0 {
 		fmt.Fprintln(w, "nothing found that would stop a checkpoint or its restore")
-		return
+	} else {
+		fmt.Fprintf(w, "%d finding(s), a checkpoint would be refused\n", len(res.Findings))
 	}
-	fmt.Fprintf(w, "%d finding(s), a checkpoint would be refused\n", len(res.Findings))
 	for _, f := range res.Findings {
 		fmt.Fprintf(w, "  %s: process %d (%s) %s\n    fix: %s\n", f.Check, f.PID, printable(f.Command), printable(f.Reason), printable(f.Fix))
+	}
+	for _, c := range res.Carried {
+		who := printable(c.Path)
+		if c.PID != 0 {
+			who = fmt.Sprintf("process %d (%s)", c.PID, printable(c.Command))
+		}
+		fmt.Fprintf(w, "  carried: %s: %s\n", who, c.What)
 	}
 }

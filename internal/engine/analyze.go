@@ -14,6 +14,18 @@ type Analysis struct {
 	Processes    int              `json:"processes"`
 	GPUProcesses []gpu.Process    `json:"gpuProcesses"`
 	Findings     []safety.Finding `json:"findings"`
+	// Carried is what the checkpoint takes by other means than CRIU's own, so that the
+	// user knows of it: device files gpucr's CRIU plugin opens again, semaphores whose
+	// files the image carries.
+	Carried []Carried `json:"carried"`
+}
+
+// Carried is a process's files, or a file, a checkpoint carries by gpucr's own means.
+type Carried struct {
+	PID     int    `json:"pid,omitempty"`
+	Command string `json:"command,omitempty"`
+	Path    string `json:"path,omitempty"`
+	What    string `json:"what"`
 }
 
 // Analyze runs the checks a checkpoint runs before it locks anything, and reports every
@@ -24,7 +36,7 @@ func (e *Engine) Analyze(ctx context.Context, target Target, r CheckpointRequest
 	if err != nil {
 		return nil, err
 	}
-	a := &Analysis{Processes: len(tree), GPUProcesses: []gpu.Process{}, Findings: []safety.Finding{}}
+	a := &Analysis{Processes: len(tree), GPUProcesses: []gpu.Process{}, Findings: []safety.Finding{}, Carried: []Carried{}}
 	snap := proctree.Snap("/proc", tree)
 	found, err := FindGPUProcs(ctx, e.Backends, e.Off, snap)
 	var refused *safety.Finding
@@ -40,9 +52,20 @@ func (e *Engine) Analyze(ctx context.Context, target Target, r CheckpointRequest
 	case err != nil:
 		return nil, err
 	}
-	for _, snap := range found.Snapshots {
-		a.GPUProcesses = append(a.GPUProcesses, snap.Processes...)
+	for _, s := range found.Snapshots {
+		a.GPUProcesses = append(a.GPUProcesses, s.Processes...)
+		for _, pid := range s.FileHolders {
+			a.Carried = append(a.Carried, Carried{PID: pid, Command: snap.Command(pid), What: "its " + s.Backend +
+				" device files, its GPU parent's: gpucr's CRIU plugin opens them again on restore, and gives back its mappings of them zero-filled"})
+		}
 	}
 	a.Findings = append(a.Findings, safety.Analyze(snap, found.GPUs.safetyView(), skipsFor(target, r))...)
+	if target.CarriesSemaphores() {
+		sems, _ := safety.Semaphores(snap) // one it cannot carry is a finding above
+		for _, s := range sems {
+			a.Carried = append(a.Carried, Carried{Path: s.Path, What: "a POSIX semaphore held under a deleted name: " +
+				"its file is carried in the image and made again before each restore"})
+		}
+	}
 	return a, nil
 }

@@ -45,6 +45,10 @@ func TestDryRunFindsFilesNoPluginCarries(t *testing.T) {
 	if slices.ContainsFunc(a.Findings, func(f safety.Finding) bool { return f.Check == safety.CheckNoCUDAState }) {
 		t.Fatalf("findings of a process tree's holder = %+v, want none of %s", a.Findings, safety.CheckNoCUDAState)
 	}
+	// ... and says what the checkpoint carries by gpucr's own means.
+	if len(a.Carried) != 1 || a.Carried[0].PID != holder || a.Carried[0].Command != "sleep" || !strings.Contains(a.Carried[0].What, "CRIU plugin") {
+		t.Fatalf("carried = %+v, want process %d's device files", a.Carried, holder)
+	}
 }
 
 // An image whose only record of a vendor is its processes holding device files without

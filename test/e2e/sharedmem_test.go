@@ -102,8 +102,9 @@ if __name__ == "__main__":
 			// Killed, the job leaves its semaphore's file in /dev/shm ("sem." and its name).
 			sem := "/dev/shm/sem." + strings.TrimPrefix(string(name), "/")
 			t.Cleanup(func() { os.Remove(sem) })
-			if out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "--dry-run"); code != 0 || strings.Contains(out, "deleted-but-linked") {
-				t.Errorf("dry run: exit %d, want 0 and no finding:\n%s", code, out)
+			if out, code := gpucr(t, "checkpoint", strconv.Itoa(w.pid), "--dry-run"); code != 0 || strings.Contains(out, "deleted-but-linked") ||
+				!strings.Contains(out, "carried: "+sem+": a POSIX semaphore") {
+				t.Errorf("dry run: exit %d, want 0, no finding, and the semaphore carried:\n%s", code, out)
 			}
 			noLinksLeft := func(what string) {
 				if left, _ := filepath.Glob("/dev/shm/link_remap.*"); len(left) > 0 {
