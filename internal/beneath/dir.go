@@ -172,6 +172,16 @@ func (d *Dir) Link(from, to string) error {
 	return nil
 }
 
+// LinkFile gives the file f, held open, the name to in d as well, failing with
+// fs.ErrExist if to is taken: the file linked is the one checked through f, whatever its
+// name was swapped for since (a symlink included). It needs CAP_DAC_READ_SEARCH (root).
+func (d *Dir) LinkFile(f *os.File, to string) error {
+	if err := unix.Linkat(int(f.Fd()), "", d.fd, to, unix.AT_EMPTY_PATH); err != nil {
+		return d.err("link", to, err)
+	}
+	return nil
+}
+
 // Rename renames from to to in d, replacing what to names (a symlink itself, never its
 // target).
 func (d *Dir) Rename(from, to string) error { return d.rename(from, to) }

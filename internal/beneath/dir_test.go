@@ -160,3 +160,48 @@ func TestOpenDirAll(t *testing.T) {
 		t.Errorf("OpenDirAll made %d entries through the symlink", len(es))
 	}
 }
+
+// LinkFile links the file held open, not what its name has become: a name swapped for a
+// symlink after the file was opened and checked gives the new name the file, never the
+// symlink.
+func TestLinkFileLinksTheFileHeld(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH")
+	}
+	root := t.TempDir()
+	if err := os.WriteFile(filepath.Join(root, "victim"), []byte("root's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "f"), []byte("checked"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d, err := OpenDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	f, err := d.Open("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := os.Rename(filepath.Join(root, "f"), filepath.Join(root, "f.old")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("victim", filepath.Join(root, "f")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.LinkFile(f, "link"); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Lstat(filepath.Join(root, "link"))
+	if err != nil || !fi.Mode().IsRegular() {
+		t.Fatalf("link: %v, %v", fi, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "link")); err != nil || string(b) != "checked" {
+		t.Fatalf("link holds %q, %v", b, err)
+	}
+	if err := d.LinkFile(f, "link"); !errors.Is(err, os.ErrExist) {
+		t.Fatalf("a name taken: %v, want %v", err, os.ErrExist)
+	}
+}

@@ -129,21 +129,24 @@ func placeLinked(files []image.LinkedFile, journal func(paths []string) error) (
 	}
 	for _, f := range files {
 		name := filepath.Base(f.Path)
-		created, err := placeFile(dir, name, f)
+		file, created, err := placeFile(dir, name, f)
 		if created {
 			made = append(made, name)
 		}
 		if err == nil {
-			err = dir.Link(name, f.Remap)
+			// Linked through the descriptor checked, not by name: the name's owner may
+			// swap it (for a symlink) at any moment.
+			err = dir.LinkFile(file, f.Remap)
 			switch {
 			case err == nil:
 				made = append(made, f.Remap)
-			case errors.Is(err, fs.ErrExist) && sameEntry(dir, name, f.Remap):
+			case errors.Is(err, fs.ErrExist) && isEntry(dir, f.Remap, file):
 				err = nil // a link an earlier restore made and left
 			case errors.Is(err, fs.ErrExist):
 				err = fmt.Errorf("%w: %s/%s, which the restore links to %s, is another file: remove it if no process uses it, and restore again",
 					ErrLinkedFileChanged, safety.ShmDir, f.Remap, f.Path)
 			}
+			_ = file.Close()
 		}
 		if err != nil {
 			return nil, errors.Join(err, undo())
@@ -154,11 +157,13 @@ func placeLinked(files []image.LinkedFile, journal func(paths []string) error) (
 
 // placeFile makes the semaphore's file name in dir with f's bytes, mode and owner, written
 // aside and linked into place so that no name is ever followed or replaced, or checks that
-// the file there holds f's bytes. It says whether it made the file.
-func placeFile(dir *beneath.Dir, name string, f image.LinkedFile) (bool, error) {
+// the file there is f's: its bytes, and its owner and mode, as another user may have made
+// it first with the bytes of a semaphore (the name is for all to see, and the bytes are
+// easily guessed). It returns the file, open, and says whether it made it.
+func placeFile(dir *beneath.Dir, name string, f image.LinkedFile) (*os.File, bool, error) {
 	tmp, tmpName, err := dir.CreateTemp(".gpucr-" + name + ".")
 	if err != nil {
-		return false, err
+		return nil, false, err
 	}
 	defer func() { _ = dir.Remove(tmpName) }() // linked into place, or not wanted
 	_, err = tmp.Write(f.Data)
@@ -168,30 +173,54 @@ func placeFile(dir *beneath.Dir, name string, f image.LinkedFile) (bool, error) 
 	if err == nil {
 		err = tmp.Chmod(fs.FileMode(f.Mode))
 	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
+	if err == nil {
+		// Through the descriptor: once chowned, its owner may swap the name tmpName.
+		err = dir.LinkFile(tmp, name)
 	}
-	if err != nil {
-		return false, fmt.Errorf("make %s: %w", f.Path, err)
+	if err == nil {
+		return tmp, true, nil
 	}
-	err = dir.Link(tmpName, name)
+	_ = tmp.Close()
 	if !errors.Is(err, fs.ErrExist) {
-		return err == nil, err
+		return nil, false, fmt.Errorf("make %s: %w", f.Path, err)
 	}
-	now, err := dir.ReadFile(name, image.MaxLinkedFile+1)
+	now, err := dir.Open(name)
 	if err != nil {
-		return false, fmt.Errorf("%w: %s: %v", ErrLinkedFileChanged, f.Path, err)
+		return nil, false, fmt.Errorf("%w: %s: %v", ErrLinkedFileChanged, f.Path, err)
 	}
-	if !bytes.Equal(now, f.Data) {
-		return false, fmt.Errorf("%w: %s holds other bytes than at the checkpoint (the job, or an earlier restore of it, ran on); "+
-			"remove it if no process uses it (fuser %s), and restore again", ErrLinkedFileChanged, f.Path, f.Path)
+	if err := sameLinked(now, f); err != nil {
+		_ = now.Close()
+		return nil, false, err
 	}
-	return false, nil
+	return now, false, nil
 }
 
-// sameEntry says whether names a and b of dir are one file.
-func sameEntry(dir *beneath.Dir, a, b string) bool {
-	fa, err1 := dir.Lstat(a)
-	fb, err2 := dir.Lstat(b)
+// sameLinked checks that the open file is f's: its owner, mode and bytes.
+func sameLinked(file *os.File, f image.LinkedFile) error {
+	info, err := file.Stat()
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrLinkedFileChanged, f.Path, err)
+	}
+	st := info.Sys().(*syscall.Stat_t)
+	if st.Uid != f.UID || st.Gid != f.GID || uint32(info.Mode().Perm()) != f.Mode {
+		return fmt.Errorf("%w: %s is uid %d, gid %d, mode %o, where the image's is uid %d, gid %d, mode %o (another user may have made it); "+
+			"remove it if no process uses it (fuser %s), and restore again", ErrLinkedFileChanged, f.Path,
+			st.Uid, st.Gid, info.Mode().Perm(), f.UID, f.GID, f.Mode, f.Path)
+	}
+	now, err := io.ReadAll(io.LimitReader(file, image.MaxLinkedFile+1))
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrLinkedFileChanged, f.Path, err)
+	}
+	if !bytes.Equal(now, f.Data) {
+		return fmt.Errorf("%w: %s holds other bytes than at the checkpoint (the job, or an earlier restore of it, ran on); "+
+			"remove it if no process uses it (fuser %s), and restore again", ErrLinkedFileChanged, f.Path, f.Path)
+	}
+	return nil
+}
+
+// isEntry says whether name in dir is the open file.
+func isEntry(dir *beneath.Dir, name string, file *os.File) bool {
+	fa, err1 := dir.Lstat(name)
+	fb, err2 := file.Stat()
 	return err1 == nil && err2 == nil && os.SameFile(fa, fb)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -45,9 +46,7 @@ func TestPlaceLinkedMakesOrRefuses(t *testing.T) {
 	}
 
 	// The file there, as it was: only the link is made.
-	if err := os.WriteFile(sem, files[0].Data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeAs(t, sem, files[0])
 	undo, err = placeLinked(files, journal)
 	if err != nil {
 		t.Fatal(err)
@@ -63,9 +62,7 @@ func TestPlaceLinkedMakesOrRefuses(t *testing.T) {
 	}
 
 	// Changed since: refused, with what to do.
-	if err := os.WriteFile(sem, []byte("semaphorf"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeAs(t, sem, image.LinkedFile{Mode: 0o640, UID: 1, GID: 2, Data: []byte("semaphorf")})
 	_, err = placeLinked(files, journal)
 	if !errors.Is(err, ErrLinkedFileChanged) || !bytes.Contains([]byte(err.Error()), []byte("remove it if no process uses it")) {
 		t.Fatalf("changed: %v, want %v", err, ErrLinkedFileChanged)
@@ -75,13 +72,68 @@ func TestPlaceLinkedMakesOrRefuses(t *testing.T) {
 	}
 
 	// CRIU's link name taken by another file: refused.
-	if err := os.WriteFile(sem, files[0].Data, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeAs(t, sem, files[0])
 	if err := os.WriteFile(link, files[0].Data, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err = placeLinked(files, journal); !errors.Is(err, ErrLinkedFileChanged) {
 		t.Fatalf("link taken: %v, want %v", err, ErrLinkedFileChanged)
+	}
+}
+
+// writeAs writes path with f's bytes, owner and mode.
+func writeAs(t *testing.T, path string, f image.LinkedFile) {
+	t.Helper()
+	if err := os.WriteFile(path, f.Data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(path, int(f.UID), int(f.GID)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, fs.FileMode(f.Mode)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A file at the semaphore's name with the image's bytes but another owner or mode is
+// another user's, made before the restore (the name is in /dev/shm for all to see): linked
+// to, the restored job would map a file its maker can still write (hostile test). It is
+// refused, and nothing is linked to it.
+func TestPlaceLinkedRefusesAnotherOwnersFile(t *testing.T) {
+	name := fmt.Sprintf("sem.gpucr-test-owner-%d", os.Getpid())
+	remap := fmt.Sprintf("link_remap.%d", 910000000+os.Getpid())
+	sem, link := filepath.Join(safety.ShmDir, name), filepath.Join(safety.ShmDir, remap)
+	t.Cleanup(func() { os.Remove(sem); os.Remove(link) })
+	files := []image.LinkedFile{{Path: sem, Remap: remap, Mode: 0o600, UID: 1, GID: 2, Data: []byte("semaphore")}}
+	journal := func([]string) error { return nil }
+	for _, c := range []struct {
+		what     string
+		uid, gid int
+		mode     os.FileMode
+	}{
+		{"another user's", 65534, 2, 0o600},
+		{"another group's", 1, 65534, 0o600},
+		{"writable by all", 1, 2, 0o666},
+	} {
+		if err := os.WriteFile(sem, files[0].Data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(sem, c.uid, c.gid); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(sem, c.mode); err != nil {
+			t.Fatal(err)
+		}
+		undo, err := placeLinked(files, journal)
+		if err == nil {
+			_ = undo()
+		}
+		if !errors.Is(err, ErrLinkedFileChanged) {
+			t.Errorf("%s file: %v, want %v", c.what, err, ErrLinkedFileChanged)
+		}
+		if _, err := os.Lstat(link); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s file: a link was made to it: %v", c.what, err)
+		}
+		os.Remove(sem)
 	}
 }
