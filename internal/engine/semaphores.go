@@ -114,7 +114,15 @@ func placeLinked(files []image.LinkedFile, journal func(paths []string) error) (
 		return nil, err
 	}
 	defer dir.Close()
-	var made []string
+	// What was made is removed only while its name is still the file made: CRIU takes the
+	// link as it opens the file, and another restore whose image names the same
+	// link_remap.N (CRIU numbers them by the file's id, alike for jobs alike) may make the
+	// name again for its own job meanwhile.
+	type entry struct {
+		name string
+		file os.FileInfo
+	}
+	var made []entry
 	undo = func() error {
 		d, err := beneath.OpenDir(safety.ShmDir)
 		if err != nil {
@@ -122,16 +130,24 @@ func placeLinked(files []image.LinkedFile, journal func(paths []string) error) (
 		}
 		defer d.Close()
 		var errs []error
-		for _, name := range slices.Backward(made) {
-			errs = append(errs, d.Remove(name))
+		for _, e := range slices.Backward(made) {
+			if now, err := d.Lstat(e.name); err == nil && os.SameFile(now, e.file) {
+				errs = append(errs, d.Remove(e.name))
+			}
 		}
 		return errors.Join(errs...)
 	}
 	for _, f := range files {
 		name := filepath.Base(f.Path)
 		file, created, err := placeFile(dir, name, f)
-		if created {
-			made = append(made, name)
+		var info os.FileInfo
+		if err == nil {
+			if info, err = file.Stat(); err != nil {
+				err = fmt.Errorf("stat %s: %w", f.Path, err)
+			}
+		}
+		if created && info != nil {
+			made = append(made, entry{name, info})
 		}
 		if err == nil {
 			// Linked through the descriptor checked, not by name: the name's owner may
@@ -139,13 +155,16 @@ func placeLinked(files []image.LinkedFile, journal func(paths []string) error) (
 			err = dir.LinkFile(file, f.Remap)
 			switch {
 			case err == nil:
-				made = append(made, f.Remap)
+				made = append(made, entry{f.Remap, info})
 			case errors.Is(err, fs.ErrExist) && isEntry(dir, f.Remap, file):
 				err = nil // a link an earlier restore made and left
 			case errors.Is(err, fs.ErrExist):
-				err = fmt.Errorf("%w: %s/%s, which the restore links to %s, is another file: remove it if no process uses it, and restore again",
+				err = fmt.Errorf("%w: %s/%s, which the restore links to %s, is another file (another restore's, of a job whose image names the same link, "+
+					"may be under way): restore again once no restore is, removing it first if it is still there",
 					ErrLinkedFileChanged, safety.ShmDir, f.Remap, f.Path)
 			}
+		}
+		if file != nil {
 			_ = file.Close()
 		}
 		if err != nil {

@@ -137,3 +137,44 @@ func TestPlaceLinkedRefusesAnotherOwnersFile(t *testing.T) {
 		os.Remove(sem)
 	}
 }
+
+// A restore that fails after its CRIU took the link (CRIU removes it as it opens the file)
+// removes only what it made: another restore of another job, whose image names the same
+// link_remap.N (CRIU numbers them by the file's id, alike for jobs alike), may have made
+// the name again since, for its own CRIU (hostile test: two such jobs restored at once).
+func TestPlaceLinkedUndoesOnlyWhatItMade(t *testing.T) {
+	name := fmt.Sprintf("sem.gpucr-test-undo-%d", os.Getpid())
+	remap := fmt.Sprintf("link_remap.%d", 920000000+os.Getpid())
+	sem, link := filepath.Join(safety.ShmDir, name), filepath.Join(safety.ShmDir, remap)
+	other := sem + "-other"
+	t.Cleanup(func() { os.Remove(sem); os.Remove(link); os.Remove(other) })
+	files := []image.LinkedFile{{Path: sem, Remap: remap, Mode: 0o600, Data: []byte("semaphore")}}
+	undo, err := placeLinked(files, func([]string) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	// This restore's CRIU took its link and the job's file went; another restore made both
+	// names again for its job.
+	for _, p := range []string{link, sem} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(other, []byte("another job's"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(other, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(other, sem); err != nil {
+		t.Fatal(err)
+	}
+	if err := undo(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{link, sem} {
+		if _, err := os.Lstat(p); err != nil {
+			t.Errorf("undone, another restore's %s is gone: %v", p, err)
+		}
+	}
+}
