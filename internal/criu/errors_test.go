@@ -76,3 +76,15 @@ func TestErrorNamesGpucrsOwnFailureFirst(t *testing.T) {
 		t.Errorf("Error() = %q, want CRIU's first line", got)
 	}
 }
+
+// CRIU's failure to make a semaphore's link, its name taken, says what is in the way and
+// what to do: CRIU named the semaphore's temporary path alone (hostile test).
+func TestHintForATakenLinkRemap(t *testing.T) {
+	line := "(00.051234) Error (criu/files-reg.c:1159): Can't link remap to /dev/shm/sem.Pb6OCi: File exists"
+	if h := hintFor(line); !strings.Contains(h, "link_remap") || !strings.Contains(h, "/dev/shm") {
+		t.Fatalf("hint %q, want the link in the way named", h)
+	}
+	if h := hintFor("(00.1) Error (criu/files-reg.c:1159): Can't link remap to /x: Permission denied"); h != "" {
+		t.Fatalf("hint %q for another failure", h)
+	}
+}

@@ -282,11 +282,21 @@ func newError(op, path string, err error) *Error {
 // no process of the tree holds, and the peer's name ("(null)" for an unnamed one).
 var halfConnection = regexp.MustCompile(`Can't dump half of stream unix connection\. name: .*; peer name: (.*)$`)
 
+// linkRemapTaken matches CRIU's failure to make the link a semaphore held under a deleted
+// name is dumped through, its name (link_remap.N) taken: it names the semaphore's temporary
+// path, not the file in the way, and a local user's file there stopped checkpoints of jobs
+// using multiprocessing (hostile test).
+var linkRemapTaken = regexp.MustCompile(`Can't link remap to .*: File exists`)
+
 // hintFor is what to do about CRIU's error line, "" where gpucr knows no more than CRIU:
 // a job talking to a supervisor's unix socket was refused with CRIU's "half of stream unix
 // connection" alone, which --ext-unix-sk, the option CRIU's other socket errors name,
 // does not help (hostile test).
 func hintFor(line string) string {
+	if linkRemapTaken.MatchString(line) {
+		return "a file is in the way of the link CRIU makes beside a semaphore the job holds (link_remap.N in its " +
+			"directory, /dev/shm): remove the link_remap files there that no restore is using, and checkpoint again"
+	}
 	m := halfConnection.FindStringSubmatch(line)
 	if m == nil {
 		return ""
