@@ -88,13 +88,15 @@ func linkedFile(dir *beneath.Dir, remap string, sems []safety.Semaphore) (image.
 	return image.LinkedFile{Path: sems[i].Path, Remap: remap, Mode: uint32(info.Mode().Perm()), UID: st.Uid, GID: st.Gid, Data: data}, nil
 }
 
-// ErrLinkedFileChanged means a semaphore's file of the image is on this host with other
-// bytes than the image's: the job, or an earlier restore of it, ran on and changed it.
+// ErrLinkedFileChanged means a semaphore's file of the image is on this host as other than
+// the image's: other bytes (the job, or an earlier restore of it, ran on and changed it),
+// another owner, group or mode (another user may have made it first), or its link's name
+// taken by another file.
 var ErrLinkedFileChanged = errors.New("a semaphore of the image changed since the checkpoint")
 
 // placeLinked makes, before CRIU restores the image, the files and links CRIU restores its
 // semaphores through: a file gone is made with the image's bytes, mode and owner, and one
-// present must hold the image's bytes. The links are journaled first (journal), for a
+// present must hold the image's bytes, mode and owner (placeFile). The links are journaled first (journal), for a
 // rollback to remove. It returns what undoes what it made, for a restore that fails (CRIU
 // removes the links of one that succeeds).
 func placeLinked(files []image.LinkedFile, journal func(paths []string) error) (func() error, error) {
