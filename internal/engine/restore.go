@@ -583,10 +583,10 @@ func ownProc() error {
 
 // StartedByNamespaceInit returns the command of its PID namespace's first process when that
 // process is this gpucr's parent (it started it, or took it over) in a namespace other than
-// the host's (unshare --pid --fork sh
-// -c 'gpucr restore ...'): what gpucr restores lives in that namespace and dies when that
-// process exits, whose lifetime gpucr cannot know; a restore there reported success and
-// the job was gone once the shell ended (review). Empty otherwise.
+// the host's (unshare --pid --fork sh -c 'gpucr restore ...'): what gpucr restores lives in
+// that namespace and dies when that process exits, whose lifetime gpucr cannot know; a
+// restore there reported success and the job was gone once the shell ended (review). Empty
+// otherwise.
 func StartedByNamespaceInit() string {
 	if os.Getppid() != 1 || !inChildPIDNamespace() {
 		return ""
