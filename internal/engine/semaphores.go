@@ -133,7 +133,7 @@ func placeLinked(files []image.LinkedFile, journal func(paths []string) error) (
 		defer d.Close()
 		var errs []error
 		for _, e := range slices.Backward(made) {
-			if now, err := d.Lstat(e.name); err == nil && os.SameFile(now, e.file) {
+			if isEntry(d, e.name, e.file) {
 				errs = append(errs, d.Remove(e.name))
 			}
 		}
@@ -158,7 +158,7 @@ func placeLinked(files []image.LinkedFile, journal func(paths []string) error) (
 			switch {
 			case err == nil:
 				made = append(made, entry{f.Remap, info})
-			case errors.Is(err, fs.ErrExist) && isEntry(dir, f.Remap, file):
+			case errors.Is(err, fs.ErrExist) && isEntry(dir, f.Remap, info):
 				err = nil // a link an earlier restore made and left
 			case errors.Is(err, fs.ErrExist):
 				err = fmt.Errorf("%w: %s/%s, which the restore links to %s, is another file (another restore's, of a job whose image names the same link, "+
@@ -239,9 +239,8 @@ func sameLinked(file *os.File, f image.LinkedFile) error {
 	return nil
 }
 
-// isEntry says whether name in dir is the open file.
-func isEntry(dir *beneath.Dir, name string, file *os.File) bool {
-	fa, err1 := dir.Lstat(name)
-	fb, err2 := file.Stat()
-	return err1 == nil && err2 == nil && os.SameFile(fa, fb)
+// isEntry says whether name in dir is the file info describes.
+func isEntry(dir *beneath.Dir, name string, info os.FileInfo) bool {
+	now, err := dir.Lstat(name)
+	return err == nil && os.SameFile(now, info)
 }
