@@ -20,6 +20,7 @@ import (
 	"github.com/gpucr/gpucr/internal/beneath"
 	"github.com/gpucr/gpucr/internal/crashpoint"
 	"github.com/gpucr/gpucr/internal/gpu"
+	"github.com/gpucr/gpucr/internal/safety"
 	"github.com/gpucr/gpucr/internal/signing"
 )
 
@@ -607,9 +608,9 @@ func replaceManifest(d *beneath.Dir, old, manifest []byte) error {
 	return d.Replace(SealName, []byte(seal(manifest)+"\n"))
 }
 
-// MaxLinkedFile is the most bytes a linked file of the manifest may hold: a semaphore's
-// file is 32.
-const MaxLinkedFile = 4096
+// MaxLinkedFile is the most bytes a linked file of the manifest may hold: the most a
+// semaphore's file the checkpoint carries may hold (glibc's are 32).
+const MaxLinkedFile = safety.MaxSemaphore
 
 // Names a linked file may have: a restore creates them, as root, in /dev/shm.
 var (
