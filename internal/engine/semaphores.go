@@ -66,7 +66,7 @@ func linkedFiles(criuDir string, tree *proctree.Snapshot) ([]image.LinkedFile, e
 func linkedFile(dir *beneath.Dir, remap string, sems []safety.Semaphore) (image.LinkedFile, error) {
 	f, err := dir.Open(remap)
 	if err != nil {
-		return image.LinkedFile{}, fmt.Errorf("open CRIU's link: %w", err)
+		return image.LinkedFile{}, fmt.Errorf("CRIU's link: %w", err)
 	}
 	defer f.Close()
 	info, err := f.Stat()
