@@ -29,14 +29,21 @@ import (
 // image in criuDir, and removes CRIU's links. The tree is analysed again, frozen: a file it
 // held deleted but linked since the analysis, which CRIU dumped through a link too, fails
 // the checkpoint rather than leave the image depending on a link outside it.
-func linkedFiles(criuDir string, tree *proctree.Snapshot) ([]image.LinkedFile, error) {
-	sems, err := safety.Semaphores(tree)
-	if err != nil {
-		return nil, err
-	}
+func linkedFiles(criuDir string, tree *proctree.Snapshot) (_ []image.LinkedFile, err error) {
 	remaps, err := criuimg.LinkRemaps(criuDir)
 	if err != nil {
 		return nil, fmt.Errorf("read the image's link remaps: %w", err)
+	}
+	// Every link CRIU made for this dump goes, recorded or not: one left where it was made
+	// stopped the next checkpoint of a job alike in CRIU, its name taken (review).
+	defer func() {
+		if rerr := removeLinks(remaps); err == nil {
+			err = rerr
+		}
+	}()
+	sems, err := safety.Semaphores(tree)
+	if err != nil {
+		return nil, err
 	}
 	dir, err := beneath.OpenDir(safety.ShmDir)
 	if err != nil {
@@ -54,12 +61,19 @@ func linkedFiles(criuDir string, tree *proctree.Snapshot) ([]image.LinkedFile, e
 		}
 		out = append(out, f)
 	}
-	for _, f := range out {
-		if err := dir.Remove(f.Remap); err != nil {
-			return nil, err
+	return out, nil
+}
+
+// removeLinks removes the links CRIU made for a dump (its image's link remaps); one gone
+// already is no error.
+func removeLinks(remaps []string) error {
+	var errs []error
+	for _, r := range remaps {
+		if err := os.Remove(r); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove CRIU's link %s: %w", r, err))
 		}
 	}
-	return out, nil
+	return errors.Join(errs...)
 }
 
 // linkedFile records the semaphore of sems that CRIU's link remap, in dir, links to.
