@@ -94,3 +94,23 @@ func TestAMDImageRestoresThroughThePlugin(t *testing.T) {
 		t.Errorf("GPU map = %v, want the four AMD GPUs in place", res.GPUMap)
 	}
 }
+
+// noFilePlugin is a restore target that loads device-state plugins but not the one that
+// opens device files again.
+type noFilePlugin struct{ RestoreTarget }
+
+func (noFilePlugin) FilePlugins() bool { return false }
+
+// An image whose plugin restores device state alone restores on a target that loads such
+// plugins, whatever it says of the plugin for device files: every plugin image was refused
+// there (review).
+func TestDeviceStatePluginNeedsNoFilePlugin(t *testing.T) {
+	e, _ := amdEngine(t, "pcie4-numa2")
+	dir := amdImage(t, e)
+	skips := gpu.Skips{amd.Name: {placement.CheckFW: true}}
+	res, err := e.Restore(context.Background(), noFilePlugin{e.TreeImage()}, RestoreRequest{Dir: dir, Skips: skips})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = syscall.Kill(res.RootPID, syscall.SIGKILL)
+}

@@ -162,7 +162,7 @@ func (e *Engine) Restore(ctx context.Context, target RestoreTarget, r RestoreReq
 	gpus, remap := plan.GPUs, plan.Remap
 	plan.LogMoves(e.Logger())
 	if plan.PluginDir != "" {
-		if plan.PluginMemory && !target.CRIUPlugins() || !target.FilePlugins() {
+		if plan.PluginMemory && !target.CRIUPlugins() || plan.PluginFiles && !target.FilePlugins() {
 			return nil, fmt.Errorf("the image holds GPU state or device files that a CRIU plugin restores: restoring it into %s is not supported yet", target.What())
 		}
 		r.PluginDir, r.Env = plan.PluginDir, append(slices.Clip(r.Env), plan.Env...)
@@ -466,6 +466,9 @@ type RestorePlan struct {
 	// PluginMemory says a plugin restores device state within CRIU's restore, and may
 	// restore memory of its own: CRIU then restores every page itself.
 	PluginMemory bool
+	// PluginFiles says a plugin opens again device files held without device state (a
+	// gpu.FileCarrier's).
+	PluginFiles bool
 }
 
 // usePluginDir makes dir the plan's plugin directory, CRIU loading plugins from one only.
@@ -539,6 +542,7 @@ func PlanGPUs(ctx context.Context, backends []gpu.Backend, off []gpu.Off, snaps 
 			if err := plan.usePluginDir(p.PluginDir); err != nil {
 				return nil, err
 			}
+			plan.PluginFiles = true
 		}
 		switch b := b.(type) {
 		case gpu.Checkpointer:
