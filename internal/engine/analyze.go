@@ -59,13 +59,11 @@ func (e *Engine) Analyze(ctx context.Context, target Target, r CheckpointRequest
 				" device files, its GPU parent's: gpucr's CRIU plugin opens them again on restore, and gives back its mappings of them zero-filled"})
 		}
 	}
-	a.Findings = append(a.Findings, safety.Analyze(snap, found.GPUs.safetyView(), skipsFor(target, r))...)
-	if target.CarriesSemaphores() {
-		sems, _ := safety.Semaphores(snap) // one it cannot carry is a finding above
-		for _, s := range sems {
-			a.Carried = append(a.Carried, Carried{Path: s.Path, What: "a POSIX semaphore held under a deleted name: " +
-				"its file is carried in the image and made again before each restore"})
-		}
+	findings, sems := safety.Analyze(snap, found.GPUs.safetyView(), skipsFor(target, r))
+	a.Findings = append(a.Findings, findings...)
+	for _, s := range sems {
+		a.Carried = append(a.Carried, Carried{Path: s.Path, What: "a POSIX semaphore held under a deleted name: " +
+			"its file is carried in the image and made again before each restore"})
 	}
 	return a, nil
 }

@@ -95,12 +95,6 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	if err := found.refuseUnloadable(target, snap); err != nil {
 		return nil, err
 	}
-	var sems []safety.Semaphore // carried in the image: CRIU dumps them through links
-	if target.CarriesSemaphores() {
-		if sems, err = safety.Semaphores(snap); err != nil {
-			return nil, err
-		}
-	}
 	if len(found.Plugins) > 0 || len(found.Carriers) > 0 {
 		// The plugins save device state, or carry device files, within CRIU's dump.
 		if r.PluginDir, err = found.PluginDir(); err != nil {
@@ -181,7 +175,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 	}
 	dump := criu.DumpRequest{
 		ImagesDir: stage.CRIUDir(), WorkDir: stage.LogsDir(),
-		LeaveRunning: r.LeaveRunning, LinkRemap: len(sems) > 0, Options: r.Options,
+		LeaveRunning: r.LeaveRunning, LinkRemap: len(found.Semaphores) > 0, Options: r.Options,
 	}
 	var pages *pageserver.Server
 	if !r.CRIUWritesPages || r.Stream != nil {
@@ -230,7 +224,7 @@ func (e *Engine) Checkpoint(ctx context.Context, target Target, r CheckpointRequ
 		if m.Reopened, commitErr = reopenedFiles(stage.CRIUDir(), hostPIDs(ids)); commitErr != nil {
 			return commitErr
 		}
-		if len(sems) > 0 {
+		if len(found.Semaphores) > 0 {
 			if m.LinkedFiles, commitErr = linkedFiles(stage.CRIUDir(), proctree.Snap("/proc", tree)); commitErr != nil {
 				return commitErr
 			}
@@ -388,7 +382,7 @@ func Inspect(ctx context.Context, backends []gpu.Backend, off []gpu.Off, tree *p
 	if err != nil {
 		return Found{}, err
 	}
-	if err := safety.Check(tree, found.GPUs.safetyView(), skips); err != nil {
+	if found.Semaphores, err = safety.Check(tree, found.GPUs.safetyView(), skips); err != nil {
 		return Found{}, err
 	}
 	if err := refuseStopped(found.GPUs, tree); err != nil {

@@ -40,6 +40,9 @@ type Found struct {
 	// Frozen are the cgroups that freeze GPU processes (Inspect fills it): the driver
 	// cannot lock those until they are thawed.
 	Frozen []*FrozenError
+	// Semaphores are those the checkpoint carries in its image, CRIU dumping them through
+	// links (Inspect fills it, for a target that carries them).
+	Semaphores []safety.Semaphore
 }
 
 // PluginUse is a backend whose CRIU plugin the dump needs, and a process that needs it.

@@ -130,8 +130,10 @@ type proc struct {
 	threads []string // thread names
 }
 
-// Analyze returns every finding on the processes of tree, checks in skip excepted.
-func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) []Finding {
+// Analyze returns every finding on the processes of tree, checks in skip excepted, and
+// where skip has CarrySemaphores the semaphores the checkpoint carries instead (Semaphores):
+// read here once, for the checkpoint and its dry run alike.
+func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) ([]Finding, []Semaphore) {
 	procs := make([]*proc, 0, len(tree.Processes()))
 	for _, p := range tree.Processes() {
 		r := read(tree, p)
@@ -182,7 +184,7 @@ func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) []Finding {
 					"--skip-check "+CheckOuterPipe+" if it never uses that pipe again")
 		}
 	}
-	found, _ := heldFileFindings(tree, procs, skip[CarrySemaphores])
+	found, carried := heldFileFindings(tree, procs, skip[CarrySemaphores])
 	for _, f := range found {
 		add(f.Check, f.p, f.Reason, f.Fix)
 	}
@@ -215,19 +217,20 @@ func Analyze(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) []Finding {
 	// job under gpucr run fixes its NCCL transports and its launcher's io_uring at once).
 	rank := func(f Finding) int { return slices.IndexFunc(rules, func(r Rule) bool { return r.Name == f.Check }) }
 	slices.SortStableFunc(out, func(a, b Finding) int { return rank(a) - rank(b) })
-	return out
+	return out, carried
 }
 
-// Check returns the first finding of Analyze as an error, or nil.
-func Check(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) error {
-	f := Analyze(tree, gpus, skip)
+// Check returns the first finding of Analyze as an error, or nil, and the semaphores the
+// checkpoint carries.
+func Check(tree *proctree.Snapshot, gpus []GPUProcess, skip Skips) ([]Semaphore, error) {
+	f, carried := Analyze(tree, gpus, skip)
 	switch len(f) {
 	case 0:
-		return nil
+		return carried, nil
 	case 1:
-		return &f[0]
+		return nil, &f[0]
 	}
-	return &moreFindings{Finding: &f[0], more: len(f) - 1}
+	return nil, &moreFindings{Finding: &f[0], more: len(f) - 1}
 }
 
 // moreFindings is the first of several findings, saying how many more there are.

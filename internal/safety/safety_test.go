@@ -165,7 +165,7 @@ func TestAnalyzeFixtures(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			root, tree := fixture(t, c.procs...)
-			got := Analyze(proctree.Snap(root, tree), c.gpus, c.skip)
+			got, _ := Analyze(proctree.Snap(root, tree), c.gpus, c.skip)
 			if !slices.Equal(checksOf(got), c.want) {
 				t.Fatalf("findings %v, want %v", checksOf(got), c.want)
 			}
@@ -187,7 +187,8 @@ func TestOuterFIFOIsRefused(t *testing.T) {
 	}
 	root, tree := fixture(t, fake{pid: 10, files: []string{"/dev/null", fifo}, modes: " w"},
 		fake{pid: 20, files: []string{fifo}, modes: "r", outside: true})
-	if got := checksOf(Analyze(proctree.Snap(root, tree), nil, nil)); !slices.Equal(got, []string{"outer-pipe:10"}) {
+	found, _ := Analyze(proctree.Snap(root, tree), nil, nil)
+	if got := checksOf(found); !slices.Equal(got, []string{"outer-pipe:10"}) {
 		t.Fatalf("findings %v, want the FIFO read outside", got)
 	}
 }
@@ -204,7 +205,8 @@ func TestOuterFIFOIsTheSameFileOnly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := checksOf(Analyze(proctree.Snap(root, tree), nil, nil)); len(got) != 0 {
+	found, _ := Analyze(proctree.Snap(root, tree), nil, nil)
+	if got := checksOf(found); len(got) != 0 {
 		t.Fatalf("findings %v, want none: the process outside holds another FIFO at the path", got)
 	}
 }
@@ -216,7 +218,7 @@ func TestOuterFIFOIsTheSameFileOnly(t *testing.T) {
 func TestListenerWithPendingConnectionsIsRefused(t *testing.T) {
 	root, tree := fixture(t, fake{pid: 10, files: []string{"socket:[5000]"}, tcp: []string{
 		"   0: 0100007F:85EF 00000000:0000 0A 00000000:00000003 00:00000000 00000000     0        0 5000 2 0 100 0 0 10 0"}})
-	got := Analyze(proctree.Snap(root, tree), nil, Skips{CheckTCP: true})
+	got, _ := Analyze(proctree.Snap(root, tree), nil, Skips{CheckTCP: true})
 	if len(got) != 1 || got[0].Check != CheckTCPPending || !strings.Contains(got[0].Reason, "listens on 127.0.0.1:34287 with 3 connection(s)") ||
 		!strings.Contains(got[0].Fix, "accept") {
 		t.Fatalf("findings %+v, want one naming the listener and its 3 pending connections", got)
@@ -244,7 +246,7 @@ func TestIOURingIsRefused(t *testing.T) {
 	}
 	tree := []proctree.Process{self}
 	pipeOK := Skips{CheckOuterPipe: true}
-	if err := Check(proctree.Snap("/proc", tree), nil, pipeOK); err != nil {
+	if _, err := Check(proctree.Snap("/proc", tree), nil, pipeOK); err != nil {
 		t.Fatalf("before io_uring: %v", err)
 	}
 	var params [120]byte // struct io_uring_params; the kernel fills it in
@@ -253,7 +255,7 @@ func TestIOURingIsRefused(t *testing.T) {
 		t.Skipf("io_uring_setup: %v", errno)
 	}
 	defer syscall.Close(int(fd))
-	err = Check(proctree.Snap("/proc", tree), nil, pipeOK)
+	_, err = Check(proctree.Snap("/proc", tree), nil, pipeOK)
 	if !errors.Is(err, ErrUnsafe) || !strings.Contains(err.Error(), "io_uring") {
 		t.Fatalf("with io_uring: %v", err)
 	}
@@ -283,7 +285,8 @@ func selfAnalyzed(t *testing.T, skip Skips) []string {
 		all[k] = true
 	}
 	var out []string
-	for _, f := range Analyze(proctree.Snap("/proc", []proctree.Process{self}), nil, all) {
+	found, _ := Analyze(proctree.Snap("/proc", []proctree.Process{self}), nil, all)
+	for _, f := range found {
 		out = append(out, f.Check)
 	}
 	return out
@@ -371,7 +374,8 @@ func TestSysVShmOutsideAnIPCNamespaceOfItsOwn(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if got := checksOf(Analyze(proctree.Snap(root, tree), nil, nil)); !slices.Equal(got, c.want) {
+		found, _ := Analyze(proctree.Snap(root, tree), nil, nil)
+		if got := checksOf(found); !slices.Equal(got, c.want) {
 			t.Errorf("root in %s, gpucr in ipc:[1]: findings %v, want %v", c.ipc, got, c.want)
 		}
 	}
