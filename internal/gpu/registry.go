@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -43,6 +44,25 @@ type Description struct {
 type Config struct {
 	CRIU     string
 	Settings map[string]string
+}
+
+// PluginDir returns the first of dirs that holds the CRIU plugin file, or "". A dir that
+// is relative names one of PREFIX/lib beside the CRIU at criuPath (PREFIX/sbin/criu, as
+// the install script puts gpucr's plugins there, out of CRIU's default directory); without
+// a criuPath it is passed over.
+func PluginDir(criuPath, file string, dirs ...string) string {
+	for _, dir := range dirs {
+		if !filepath.IsAbs(dir) {
+			if criuPath == "" {
+				continue
+			}
+			dir = filepath.Join(filepath.Dir(filepath.Dir(criuPath)), "lib", dir)
+		}
+		if _, err := os.Stat(filepath.Join(dir, file)); err == nil {
+			return dir
+		}
+	}
+	return ""
 }
 
 // Off is a registered vendor whose backend cannot work on this host, and why.

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -89,16 +88,7 @@ func New(topology, pluginDir string) *Backend {
 // it in /usr/lib/criu. It returns "" when there is none. gpucr keeps the plugin out of
 // CRIU's default directory so CRIU loads it only for AMD work.
 func FindPlugin(criuPath string) string {
-	var dirs []string
-	if criuPath != "" {
-		dirs = append(dirs, filepath.Join(filepath.Dir(filepath.Dir(criuPath)), "lib", "amdgpu"))
-	}
-	for _, dir := range append(dirs, "/usr/lib/criu") {
-		if _, err := os.Stat(filepath.Join(dir, PluginFile)); err == nil {
-			return dir
-		}
-	}
-	return ""
+	return gpu.PluginDir(criuPath, PluginFile, "amdgpu", "/usr/lib/criu")
 }
 
 // Name implements gpu.Backend.

@@ -106,16 +106,7 @@ const FilePluginFile = "gpucr_nvidia.so"
 // FindFilePlugin returns the directory holding FilePluginFile for the CRIU at criuPath,
 // PREFIX/lib/nvidia beside PREFIX/sbin/criu as the install script puts it, or "". It is
 // kept out of CRIU's default directory, so CRIU loads it only for trees that need it.
-func FindFilePlugin(criuPath string) string {
-	if criuPath == "" {
-		return ""
-	}
-	dir := filepath.Join(filepath.Dir(filepath.Dir(criuPath)), "lib", "nvidia")
-	if _, err := os.Stat(filepath.Join(dir, FilePluginFile)); err != nil {
-		return ""
-	}
-	return dir
-}
+func FindFilePlugin(criuPath string) string { return gpu.PluginDir(criuPath, FilePluginFile, "nvidia") }
 
 // FilePluginDir implements gpu.FileCarrier.
 func (b *Backend) FilePluginDir() string { return b.filePlugin }
