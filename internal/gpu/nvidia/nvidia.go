@@ -34,19 +34,20 @@ const (
 	SettingLibNVML = "GPUCR_LIBNVML"
 )
 
-func init() {
-	gpu.Register(gpu.Vendor{
-		Name:        Name,
-		DeviceFiles: []string{"/dev/nvidia*", "/dev/nvidia-caps/*"},
-		// The plugin's records: an image holding them is refused up front where the backend
-		// is off, where CRIU failed midway on the descriptors they stand for ("Unable to
-		// restore 0x4") when the image's GPU record did not name their processes.
-		ImageFiles: []string{FileRecordPattern},
-		Checks:     checks,
-		Settings:   []string{SettingLibCUDA, SettingLibNVML},
-		Open:       Open,
-	})
+// vendor is the backend as registered; its DeviceFiles are every NVIDIA device file.
+var vendor = gpu.Vendor{
+	Name:        Name,
+	DeviceFiles: []string{"/dev/nvidia*", "/dev/nvidia-caps/*"},
+	// The plugin's records: an image holding them is refused up front where the backend
+	// is off, where CRIU failed midway on the descriptors they stand for ("Unable to
+	// restore 0x4") when the image's GPU record did not name their processes.
+	ImageFiles: []string{FileRecordPattern},
+	Checks:     checks,
+	Settings:   []string{SettingLibCUDA, SettingLibNVML},
+	Open:       Open,
 }
+
+func init() { gpu.Register(vendor) }
 
 // driver is what the backend needs of libcuda: *cuda.Driver, or a fake in tests.
 type driver interface {
@@ -403,9 +404,6 @@ func (b *Backend) find(tree *proctree.Snapshot) ([]gpu.Process, []holder, error)
 	return out, holders, nil
 }
 
-// nvidiaFile matches every NVIDIA device file, as the CRIU plugin carries them.
-func nvidiaFile(path string) bool { return strings.HasPrefix(path, "/dev/nvidia") }
-
 // inherited refuses holder unless each of its NVIDIA descriptors is an open file one of
 // gpus (the tree's processes with CUDA state) holds too: what a child forked after its
 // parent started CUDA holds, and never uses. A device it opened itself it may use, and
@@ -413,9 +411,9 @@ func nvidiaFile(path string) bool { return strings.HasPrefix(path, "/dev/nvidia"
 func (b *Backend) inherited(tree *proctree.Snapshot, holder int, gpus []gpu.Process) error {
 	theirs := map[int]map[int]string{}
 	for _, g := range gpus {
-		theirs[g.PID] = tree.Descriptors(g.PID, nvidiaFile)
+		theirs[g.PID] = tree.Descriptors(g.PID, vendor.Holds)
 	}
-	for fd, path := range tree.Descriptors(holder, nvidiaFile) {
+	for fd, path := range tree.Descriptors(holder, vendor.Holds) {
 		if !b.sharedWithAny(holder, fd, path, theirs) {
 			return ownDeviceFile(tree.Command(holder), holder, path)
 		}
